@@ -1,0 +1,77 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "core/bf16.h"
+
+namespace fern {
+
+Engine::Engine(std::unique_ptr<Backend> backend, std::shared_ptr<const ModelWeights> host_weights,
+               EngineOptions opt)
+    : backend_(std::move(backend)), host_weights_(std::move(host_weights)), opt_(opt) {
+  weights_ = backend_->upload(host_weights_);
+  max_context_ = opt_.max_context > 0 ? opt_.max_context : weights_->config.max_position_embeddings;
+  FERN_CHECK(opt_.prefill_chunk >= 1, "prefill_chunk {}", opt_.prefill_chunk);
+}
+
+Engine::~Engine() = default;
+
+std::unique_ptr<SequenceState> Engine::new_state(int64_t capacity) {
+  auto st = backend_->new_state(config(), capacity > 0 ? capacity : max_context_);
+  backend_->reset_state(*st);
+  return st;
+}
+
+void Engine::run_chunk(SequenceState& st, std::span<const int32_t> tokens, bool all_logits, float* out) {
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t V = config().vocab_size;
+  const int64_t rows = all_logits ? T : 1;
+  // ids and logits are staged through the backend's scratch arena, reset here once per forward call.
+  std::vector<int32_t> ids(tokens.begin(), tokens.end());
+  Tensor host_ids(ids.data(), DType::I32, {T});
+  backend_->begin_forward();
+  Tensor dev_ids = backend_->scratch(DType::I32, {T});
+  Tensor dev_logits = backend_->scratch(backend_->act_dtype(), {rows, V});
+  backend_->copy(dev_ids, host_ids);
+  ForwardOptions fo;
+  fo.all_logits = all_logits;
+  forward(*backend_, *weights_, st, dev_ids, dev_logits, fo);
+  if (backend_->act_dtype() == DType::F32) {
+    backend_->copy(Tensor(out, DType::F32, {rows, V}), dev_logits);
+  } else {
+    FERN_CHECK(backend_->act_dtype() == DType::BF16, "act dtype {}", dtype_name(backend_->act_dtype()));
+    std::vector<uint16_t> tmp(static_cast<size_t>(rows * V));
+    backend_->copy(Tensor(tmp.data(), DType::BF16, {rows, V}), dev_logits);
+    for (size_t i = 0; i < tmp.size(); ++i) out[i] = bf16_to_f32(tmp[i]);
+  }
+}
+
+bool Engine::prefill(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits,
+                     const std::function<bool()>& cancelled) {
+  FERN_CHECK(!tokens.empty(), "prefill of no tokens");
+  logits.resize(static_cast<size_t>(config().vocab_size));
+  for (size_t off = 0; off < tokens.size();) {
+    if (cancelled && cancelled()) return false;
+    size_t n = std::min(tokens.size() - off, static_cast<size_t>(opt_.prefill_chunk));
+    run_chunk(st, tokens.subspan(off, n), false, logits.data());
+    off += n;
+  }
+  return true;
+}
+
+void Engine::decode(SequenceState& st, int32_t token, std::vector<float>& logits) {
+  logits.resize(static_cast<size_t>(config().vocab_size));
+  run_chunk(st, std::span<const int32_t>(&token, 1), false, logits.data());
+}
+
+void Engine::logits_all(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits) {
+  const size_t V = static_cast<size_t>(config().vocab_size);
+  logits.resize(tokens.size() * V);
+  for (size_t off = 0; off < tokens.size();) {
+    size_t n = std::min(tokens.size() - off, static_cast<size_t>(opt_.prefill_chunk));
+    run_chunk(st, tokens.subspan(off, n), true, logits.data() + off * V);
+    off += n;
+  }
+}
+
+}  // namespace fern

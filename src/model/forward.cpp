@@ -1,0 +1,91 @@
+// The forward pass, read against MODEL.md section 2.0:
+//   h = E[token]; per layer: a = Mixer(RMSNorm(h)); r = h + a; h = r + MoE(RMSNorm(r)); logits = RMSNorm(h) W_lm^T
+#include "model/forward.h"
+
+#include <fmt/format.h>
+
+namespace fern {
+namespace {
+
+// Gated DeltaNet mixer (MODEL.md 2.4): projections, then the fused core, then the output projection.
+void gdn_mixer(Backend& be, const GdnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor xn,
+               Tensor out) {
+  const int64_t T = xn.dim(0);
+  const DType ad = be.act_dtype();
+  Tensor mixed = be.scratch(ad, {T, cfg.gdn_conv_dim()});                // [T, 8192]  q | k | v
+  Tensor z = be.scratch(ad, {T, cfg.gdn_value_dim()});                   // [T, 4096]
+  Tensor b = be.scratch(ad, {T, cfg.linear_num_value_heads});            // [T, 32]
+  Tensor a = be.scratch(ad, {T, cfg.linear_num_value_heads});            // [T, 32]
+  be.linear(mixed, xn, w.in_proj_qkv);
+  be.linear(z, xn, w.in_proj_z);
+  be.linear(b, xn, w.in_proj_b);
+  be.linear(a, xn, w.in_proj_a);
+  Tensor y = be.scratch(ad, {T, cfg.gdn_value_dim()});                   // [T, 4096] gated-normed output
+  be.gdn_core(y, mixed, z, b, a, w, cfg, st, layer);
+  be.linear(out, y, w.out_proj);                                          // [T, H]
+}
+
+// Gated attention mixer (MODEL.md 2.3).
+void attn_mixer(Backend& be, const AttnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor xn,
+                Tensor out) {
+  const int64_t T = xn.dim(0);
+  const DType ad = be.act_dtype();
+  const int64_t q_dim = int64_t(cfg.num_attention_heads) * cfg.head_dim;
+  const int64_t kv_dim = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+  Tensor qg = be.scratch(ad, {T, 2 * q_dim});                            // [T, 16*512] per head [query | gate]
+  Tensor k = be.scratch(ad, {T, kv_dim});                                // [T, 2*256]
+  Tensor v = be.scratch(ad, {T, kv_dim});                                // [T, 2*256]
+  be.linear(qg, xn, w.q_proj);
+  be.linear(k, xn, w.k_proj);
+  be.linear(v, xn, w.v_proj);
+  Tensor o = be.scratch(ad, {T, q_dim});                                 // [T, 4096] gated attention output
+  be.attn_core(o, qg, k, v, w, cfg, st, layer);
+  be.linear(out, o, w.o_proj);                                            // [T, H]
+}
+
+}  // namespace
+
+void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, Tensor logits,
+             const ForwardOptions& opt) {
+  const ModelConfig& cfg = w.config;
+  const int64_t T = ids.dim(0);
+  const int64_t H = cfg.hidden_size;
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  FERN_CHECK(T >= 1, "forward with no tokens");
+  FERN_CHECK(st.pos + T <= st.capacity, "state capacity {} < {} + {}", st.capacity, st.pos, T);
+  const int64_t n_logits = opt.all_logits ? T : 1;
+  FERN_CHECK(logits.dim(0) == n_logits && logits.dim(1) == cfg.vocab_size, "logits shape {}", logits.shape_str());
+  auto dump = [&](const std::string& name, Tensor t) {
+    if (opt.dump) opt.dump(name, t);
+  };
+
+  const DType ad = be.act_dtype();
+  Tensor h = be.scratch(ad, {T, H});                                     // residual stream
+  Tensor xn = be.scratch(ad, {T, H});                                    // normed input of a sub-block
+  Tensor delta = be.scratch(ad, {T, H});                                 // sub-block output
+  be.embed(h, ids, w.embed);
+  dump("embed", h);
+
+  be.rmsnorm(xn, h, w.layers[0].input_norm, eps);
+  for (int il = 0; il < cfg.num_hidden_layers; ++il) {
+    const LayerWeights& L = w.layers[il];
+    if (L.type == LayerType::LinearAttention)
+      gdn_mixer(be, L.gdn, cfg, st, il, xn, delta);
+    else
+      attn_mixer(be, L.attn, cfg, st, il, xn, delta);
+    dump(fmt::format("L{}.mixer_out", il), delta);
+    be.add_rmsnorm(h, delta, xn, L.post_norm, eps);                      // r = h + a; xn = RMSNorm(r)
+    be.moe(delta, xn, L.moe, cfg);
+    dump(fmt::format("L{}.moe_out", il), delta);
+    // h = r + MoE(..); xn = the next layer's input norm (or the final norm after the last layer).
+    const Tensor& next_norm = il + 1 < cfg.num_hidden_layers ? w.layers[il + 1].input_norm : w.final_norm;
+    be.add_rmsnorm(h, delta, xn, next_norm, eps);
+    dump(fmt::format("L{}.out", il), h);
+  }
+  // xn now holds RMSNorm(h; final_norm) for every row; project the rows whose logits are wanted.
+  Tensor rows = opt.all_logits ? xn : xn.slice0(T - 1, 1);
+  be.linear(logits, rows, w.lm_head);
+  be.advance(st, T);
+}
+
+}  // namespace fern

@@ -1,0 +1,97 @@
+// Backend: the op table that the one forward pass (model/forward.cpp) runs on. The CPU backend (src/cpu) is the
+// numerical reference; the CUDA backend (src/cuda) implements the same ops with fused kernels. Ops are at the
+// granularity of MODEL.md's steps or of a natural fusion (gdn_core, attn_core, moe): a backend may split an op
+// into several kernels, but never changes its contract.
+//
+// Conventions for every op:
+//  - Tensors live on the backend's device (Tensor::device) and are contiguous row-major.
+//  - Activations have dtype act_dtype() (F32 on the CPU); weights are as in model/weights.h.
+//  - T is the number of rows (tokens) of the call: 1 in decode, a chunk of the prompt in prefill.
+//  - Ops are enqueued in order; on an asynchronous backend nothing waits for the host unless stated.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace fern {
+
+// The per-sequence state carried between forward calls (MODEL.md 2.3 step 5 and 2.4).
+struct SequenceState {
+  virtual ~SequenceState() = default;
+  int64_t pos = 0;       // tokens already in the state (position of the next token)
+  int64_t capacity = 0;  // KV rows allocated per attention layer
+  // Indexed by layer; a tensor is empty where the layer is of the other type.
+  std::vector<Tensor> k_cache, v_cache;   // [capacity, kv_heads, head_dim]
+  std::vector<Tensor> conv_state;         // [kernel-1, conv_dim], oldest input first (pre-conv values)
+  std::vector<Tensor> recurrent_state;    // F32 [Hv, Dk, Dv]: S[h][i=key dim][j=value dim]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  virtual DType act_dtype() const = 0;
+
+  // ---- memory ----
+  // Scratch for one forward call, from an arena that begin_forward() resets (so a replayed decode step sees the
+  // same addresses). Contents are undefined.
+  virtual void begin_forward() = 0;
+  virtual Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) = 0;
+  // Copies bytes between any two tensors of the same size (host <-> device included). Synchronous for reads to
+  // the host.
+  virtual void copy(Tensor dst, Tensor src) = 0;
+  virtual void synchronize() {}
+
+  // ---- weights and state ----
+  // A copy of the weights resident on this backend (the CPU backend returns the same views).
+  virtual std::shared_ptr<const ModelWeights> upload(std::shared_ptr<const ModelWeights> host) = 0;
+  virtual std::unique_ptr<SequenceState> new_state(const ModelConfig& cfg, int64_t capacity) = 0;
+  // Zeroes the state and sets pos = 0.
+  virtual void reset_state(SequenceState& s) = 0;
+  // dst becomes a copy of src (KV rows [0, src.pos), conv and recurrent state, pos). Capacities may differ
+  // (dst.capacity >= src.pos).
+  virtual void copy_state(SequenceState& dst, const SequenceState& src) = 0;
+  // Bytes of device memory a state of this capacity holds (for snapshot budgets).
+  virtual size_t state_bytes(const ModelConfig& cfg, int64_t capacity) const = 0;
+
+  // ---- ops ----
+  // out[t] = dequant(table)[ids[t]].   ids I32 [T], out [T, H].
+  virtual void embed(Tensor out, Tensor ids, const LinearWeight& table) = 0;
+  // Plain RMSNorm over the last dimension: out = x * rsqrt(mean(x^2) + eps) * w (w already holds any +1).
+  // x, out [R, D]; w F32 [D].
+  virtual void rmsnorm(Tensor out, Tensor x, Tensor w, float eps) = 0;
+  // resid += delta; out = rmsnorm(resid, w, eps). All [T, H].
+  virtual void add_rmsnorm(Tensor resid, Tensor delta, Tensor out, Tensor w, float eps) = 0;
+  // out = a + b, same shapes.
+  virtual void add(Tensor out, Tensor a, Tensor b) = 0;
+  // out = x W^T.  x [T, in], out [T, out]; W dense or affine (4 or 8 bit).
+  virtual void linear(Tensor out, Tensor x, const LinearWeight& w) = 0;
+  // Gated DeltaNet core, MODEL.md 2.4 steps 3-9 without the projections: causal conv + SiLU over `mixed`
+  // (carrying conv_state), split into q/k/v, gates beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias),
+  // l2-normalised q (scaled by Dk^-1/2) and k, the delta rule on recurrent_state (fp32), then the gated RMSNorm
+  // with z. mixed [T, conv_dim], z [T, value_dim], a and b [T, Hv]  ->  y [T, value_dim].
+  // Uses positions [state.pos, state.pos + T); does not advance state.pos.
+  virtual void gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
+                        const ModelConfig& cfg, SequenceState& state, int layer) = 0;
+  // Gated attention core, MODEL.md 2.3 steps 3-7: q/k RMSNorm, partial RoPE at positions state.pos + t, append
+  // k and v to the KV cache, causal GQA attention over [0, state.pos + t], o *= sigmoid(gate).
+  // qg [T, heads*head_dim*2] (per head [query | gate]), k and v [T, kv_heads*head_dim] -> o [T, heads*head_dim].
+  // Does not advance state.pos.
+  virtual void attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
+                         SequenceState& state, int layer) = 0;
+  // Sparse MoE block, MODEL.md 2.5: router softmax -> top-k -> renormalise, the selected experts' SwiGLU, the
+  // weighted sum, plus the sigmoid-gated shared expert.  x [T, H] -> out [T, H].
+  virtual void moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) = 0;
+  // ids[t] = argmax_j logits[t, j] (lowest index on ties). logits [T, V] -> ids I32 [T].
+  virtual void argmax(Tensor ids, Tensor logits) = 0;
+  // state.pos += n (a backend that keeps a device copy of the position updates it too).
+  virtual void advance(SequenceState& state, int64_t n) { state.pos += n; }
+};
+
+}  // namespace fern

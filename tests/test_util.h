@@ -1,0 +1,32 @@
+// Helpers shared by the tests: seeded random data, normalised error metrics, fixture paths, GPU detection.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace fern::test {
+
+// Seeded normal values with the given standard deviation (never zeros: tests must not run on zeros).
+std::vector<float> randn(size_t n, uint64_t seed, float stddev = 1.0f);
+std::vector<float> randu(size_t n, uint64_t seed, float lo, float hi);
+
+// Normalised mean squared error: sum((a-b)^2) / sum(b^2), b the reference.
+double nmse(const float* got, const float* ref, size_t n);
+double max_abs_diff(const float* got, const float* ref, size_t n);
+
+// Absolute path of a file under the source tree (tests/fixtures/..., third_party/...).
+std::string source_path(const std::string& rel);
+// A fresh empty temporary directory, removed at process exit.
+std::string temp_dir(const std::string& tag);
+
+// True when a CUDA device is usable (always false in builds without CUDA).
+bool cuda_device_available();
+
+}  // namespace fern::test
+
+// Skips the current test when no GPU is present (CI runs on CPU-only machines).
+#define FERN_REQUIRE_GPU()                                              \
+  do {                                                                  \
+    if (!::fern::test::cuda_device_available()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
