@@ -1,0 +1,24 @@
+// Renders chat prompts byte for byte as the Qwen3.5 / Qwen3.6 chat templates do (MODEL.md section 5), and the
+// Qwen3 template of the reference tokenizer package.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace fern {
+
+enum class ChatTemplateKind { Qwen35, Qwen36, Qwen3 };
+
+struct ChatOptions {
+  ChatTemplateKind kind = ChatTemplateKind::Qwen36;
+  bool add_generation_prompt = true;
+  bool enable_thinking = true;
+  bool preserve_thinking = false;  // Qwen3.6 only
+};
+
+// messages: OpenAI-style array of {"role", "content" (string | array of parts | null), "reasoning_content",
+// "tool_calls": [{"id","type","function":{"name","arguments" (JSON string or object)}}], "tool_call_id"}.
+// tools: OpenAI-style array (or null). Throws fern::Error for unsupported content (images) or malformed input.
+std::string render_chat(const nlohmann::json& messages, const nlohmann::json& tools, const ChatOptions& opt);
+
+}  // namespace fern

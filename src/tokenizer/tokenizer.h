@@ -1,0 +1,44 @@
+// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json (MODEL.md section 4): added tokens matched
+// literally first, NFC, the Split pre-tokenizer regex read from the file, byte-level mapping, BPE merges by rank.
+// Token ids are identical to HF `tokenizers`.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fern {
+
+class Tokenizer {
+ public:
+  // Loads a tokenizer.json file, or <dir>/tokenizer.json when given a directory. Throws fern::Error.
+  static std::unique_ptr<Tokenizer> load(const std::string& path);
+  virtual ~Tokenizer() = default;
+
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // skip_special: drop added tokens whose `special` flag is set (like HF skip_special_tokens).
+  virtual std::string decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
+  virtual std::optional<int32_t> token_id(std::string_view token) const = 0;  // vocab or added token
+  virtual std::string token_text(int32_t id) const = 0;                       // decoded bytes of one token
+  virtual bool is_special(int32_t id) const = 0;
+  virtual int32_t vocab_size() const = 0;                                     // largest id + 1
+};
+
+// Streaming decoder: feed ids one at a time, get text that never ends in half of a UTF-8 character; flush()
+// returns whatever bytes remain at the end (never dropped).
+class IncrementalDecoder {
+ public:
+  explicit IncrementalDecoder(const Tokenizer& tok, bool skip_special = false);
+  std::string push(int32_t id);
+  std::string flush();
+
+ private:
+  const Tokenizer& tok_;
+  bool skip_special_;
+  std::string pending_;
+};
+
+}  // namespace fern
