@@ -22,6 +22,9 @@ struct LinearWeight {
   enum class Kind : uint8_t { None, Dense, Affine };
   Kind kind = Kind::None;
   int64_t experts = 0;  // 0 for a plain matrix
+  // Elements of `w` from one expert to the next (0 = contiguous: out * in for dense, out * in * bits / 32 words
+  // for affine). The HF layout's fused gate_up_proj [E, 2I, H] binds gate and up as two strided stacks.
+  int64_t expert_stride = 0;
   int64_t out = 0, in = 0;
   int bits = 16;
   int group_size = 0;
