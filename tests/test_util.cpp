@@ -46,9 +46,10 @@ double max_abs_diff(const float* got, const float* ref, size_t n) {
 std::string source_path(const std::string& rel) { return std::string(FERN_SOURCE_DIR) + "/" + rel; }
 
 namespace {
+// Never destroyed: the atexit cleanup below may run after static destructors.
 std::vector<std::string>& temp_dirs() {
-  static std::vector<std::string> d;
-  return d;
+  static auto* d = new std::vector<std::string>;
+  return *d;
 }
 void cleanup_temp_dirs() {
   for (auto& d : temp_dirs()) {

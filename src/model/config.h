@@ -17,6 +17,7 @@ enum class LayerType : uint8_t { LinearAttention, FullAttention };
 struct QuantParams {
   int bits = 4;
   int group_size = 64;
+  bool enabled = true;  // false for a module the converter left in floating point (override value `false`)
 };
 
 struct QuantConfig {
@@ -72,6 +73,15 @@ struct ModelConfig {
 
 // Parses config.json text. `source` names the file in error messages.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+// Reads eos ids from generation_config.json text (`eos_token_id`: int or list); empty when absent.
+std::vector<int32_t> parse_generation_eos(const std::string& json_text, const std::string& source);
+// config.json text for `cfg` in the official nested layout (top-level qwen3_5_moe + text_config), with
+// `quantization` and `quantization_config` when cfg.quantization is set (as mlx-lm writes them).
+std::string model_config_to_json(const ModelConfig& cfg);
+// generation_config.json text (eos ids and the released sampling defaults).
+std::string generation_config_to_json(const ModelConfig& cfg);
+// Checks a configuration built in code (presets) with the same rules as the parser; `source` names it.
+void validate_model_config(const ModelConfig& cfg, const std::string& source);
 // Reads <dir>/config.json (and generation_config.json for eos ids when present).
 ModelConfig load_model_config(const std::string& model_dir);
 

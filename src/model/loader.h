@@ -17,7 +17,15 @@ struct LoadOptions {
   std::function<void(size_t, size_t)> progress;
 };
 
+class TensorSource;
+
+// Mlx4 when config.json has `quantization`/`quantization_config` or the files hold MLX names
+// (`language_model.model.*`, `*.scales`); HfBf16 otherwise.
 CheckpointFormat detect_format(const std::string& model_dir);
 std::shared_ptr<ModelWeights> load_model(const std::string& model_dir, const LoadOptions& opt = {});
+// Binds the tensors of `src` (files or memory) in the given layout; every shape is checked against `cfg`.
+std::shared_ptr<ModelWeights> bind_model(const ModelConfig& cfg, const TensorSource& src, CheckpointFormat format,
+                                         const LoadOptions& opt = {});
+const char* format_name(CheckpointFormat f);
 
 }  // namespace fern
