@@ -16,13 +16,19 @@ class Tokenizer {
  public:
   // Loads a tokenizer.json file, or <dir>/tokenizer.json when given a directory. Throws fern::Error.
   static std::unique_ptr<Tokenizer> load(const std::string& path);
+  // Builds a tokenizer from the text of a tokenizer.json; `source` names it in error messages.
+  static std::unique_ptr<Tokenizer> from_json(std::string_view json_text, const std::string& source);
   virtual ~Tokenizer() = default;
 
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // skip_special: drop added tokens whose `special` flag is set (like HF skip_special_tokens).
+  // Ids without a token (negative, unused rows of the embedding) are skipped; invalid UTF-8 (a character cut
+  // off at either end) becomes U+FFFD, as in HF.
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
-  virtual std::optional<int32_t> token_id(std::string_view token) const = 0;  // vocab or added token
-  virtual std::string token_text(int32_t id) const = 0;                       // decoded bytes of one token
+  // Added-token content ("<|im_end|>"), or a vocabulary entry as written in tokenizer.json ("Ġthe").
+  virtual std::optional<int32_t> token_id(std::string_view token) const = 0;
+  // Raw bytes of one token ("" for an unknown id); may be part of a UTF-8 character.
+  virtual std::string token_text(int32_t id) const = 0;
   virtual bool is_special(int32_t id) const = 0;
   virtual int32_t vocab_size() const = 0;                                     // largest id + 1
 };
