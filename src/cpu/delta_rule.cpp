@@ -55,10 +55,13 @@ void delta_rule_recurrent(const DeltaRuleHead& h) {
 // Every exponent is <= 0, so extreme decays underflow to 0 instead of overflowing.
 void delta_rule_chunked(const DeltaRuleHead& h, int64_t chunk) {
   const int64_t Dk = h.Dk, Dv = h.Dv, C = chunk;
-  std::vector<float> K(C * Dk), Q(C * Dk), U(C * Dv), W(C * Dk), A(C * C), gam(C), bet(C), S0(Dk * Dv);
+  std::vector<float> K(C * Dk), Q(C * Dk), U(C * Dv), W(C * Dk), A(C * C), bet(C), dec(C), S0(Dk * Dv);
+  // Gamma in double: a cumulative sum of log decays reaches hundreds within a chunk when decays are strong, and
+  // the fp32 difference of two such sums would carry an absolute error of ~1e-5 into every decay factor.
+  std::vector<double> gam(C);
   for (int64_t c0 = 0; c0 < h.T; c0 += C) {
     const int64_t L = std::min(C, h.T - c0);
-    float cum = 0.0f;
+    double cum = 0.0;
     for (int64_t r = 0; r < L; ++r) {
       const int64_t t = c0 + r;
       std::copy_n(h.k + t * h.k_stride, Dk, &K[r * Dk]);
@@ -70,12 +73,12 @@ void delta_rule_chunked(const DeltaRuleHead& h, int64_t chunk) {
     // A (strictly lower part) and the forward substitutions for U and W.
     for (int64_t r = 0; r < L; ++r) {
       for (int64_t s = 0; s < r; ++s)
-        A[r * C + s] = bet[r] * dot(&K[r * Dk], &K[s * Dk], Dk) * std::exp(gam[r] - gam[s]);
+        A[r * C + s] = bet[r] * dot(&K[r * Dk], &K[s * Dk], Dk) * static_cast<float>(std::exp(gam[r] - gam[s]));
       float* ur = &U[r * Dv];
       const float* v = h.v + (c0 + r) * h.v_stride;
       for (int64_t j = 0; j < Dv; ++j) ur[j] = bet[r] * v[j];
       float* wr = &W[r * Dk];
-      const float wscale = bet[r] * std::exp(gam[r]);
+      const float wscale = bet[r] * static_cast<float>(std::exp(gam[r]));
       for (int64_t i = 0; i < Dk; ++i) wr[i] = wscale * K[r * Dk + i];
       for (int64_t s = 0; s < r; ++s) {
         axpy(ur, -A[r * C + s], &U[s * Dv], Dv);
@@ -91,18 +94,19 @@ void delta_rule_chunked(const DeltaRuleHead& h, int64_t chunk) {
       float* o = h.o + (c0 + r) * h.o_stride;
       std::fill(o, o + Dv, 0.0f);
       for (int64_t i = 0; i < Dk; ++i) axpy(o, Q[r * Dk + i], &S0[i * Dv], Dv);
-      const float er = std::exp(gam[r]);
+      const float er = static_cast<float>(std::exp(gam[r]));
       for (int64_t j = 0; j < Dv; ++j) o[j] *= er;
       for (int64_t s = 0; s <= r; ++s)
-        axpy(o, dot(&Q[r * Dk], &K[s * Dk], Dk) * std::exp(gam[r] - gam[s]), &U[s * Dv], Dv);
+        axpy(o, dot(&Q[r * Dk], &K[s * Dk], Dk) * static_cast<float>(std::exp(gam[r] - gam[s])), &U[s * Dv], Dv);
     }
     // S = exp(Gamma_L) S0 + sum_r exp(Gamma_L - Gamma_r) k_r V'_r^T.
-    const float gl = gam[L - 1], el = std::exp(gl);
-    for (int64_t r = 0; r < L; ++r) bet[r] = std::exp(gl - gam[r]);  // beta is no longer needed: reuse it
+    const double gl = gam[L - 1];
+    const float el = static_cast<float>(std::exp(gl));
+    for (int64_t r = 0; r < L; ++r) dec[r] = static_cast<float>(std::exp(gl - gam[r]));
     for (int64_t i = 0; i < Dk; ++i) {
       float* row = h.S + i * Dv;
       for (int64_t j = 0; j < Dv; ++j) row[j] = el * S0[i * Dv + j];
-      for (int64_t r = 0; r < L; ++r) axpy(row, bet[r] * K[r * Dk + i], &U[r * Dv], Dv);
+      for (int64_t r = 0; r < L; ++r) axpy(row, dec[r] * K[r * Dk + i], &U[r * Dv], Dv);
     }
   }
 }
