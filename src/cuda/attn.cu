@@ -1,0 +1,242 @@
+// Gated attention for T query rows (MODEL.md 2.3 steps 3-7):
+//  attn_prep:   q/k RMSNorm + partial RoPE (NeoX rotate-half on the first `rot` dims) + KV append (BF16), one
+//               block per head; the position comes from device memory.
+//  attn_decode: GQA-packed split-K attention. A block owns one KV head and one slice of the KV length; each of
+//               its warps walks positions of the slice, every lane holding D/32 dims of the G query heads that
+//               share the KV head, so one coalesced read of a K row and a V row serves all G heads. Partial
+//               (max, sum, acc) per split are merged by a second kernel that also applies sigmoid(gate).
+#include "cuda/kernels.h"
+#include "cuda/cuda_util.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+__global__ void __launch_bounds__(kThreads) attn_prep_kernel(AttnShape sh, const int32_t* __restrict__ d_pos,
+                                                             const float* __restrict__ qg, const float* __restrict__ k,
+                                                             const float* __restrict__ v,
+                                                             const float* __restrict__ q_norm,
+                                                             const float* __restrict__ k_norm, float* __restrict__ q_out,
+                                                             uint16_t* __restrict__ k_cache,
+                                                             uint16_t* __restrict__ v_cache) {
+  extern __shared__ float xs[];  // [D]
+  __shared__ float red[32];
+  const int b = blockIdx.x, t = blockIdx.y;
+  const int D = sh.D;
+  const int64_t pos = int64_t(d_pos[0]) + t;
+  if (b >= sh.Hq + sh.Hkv) {  // v head: store as is
+    const int kvh = b - sh.Hq - sh.Hkv;
+    if (pos >= sh.capacity) return;
+    const float* src = v + (int64_t(t) * sh.Hkv + kvh) * D;
+    uint16_t* dst = v_cache + (pos * sh.Hkv + kvh) * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) dst[d] = f32_to_bf16(src[d]);
+    return;
+  }
+  const bool is_q = b < sh.Hq;
+  const int hh = is_q ? b : b - sh.Hq;
+  const float* src = is_q ? qg + (int64_t(t) * sh.Hq + hh) * 2 * D : k + (int64_t(t) * sh.Hkv + hh) * D;
+  const float* w = is_q ? q_norm : k_norm;
+  float ss = 0.0f;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    const float x = src[d];
+    xs[d] = x;
+    ss += x * x;
+  }
+  ss = block_sum(ss, red);  // also orders the xs writes before the reads below
+  const float inv = rsqrtf(ss / float(D) + sh.eps);
+  const int half = sh.rot / 2;
+  float* qdst = q_out + (int64_t(t) * sh.Hq + hh) * D;
+  uint16_t* kdst = k_cache + (pos * sh.Hkv + hh) * D;
+  if (!is_q && pos >= sh.capacity) return;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float r;
+    if (d < sh.rot) {
+      const int i = d < half ? d : d - half;
+      const float inv_freq = 1.0f / powf(sh.theta, float(2 * i) / float(sh.rot));
+      float sn, cs;
+      sincosf(float(pos) * inv_freq, &sn, &cs);
+      const float a = xs[i] * inv * w[i], bb = xs[i + half] * inv * w[i + half];
+      r = d < half ? a * cs - bb * sn : bb * cs + a * sn;
+    } else {
+      r = xs[d] * inv * w[d];
+    }
+    if (is_q) qdst[d] = r;
+    else kdst[d] = f32_to_bf16(r);
+  }
+}
+
+template <int DPL>
+__device__ __forceinline__ void load_bf16_row(const uint16_t* p, float (&out)[DPL]) {
+  if constexpr (DPL == 8) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    out[0] = __uint_as_float(u.x << 16);
+    out[1] = __uint_as_float(u.x & 0xffff0000u);
+    out[2] = __uint_as_float(u.y << 16);
+    out[3] = __uint_as_float(u.y & 0xffff0000u);
+  }
+}
+
+template <int G, int DPL>
+__global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, const int32_t* __restrict__ d_pos,
+                                                              const float* __restrict__ q,
+                                                              const uint16_t* __restrict__ k_cache,
+                                                              const uint16_t* __restrict__ v_cache,
+                                                              float* __restrict__ part_ml,
+                                                              float* __restrict__ part_acc) {
+  constexpr int D = DPL * 32;
+  __shared__ float wm[kWarps][G];
+  __shared__ float sacc[G][D];
+  __shared__ float sl[G];
+  const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z, nsplit = gridDim.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t L = int64_t(d_pos[0]) + t + 1;
+  const int64_t chunk = (L + nsplit - 1) / nsplit;
+  const int64_t lo = sp * chunk, hi = min(L, lo + chunk);
+  const float scale = rsqrtf(float(D));
+  float qr[G][DPL];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float* qp = q + (int64_t(t) * sh.Hq + kvh * G + g) * D + lane * DPL;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) qr[g][i] = qp[i] * scale;
+  }
+  float m[G], l[G], acc[G][DPL];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
+  }
+  const int64_t row_stride = int64_t(sh.Hkv) * D;
+  for (int64_t p = lo + warp; p < hi; p += kWarps) {
+    float kv[DPL], vv[DPL];
+    load_bf16_row<DPL>(k_cache + p * row_stride + kvh * D + lane * DPL, kv);
+    load_bf16_row<DPL>(v_cache + p * row_stride + kvh * D + lane * DPL, vv);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) s = fmaf(qr[g][i], kv[i], s);
+      s = warp_sum(s);
+      const float mn = fmaxf(m[g], s);
+      const float corr = __expf(m[g] - mn);  // 0 when m was -inf
+      const float e = __expf(s - mn);
+      l[g] = l[g] * corr + e;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[g][i] = fmaf(acc[g][i], corr, e * vv[i]);
+      m[g] = mn;
+    }
+  }
+  // Merge the warps: block max, then rescaled sums through shared-memory atomics.
+  for (int i = threadIdx.x; i < G * D; i += kThreads) (&sacc[0][0])[i] = 0.0f;
+  if (threadIdx.x < G) sl[threadIdx.x] = 0.0f;
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) wm[warp][g] = m[g];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w][g]);
+    const float f = m[g] == -INFINITY ? 0.0f : __expf(m[g] - M);
+    if (f != 0.0f) {
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) atomicAdd(&sacc[g][lane * DPL + i], acc[g][i] * f);
+      if (lane == 0) atomicAdd(&sl[g], l[g] * f);
+    }
+    if (warp == 0 && lane == 0) {
+      float* ml = part_ml + ((int64_t(t) * sh.Hq + kvh * G + g) * nsplit + sp) * 2;
+      ml[0] = M;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    part_acc[((int64_t(t) * sh.Hq + kvh * G + g) * nsplit + sp) * D + d] = sacc[g][d];
+  }
+  if (threadIdx.x < G) part_ml[((int64_t(t) * sh.Hq + kvh * G + threadIdx.x) * nsplit + sp) * 2 + 1] = sl[threadIdx.x];
+}
+
+__global__ void __launch_bounds__(kThreads) attn_combine_kernel(AttnShape sh, int nsplit,
+                                                                const float* __restrict__ part_ml,
+                                                                const float* __restrict__ part_acc,
+                                                                const float* __restrict__ qg, float* __restrict__ o) {
+  const int h = blockIdx.x, t = blockIdx.y, D = sh.D;
+  const float* ml = part_ml + (int64_t(t) * sh.Hq + h) * nsplit * 2;
+  float M = -INFINITY;
+  for (int s = 0; s < nsplit; ++s) M = fmaxf(M, ml[2 * s]);
+  float den = 0.0f;
+  for (int s = 0; s < nsplit; ++s)
+    if (ml[2 * s] != -INFINITY) den += ml[2 * s + 1] * __expf(ml[2 * s] - M);
+  const float inv = 1.0f / den;
+  const float* acc = part_acc + (int64_t(t) * sh.Hq + h) * nsplit * D;
+  const float* gate = qg + (int64_t(t) * sh.Hq + h) * 2 * D + D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.0f;
+    for (int s = 0; s < nsplit; ++s)
+      if (ml[2 * s] != -INFINITY) num += acc[int64_t(s) * D + d] * __expf(ml[2 * s] - M);
+    o[(int64_t(t) * sh.Hq + h) * D + d] = num * inv * sigmoid(gate[d]);
+  }
+}
+
+template <int G>
+void launch_split(const Ctx& c, const AttnShape& sh, dim3 grid, const int32_t* d_pos, const float* q,
+                  const uint16_t* kc, const uint16_t* vc, float* pml, float* pacc) {
+  if (sh.D == 256)
+    attn_split_kernel<G, 8><<<grid, kThreads, 0, c.stream>>>(sh, d_pos, q, kc, vc, pml, pacc);
+  else
+    attn_split_kernel<G, 4><<<grid, kThreads, 0, c.stream>>>(sh, d_pos, q, kc, vc, pml, pacc);
+}
+
+}  // namespace
+
+int attn_splits(int64_t capacity) {
+  const int64_t s = (capacity + 63) / 64;
+  return static_cast<int>(s < 1 ? 1 : (s > 64 ? 64 : s));
+}
+
+void attn_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* qg, const float* k,
+               const float* v, const float* q_norm, const float* k_norm, float* q_out, uint16_t* k_cache,
+               uint16_t* v_cache, int T) {
+  if (T <= 0) return;
+  FERN_CU_CHECK(sh.rot % 2 == 0 && sh.rot <= sh.D, "attention: rotary dims");
+  dim3 grid(sh.Hq + 2 * sh.Hkv, T);
+  attn_prep_kernel<<<grid, kThreads, size_t(sh.D) * 4, c.stream>>>(sh, d_pos, qg, k, v, q_norm, k_norm, q_out,
+                                                                    k_cache, v_cache);
+  FERN_CUDA_LAUNCH_CHECK("attn_prep_kernel");
+}
+
+void attn_decode(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+                 const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int T,
+                 int nsplit) {
+  if (T <= 0) return;
+  const int G = sh.Hq / sh.Hkv;
+  if (sh.Hq % sh.Hkv != 0 || (sh.D != 128 && sh.D != 256) || (G != 1 && G != 2 && G != 4 && G != 8))
+    raise_error("attention: unsupported head shape (head_dim " + std::to_string(sh.D) + ", " + std::to_string(G) +
+                " query heads per KV head; supported: head_dim 128/256, 1/2/4/8 per KV head)");
+  dim3 grid(sh.Hkv, nsplit, T);
+  switch (G) {
+    case 1: launch_split<1>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;
+    case 2: launch_split<2>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;
+    case 4: launch_split<4>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;
+    default: launch_split<8>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;
+  }
+  FERN_CUDA_LAUNCH_CHECK("attn_split_kernel");
+  attn_combine_kernel<<<dim3(sh.Hq, T), kThreads, 0, c.stream>>>(sh, nsplit, part_ml, part_acc, qg, o);
+  FERN_CUDA_LAUNCH_CHECK("attn_combine_kernel");
+}
+
+}  // namespace fern::cuda

@@ -1,0 +1,391 @@
+// The CUDA backend: memory (scratch arena, persistent allocations), sequence state, the op table mapped onto the
+// kernels of kernels.h, and the capture/replay of one decode step. Weight upload is in upload.cpp.
+#include "cuda/cuda_backend.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "cuda/cuda_backend_impl.h"
+#include "cuda/cuda_check.h"
+#include "cuda/qweight.h"
+
+namespace fern {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr size_t kArenaBlock = size_t(256) << 20;
+constexpr int kCounters = 1 << 16;
+constexpr int kArgmaxCounterBase = 1024;  // GDN uses [0, 1024), argmax [1024, kCounters)
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+float* f32(const Tensor& t, const char* what) {
+  FERN_CHECK(t.dtype == DType::F32 && t.device == Device::Cuda, "{}: expected an F32 tensor on the GPU, got {} on {}",
+             what, dtype_name(t.dtype), t.device == Device::Cuda ? "GPU" : "host");
+  return t.ptr<float>();
+}
+
+CudaState& cuda_state(SequenceState& s) {
+  auto* c = dynamic_cast<CudaState*>(&s);
+  FERN_CHECK(c != nullptr, "sequence state was not made by the CUDA backend");
+  return *c;
+}
+
+}  // namespace
+
+CudaState::~CudaState() {
+  if (mem) cudaFree(mem);
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  FERN_CUDA_CHECK(cudaSetDevice(device));
+  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+  FERN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  FERN_CUDA_CHECK(cudaMalloc(&counters_, sizeof(int) * kCounters));
+  FERN_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(int) * kCounters));
+}
+
+CudaBackend::~CudaBackend() {
+  drop_graph();
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (auto& b : arena_) cudaFree(b.p);
+  for (void* p : owned_) cudaFree(p);
+  cudaFree(counters_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+cuda::Ctx CudaBackend::ctx(int counter_offset) const {
+  cuda::Ctx c;
+  c.stream = stream_;
+  c.sms = sms_;
+  c.counters = counters_ + counter_offset;
+  return c;
+}
+
+// ---- memory ----
+void CudaBackend::begin_forward() {
+  arena_block_ = 0;
+  arena_off_ = 0;
+}
+
+void* CudaBackend::arena_alloc(size_t bytes) {
+  bytes = align_up(std::max<size_t>(bytes, 1));
+  while (arena_block_ < arena_.size()) {
+    Block& b = arena_[arena_block_];
+    if (arena_off_ + bytes <= b.size) {
+      void* p = static_cast<char*>(b.p) + arena_off_;
+      arena_off_ += bytes;
+      return p;
+    }
+    ++arena_block_;
+    arena_off_ = 0;
+  }
+  FERN_CHECK(!capturing_, "scratch arena grew during graph capture: run the step once eagerly before capturing");
+  Block b{nullptr, std::max(bytes, kArenaBlock)};
+  FERN_CUDA_CHECK(cudaMalloc(&b.p, b.size));
+  arena_.push_back(b);
+  arena_block_ = arena_.size() - 1;
+  arena_off_ = bytes;
+  return b.p;
+}
+
+Tensor CudaBackend::scratch(DType dtype, std::initializer_list<int64_t> shape) {
+  Tensor t(nullptr, dtype, shape, Device::Cuda);
+  t.data = arena_alloc(t.nbytes());
+  return t;
+}
+
+Tensor CudaBackend::alloc(DType dtype, const std::vector<int64_t>& shape) {
+  Tensor t(nullptr, dtype, shape, Device::Cuda);
+  void* p = nullptr;
+  FERN_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(t.nbytes(), 1)));
+  owned_.push_back(p);
+  t.data = p;
+  return t;
+}
+
+Tensor CudaBackend::to_device(const Tensor& host) {
+  Tensor t = alloc(host.dtype, std::vector<int64_t>(host.shape.begin(), host.shape.begin() + host.ndim));
+  copy(t, host);
+  return t;
+}
+
+LinearWeight CudaBackend::to_device(const LinearWeight& host) {
+  LinearWeight d = host;
+  FERN_CHECK(host.expert_stride == 0, "to_device: strided expert stacks are compacted by upload() only");
+  d.w = to_device(host.w);
+  if (host.quantized()) {
+    d.scales = to_device(host.scales);
+    d.biases = to_device(host.biases);
+  }
+  return d;
+}
+
+void CudaBackend::copy(Tensor dst, Tensor src) {
+  FERN_CHECK(dst.nbytes() == src.nbytes(), "copy: {} bytes into {} bytes", src.nbytes(), dst.nbytes());
+  if (dst.nbytes() == 0) return;
+  FERN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault, stream_));
+  if (dst.device == Device::Host) FERN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::synchronize() { FERN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+// ---- state ----
+size_t CudaBackend::state_bytes(const ModelConfig& cfg, int64_t capacity) const {
+  size_t n = kAlign;  // position
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    if (cfg.is_attention_layer(l)) {
+      n += 2 * align_up(size_t(capacity) * cfg.num_key_value_heads * cfg.head_dim * 2);
+    } else {
+      n += align_up(size_t(cfg.linear_conv_kernel_dim - 1) * cfg.gdn_conv_dim() * 4);
+      n += align_up(size_t(cfg.linear_num_value_heads) * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4);
+    }
+  }
+  return n;
+}
+
+std::unique_ptr<SequenceState> CudaBackend::new_state(const ModelConfig& cfg, int64_t capacity) {
+  FERN_CHECK(capacity >= 1 && capacity <= (int64_t(1) << 30), "state capacity {}", capacity);
+  auto st = std::make_unique<CudaState>();
+  st->capacity = capacity;
+  st->bytes = state_bytes(cfg, capacity);
+  const cudaError_t e = cudaMalloc(&st->mem, st->bytes);
+  if (e != cudaSuccess) fail("out of GPU memory allocating a sequence state of {} bytes ({} tokens)", st->bytes, capacity);
+  char* p = static_cast<char*>(st->mem);
+  st->d_pos = reinterpret_cast<int32_t*>(p);
+  p += kAlign;
+  const int L = cfg.num_hidden_layers;
+  st->k_cache.resize(L);
+  st->v_cache.resize(L);
+  st->conv_state.resize(L);
+  st->recurrent_state.resize(L);
+  for (int l = 0; l < L; ++l) {
+    if (cfg.is_attention_layer(l)) {
+      const std::vector<int64_t> shp{capacity, cfg.num_key_value_heads, cfg.head_dim};
+      st->k_cache[l] = Tensor(p, DType::BF16, shp, Device::Cuda);
+      p += align_up(st->k_cache[l].nbytes());
+      st->v_cache[l] = Tensor(p, DType::BF16, shp, Device::Cuda);
+      p += align_up(st->v_cache[l].nbytes());
+    } else {
+      st->conv_state[l] = Tensor(p, DType::F32, {cfg.linear_conv_kernel_dim - 1, cfg.gdn_conv_dim()}, Device::Cuda);
+      p += align_up(st->conv_state[l].nbytes());
+      st->recurrent_state[l] = Tensor(
+          p, DType::F32, {cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim}, Device::Cuda);
+      p += align_up(st->recurrent_state[l].nbytes());
+    }
+  }
+  st->nsplit = cuda::attn_splits(capacity);
+  reset_state(*st);
+  return st;
+}
+
+void CudaBackend::reset_state(SequenceState& s) {
+  CudaState& st = cuda_state(s);
+  FERN_CUDA_CHECK(cudaMemsetAsync(st.mem, 0, st.bytes, stream_));
+  st.pos = 0;
+}
+
+void CudaBackend::copy_state(SequenceState& d, const SequenceState& s) {
+  CudaState& dst = cuda_state(d);
+  const CudaState& src = cuda_state(const_cast<SequenceState&>(s));
+  FERN_CHECK(dst.capacity >= src.pos, "copy_state: capacity {} < {} tokens", dst.capacity, src.pos);
+  FERN_CHECK(dst.k_cache.size() == src.k_cache.size(), "copy_state: states of different models");
+  for (size_t l = 0; l < src.k_cache.size(); ++l) {
+    if (!src.k_cache[l].empty()) {
+      const size_t row = size_t(src.k_cache[l].inner()) * 2;
+      FERN_CUDA_CHECK(cudaMemcpyAsync(dst.k_cache[l].data, src.k_cache[l].data, row * src.pos, cudaMemcpyDeviceToDevice, stream_));
+      FERN_CUDA_CHECK(cudaMemcpyAsync(dst.v_cache[l].data, src.v_cache[l].data, row * src.pos, cudaMemcpyDeviceToDevice, stream_));
+    } else if (!src.conv_state[l].empty()) {
+      FERN_CUDA_CHECK(cudaMemcpyAsync(dst.conv_state[l].data, src.conv_state[l].data, src.conv_state[l].nbytes(),
+                                      cudaMemcpyDeviceToDevice, stream_));
+      FERN_CUDA_CHECK(cudaMemcpyAsync(dst.recurrent_state[l].data, src.recurrent_state[l].data,
+                                      src.recurrent_state[l].nbytes(), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  FERN_CUDA_CHECK(cudaMemcpyAsync(dst.d_pos, src.d_pos, sizeof(int32_t), cudaMemcpyDeviceToDevice, stream_));
+  dst.pos = src.pos;
+}
+
+void CudaBackend::advance(SequenceState& s, int64_t n) {
+  CudaState& st = cuda_state(s);
+  st.pos += n;
+  cuda::advance_pos(ctx(), st.d_pos, static_cast<int>(n));
+}
+
+// ---- ops ----
+void CudaBackend::embed(Tensor out, Tensor ids, const LinearWeight& table) {
+  const int T = static_cast<int>(ids.dim(0));
+  FERN_CHECK(ids.dtype == DType::I32, "embed: ids must be I32");
+  FERN_CHECK(out.numel() == T * table.in, "embed: out {} for {} ids of width {}", out.shape_str(), T, table.in);
+  cuda::embed(ctx(), cuda::make_qw(table), ids.ptr<int32_t>(), f32(out, "embed out"), T);
+}
+
+void CudaBackend::rmsnorm(Tensor out, Tensor x, Tensor w, float eps) {
+  const int64_t D = x.dim(-1);
+  FERN_CHECK(w.numel() == D && out.numel() == x.numel(), "rmsnorm: x {} w {} out {}", x.shape_str(), w.shape_str(),
+             out.shape_str());
+  cuda::rmsnorm(ctx(), f32(out, "rmsnorm out"), f32(x, "rmsnorm x"), f32(w, "rmsnorm w"),
+                static_cast<int>(x.numel() / D), static_cast<int>(D), eps);
+}
+
+void CudaBackend::add_rmsnorm(Tensor resid, Tensor delta, Tensor out, Tensor w, float eps) {
+  const int64_t D = resid.dim(-1);
+  FERN_CHECK(w.numel() == D && delta.numel() == resid.numel() && out.numel() == resid.numel(),
+             "add_rmsnorm: resid {} delta {} out {} w {}", resid.shape_str(), delta.shape_str(), out.shape_str(),
+             w.shape_str());
+  cuda::add_rmsnorm(ctx(), f32(resid, "add_rmsnorm resid"), f32(delta, "add_rmsnorm delta"),
+                    f32(out, "add_rmsnorm out"), f32(w, "add_rmsnorm w"), static_cast<int>(resid.numel() / D),
+                    static_cast<int>(D), eps);
+}
+
+void CudaBackend::add(Tensor out, Tensor a, Tensor b) {
+  FERN_CHECK(a.numel() == b.numel() && out.numel() == a.numel(), "add: shapes {} {} {}", out.shape_str(),
+             a.shape_str(), b.shape_str());
+  cuda::add(ctx(), f32(out, "add out"), f32(a, "add a"), f32(b, "add b"), a.numel());
+}
+
+void CudaBackend::linear(Tensor out, Tensor x, const LinearWeight& w) {
+  FERN_CHECK(x.dim(-1) == w.in && out.dim(-1) == w.out && x.numel() / w.in == out.numel() / w.out,
+             "linear {}: x {} out {} for [{}, {}]", w.name, x.shape_str(), out.shape_str(), w.out, w.in);
+  cuda::linear(ctx(), cuda::make_qw(w), f32(x, "linear x"), f32(out, "linear out"), static_cast<int>(x.numel() / w.in));
+}
+
+void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
+                           const ModelConfig& cfg, SequenceState& state, int layer) {
+  CudaState& st = cuda_state(state);
+  const int T = static_cast<int>(mixed.dim(0));
+  cuda::GdnShape sh;
+  sh.Hk = cfg.linear_num_key_heads;
+  sh.Hv = cfg.linear_num_value_heads;
+  sh.Dk = cfg.linear_key_head_dim;
+  sh.Dv = cfg.linear_value_head_dim;
+  sh.conv_dim = static_cast<int>(cfg.gdn_conv_dim());
+  sh.kernel = cfg.linear_conv_kernel_dim;
+  sh.eps = static_cast<float>(cfg.rms_norm_eps);
+  FERN_CHECK(mixed.dim(-1) == sh.conv_dim && z.dim(-1) == cfg.gdn_value_dim() && b.dim(-1) == sh.Hv &&
+                 a.dim(-1) == sh.Hv && y.dim(-1) == cfg.gdn_value_dim(),
+             "gdn_core: shapes mixed {} z {} b {} a {} y {}", mixed.shape_str(), z.shape_str(), b.shape_str(),
+             a.shape_str(), y.shape_str());
+  FERN_CHECK(sh.Hk + sh.Hv <= kArgmaxCounterBase, "gdn_core: too many heads");
+  float* conv = f32(st.conv_state.at(layer), "conv state");
+  float* rec = f32(st.recurrent_state.at(layer), "recurrent state");
+  // Rows are sequential through the state: one launch per row (prefill gets a chunked kernel later).
+  for (int t = 0; t < T; ++t)
+    cuda::gdn_step(ctx(0), sh, t, f32(mixed, "gdn mixed"), f32(z, "gdn z"), f32(b, "gdn b"), f32(a, "gdn a"),
+                   f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"), f32(w.norm_w, "norm_w"),
+                   conv, rec, f32(y, "gdn y"));
+}
+
+void CudaBackend::attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
+                            SequenceState& state, int layer) {
+  CudaState& st = cuda_state(state);
+  const int T = static_cast<int>(qg.dim(0));
+  cuda::AttnShape sh;
+  sh.Hq = cfg.num_attention_heads;
+  sh.Hkv = cfg.num_key_value_heads;
+  sh.D = cfg.head_dim;
+  sh.rot = cfg.rotary_dim();
+  sh.theta = static_cast<float>(cfg.rope_theta);
+  sh.eps = static_cast<float>(cfg.rms_norm_eps);
+  sh.capacity = st.capacity;
+  FERN_CHECK(st.pos + T <= st.capacity, "attention: {} + {} tokens over capacity {}", st.pos, T, st.capacity);
+  FERN_CHECK(qg.dim(-1) == int64_t(2) * sh.Hq * sh.D && k.dim(-1) == int64_t(sh.Hkv) * sh.D &&
+                 o.dim(-1) == int64_t(sh.Hq) * sh.D,
+             "attn_core: shapes qg {} k {} o {}", qg.shape_str(), k.shape_str(), o.shape_str());
+  Tensor q = scratch(DType::F32, {T, sh.Hq, sh.D});
+  Tensor pml = scratch(DType::F32, {T, sh.Hq, st.nsplit, 2});
+  Tensor pacc = scratch(DType::F32, {T, sh.Hq, st.nsplit, sh.D});
+  Tensor kc = st.k_cache.at(layer), vc = st.v_cache.at(layer);
+  cuda::attn_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"), f32(w.q_norm, "q_norm"),
+                  f32(w.k_norm, "k_norm"), q.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(), T);
+  cuda::attn_decode(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(),
+                    pml.ptr<float>(), pacc.ptr<float>(), f32(o, "attn o"), T, st.nsplit);
+}
+
+void CudaBackend::moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
+  const int T = static_cast<int>(x.dim(0));
+  const int k = cfg.num_experts_per_tok;
+  const int64_t E = w.router.out, I = w.gate.out, Is = w.shared_gate.out;
+  FERN_CHECK(w.gate.experts == E && w.up.experts == E && w.down.experts == E, "moe: {} experts in the router, {} in {}",
+             E, w.gate.experts, w.gate.name);
+  FERN_CHECK(k >= 1 && k <= E && k <= 64, "moe: top-{} of {} experts", k, E);
+  cuda::MoeScratch s;
+  s.router_logits = scratch(DType::F32, {T, E}).ptr<float>();
+  s.sgate_logit = scratch(DType::F32, {T}).ptr<float>();
+  s.topk_ids = scratch(DType::I32, {T, k}).ptr<int32_t>();
+  s.topk_w = scratch(DType::F32, {T, k}).ptr<float>();
+  s.sgate = scratch(DType::F32, {T}).ptr<float>();
+  s.h = scratch(DType::F32, {T, k * I + Is}).ptr<float>();
+  const float* xp = f32(x, "moe x");
+  cuda::moe_route(ctx(), cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
+  cuda::moe_gate_up(ctx(), cuda::make_qw(w.gate), cuda::make_qw(w.up), cuda::make_qw(w.shared_gate),
+                    cuda::make_qw(w.shared_up), xp, s, T, k);
+  cuda::moe_down(ctx(), cuda::make_qw(w.down), cuda::make_qw(w.shared_down), s, f32(out, "moe out"), T, k);
+}
+
+void CudaBackend::argmax(Tensor ids, Tensor logits) {
+  const int T = static_cast<int>(logits.dim(0));
+  const int64_t V = logits.dim(1);
+  FERN_CHECK(ids.dtype == DType::I32 && ids.numel() == T, "argmax: ids {} for {} rows", ids.shape_str(), T);
+  const int chunk = kCounters - kArgmaxCounterBase;
+  for (int t0 = 0; t0 < T; t0 += chunk) {
+    const int n = std::min(chunk, T - t0);
+    void* part = arena_alloc(cuda::argmax_scratch_bytes(n));
+    cuda::argmax(ctx(kArgmaxCounterBase), ids.ptr<int32_t>() + t0, f32(logits, "argmax logits") + int64_t(t0) * V, n,
+                 V, part);
+  }
+}
+
+// ---- graph ----
+void CudaBackend::capture_step(SequenceState& state, const std::function<void()>& step) {
+  drop_graph();
+  const int64_t pos0 = state.pos;
+  cudaGraph_t graph = nullptr;
+  FERN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+  try {
+    step();
+  } catch (...) {
+    capturing_ = false;
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    state.pos = pos0;
+    throw;
+  }
+  capturing_ = false;
+  FERN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  graph_advance_ = state.pos - pos0;
+  state.pos = pos0;  // nothing ran yet
+  const cudaError_t e = cudaGraphInstantiate(&graph_exec_, graph, 0);
+  cudaGraphDestroy(graph);
+  FERN_CUDA_CHECK(e);
+  graph_state_ = &state;
+}
+
+void CudaBackend::replay(SequenceState& state) {
+  FERN_CHECK(graph_exec_ != nullptr, "replay without a captured step");
+  FERN_CHECK(graph_state_ == &state, "replay on a different sequence state than the captured one");
+  FERN_CHECK(state.pos + graph_advance_ <= state.capacity, "replay: state full ({} of {})", state.pos, state.capacity);
+  FERN_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+  state.pos += graph_advance_;
+}
+
+void CudaBackend::drop_graph() {
+  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+  graph_exec_ = nullptr;
+  graph_state_ = nullptr;
+  graph_advance_ = 0;
+}
+
+// ---- factory ----
+bool cuda_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  if (!cuda_available()) fail("no CUDA device is available");
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace fern

@@ -1,0 +1,102 @@
+// The CUDA backend class itself (cuda_backend.h only exposes the factory). Engine code that wants the
+// capture/replay of a decode step, and the tests and benchmarks that drive single ops, include this header.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels.h"
+#include "ops/backend.h"
+
+namespace fern {
+
+// Per-sequence state on the GPU: one device allocation holding the BF16 KV caches, the F32 conv and recurrent
+// states and the device copy of the position (read by the attention kernels, so a captured step needs no host
+// input).
+struct CudaState : SequenceState {
+  ~CudaState() override;
+  void* mem = nullptr;
+  size_t bytes = 0;
+  int32_t* d_pos = nullptr;
+  int nsplit = 1;  // attention split-K pieces, fixed per state so that a captured step keeps its grid
+};
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::Cuda; }
+  DType act_dtype() const override { return DType::F32; }
+
+  void begin_forward() override;
+  Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override;
+  void copy(Tensor dst, Tensor src) override;
+  void synchronize() override;
+
+  std::shared_ptr<const ModelWeights> upload(std::shared_ptr<const ModelWeights> host) override;
+  std::unique_ptr<SequenceState> new_state(const ModelConfig& cfg, int64_t capacity) override;
+  void reset_state(SequenceState& s) override;
+  void copy_state(SequenceState& dst, const SequenceState& src) override;
+  size_t state_bytes(const ModelConfig& cfg, int64_t capacity) const override;
+
+  void embed(Tensor out, Tensor ids, const LinearWeight& table) override;
+  void rmsnorm(Tensor out, Tensor x, Tensor w, float eps) override;
+  void add_rmsnorm(Tensor resid, Tensor delta, Tensor out, Tensor w, float eps) override;
+  void add(Tensor out, Tensor a, Tensor b) override;
+  void linear(Tensor out, Tensor x, const LinearWeight& w) override;
+  void gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
+                SequenceState& state, int layer) override;
+  void attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
+                 SequenceState& state, int layer) override;
+  void moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) override;
+  void argmax(Tensor ids, Tensor logits) override;
+  void advance(SequenceState& state, int64_t n) override;
+
+  // ---- one decode step as a CUDA graph ----
+  // Records `step` (engine-level calls: begin_forward, forward, argmax into the input slot...) on the backend's
+  // stream without running it. The host-side position is left as it was; every replay() runs the step once and
+  // advances state.pos by what the step advanced. Scratch must already have been sized by one eager run of the
+  // same step (the arena may not grow during capture).
+  void capture_step(SequenceState& state, const std::function<void()>& step);
+  void replay(SequenceState& state);
+  bool has_graph() const { return graph_exec_ != nullptr; }
+  void drop_graph();
+
+  // ---- for tests, benchmarks and loaders ----
+  cudaStream_t stream() const { return stream_; }
+  int sm_count() const { return sms_; }
+  // Persistent device memory owned by the backend (freed with it).
+  Tensor alloc(DType dtype, const std::vector<int64_t>& shape);
+  Tensor to_device(const Tensor& host);
+  LinearWeight to_device(const LinearWeight& host);
+  // Called with (bytes done, bytes total) during upload().
+  std::function<void(size_t, size_t)> upload_progress;
+
+ private:
+  cuda::Ctx ctx(int counter_offset = 0) const;
+  void* arena_alloc(size_t bytes);
+
+  int device_ = 0;
+  int sms_ = 0;
+  cudaStream_t stream_ = nullptr;
+  int* counters_ = nullptr;
+  struct Block {
+    void* p;
+    size_t size;
+  };
+  std::vector<Block> arena_;
+  size_t arena_block_ = 0, arena_off_ = 0;
+  bool capturing_ = false;
+  std::vector<void*> owned_;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  const SequenceState* graph_state_ = nullptr;
+  int64_t graph_advance_ = 0;
+};
+
+}  // namespace fern

@@ -1,0 +1,180 @@
+// Row-wise and element-wise kernels: embedding gather (dequantises one row), RMSNorm, residual add + RMSNorm,
+// add, argmax over the vocabulary, and the device-side position counter.
+#include "cuda/kernels.h"
+#include "cuda/qdot.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads) embed_kernel(QW W, const int32_t* __restrict__ ids,
+                                                         float* __restrict__ out) {
+  const int t = blockIdx.x;
+  int64_t id = ids[t];
+  // Out-of-range ids are clamped (the tokenizer and the server validate ids; this only keeps reads in bounds).
+  id = id < 0 ? 0 : (id >= W.out ? W.out - 1 : id);
+  float* o = out + int64_t(t) * W.in;
+  if (W.bits == 16) {
+    const uint16_t* row = static_cast<const uint16_t*>(W.w) + id * W.in;
+    for (int64_t k = threadIdx.x; k < W.in; k += blockDim.x) o[k] = bf16_to_f32(row[k]);
+  } else {
+    const int per = 32 / W.bits;
+    const uint32_t mask = (1u << W.bits) - 1u;
+    const uint32_t* row = static_cast<const uint32_t*>(W.w) + id * (W.in / per);
+    const int64_t groups = W.in / W.gs;
+    for (int64_t k = threadIdx.x; k < W.in; k += blockDim.x) {
+      const uint32_t q = (row[k / per] >> ((k % per) * W.bits)) & mask;
+      const int64_t g = id * groups + k / W.gs;
+      o[k] = bf16_to_f32(W.s[g]) * float(q) + bf16_to_f32(W.b[g]);
+    }
+  }
+}
+
+// One block per row; `resid` (optional) receives resid + delta first.
+__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(float* __restrict__ out, const float* x, float* resid,
+                                                           const float* __restrict__ delta,
+                                                           const float* __restrict__ w, int D, float eps) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * D;
+  float ss = 0.0f;
+  if (resid) {
+    float* rr = resid + r * D;
+    const float* dr = delta + r * D;
+    for (int k = threadIdx.x; k < D; k += blockDim.x) {
+      const float v = rr[k] + dr[k];
+      rr[k] = v;
+      ss += v * v;
+    }
+    xr = rr;
+  } else {
+    for (int k = threadIdx.x; k < D; k += blockDim.x) ss += xr[k] * xr[k];
+  }
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(D) + eps);
+  float* o = out + r * D;
+  for (int k = threadIdx.x; k < D; k += blockDim.x) o[k] = xr[k] * inv * w[k];
+}
+
+__global__ void add_kernel(float* __restrict__ out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
+// Argmax over V for each of T rows: grid (B, T); each block reduces a slice to (value, index) pairs, and the last
+// block of a row to finish (a counter per row, reset by that block) reduces the B pairs and writes the id.
+constexpr int kArgmaxBlocks = 128;
+
+__device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
+  // NaN never wins; ties go to the lowest index.
+  if (ov > v || (ov == v && oi < i) || (v != v && ov == ov)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+__device__ __forceinline__ void block_argmax(float& v, int& i) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    better(v, i, ov, oi);
+  }
+  __syncthreads();
+  if (lane == 0) {
+    sv[wid] = v;
+    si[wid] = i;
+  }
+  __syncthreads();
+  v = lane < nw ? sv[lane] : -INFINITY;
+  i = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    better(v, i, ov, oi);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* __restrict__ ids, const float* __restrict__ logits,
+                                                          int64_t V, float* part_v, int* part_i, int* counters) {
+  __shared__ bool last;
+  const int t = blockIdx.y;
+  const float* l = logits + int64_t(t) * V;
+  const int64_t per = (V + gridDim.x - 1) / gridDim.x;
+  const int64_t lo = blockIdx.x * per, hi = min(V, lo + per);
+  float v = -INFINITY;
+  int i = 0x7fffffff;
+  for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) better(v, i, l[j], static_cast<int>(j));
+  block_argmax(v, i);
+  if (threadIdx.x == 0) {
+    part_v[t * gridDim.x + blockIdx.x] = v;
+    part_i[t * gridDim.x + blockIdx.x] = i;
+    __threadfence();
+    last = atomicAdd(&counters[t], 1) == int(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  v = -INFINITY;
+  i = 0x7fffffff;
+  for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+    better(v, i, __ldcg(part_v + t * gridDim.x + b), __ldcg(part_i + t * gridDim.x + b));
+  block_argmax(v, i);
+  if (threadIdx.x == 0) {
+    ids[t] = i == 0x7fffffff ? 0 : i;
+    counters[t] = 0;
+  }
+}
+
+__global__ void advance_kernel(int32_t* d_pos, int n) { d_pos[0] += n; }
+
+}  // namespace
+
+void embed(const Ctx& c, const QW& table, const int32_t* ids, float* out, int T) {
+  if (T <= 0) return;
+  embed_kernel<<<T, kThreads, 0, c.stream>>>(table, ids, out);
+  FERN_CUDA_LAUNCH_CHECK("embed_kernel");
+}
+
+void rmsnorm(const Ctx& c, float* out, const float* x, const float* w, int rows, int D, float eps) {
+  if (rows <= 0) return;
+  rmsnorm_kernel<<<rows, kThreads, 0, c.stream>>>(out, x, nullptr, nullptr, w, D, eps);
+  FERN_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
+}
+
+void add_rmsnorm(const Ctx& c, float* resid, const float* delta, float* out, const float* w, int rows, int D,
+                 float eps) {
+  if (rows <= 0) return;
+  rmsnorm_kernel<<<rows, kThreads, 0, c.stream>>>(out, resid, resid, delta, w, D, eps);
+  FERN_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
+}
+
+void add(const Ctx& c, float* out, const float* a, const float* b, int64_t n) {
+  if (n <= 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(c.sms) * 8));
+  add_kernel<<<blocks, kThreads, 0, c.stream>>>(out, a, b, n);
+  FERN_CUDA_LAUNCH_CHECK("add_kernel");
+}
+
+size_t argmax_scratch_bytes(int T) { return size_t(T) * kArgmaxBlocks * 8; }
+
+void argmax(const Ctx& c, int32_t* ids, const float* logits, int T, int64_t V, void* scratch) {
+  if (T <= 0) return;
+  float* pv = static_cast<float*>(scratch);
+  int* pi = reinterpret_cast<int*>(pv + size_t(T) * kArgmaxBlocks);
+  const int blocks = static_cast<int>(std::min<int64_t>(kArgmaxBlocks, (V + kThreads - 1) / kThreads));
+  argmax_kernel<<<dim3(blocks, T), kThreads, 0, c.stream>>>(ids, logits, V, pv, pi, c.counters);
+  FERN_CUDA_LAUNCH_CHECK("argmax_kernel");
+}
+
+void advance_pos(const Ctx& c, int32_t* d_pos, int n) {
+  advance_kernel<<<1, 1, 0, c.stream>>>(d_pos, n);
+  FERN_CUDA_LAUNCH_CHECK("advance_kernel");
+}
+
+}  // namespace fern::cuda

@@ -1,0 +1,157 @@
+// Gated DeltaNet step for one token row (MODEL.md 2.4 steps 3-9), fused into one launch.
+// Grid (Hv value heads, Dv/32 column blocks); 256 threads = 32 state columns x 8 slices of the key dimension.
+// Each block recomputes the causal conv + SiLU for the q/k channels of its key head and the v channels of its
+// columns (cheap: 2*Dk + 32 channels), the l2 norms and the gates, then runs the delta rule on its 32 columns of
+// the fp32 state, which stay in registers between the decay, the read-out m = S^T k, the rank-1 update and the
+// read-out o = S^T q (each state element is read once and written once: the state is 60 MiB per token and
+// dominates this kernel's time).
+// Cross-block steps use "last block" counters instead of extra launches:
+//  - the last block of a value head applies the gated RMSNorm to the head's 128 outputs;
+//  - the last block of a key head shifts the conv state of its channels (nobody reads them after that).
+#include "cuda/kernels.h"
+#include "cuda/cuda_util.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kCols = 32;
+constexpr int kSlices = kThreads / kCols;
+constexpr int kMaxDk = 128;
+constexpr int kMaxRows = kMaxDk / kSlices;
+
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const float* __restrict__ mixed,
+                                                       const float* __restrict__ z, const float* __restrict__ bgate,
+                                                       const float* __restrict__ agate,
+                                                       const float* __restrict__ conv_w,
+                                                       const float* __restrict__ A_log,
+                                                       const float* __restrict__ dt_bias,
+                                                       const float* __restrict__ norm_w, float* conv_state,
+                                                       float* state, float* y, int* counters) {
+  __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kCols];
+  __shared__ float part[kSlices][kCols];
+  __shared__ float red[32];
+  __shared__ bool last_v, last_k;
+  const int h = blockIdx.x, cb = blockIdx.y;
+  const int Dk = sh.Dk, Dv = sh.Dv, KS = sh.kernel, C = sh.conv_dim;
+  const int kh = h / (sh.Hv / sh.Hk);
+  const int key_dim = sh.Hk * Dk;
+  const int tid = threadIdx.x;
+
+  // Causal conv + SiLU of the channels this block needs.
+  for (int idx = tid; idx < 2 * Dk + kCols; idx += kThreads) {
+    int ch;
+    if (idx < Dk) ch = kh * Dk + idx;
+    else if (idx < 2 * Dk) ch = key_dim + kh * Dk + (idx - Dk);
+    else ch = 2 * key_dim + h * Dv + cb * kCols + (idx - 2 * Dk);
+    float acc = conv_w[int64_t(ch) * KS + KS - 1] * mixed[ch];
+    for (int j = 0; j < KS - 1; ++j) acc = fmaf(conv_w[int64_t(ch) * KS + j], conv_state[int64_t(j) * C + ch], acc);
+    const float v = silu(acc);
+    if (idx < Dk) qs[idx] = v;
+    else if (idx < 2 * Dk) ks[idx - Dk] = v;
+    else vs[idx - 2 * Dk] = v;
+  }
+  __syncthreads();
+  // l2 norms (eps inside the square root of the sum), q also scaled by Dk^-1/2.
+  const float q2 = block_sum(tid < Dk ? qs[tid] * qs[tid] : 0.0f, red);
+  const float k2 = block_sum(tid < Dk ? ks[tid] * ks[tid] : 0.0f, red);
+  const float qscale = rsqrtf(q2 + 1e-6f) * rsqrtf(float(Dk));
+  const float kscale = rsqrtf(k2 + 1e-6f);
+  const float beta = 1.0f / (1.0f + expf(-bgate[h]));
+  const float g = -expf(A_log[h]) * softplus(agate[h] + dt_bias[h]);
+  const float decay = expf(g);
+
+  const int jj = tid % kCols, sl = tid / kCols;
+  const int j = cb * kCols + jj;
+  const int R = Dk / kSlices;
+  float* S = state + int64_t(h) * Dk * Dv;
+  float s[kMaxRows];
+  float m = 0.0f;
+#pragma unroll
+  for (int ii = 0; ii < kMaxRows; ++ii) {
+    if (ii < R) {
+      const int i = sl * R + ii;
+      s[ii] = S[int64_t(i) * Dv + j] * decay;
+      m = fmaf(s[ii], ks[i] * kscale, m);
+    }
+  }
+  part[sl][jj] = m;
+  __syncthreads();
+  float mj = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kSlices; ++p) mj += part[p][jj];
+  const float u = beta * (vs[jj] - mj);
+  float o = 0.0f;
+#pragma unroll
+  for (int ii = 0; ii < kMaxRows; ++ii) {
+    if (ii < R) {
+      const int i = sl * R + ii;
+      s[ii] = fmaf(ks[i] * kscale, u, s[ii]);
+      S[int64_t(i) * Dv + j] = s[ii];
+      o = fmaf(s[ii], qs[i] * qscale, o);
+    }
+  }
+  __syncthreads();  // everyone has read part[] for m
+  part[sl][jj] = o;
+  __syncthreads();
+  float* yh = y + int64_t(h) * Dv;
+  if (sl == 0) {
+    float oj = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kSlices; ++p) oj += part[p][jj];
+    yh[j] = oj;  // raw delta-rule output; normalised below by the head's last block
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int nb_v = gridDim.y;
+    const int nb_k = nb_v * (sh.Hv / sh.Hk);
+    last_v = atomicAdd(&counters[h], 1) == nb_v - 1;
+    last_k = atomicAdd(&counters[sh.Hv + kh], 1) == nb_k - 1;
+  }
+  __syncthreads();
+  if (last_v) {
+    __threadfence();
+    const float ov = tid < Dv ? __ldcg(yh + tid) : 0.0f;
+    const float ss = block_sum(ov * ov, red);
+    if (tid < Dv) {
+      const float n = ov * rsqrtf(ss / float(Dv) + sh.eps);
+      yh[tid] = n * norm_w[tid] * silu(z[int64_t(h) * Dv + tid]);
+    }
+    if (tid == 0) counters[h] = 0;
+  }
+  if (last_k) {
+    // Shift the conv state of this key head's channels: q, k and the v channels of its value heads.
+    const int vph = sh.Hv / sh.Hk;
+    const int nch = 2 * Dk + vph * Dv;
+    for (int idx = tid; idx < nch; idx += kThreads) {
+      int ch;
+      if (idx < Dk) ch = kh * Dk + idx;
+      else if (idx < 2 * Dk) ch = key_dim + kh * Dk + (idx - Dk);
+      else ch = 2 * key_dim + kh * vph * Dv + (idx - 2 * Dk);
+      for (int r = 0; r + 1 < KS - 1; ++r) conv_state[int64_t(r) * C + ch] = conv_state[int64_t(r + 1) * C + ch];
+      conv_state[int64_t(KS - 2) * C + ch] = mixed[ch];
+    }
+    if (tid == 0) counters[sh.Hv + kh] = 0;
+  }
+}
+
+}  // namespace
+
+void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* z, const float* b,
+              const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
+              float* conv_state, float* state, float* y) {
+  FERN_CU_CHECK(sh.Dk % kSlices == 0 && sh.Dk <= kMaxDk && sh.Dv % kCols == 0 && sh.Dv <= kThreads &&
+                    sh.Hk > 0 && sh.Hv % sh.Hk == 0 && sh.kernel >= 2 && sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv,
+                "gdn: unsupported head shape");
+  const int64_t vd = int64_t(sh.Hv) * sh.Dv;
+  dim3 grid(sh.Hv, sh.Dv / kCols);
+  gdn_kernel<<<grid, kThreads, 0, c.stream>>>(sh, mixed + int64_t(t) * sh.conv_dim, z + t * vd, b + int64_t(t) * sh.Hv,
+                                              a + int64_t(t) * sh.Hv, conv_w, A_log, dt_bias, norm_w, conv_state,
+                                              state, y + t * vd, c.counters);
+  FERN_CUDA_LAUNCH_CHECK("gdn_kernel");
+}
+
+}  // namespace fern::cuda

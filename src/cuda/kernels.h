@@ -1,0 +1,102 @@
+// Host-side entry points of the CUDA kernels (plain C++ so that the backend and the tests can call them). Every
+// launch is asynchronous on the given stream; nothing here synchronises with the host. Activations are F32, the
+// KV cache BF16, the recurrent and conv states F32. Values that change from one decode step to the next (the
+// position) are read from device memory (`d_pos`), never passed by value, so that a captured step can be replayed.
+// This header must not include fmt (nvcc cannot compile fmt 9 in C++20 mode): it is shared by .cu and .cpp files.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+
+namespace fern::cuda {
+
+// A LinearWeight on the device, by value for kernels. Affine: w holds U32 words, 32/bits values per word from the
+// least significant bits up, s/b hold BF16 scales/biases per group. Dense: w holds BF16 [out, in].
+struct QW {
+  const void* w = nullptr;
+  const uint16_t* s = nullptr;
+  const uint16_t* b = nullptr;
+  int64_t out = 0, in = 0;
+  int64_t w_expert = 0;   // elements of w (words or bf16) from one expert to the next
+  int64_t sb_expert = 0;  // elements of s/b from one expert to the next
+  int bits = 16;          // 4 or 8 (affine), 16 (dense bf16)
+  int gs = 0;             // group size (affine)
+  int experts = 0;
+};
+
+// Launch context: the stream and the number of multiprocessors (to size persistent grids).
+struct Ctx {
+  cudaStream_t stream = nullptr;
+  int sms = 132;
+  int* counters = nullptr;  // zeroed device ints for "last block" reductions; each user owns a disjoint slice
+};
+
+// y[t] = x[t] W^T for t < T. x [T, in], y [T, out] (F32).
+void linear(const Ctx& c, const QW& w, const float* x, float* y, int T);
+
+// out[t] = dequant(table)[ids[t]] (ids clamped into range).
+void embed(const Ctx& c, const QW& table, const int32_t* ids, float* out, int T);
+// out = x * rsqrt(mean(x^2) + eps) * w, rows of D.
+void rmsnorm(const Ctx& c, float* out, const float* x, const float* w, int rows, int D, float eps);
+// resid += delta; out = rmsnorm(resid).
+void add_rmsnorm(const Ctx& c, float* resid, const float* delta, float* out, const float* w, int rows, int D,
+                 float eps);
+void add(const Ctx& c, float* out, const float* a, const float* b, int64_t n);
+// ids[t] = argmax_j logits[t, j], lowest index on ties, NaN never chosen. Uses counters[0, T) and
+// argmax_scratch_bytes(T) bytes of device scratch.
+size_t argmax_scratch_bytes(int T);
+void argmax(const Ctx& c, int32_t* ids, const float* logits, int T, int64_t V, void* scratch);
+
+// ---- MoE (MODEL.md 2.5) ----
+struct MoeScratch {
+  float* router_logits;  // [T, E]
+  float* sgate_logit;    // [T]
+  int32_t* topk_ids;     // [T, k]
+  float* topk_w;         // [T, k]
+  float* sgate;          // [T]  sigmoid(shared gate logit)
+  float* h;              // [T, k*I + Is]  SiLU(gate)*up per routed slot, then the shared expert's
+};
+void moe_route(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, const MoeScratch& s, int T,
+               int topk);
+void moe_gate_up(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const float* x,
+                 const MoeScratch& s, int T, int topk);
+void moe_down(const Ctx& c, const QW& down, const QW& sdown, const MoeScratch& s, float* out, int T, int topk);
+
+// ---- Gated DeltaNet (MODEL.md 2.4), one token row t of a call ----
+struct GdnShape {
+  int Hk, Hv, Dk, Dv, conv_dim, kernel;
+  float eps;
+};
+// Processes row t: conv over mixed[t] with conv_state [kernel-1, conv_dim] (F32, oldest first; updated), gates,
+// l2 norms, the delta rule on state [Hv, Dk, Dv] (F32, updated), gated RMSNorm with z -> y[t].
+// Uses counters[0, Hv + Hk).
+void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* z, const float* b,
+              const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
+              float* conv_state, float* state, float* y);
+
+// ---- Gated attention (MODEL.md 2.3) ----
+struct AttnShape {
+  int Hq, Hkv, D, rot;  // rot = rotary dims
+  float theta, eps;
+  int64_t capacity;     // KV rows
+};
+// q/k RMSNorm + partial RoPE at position d_pos[0] + t, k and v appended to the BF16 caches, normed/roped queries
+// written to q_out [T, Hq, D]. All T rows in one launch.
+void attn_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* qg, const float* k,
+               const float* v, const float* q_norm, const float* k_norm, float* q_out, uint16_t* k_cache,
+               uint16_t* v_cache, int T);
+// Causal GQA attention of T query rows over the cache (row t sees positions [0, d_pos[0] + t]), split over the
+// KV length into nsplit pieces, then combined and gated with sigmoid(gate) -> o [T, Hq*D].
+// part_ml [T, Hq, nsplit, 2], part_acc [T, Hq, nsplit, D] are scratch.
+void attn_decode(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+                 const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o,
+                 int T, int nsplit);
+// Splits chosen for a state of this capacity (fixed per state so that a captured step keeps its grid).
+int attn_splits(int64_t capacity);
+
+// d_pos[0] += n (on the stream, so that a captured step advances the position on every replay).
+void advance_pos(const Ctx& c, int32_t* d_pos, int n);
+
+}  // namespace fern::cuda

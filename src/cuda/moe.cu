@@ -1,0 +1,305 @@
+// Sparse MoE for T rows (MODEL.md 2.5), in three launches after the router GEMV:
+//  1. moe_route:   router logits and shared-expert-gate logit (GEMV), then one block per token does softmax over
+//                  the experts, top-k (lowest index on ties), renormalisation and sigmoid of the shared gate. The
+//                  chosen ids and weights stay on the GPU.
+//  2. moe_gate_up: one launch for the k selected experts plus the shared expert (grid.y = slot): each warp computes
+//                  a gate row and the matching up row together and writes SiLU(g) * u, so the intermediate never
+//                  needs a second pass.
+//  3. moe_down:    one warp per output row reads that row of all k selected down matrices and of the shared down
+//                  matrix and sums w_k * y_k + sigmoid(s) * shared, so the routed sum and the shared expert cost
+//                  one launch and one write of the output.
+#include "cuda/kernels.h"
+#include "cuda/qdot.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// ---- top-k ----
+__device__ __forceinline__ void argmax_pair(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) topk_kernel(const float* __restrict__ logits,
+                                                        const float* __restrict__ sg_logit, int E, int k,
+                                                        int32_t* __restrict__ ids, float* __restrict__ wts,
+                                                        float* __restrict__ sgate) {
+  extern __shared__ float p[];  // [E]
+  __shared__ float red[32];
+  __shared__ float rv[32];
+  __shared__ int ri[32];
+  __shared__ float chosen[64];
+  const int t = blockIdx.x;
+  const float* l = logits + int64_t(t) * E;
+  float m = -INFINITY;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    p[e] = l[e];
+    m = fmaxf(m, p[e]);
+  }
+  m = block_max(m, red);
+  float s = 0.0f;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const float v = expf(p[e] - m);
+    p[e] = v;
+    s += v;
+  }
+  s = block_sum(s, red);
+  const float inv = 1.0f / s;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] *= inv;
+  __syncthreads();
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int r = 0; r < k; ++r) {
+    float bv = -1.0f;
+    int bi = 0x7fffffff;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) argmax_pair(bv, bi, p[e], e);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      argmax_pair(bv, bi, ov, oi);
+    }
+    if (lane == 0) {
+      rv[wid] = bv;
+      ri[wid] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float v = rv[0];
+      int i = ri[0];
+      for (int w = 1; w < nw; ++w) argmax_pair(v, i, rv[w], ri[w]);
+      chosen[r] = v;
+      ids[int64_t(t) * k + r] = i;
+      p[i] = -2.0f;  // taken
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int r = 0; r < k; ++r) sum += chosen[r];
+    for (int r = 0; r < k; ++r) wts[int64_t(t) * k + r] = chosen[r] / sum;
+    sgate[t] = 1.0f / (1.0f + expf(-sg_logit[t]));
+  }
+}
+
+// Field-by-field select, so that the kernel parameters are not copied to the stack.
+__device__ __forceinline__ QW pick(bool c, const QW& a, const QW& b) {
+  QW r;
+  r.w = c ? a.w : b.w;
+  r.s = c ? a.s : b.s;
+  r.b = c ? a.b : b.b;
+  r.out = c ? a.out : b.out;
+  r.in = c ? a.in : b.in;
+  r.w_expert = c ? a.w_expert : b.w_expert;
+  r.sb_expert = c ? a.sb_expert : b.sb_expert;
+  r.bits = c ? a.bits : b.bits;
+  r.gs = c ? a.gs : b.gs;
+  r.experts = c ? a.experts : b.experts;
+  return r;
+}
+
+// ---- gate/up + SiLU ----
+template <int BITS, int LPR>
+__global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW SU, const float* __restrict__ x,
+                                                           MoeScratch s, int topk) {
+  extern __shared__ float4 smem[];
+  constexpr int E = ChunkTraits<BITS>::kElems;
+  const int t = blockIdx.z, slot = blockIdx.y;
+  const bool shared = slot == topk;
+  const QW g = pick(shared, SG, G);
+  const QW u = pick(shared, SU, U);
+  const int64_t e = shared ? 0 : s.topk_ids[int64_t(t) * topk + slot];
+  const int K = static_cast<int>(g.in);
+  const int CPR = K / E;
+  float4* xs = smem;
+  float* xc = reinterpret_cast<float*>(smem + K / 4);
+  stage_x<BITS>(x + int64_t(t) * K, K, xs, xc);
+  const int64_t I = G.out, Is = SG.out;
+  const int64_t rows = g.out;
+  float* h = s.h + int64_t(t) * (topk * I + Is) + (shared ? topk * I : slot * I);
+
+  const int lane = threadIdx.x & 31;
+  const int sub = lane % LPR, rslot = lane / LPR;
+  constexpr int RPW = 32 / LPR;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  const int64_t gw = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  for (int64_t i0 = gw * RPW; i0 < rows; i0 += warps * RPW) {
+    const int64_t i = i0 + rslot;
+    const bool ok = i < rows;
+    RowPtr rp[2] = {row_ptr<BITS>(g, e, ok ? i : 0), row_ptr<BITS>(u, e, ok ? i : 0)};
+    float acc[2] = {0.0f, 0.0f};
+    for (int c0 = sub; c0 < CPR; c0 += 2 * LPR) {
+      uint4 wv[2][2];
+      float sc[2][2], bi[2][2];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int c = c0 + q * LPR;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (ok && c < CPR) {
+            load_chunk<BITS>(rp[r], c, r == 0 ? g.gs : u.gs, wv[q][r], sc[q][r], bi[q][r]);
+          } else {
+            wv[q][r] = make_uint4(0, 0, 0, 0);
+            sc[q][r] = bi[q][r] = 0.0f;
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int c = c0 + q * LPR;
+        if (c < CPR) {
+          float d[2];
+          chunk_dot<BITS, 2>(wv[q], xs, c, d);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) acc[r] += apply_group<BITS>(d[r], sc[q][r], bi[q][r], xc, c);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int o = LPR / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    }
+    if (sub == 0 && ok) h[i] = silu(acc[0]) * acc[1];
+  }
+}
+
+// ---- down + routing weights + gated shared expert ----
+template <int BITS>
+__global__ void __launch_bounds__(kThreads) down_kernel(QW D, QW SD, MoeScratch s, float* __restrict__ out,
+                                                        int topk) {
+  extern __shared__ float4 smem[];
+  __shared__ float fac[65];
+  __shared__ int eid[64];
+  constexpr int E = ChunkTraits<BITS>::kElems;
+  constexpr int U = 4;  // chunks in flight per lane
+  const int t = blockIdx.y;
+  const int I = static_cast<int>(D.in), Is = static_cast<int>(SD.in);
+  const int nx = topk * I + Is;
+  float4* xs = smem;
+  float* xc = reinterpret_cast<float*>(smem + nx / 4);
+  if (threadIdx.x < topk) {
+    fac[threadIdx.x] = s.topk_w[int64_t(t) * topk + threadIdx.x];
+    eid[threadIdx.x] = s.topk_ids[int64_t(t) * topk + threadIdx.x];
+  }
+  if (threadIdx.x == 0) fac[topk] = s.sgate[t];
+  stage_x<BITS>(s.h + int64_t(t) * nx, nx, xs, xc);
+  const int cpr = I / E;
+  const int routed_items = topk * cpr;
+  const int items = routed_items + Is / E;
+  const int64_t H = D.out;
+
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  for (int64_t n = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; n < H; n += warps) {
+    float acc = 0.0f;
+    for (int j0 = lane; j0 < items; j0 += 32 * U) {
+      uint4 wv[U];
+      float sc[U], bi[U];
+      int sl[U];
+#pragma unroll
+      for (int q = 0; q < U; ++q) {
+        const int j = j0 + 32 * q;
+        sl[q] = -1;
+        wv[q] = make_uint4(0, 0, 0, 0);
+        sc[q] = bi[q] = 0.0f;
+        if (j < items) {
+          if (j < routed_items) {
+            sl[q] = j / cpr;
+            load_chunk<BITS>(row_ptr<BITS>(D, eid[sl[q]], n), j - sl[q] * cpr, D.gs, wv[q], sc[q], bi[q]);
+          } else {
+            sl[q] = topk;
+            load_chunk<BITS>(row_ptr<BITS>(SD, 0, n), j - routed_items, SD.gs, wv[q], sc[q], bi[q]);
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < U; ++q) {
+        if (sl[q] >= 0) {
+          const int j = j0 + 32 * q;
+          const uint4 w1[1] = {wv[q]};
+          float d[1];
+          chunk_dot<BITS, 1>(w1, xs, j, d);
+          acc = fmaf(fac[sl[q]], apply_group<BITS>(d[0], sc[q], bi[q], xc, j), acc);
+        }
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[int64_t(t) * H + n] = acc;
+  }
+}
+
+template <int BITS>
+void gate_up_bits(const Ctx& c, const QW& g, const QW& u, const QW& sg, const QW& su, const float* x,
+                  const MoeScratch& s, int T, int topk) {
+  constexpr int E = ChunkTraits<BITS>::kElems;
+  const int CPR = static_cast<int>(g.in / E);
+  const size_t smem = size_t(g.in) * 4 + size_t(CPR) * 4;
+  if (smem > 48 * 1024) raise_error("moe: hidden size too large for the gate/up kernel");
+  int lpr = 32;
+  while (lpr > 4 && CPR < 2 * lpr) lpr /= 2;
+  const int64_t rows = std::max(g.out, sg.out);
+  const int rows_per_block = (kThreads / 32) * (32 / lpr);
+  const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
+  // Enough blocks to cover the GPU about twice over all slots and rows, each warp looping over a few rows.
+  const int64_t want = std::max<int64_t>(1, (int64_t(c.sms) * 2 + (topk + 1) * T - 1) / ((topk + 1) * T));
+  dim3 grid(static_cast<unsigned>(std::min(need, want)), topk + 1, T);
+  switch (lpr) {
+    case 32: gate_up_kernel<BITS, 32><<<grid, kThreads, smem, c.stream>>>(g, u, sg, su, x, s, topk); break;
+    case 16: gate_up_kernel<BITS, 16><<<grid, kThreads, smem, c.stream>>>(g, u, sg, su, x, s, topk); break;
+    case 8: gate_up_kernel<BITS, 8><<<grid, kThreads, smem, c.stream>>>(g, u, sg, su, x, s, topk); break;
+    default: gate_up_kernel<BITS, 4><<<grid, kThreads, smem, c.stream>>>(g, u, sg, su, x, s, topk); break;
+  }
+  FERN_CUDA_LAUNCH_CHECK("gate_up_kernel");
+}
+
+template <int BITS>
+void down_bits(const Ctx& c, const QW& d, const QW& sd, const MoeScratch& s, float* out, int T, int topk) {
+  constexpr int E = ChunkTraits<BITS>::kElems;
+  const int64_t nx = topk * d.in + sd.in;
+  const size_t smem = size_t(nx) * 4 + size_t(nx / E) * 4;
+  if (smem > 48 * 1024) raise_error("moe: expert width too large for the down kernel");
+  const int64_t rows_per_block = 2 * (kThreads / 32);  // each warp about two output rows
+  const int64_t blocks = std::min<int64_t>((d.out + rows_per_block - 1) / rows_per_block, int64_t(c.sms) * 4);
+  dim3 grid(static_cast<unsigned>(blocks), T);
+  down_kernel<BITS><<<grid, kThreads, smem, c.stream>>>(d, sd, s, out, topk);
+  FERN_CUDA_LAUNCH_CHECK("down_kernel");
+}
+
+}  // namespace
+
+void moe_route(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, const MoeScratch& s, int T,
+               int topk) {
+  FERN_CU_CHECK(topk >= 1 && topk <= 64 && topk <= router.out, "moe: top-k out of range");
+  linear(c, router, x, s.router_logits, T);
+  linear(c, shared_gate, x, s.sgate_logit, T);
+  const int E = static_cast<int>(router.out);
+  topk_kernel<<<T, kThreads, size_t(E) * 4, c.stream>>>(s.router_logits, s.sgate_logit, E, topk, s.topk_ids,
+                                                         s.topk_w, s.sgate);
+  FERN_CUDA_LAUNCH_CHECK("topk_kernel");
+}
+
+void moe_gate_up(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const float* x,
+                 const MoeScratch& s, int T, int topk) {
+  FERN_CU_CHECK(gate.bits == up.bits && gate.bits == sgate.bits && gate.bits == sup.bits,
+                "moe: gate/up/shared weights must share one format");
+  switch (gate.bits) {
+    case 4: gate_up_bits<4>(c, gate, up, sgate, sup, x, s, T, topk); break;
+    case 8: gate_up_bits<8>(c, gate, up, sgate, sup, x, s, T, topk); break;
+    default: gate_up_bits<16>(c, gate, up, sgate, sup, x, s, T, topk); break;
+  }
+}
+
+void moe_down(const Ctx& c, const QW& down, const QW& sdown, const MoeScratch& s, float* out, int T, int topk) {
+  FERN_CU_CHECK(down.bits == sdown.bits, "moe: down and shared down must share one format");
+  switch (down.bits) {
+    case 4: down_bits<4>(c, down, sdown, s, out, T, topk); break;
+    case 8: down_bits<8>(c, down, sdown, s, out, T, topk); break;
+    default: down_bits<16>(c, down, sdown, s, out, T, topk); break;
+  }
+}
+
+}  // namespace fern::cuda
