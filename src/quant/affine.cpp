@@ -10,8 +10,12 @@
 namespace fern {
 
 AffineGroup quantize_group(const float* w, int group, int bits, uint8_t* q) {
-  float wmax = w[0], wmin = w[0];
-  for (int i = 1; i < group; ++i) {
+  // As MLX's GPU quantize kernels (Metal and CUDA), which made the published checkpoints: fp32 arithmetic, the
+  // running maximum starts at 0 (so max >= 0 even for an all-negative group) and rounding is half away from
+  // zero. (MLX's CPU fallback rounds ties to even, starts from the true maximum and, in some versions, computes in
+  // the weight's dtype; published checkpoints come from the GPU path.)
+  float wmax = 0.0f, wmin = w[0];
+  for (int i = 0; i < group; ++i) {
     wmax = std::max(wmax, w[i]);
     wmin = std::min(wmin, w[i]);
   }
@@ -22,14 +26,14 @@ AffineGroup quantize_group(const float* w, int group, int bits, uint8_t* q) {
   const bool min_is_edge = std::fabs(wmin) > std::fabs(wmax);
   if (!min_is_edge) s = -s;
   const float edge = min_is_edge ? wmin : wmax;
-  const float q0 = std::nearbyint(edge / s);
+  const float q0 = std::round(edge / s);
   float bias = 0.0f;
   if (q0 != 0.0f) {
     s = edge / q0;
     bias = edge;
   }
   for (int i = 0; i < group; ++i) {
-    float v = std::nearbyint((w[i] - bias) / s);
+    float v = std::round((w[i] - bias) / s);
     v = std::min(std::max(v, 0.0f), n_bins);
     q[i] = static_cast<uint8_t>(v);
   }
