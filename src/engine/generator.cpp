@@ -1,0 +1,184 @@
+#include "engine/generator.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/stop_matcher.h"
+
+namespace fern {
+
+using Clock = std::chrono::steady_clock;
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+  }
+  return "stop";
+}
+
+std::vector<int32_t> default_eos_ids(const ModelConfig& cfg, const Tokenizer& tok) {
+  std::vector<int32_t> ids = cfg.eos_token_ids;
+  for (const char* s : {"<|im_end|>", "<|endoftext|>"})
+    if (auto id = tok.token_id(s)) ids.push_back(*id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+Generator::Generator(Engine& engine, const Tokenizer& tok, SessionCache* cache, GeneratorOptions opt)
+    : engine_(engine), tok_(tok), cache_(cache), opt_(std::move(opt)) {
+  if (auto id = tok_.token_id("<|im_end|>")) im_end_ = *id;
+  auto nl = tok_.encode("\n");
+  if (nl.size() == 1) newline_ = nl[0];
+}
+
+Generator::~Generator() = default;
+
+void Generator::reset() { st_tokens_.clear(); }
+
+bool Generator::is_eos(int32_t t) const {
+  return std::find(opt_.eos_ids.begin(), opt_.eos_ids.end(), t) != opt_.eos_ids.end();
+}
+
+int64_t Generator::start_from_prefix(const GenerateRequest& req) {
+  const auto& p = req.prompt;
+  if (!st_) st_ = engine_.new_state();
+  // The working state itself, when it holds a proper prefix of the prompt (the usual case for one client's next
+  // turn), needs no copy at all.
+  int64_t have = 0;
+  if (opt_.reuse_working_state && cache_ && !st_tokens_.empty() && st_tokens_.size() < p.size() &&
+      std::equal(st_tokens_.begin(), st_tokens_.end(), p.begin()))
+    have = static_cast<int64_t>(st_tokens_.size());
+  if (cache_) {
+    int64_t snap = cache_->peek(p, req.cache_key);
+    if (snap > have) have = cache_->restore(p, req.cache_key, *st_);
+  }
+  if (have == 0) engine_.backend().reset_state(*st_);
+  FERN_CHECK(st_->pos == have, "working state at {} for a prefix of {}", st_->pos, have);
+  st_tokens_.assign(p.begin(), p.begin() + have);
+  return have;
+}
+
+GenerateResult Generator::generate(const GenerateRequest& req, const std::function<void(const std::string&)>& on_text,
+                                   const std::function<bool()>& cancelled) {
+  try {
+    return generate_impl(req, on_text, cancelled);
+  } catch (...) {
+    st_tokens_.clear();  // the working state may be part-way through a step: never continue from it
+    throw;
+  }
+}
+
+GenerateResult Generator::generate_impl(const GenerateRequest& req,
+                                        const std::function<void(const std::string&)>& on_text,
+                                        const std::function<bool()>& cancelled) {
+  const int64_t ctx = engine_.max_context();
+  const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
+  if (n_prompt == 0) fail("the prompt is empty");
+  if (n_prompt >= ctx) fail("the prompt has {} tokens; the context holds {}", n_prompt, ctx);
+  const int32_t V = static_cast<int32_t>(engine_.config().vocab_size);
+  for (int32_t t : req.prompt)
+    if (t < 0 || t >= V) fail("prompt token id {} is outside the model's vocabulary ({})", t, V);
+
+  GenerateResult res;
+  res.prompt_tokens = n_prompt;
+  const auto t0 = Clock::now();
+  auto is_cancelled = [&] { return cancelled && cancelled(); };
+
+  int64_t have = start_from_prefix(req);
+  res.cached_tokens = have;
+  // Prefill up to the message boundary first, so that the snapshot there holds exactly those tokens.
+  if (cache_ && req.boundary > have && req.boundary < n_prompt) {
+    std::span<const int32_t> part(req.prompt.data() + have, static_cast<size_t>(req.boundary - have));
+    bool ok = engine_.prefill(*st_, part, logits_, cancelled);
+    st_tokens_.insert(st_tokens_.end(), req.prompt.begin() + have, req.prompt.begin() + st_->pos);
+    if (!ok) {
+      res.finish = FinishReason::Cancelled;
+      return res;
+    }
+    cache_->insert(std::span(req.prompt.data(), static_cast<size_t>(req.boundary)), req.cache_key, *st_);
+    have = req.boundary;
+  }
+  {
+    std::span<const int32_t> rest(req.prompt.data() + have, static_cast<size_t>(n_prompt - have));
+    bool ok = engine_.prefill(*st_, rest, logits_, cancelled);
+    st_tokens_.insert(st_tokens_.end(), req.prompt.begin() + have, req.prompt.begin() + st_->pos);
+    if (!ok) {
+      res.finish = FinishReason::Cancelled;
+      return res;
+    }
+  }
+  const auto t_prefill = Clock::now();
+  res.prefill_seconds = std::chrono::duration<double>(t_prefill - t0).count();
+
+  const int64_t room = ctx - n_prompt;
+  const int64_t max_new = req.max_tokens > 0 ? std::min(req.max_tokens, room) : room;
+  Sampler sampler(req.sampling);
+  sampler.set_prompt(req.prompt);
+  IncrementalDecoder dec(tok_, /*skip_special=*/true);
+  StopMatcher stops(req.stop);
+  auto emit = [&](const std::string& s) {
+    if (s.empty()) return;
+    res.text += s;
+    if (on_text) on_text(s);
+  };
+
+  res.finish = FinishReason::Length;
+  bool ended_with_im_end = false;
+  while (true) {
+    if (is_cancelled()) {
+      res.finish = FinishReason::Cancelled;
+      break;
+    }
+    int32_t tok;
+    const size_t i = res.output.size();
+    if (i < req.forced.size()) {
+      tok = req.forced[i];
+    } else if (!req.forced.empty() && !req.forced_is_prefix) {
+      tok = opt_.eos_ids.empty() ? 0 : opt_.eos_ids.front();
+    } else {
+      tok = sampler.sample(logits_);
+    }
+    if (res.output.empty()) res.ttft_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    res.output.push_back(tok);
+    res.completion_tokens++;
+    sampler.accept(tok);
+    if (!req.ignore_eos && is_eos(tok)) {
+      res.finish = FinishReason::Stop;
+      ended_with_im_end = tok == im_end_;
+      break;
+    }
+    auto r = stops.push(dec.push(tok));
+    emit(r.text);
+    if (r.stopped) {
+      res.finish = FinishReason::Stop;
+      break;
+    }
+    if (res.completion_tokens >= max_new) break;  // Length
+    if (!req.forced.empty() && !req.forced_is_prefix && i + 1 >= req.forced.size() && opt_.eos_ids.empty()) break;
+    engine_.decode(*st_, tok, logits_);
+    st_tokens_.push_back(tok);
+  }
+  if (!stops.stopped()) {
+    auto r = stops.push(dec.flush());
+    emit(r.text);
+    if (!r.stopped) emit(stops.flush());
+  }
+
+  // Snapshot of the whole conversation after the reply, as the next turn will render it ("...<|im_end|>\n").
+  if (cache_ && req.snapshot_reply && ended_with_im_end && newline_ >= 0 && !is_cancelled() &&
+      st_->pos + 2 < ctx) {
+    const int32_t tail[2] = {im_end_, newline_};
+    engine_.prefill(*st_, std::span<const int32_t>(tail, 2), logits_);
+    st_tokens_.push_back(im_end_);
+    st_tokens_.push_back(newline_);
+    cache_->insert(st_tokens_, req.cache_key, *st_);
+  }
+  res.decode_seconds = std::chrono::duration<double>(Clock::now() - t_prefill).count();
+  return res;
+}
+
+}  // namespace fern

@@ -1,0 +1,98 @@
+// The generation loop for one sequence: restore the longest cached prefix, prefill the rest (chunked, cancellable),
+// then sample/decode until an eos token, a stop string, max_tokens or the context limit. Text is streamed through
+// a callback in whole UTF-8 characters with stop strings held back. Owns the working sequence state (allocated
+// once at full capacity and reused) and, when given, stores snapshots in a SessionCache.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "engine/session_cache.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fern {
+
+enum class FinishReason { Stop, Length, Cancelled };
+const char* finish_reason_name(FinishReason r);
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 0;          // 0 = up to the context limit
+  SamplingParams sampling;
+  std::vector<std::string> stop;   // stop strings (not included in the output)
+  bool ignore_eos = false;
+  std::string cache_key;           // session (prompt_cache_key); empty = any snapshot may match
+  // Position of the last message boundary before the generation prompt (a snapshot is stored there), or -1.
+  int64_t boundary = -1;
+  // After a reply that ends with <|im_end|>, feed "<|im_end|>\n" and store a snapshot of the whole conversation
+  // (a chat's next turn starts with exactly these tokens when the template keeps the reply verbatim).
+  bool snapshot_reply = false;
+  // Test-only (server flag --test-forced-output): these tokens are emitted instead of sampled ones; the model still
+  // runs every step. Generation ends after them (they normally end with an eos id).
+  std::vector<int32_t> forced;
+  // With forced tokens: continue by sampling after them (a forced prefix, e.g. "<tool_call>\n<function=" for
+  // tool_choice "required") instead of ending.
+  bool forced_is_prefix = false;
+};
+
+struct GenerateResult {
+  FinishReason finish = FinishReason::Stop;
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;       // prompt tokens restored from a snapshot (not prefilled)
+  int64_t completion_tokens = 0;   // tokens sampled (the eos token included)
+  std::vector<int32_t> output;     // sampled tokens (eos included)
+  std::string text;                // everything passed to on_text
+  double prefill_seconds = 0, decode_seconds = 0, ttft_seconds = 0;
+};
+
+struct GeneratorOptions {
+  std::vector<int32_t> eos_ids;    // stop generation on any of these
+  bool reuse_working_state = true; // continue from the previous sequence when it is a prefix (off with no cache)
+};
+
+class Generator {
+ public:
+  // cache may be null (no snapshots, no reuse).
+  Generator(Engine& engine, const Tokenizer& tok, SessionCache* cache, GeneratorOptions opt);
+  ~Generator();
+
+  // on_text gets the next piece of output text (never half of a UTF-8 character, never part of a stop string).
+  // `cancelled` is polled between prefill chunks and before every decode step. Throws fern::Error on bad input
+  // (prompt empty or not shorter than the context) and on model failures (NaN logits).
+  GenerateResult generate(const GenerateRequest& req, const std::function<void(const std::string&)>& on_text,
+                          const std::function<bool()>& cancelled = {});
+
+  // Drops the working state's contents (the next request starts from a snapshot or from scratch).
+  void reset();
+  Engine& engine() { return engine_; }
+  const Tokenizer& tokenizer() const { return tok_; }
+  SessionCache* cache() { return cache_; }
+  const std::vector<int32_t>& eos_ids() const { return opt_.eos_ids; }
+
+ private:
+  GenerateResult generate_impl(const GenerateRequest& req, const std::function<void(const std::string&)>& on_text,
+                               const std::function<bool()>& cancelled);
+  // Brings the working state to tokens[0, n) with n >= `keep` tokens shared; returns how many are already in it.
+  int64_t start_from_prefix(const GenerateRequest& req);
+  bool is_eos(int32_t t) const;
+
+  Engine& engine_;
+  const Tokenizer& tok_;
+  SessionCache* cache_;
+  GeneratorOptions opt_;
+  std::unique_ptr<SequenceState> st_;
+  std::vector<int32_t> st_tokens_;  // tokens the working state holds
+  std::vector<float> logits_;
+  int32_t im_end_ = -1, newline_ = -1;
+};
+
+// The eos ids to stop on: the model config's (config.json / generation_config.json) plus the tokenizer's
+// <|im_end|> and <|endoftext|>, deduplicated.
+std::vector<int32_t> default_eos_ids(const ModelConfig& cfg, const Tokenizer& tok);
+
+}  // namespace fern

@@ -1,0 +1,51 @@
+// Token sampling on host logits: penalties, logit bias, temperature, top-k, top-p, min-p, and a seeded RNG so that
+// a request with a seed is reproducible. temperature == 0 is greedy (argmax, lowest index on ties).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace fern {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0 = greedy
+  int top_k = 0;                    // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off; keeps tokens with p >= min_p * p_max
+  float presence_penalty = 0.0f;    // OpenAI: subtracted once from every token already generated
+  float frequency_penalty = 0.0f;   // OpenAI: subtracted per occurrence in the generated tokens
+  float repetition_penalty = 1.0f;  // HF/vLLM: divides positive (multiplies negative) logits of prompt+output tokens
+  std::optional<uint64_t> seed;     // none = seeded from std::random_device
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logit before everything else
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p);
+  // Tokens of the prompt (only the repetition penalty looks at them).
+  void set_prompt(std::span<const int32_t> prompt);
+  // Picks the next token. Modifies `logits` in place (penalties, temperature). Throws fern::Error on NaN logits.
+  int32_t sample(std::span<float> logits);
+  // Records a generated token (for the penalties); call it for every token that is fed back.
+  void accept(int32_t token);
+
+  // Uniform double in [0, 1) from the request's RNG (53 random bits, identical on every platform).
+  double uniform();
+
+ private:
+  void apply_penalties(std::span<float> logits) const;
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+  std::unordered_map<int32_t, int> generated_counts_;
+  std::unordered_set<int32_t> seen_;  // prompt + generated, for the repetition penalty
+};
+
+// Index of the largest value (lowest index on ties); NaN values are never chosen.
+int32_t argmax(std::span<const float> logits);
+
+}  // namespace fern

@@ -1,0 +1,304 @@
+// POST /v1/chat/completions and POST /v1/completions: validate, render and tokenize on the HTTP thread, queue a
+// job for the engine worker, then answer in one JSON body or as an SSE stream (API.md 14.2 / 14.3).
+#include <chrono>
+#include <ctime>
+
+#include "core/log.h"
+#include "server/connection_watch.h"
+#include "server/output_shaper.h"
+#include "server/server_impl.h"
+#include "tokenizer/chat_format.h"
+
+namespace fern::server {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Prepared {
+  GenerateRequest gen;
+  std::optional<OutputParserOptions> parser;  // chat only
+  bool thinking = false;
+};
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+// Everything a response needs besides the output.
+struct ResponseCtx {
+  bool chat = true;
+  std::string id, model;
+  int64_t created = 0;
+  bool include_usage = false;
+  bool thinking = false;
+  int32_t think_end_id = -1;
+};
+
+json usage_json(const ResponseCtx& c, const GenerateResult& r) {
+  int64_t reasoning = 0;
+  if (c.thinking) {
+    // Tokens before "</think>" are reasoning (all of them when it never came).
+    auto it = std::find(r.output.begin(), r.output.end(), c.think_end_id);
+    reasoning = it - r.output.begin();
+  }
+  return {{"prompt_tokens", r.prompt_tokens},
+          {"completion_tokens", r.completion_tokens},
+          {"total_tokens", r.prompt_tokens + r.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}},
+          {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
+}
+
+std::string finish_reason(const GenerateResult& r, bool tool_calls) {
+  switch (r.finish) {
+    case FinishReason::Stop: return tool_calls ? "tool_calls" : "stop";
+    // Cancelled here means the server ended the request (shutdown); the output was cut short.
+    case FinishReason::Length:
+    case FinishReason::Cancelled: return "length";
+  }
+  return "stop";
+}
+
+json chunk_json(const ResponseCtx& c, const json& delta_or_text, const json& finish) {
+  json choice = {{"index", 0}};
+  if (c.chat) {
+    choice["delta"] = delta_or_text;
+  } else {
+    choice["text"] = delta_or_text.value("text", "");
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish;
+  json ch = {{"id", c.id},
+             {"object", c.chat ? "chat.completion.chunk" : "text_completion"},
+             {"created", c.created},
+             {"model", c.model},
+             {"choices", json::array({choice})}};
+  if (c.include_usage) ch["usage"] = nullptr;
+  return ch;
+}
+
+std::string sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+// Streaming state of one response, owned by the chunked content provider.
+struct StreamCtx {
+  ResponseCtx rc;
+  std::shared_ptr<Job> job;
+  OutputShaper shaper;
+  ConnectionWatch watch;
+  bool sent_first = false;
+  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+  StreamCtx(ResponseCtx r, std::shared_ptr<Job> j, OutputShaper s, ConnectionWatch w)
+      : rc(std::move(r)), job(std::move(j)), shaper(std::move(s)), watch(w) {}
+};
+
+}  // namespace
+
+void Server::Impl::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  try {
+    if (draining) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "shutting_down");
+    std::string ctype = req.get_header_value("Content-Type");
+    if (!ctype.empty() && ctype.find("json") == std::string::npos)
+      throw bad_request("Content-Type must be application/json");
+    ApiRequest ar = parse_request(req.body, chat, limits);
+    if (!ar.model.empty() && ar.model != rt.model_id)
+      throw ApiError(404, "not_found_error",
+                     "the model '" + ar.model.substr(0, 200) + "' does not exist; this server serves '" + rt.model_id +
+                         "'",
+                     "model", "model_not_found");
+
+    const Tokenizer& tok = *rt.tokenizer;
+    Prepared p;
+    if (chat) {
+      ChatOptions co;
+      co.kind = rt.template_kind;
+      co.add_generation_prompt = true;
+      const bool force_tool = ar.tool_choice == ToolChoice::Required || ar.tool_choice == ToolChoice::Named;
+      co.enable_thinking = ar.enable_thinking.value_or(true) && !(force_tool && !ar.forced_output);
+      co.preserve_thinking = ar.preserve_thinking;
+      const json tools = ar.tool_choice == ToolChoice::None ? json(nullptr) : ar.tools;
+      std::string text;
+      try {
+        text = render_chat(ar.messages, tools, co);
+      } catch (const InternalError&) {
+        throw;
+      } catch (const Error& e) {
+        throw bad_request(std::string("messages: ") + e.what(), "messages");
+      }
+      p.gen.prompt = tok.encode(text);
+      p.thinking = ends_with(text, "<think>\n");
+      OutputParserOptions po;
+      po.thinking = p.thinking;
+      po.tools = tools;
+      p.parser = std::move(po);
+      for (size_t i = p.gen.prompt.size(); i-- > 0;)
+        if (p.gen.prompt[i] == im_start_id) {
+          p.gen.boundary = static_cast<int64_t>(i);
+          break;
+        }
+      p.gen.snapshot_reply = true;
+      if (force_tool && !ar.forced_output) {
+        std::string prefix = "<tool_call>\n<function=";
+        if (ar.tool_choice == ToolChoice::Named) prefix += ar.named_tool + ">\n";
+        p.gen.forced = tok.encode(prefix);
+        p.gen.forced_is_prefix = true;
+      }
+    } else {
+      p.gen.prompt = ar.prompt_is_tokens ? ar.prompt_tokens : tok.encode(ar.prompt);
+    }
+    if (ar.forced_output) {
+      p.gen.forced = tok.encode(*ar.forced_output);
+      if (im_end_id >= 0) p.gen.forced.push_back(im_end_id);
+      p.gen.forced_is_prefix = false;
+    }
+    const int64_t n_prompt = static_cast<int64_t>(p.gen.prompt.size());
+    const int64_t ctx = rt.engine->max_context();
+    if (n_prompt == 0) throw bad_request("the prompt is empty after tokenization", chat ? "messages" : "prompt");
+    if (n_prompt >= ctx) {
+      ApiError e = bad_request(
+          fmt::format("This model's maximum context length is {} tokens. However, your request has {} prompt tokens "
+                      "(at least one token must be left for the completion). Please shorten the {}.",
+                      ctx, n_prompt, chat ? "messages" : "prompt"),
+          chat ? "messages" : "prompt", "context_length_exceeded");
+      e.extra = {{"n_prompt_tokens", n_prompt}, {"n_ctx", ctx}};
+      throw e;
+    }
+    p.gen.max_tokens = ar.max_tokens;  // clamped to the room left in the context by the generator
+    p.gen.sampling = ar.sampling;
+    p.gen.stop = ar.stop;
+    p.gen.ignore_eos = ar.ignore_eos;
+    p.gen.cache_key = ar.cache_key;
+
+    auto job = std::make_shared<Job>();
+    job->gen = std::move(p.gen);
+    if (!scheduler->submit(job))
+      throw ApiError(429, "rate_limit_error",
+                     fmt::format("the server is busy ({} requests queued); retry later", opt.max_queue), "",
+                     "queue_full");
+    open_requests++;
+
+    ResponseCtx rc;
+    rc.chat = chat;
+    rc.id = random_id(chat ? "chatcmpl-" : "cmpl-");
+    rc.model = rt.model_id;
+    rc.created = static_cast<int64_t>(std::time(nullptr));
+    rc.include_usage = ar.include_usage;
+    rc.thinking = p.thinking;
+    rc.think_end_id = think_end_id;
+    OutputShaper shaper(p.parser, ar.parallel_tool_calls);
+    ConnectionWatch watch(req.remote_addr, req.remote_port, req.local_port);
+
+    if (!ar.stream) {
+      struct Done {
+        std::atomic<int>& n;
+        ~Done() { n--; }
+      } done_guard{open_requests};
+      bool finished = false;
+      while (!finished) {
+        shaper.push(job->take(200ms, finished));
+        if (!finished && watch.closed()) {
+          job->cancel = true;
+          log::info("client went away; request cancelled");
+          return;
+        }
+      }
+      std::lock_guard lk(job->mu);
+      if (job->error) throw ApiError(500, "server_error", "generation failed: " + *job->error);
+      shaper.finish();
+      const GenerateResult& r = job->result;
+      json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r, shaper.has_tool_calls())}};
+      if (chat) choice["message"] = shaper.message();
+      else choice["text"] = shaper.text();
+      json body = {{"id", rc.id},
+                   {"object", chat ? "chat.completion" : "text_completion"},
+                   {"created", rc.created},
+                   {"model", rc.model},
+                   {"choices", json::array({choice})},
+                   {"usage", usage_json(rc, r)}};
+      send_json(res, 200, body);
+      metrics.request_done(200);
+      return;
+    }
+
+    auto sc = std::make_shared<StreamCtx>(rc, job, std::move(shaper), watch);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [sc](size_t, httplib::DataSink& sink) -> bool {
+          auto write = [&](const std::string& s) {
+            sc->last_write = std::chrono::steady_clock::now();
+            return sink.write(s.data(), s.size());
+          };
+          auto fail_client = [&] {
+            sc->job->cancel = true;
+            return false;
+          };
+          if (!sc->sent_first) {
+            sc->sent_first = true;
+            json first = sc->rc.chat ? json{{"role", "assistant"}, {"content", ""}} : json{{"text", ""}};
+            if (!write(sse(chunk_json(sc->rc, first, nullptr)))) return fail_client();
+          }
+          bool finished = false;
+          std::string text = sc->job->take(100ms, finished);
+          for (const auto& d : sc->shaper.push(text))
+            if (!write(sse(chunk_json(sc->rc, d, nullptr)))) return fail_client();
+          if (finished) {
+            std::unique_lock lk(sc->job->mu);
+            if (sc->job->error) {
+              json err = {{"error", {{"message", "generation failed: " + *sc->job->error},
+                                     {"type", "server_error"},
+                                     {"param", nullptr},
+                                     {"code", nullptr}}}};
+              write(sse(err));
+            } else {
+              const GenerateResult r = sc->job->result;
+              lk.unlock();
+              for (const auto& d : sc->shaper.finish())
+                if (!write(sse(chunk_json(sc->rc, d, nullptr)))) return fail_client();
+              json empty = sc->rc.chat ? json::object() : json{{"text", ""}};
+              if (!write(sse(chunk_json(sc->rc, empty, finish_reason(r, sc->shaper.has_tool_calls())))))
+                return fail_client();
+              if (sc->rc.include_usage) {
+                json u = {{"id", sc->rc.id},
+                          {"object", sc->rc.chat ? "chat.completion.chunk" : "text_completion"},
+                          {"created", sc->rc.created},
+                          {"model", sc->rc.model},
+                          {"choices", json::array()},
+                          {"usage", usage_json(sc->rc, r)}};
+                if (!write(sse(u))) return fail_client();
+              }
+            }
+            write("data: [DONE]\n\n");
+            sink.done();
+            return true;
+          }
+          if (sc->watch.closed()) return fail_client();
+          // A comment line keeps proxies and clients from timing out during a long queue wait or prefill.
+          if (std::chrono::steady_clock::now() - sc->last_write > 5s && !write(": keep-alive\n\n"))
+            return fail_client();
+          return true;
+        },
+        [this, sc](bool success) {
+          if (!success) sc->job->cancel = true;  // the client went away or the write failed
+          metrics.request_done(200);
+          open_requests--;
+        });
+  } catch (const ApiError& e) {
+    send_error(res, e);
+    metrics.request_done(e.status);
+  } catch (const InternalError& e) {
+    log::error("internal error in a request: {}", e.what());
+    send_error(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
+    metrics.request_done(500);
+  } catch (const Error& e) {
+    send_error(res, bad_request(e.what()));
+    metrics.request_done(400);
+  } catch (const std::exception& e) {
+    log::error("unexpected exception in a request: {}", e.what());
+    send_error(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
+    metrics.request_done(500);
+  }
+}
+
+}  // namespace fern::server

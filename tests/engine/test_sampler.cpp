@@ -1,0 +1,217 @@
+// Sampler: greedy, reproducibility with a seed, the sampled distribution against softmax for temperature, top-k,
+// top-p and min-p, penalties and logit bias, and the fast top-p path against a full-sort reference at the real
+// vocabulary size.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "test_util.h"
+
+namespace fern {
+namespace {
+
+std::vector<double> softmax(const std::vector<float>& l, double temp) {
+  double mx = *std::max_element(l.begin(), l.end());
+  std::vector<double> p(l.size());
+  double z = 0;
+  for (size_t i = 0; i < l.size(); ++i) z += p[i] = std::exp((l[i] - mx) / temp);
+  for (auto& x : p) x /= z;
+  return p;
+}
+
+// Empirical frequencies of `n` draws.
+std::vector<double> frequencies(const SamplingParams& sp, const std::vector<float>& logits, int n) {
+  Sampler s(sp);
+  std::vector<double> f(logits.size(), 0.0);
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> l = logits;
+    f[static_cast<size_t>(s.sample(l))] += 1.0 / n;
+  }
+  return f;
+}
+
+// 200k draws: the standard error of a frequency is at most sqrt(0.25/200000) = 0.0011, so 0.006 is over 5 sigma
+// (measured worst case over these tests: about 0.002).
+constexpr int kDraws = 200000;
+constexpr double kFreqTol = 0.006;
+
+const std::vector<float> kLogits = {1.0f, 2.5f, -0.5f, 0.3f, 2.0f, -3.0f, 0.9f, 1.7f};
+
+TEST(Sampler, GreedyIsArgmaxLowestIndexOnTies) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  Sampler s(sp);
+  std::vector<float> l = {0.1f, 3.0f, -1.0f, 3.0f};
+  EXPECT_EQ(s.sample(l), 1);
+  std::vector<float> big = test::randn(248320, 11, 2.0f);
+  auto want = std::max_element(big.begin(), big.end()) - big.begin();
+  EXPECT_EQ(s.sample(big), want);
+}
+
+TEST(Sampler, NaNLogitsAreAnError) {
+  SamplingParams sp;
+  Sampler s(sp);
+  std::vector<float> l = {0.1f, NAN, 1.0f};
+  EXPECT_THROW(s.sample(l), Error);
+  std::vector<float> all_nan = {NAN, NAN};
+  EXPECT_THROW(argmax(all_nan), Error);
+  std::vector<float> some = {NAN, 2.0f, 1.0f};
+  EXPECT_EQ(argmax(some), 1);
+}
+
+TEST(Sampler, SameSeedSameTokensOtherSeedOtherTokens) {
+  std::vector<float> base = test::randn(4096, 3, 1.0f);
+  auto run = [&](uint64_t seed) {
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.top_p = 0.95f;
+    sp.seed = seed;
+    Sampler s(sp);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 50; ++i) {
+      std::vector<float> l = base;
+      int32_t t = s.sample(l);
+      s.accept(t);
+      out.push_back(t);
+    }
+    return out;
+  };
+  EXPECT_EQ(run(42), run(42));
+  EXPECT_NE(run(42), run(43));
+}
+
+TEST(Sampler, TemperatureMatchesSoftmax) {
+  for (float temp : {1.0f, 0.5f, 1.7f}) {
+    SamplingParams sp;
+    sp.temperature = temp;
+    sp.seed = 1234;
+    auto f = frequencies(sp, kLogits, kDraws);
+    auto p = softmax(kLogits, temp);
+    for (size_t i = 0; i < p.size(); ++i) EXPECT_NEAR(f[i], p[i], kFreqTol) << "token " << i << " T " << temp;
+  }
+}
+
+TEST(Sampler, TopKKeepsTheKBestRenormalised) {
+  SamplingParams sp;
+  sp.top_k = 3;
+  sp.seed = 7;
+  auto f = frequencies(sp, kLogits, kDraws);
+  // The three best are tokens 1 (2.5), 4 (2.0), 7 (1.7).
+  std::vector<float> top = {kLogits[1], kLogits[4], kLogits[7]};
+  auto p = softmax(top, 1.0);
+  EXPECT_NEAR(f[1], p[0], kFreqTol);
+  EXPECT_NEAR(f[4], p[1], kFreqTol);
+  EXPECT_NEAR(f[7], p[2], kFreqTol);
+  for (size_t i : {0, 2, 3, 5, 6}) EXPECT_EQ(f[i], 0.0) << i;
+}
+
+TEST(Sampler, TopPAndMinPCutTheTail) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05 exactly.
+  std::vector<float> l = {std::log(0.15f), std::log(0.5f), std::log(0.05f), std::log(0.3f)};
+  SamplingParams sp;
+  sp.top_p = 0.7f;  // 0.5 < 0.7 <= 0.8: keeps {0.5, 0.3}
+  sp.seed = 9;
+  auto f = frequencies(sp, l, kDraws);
+  EXPECT_NEAR(f[1], 0.5 / 0.8, kFreqTol);
+  EXPECT_NEAR(f[3], 0.3 / 0.8, kFreqTol);
+  EXPECT_EQ(f[0], 0.0);
+  EXPECT_EQ(f[2], 0.0);
+
+  SamplingParams mp;
+  mp.min_p = 0.25f;  // keeps p >= 0.125: {0.5, 0.3, 0.15}
+  mp.seed = 10;
+  auto g = frequencies(mp, l, kDraws);
+  EXPECT_NEAR(g[1], 0.5 / 0.95, kFreqTol);
+  EXPECT_NEAR(g[3], 0.3 / 0.95, kFreqTol);
+  EXPECT_NEAR(g[0], 0.15 / 0.95, kFreqTol);
+  EXPECT_EQ(g[2], 0.0);
+}
+
+TEST(Sampler, PresenceAndFrequencyPenalties) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.presence_penalty = 0.5f;
+  sp.frequency_penalty = 0.4f;
+  Sampler s(sp);
+  std::vector<float> l = {1.0f, 2.0f, 0.5f};
+  std::vector<float> a = l;
+  EXPECT_EQ(s.sample(a), 1);
+  s.accept(1);
+  std::vector<float> b = l;
+  s.sample(b);
+  EXPECT_FLOAT_EQ(b[1], 2.0f - 0.5f - 0.4f);  // once: presence + 1 x frequency
+  EXPECT_FLOAT_EQ(b[0], 1.0f);
+  s.accept(1);
+  std::vector<float> c = l;
+  EXPECT_EQ(s.sample(c), 0);  // 2 - 0.5 - 0.8 = 0.7 < 1.0
+  EXPECT_FLOAT_EQ(c[1], 0.7f);
+}
+
+TEST(Sampler, RepetitionPenaltyAndLogitBias) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.repetition_penalty = 2.0f;
+  sp.logit_bias = {{2, 5.0f}};
+  Sampler s(sp);
+  std::vector<int32_t> prompt = {0, 3};
+  s.set_prompt(prompt);
+  std::vector<float> l = {3.0f, 2.0f, -10.0f, -1.0f};
+  EXPECT_EQ(s.sample(l), 1);          // token 0: 3 / 2 = 1.5 < 2
+  EXPECT_FLOAT_EQ(l[0], 1.5f);
+  EXPECT_FLOAT_EQ(l[3], -2.0f);       // negative logits are multiplied
+  EXPECT_FLOAT_EQ(l[2], -5.0f);       // bias added
+}
+
+// The top-p path grows a sorted prefix instead of sorting the vocabulary; it must pick exactly what a full sort
+// would, for the same random number. Real vocabulary size, peaked and flat logits.
+TEST(Sampler, TopPPrefixPathEqualsFullSortReference) {
+  for (float scale : {0.5f, 3.0f}) {
+    std::vector<float> base = test::randn(248320, 21, scale);
+    for (uint64_t seed = 0; seed < 6; ++seed) {
+      SamplingParams sp;
+      sp.temperature = 0.8f;
+      sp.top_p = 0.9f;
+      sp.seed = seed;
+      Sampler s(sp);
+      std::vector<float> l = base;
+      int32_t got = s.sample(l);
+
+      Sampler twin(sp);
+      double u = twin.uniform();
+      std::vector<float> t = base;
+      for (auto& x : t) x /= sp.temperature;
+      float mx = *std::max_element(t.begin(), t.end());
+      std::vector<int32_t> idx(t.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return t[a] > t[b] || (t[a] == t[b] && a < b); });
+      double z = 0;
+      for (float x : t) z += std::exp(double(x - mx));
+      double cum = 0;
+      size_t keep = 0;
+      while (keep < idx.size()) {
+        cum += std::exp(double(t[idx[keep]] - mx)) / z;
+        ++keep;
+        if (cum >= sp.top_p) break;
+      }
+      double total = 0;
+      for (size_t i = 0; i < keep; ++i) total += std::exp(double(t[idx[i]] - mx));
+      double r = u * total;
+      int32_t want = idx[keep - 1];
+      for (size_t i = 0; i < keep; ++i) {
+        r -= std::exp(double(t[idx[i]] - mx));
+        if (r < 0) {
+          want = idx[i];
+          break;
+        }
+      }
+      EXPECT_EQ(got, want) << "scale " << scale << " seed " << seed;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fern
