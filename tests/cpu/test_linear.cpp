@@ -10,32 +10,16 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/random_model.h"
+#include "cpu/reference.h"
 #include "test_util.h"
 
 namespace fern {
 namespace {
 
-// W[n, k] in double from the stored tensors, written independently of the backend: the code of column k sits in
-// bits [bits*k, bits*k + bits) of the row's packed bit string (LSB-first words).
-double ref_weight(const LinearWeight& w, int64_t n, int64_t k) {
-  if (w.kind == LinearWeight::Kind::Dense) return bf16_to_f32(w.w.ptr<uint16_t>()[n * w.in + k]);
-  const int64_t bitpos = k * w.bits, words = w.in * w.bits / 32;
-  const uint32_t word = w.w.ptr<uint32_t>()[n * words + bitpos / 32];
-  const uint32_t code = (word >> (bitpos % 32)) & ((1u << w.bits) - 1u);
-  const int64_t ng = w.in / w.group_size, gi = n * ng + k / w.group_size;
-  return double(bf16_to_f32(w.scales.ptr<uint16_t>()[gi])) * code + double(bf16_to_f32(w.biases.ptr<uint16_t>()[gi]));
-}
-
 std::vector<float> ref_linear(const std::vector<float>& x, int64_t T, const LinearWeight& w) {
-  std::vector<float> out(T * w.out);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t n = 0; n < w.out; ++n) {
-      double s = 0;
-      for (int64_t k = 0; k < w.in; ++k) s += double(x[t * w.in + k]) * ref_weight(w, n, k);
-      out[t * w.out + n] = float(s);
-    }
-  return out;
+  return test::to_float(test::ref_linear(test::to_double(x), T, w));
 }
+using test::ref_weight;
 
 struct Shape {
   int64_t out, in;
