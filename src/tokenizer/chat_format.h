@@ -19,6 +19,10 @@ struct ChatOptions {
 // messages: OpenAI-style array of {"role", "content" (string | array of parts | null), "reasoning_content",
 // "tool_calls": [{"id","type","function":{"name","arguments" (JSON string or object)}}], "tool_call_id"}.
 // tools: OpenAI-style array (or null). Throws fern::Error for unsupported content (images) or malformed input.
+// Keys of nlohmann::json objects are sorted, so tool schemas and argument objects given this way render with
+// sorted keys; the templates keep insertion order, which the ordered_json overload preserves (prefer it).
 std::string render_chat(const nlohmann::json& messages, const nlohmann::json& tools, const ChatOptions& opt);
+std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                        const ChatOptions& opt);
 
 }  // namespace fern

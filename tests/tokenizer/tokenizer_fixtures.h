@@ -52,7 +52,8 @@ inline const Tokenizer& qwen35_tokenizer() {
 }
 
 // Lines of a .jsonl or .jsonl.gz fixture (gzip through the gzip program, present wherever CI runs).
-inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+template <typename Json = nlohmann::json>
+std::vector<Json> read_jsonl(const std::string& path) {
   std::string text;
   if (path.size() > 3 && path.substr(path.size() - 3) == ".gz") {
     std::string cmd = "gzip -dc '" + path + "'";
@@ -65,11 +66,11 @@ inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   } else {
     text = read_text(path);
   }
-  std::vector<nlohmann::json> out;
+  std::vector<Json> out;
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line))
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+    if (!line.empty()) out.push_back(Json::parse(line));
   return out;
 }
 
