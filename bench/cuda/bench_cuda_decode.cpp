@@ -1,0 +1,256 @@
+// CUDA decode micro-benchmarks (docs/notes/cuda-decode-v1.md): GEMV bandwidth at the real shapes with a cold L2
+// (rotating over enough copies to exceed the 60 MiB L2), a 1.67 GB sweep, the per-block costs of one decode step,
+// and whole decode steps of a full-size random model replayed as a CUDA graph at several contexts.
+// Times come from CUDA events around graph replays (so launch gaps inside a graph are included, host launch
+// overhead is not); each figure is the median of several replays.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_backend_impl.h"
+#include "cuda/cuda_check.h"
+#include "cuda/fill.h"
+#include "cuda/random_weights.h"
+#include "model/forward.h"
+
+using namespace fern;
+
+namespace {
+
+constexpr double kCopyBw = 4.27e12;  // device-to-device copy bandwidth measured on the H200 (PERF.md)
+
+// Captures `body` once into a graph, replays it `reps` times, returns the median seconds per replay.
+double time_graph(CudaBackend& be, const std::function<void()>& body, int reps = 7) {
+  cudaStream_t s = be.stream();
+  body();  // eager warm-up (sizes the arena, loads modules)
+  FERN_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  FERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  body();
+  FERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  FERN_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  FERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    cudaEventRecord(a, s);
+    FERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    cudaEventRecord(b, s);
+    FERN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+LinearWeight rand_affine(CudaBackend& be, int64_t out, int64_t in, int bits, uint64_t seed) {
+  LinearWeight w;
+  w.kind = LinearWeight::Kind::Affine;
+  w.out = out;
+  w.in = in;
+  w.bits = bits;
+  w.group_size = 64;
+  w.name = "bench";
+  w.w = be.alloc(DType::U32, {out, in * bits / 32});
+  w.scales = be.alloc(DType::BF16, {out, in / 64});
+  w.biases = be.alloc(DType::BF16, {out, in / 64});
+  cuda::fill_random_u32(be.stream(), w.w.ptr<uint32_t>(), w.w.numel(), seed);
+  cuda::fill_random_bf16(be.stream(), w.scales.ptr<uint16_t>(), w.scales.numel(), seed + 1, 0.001f, 0.01f, true);
+  cuda::fill_random_bf16(be.stream(), w.biases.ptr<uint16_t>(), w.biases.numel(), seed + 2, 0.0f, 0.05f, true);
+  return w;
+}
+
+void bench_gemv() {
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+    int bits;
+  };
+  std::printf("\n== GEMV, cold L2 (graph of launches rotating over >= 256 MB of copies) ==\n");
+  std::printf("%-22s %14s %8s %10s %9s %7s\n", "shape", "[out x in]", "bits", "MB/matrix", "us/launch", "%BW");
+  for (const Shape& s : {Shape{"in_proj_qkv / q_proj", 8192, 2048, 4}, Shape{"in_proj_z", 4096, 2048, 4},
+                         Shape{"expert gate/up", 512, 2048, 4}, Shape{"expert down", 2048, 512, 4},
+                         Shape{"out_proj / o_proj", 2048, 4096, 4}, Shape{"router", 256, 2048, 8},
+                         Shape{"lm_head", 248320, 2048, 4}}) {
+    CudaBackend be(0);
+    const LinearWeight probe = rand_affine(be, s.out, s.in, s.bits, 1);
+    const double bytes = double(probe.nbytes());
+    const int copies = std::max(1, int(std::ceil(256e6 / bytes)));
+    std::vector<LinearWeight> ws{probe};
+    for (int i = 1; i < copies; ++i) ws.push_back(rand_affine(be, s.out, s.in, s.bits, 10 + 3 * i));
+    Tensor x = be.alloc(DType::F32, {1, s.in}), y = be.alloc(DType::F32, {1, s.out});
+    cuda::fill_random_f32(be.stream(), x.ptr<float>(), s.in, 99, -1.0f, 1.0f);
+    const int launches = std::max(copies, 64);
+    const double t = time_graph(be, [&] {
+      for (int i = 0; i < launches; ++i) be.linear(y, x, ws[i % copies]);
+    });
+    const double per = t / launches;
+    std::printf("%-22s %7ld x %5ld %8d %10.2f %9.2f %6.1f%%\n", s.name, long(s.out), long(s.in), s.bits, bytes / 1e6,
+                per * 1e6, 100.0 * bytes / per / kCopyBw);
+  }
+  // The whole-model sweep: 1.67 GB of 8192 x 2048 4-bit matrices, each read once.
+  CudaBackend be(0);
+  std::vector<LinearWeight> ws;
+  double total = 0;
+  while (total < 1.67e9) {
+    ws.push_back(rand_affine(be, 8192, 2048, 4, 1000 + ws.size()));
+    total += double(ws.back().nbytes());
+  }
+  Tensor x = be.alloc(DType::F32, {1, 2048}), y = be.alloc(DType::F32, {1, 8192});
+  cuda::fill_random_f32(be.stream(), x.ptr<float>(), 2048, 98, -1.0f, 1.0f);
+  const double t = time_graph(be, [&] {
+    for (auto& w : ws) be.linear(y, x, w);
+  });
+  std::printf("%-22s %7zu mats        4 %10.1f %9.1f %6.1f%%   (%.0f GB/s)\n", "sweep 1.67 GB", ws.size(), total / 1e6,
+              t * 1e6, 100.0 * total / t / kCopyBw, total / t / 1e9);
+}
+
+ModelConfig full_config() {
+  ModelConfig c;  // defaults are the 35B-A3B values
+  c.layer_types.clear();
+  for (int i = 0; i < c.num_hidden_layers; ++i)
+    c.layer_types.push_back((i + 1) % 4 == 0 ? LayerType::FullAttention : LayerType::LinearAttention);
+  return c;
+}
+
+void fill_state(CudaBackend& be, CudaState& st, int64_t ctx) {
+  uint64_t seed = 500;
+  for (size_t l = 0; l < st.k_cache.size(); ++l) {
+    if (!st.k_cache[l].empty()) {
+      cuda::fill_random_bf16(be.stream(), st.k_cache[l].ptr<uint16_t>(), st.k_cache[l].numel(), ++seed, 0, 1, true);
+      cuda::fill_random_bf16(be.stream(), st.v_cache[l].ptr<uint16_t>(), st.v_cache[l].numel(), ++seed, 0, 1, true);
+    } else {
+      cuda::fill_random_f32(be.stream(), st.recurrent_state[l].ptr<float>(), st.recurrent_state[l].numel(), ++seed,
+                            -0.05f, 0.05f);
+      cuda::fill_random_f32(be.stream(), st.conv_state[l].ptr<float>(), st.conv_state[l].numel(), ++seed, -1, 1);
+    }
+  }
+  const int32_t p = static_cast<int32_t>(ctx);
+  FERN_CUDA_CHECK(cudaMemcpy(st.d_pos, &p, 4, cudaMemcpyHostToDevice));
+  st.pos = ctx;
+}
+
+void bench_decode() {
+  const ModelConfig cfg = full_config();
+  CudaBackend be(0);
+  auto w = cuda::random_device_weights(be, cfg, 1);
+  const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
+  Tensor tok = be.alloc(DType::I32, {1});
+  FERN_CUDA_CHECK(cudaMemset(tok.data, 0, 4));
+
+  // Per-block breakdown at 4K context: each row replays only that kind of block, for all layers of that kind.
+  {
+    auto st = be.new_state(cfg, 4096 + 256);
+    fill_state(be, static_cast<CudaState&>(*st), 4096);
+    Tensor xn = be.alloc(DType::F32, {1, H}), out = be.alloc(DType::F32, {1, H}), h = be.alloc(DType::F32, {1, H});
+    cuda::fill_random_f32(be.stream(), xn.ptr<float>(), H, 3, -1, 1);
+    cuda::fill_random_f32(be.stream(), h.ptr<float>(), H, 4, -1, 1);
+    auto gdn_mixer = [&](int l) {
+      const GdnWeights& g = w->layers[l].gdn;
+      Tensor mixed = be.scratch(DType::F32, {1, cfg.gdn_conv_dim()}), z = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
+      Tensor b = be.scratch(DType::F32, {1, cfg.linear_num_value_heads}), a = be.scratch(DType::F32, {1, cfg.linear_num_value_heads});
+      Tensor y = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
+      be.linear(mixed, xn, g.in_proj_qkv);
+      be.linear(z, xn, g.in_proj_z);
+      be.linear(b, xn, g.in_proj_b);
+      be.linear(a, xn, g.in_proj_a);
+      be.gdn_core(y, mixed, z, b, a, g, cfg, *st, l);
+      be.linear(out, y, g.out_proj);
+    };
+    auto attn_mixer = [&](int l) {
+      const AttnWeights& at = w->layers[l].attn;
+      const int64_t qd = int64_t(cfg.num_attention_heads) * cfg.head_dim, kvd = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+      Tensor qg = be.scratch(DType::F32, {1, 2 * qd}), k = be.scratch(DType::F32, {1, kvd}), v = be.scratch(DType::F32, {1, kvd});
+      Tensor o = be.scratch(DType::F32, {1, qd});
+      be.linear(qg, xn, at.q_proj);
+      be.linear(k, xn, at.k_proj);
+      be.linear(v, xn, at.v_proj);
+      be.attn_core(o, qg, k, v, at, cfg, *st, l);
+      be.linear(out, o, at.o_proj);
+    };
+    struct Row {
+      const char* name;
+      std::function<void()> body;
+    };
+    std::vector<Row> rows = {
+        {"30 x GDN mixer (4 proj + core + out)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer(l); }},
+        {"10 x attention mixer @4K", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) attn_mixer(l); }},
+        {"40 x MoE block", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe(out, xn, w->layers[l].moe, cfg); }},
+        {"80 x add_rmsnorm", [&] { for (int l = 0; l < 80; ++l) be.add_rmsnorm(h, out, xn, w->layers[l / 2].post_norm, 1e-6f); }},
+        {"lm_head + argmax", [&] { be.begin_forward(); Tensor lg = be.scratch(DType::F32, {1, V}); be.linear(lg, xn, w->lm_head); be.argmax(tok, lg); }},
+    };
+    std::printf("\n== one decode step, by block (full-size random model, 4K context, graph replay) ==\n");
+    double sum = 0;
+    for (auto& r : rows) {
+      const double t = time_graph(be, r.body);
+      sum += t;
+      std::printf("%-40s %9.1f us\n", r.name, t * 1e6);
+    }
+    std::printf("%-40s %9.1f us\n", "sum of blocks", sum * 1e6);
+  }
+
+  std::printf("\n== decode steps (graph replay, 64 steps per run, median of 3 runs) ==\n");
+  std::printf("%8s %10s %10s %12s %9s %8s\n", "context", "us/token", "tok/s", "bytes/token", "GB/s", "%roof");
+  for (int64_t ctx : {256, 1024, 4096, 16384, 32768, 131072}) {
+    auto st = be.new_state(cfg, ctx + 128);
+    fill_state(be, static_cast<CudaState&>(*st), ctx);
+    auto step = [&] {
+      be.begin_forward();
+      Tensor lg = be.scratch(DType::F32, {1, V});
+      forward(be, *w, *st, tok, lg);
+      be.argmax(tok, lg);
+    };
+    step();  // eager: sizes the arena
+    be.synchronize();
+    be.capture_step(*st, step);
+    std::vector<double> runs;
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    for (int r = 0; r < 3; ++r) {
+      cudaEventRecord(a, be.stream());
+      for (int i = 0; i < 64; ++i) be.replay(*st);
+      cudaEventRecord(b, be.stream());
+      FERN_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      runs.push_back(ms * 1e-3 / 64);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    be.drop_graph();
+    std::sort(runs.begin(), runs.end());
+    const double t = runs[1];
+    const double bytes = 1.670e9 + 126e6 + double(ctx) * 20480.0;
+    std::printf("%8ld %10.1f %10.1f %11.2fG %9.0f %7.1f%%\n", long(ctx), t * 1e6, 1.0 / t, bytes / 1e9, bytes / t / 1e9,
+                100.0 * bytes / t / kCopyBw);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string what = argc > 1 ? argv[1] : "all";
+    if (what == "all" || what == "gemv") bench_gemv();
+    if (what == "all" || what == "decode") bench_decode();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,99 @@
+#include "cuda/random_weights.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "cuda/fill.h"
+
+namespace fern::cuda {
+namespace {
+
+struct Builder {
+  CudaBackend& be;
+  uint64_t seed;
+
+  // Codes uniform; scales ~ +-U(0.5, 1.5) * 2.5 / (8 sqrt(in)) so that a row's dot with a unit-RMS input has
+  // about unit size; biases centre the codes (-7.5 * scale on average, with noise).
+  LinearWeight affine(const std::string& name, int64_t experts, int64_t out, int64_t in, int bits) {
+    LinearWeight w;
+    w.name = name;
+    w.kind = LinearWeight::Kind::Affine;
+    w.experts = experts;
+    w.out = out;
+    w.in = in;
+    w.bits = bits;
+    w.group_size = 64;
+    const int64_t E = std::max<int64_t>(experts, 1);
+    auto dims = [&](int64_t last) {
+      return experts > 0 ? std::vector<int64_t>{E, out, last} : std::vector<int64_t>{out, last};
+    };
+    w.w = be.alloc(DType::U32, dims(in * bits / 32));
+    w.scales = be.alloc(DType::BF16, dims(in / 64));
+    w.biases = be.alloc(DType::BF16, dims(in / 64));
+    const float s = 1.7f / (float((1 << bits) - 1) * std::sqrt(float(in)));
+    fill_random_u32(be.stream(), w.w.ptr<uint32_t>(), w.w.numel(), ++seed);
+    fill_random_bf16(be.stream(), w.scales.ptr<uint16_t>(), w.scales.numel(), ++seed, 0.5f * s, 1.5f * s, true);
+    fill_random_bf16(be.stream(), w.biases.ptr<uint16_t>(), w.biases.numel(), ++seed, -0.3f * s, 0.3f * s, true);
+    return w;
+  }
+  Tensor vec(int64_t n, float lo, float hi) {
+    Tensor t = be.alloc(DType::F32, {n});
+    fill_random_f32(be.stream(), t.ptr<float>(), n, ++seed, lo, hi);
+    return t;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<ModelWeights> random_device_weights(CudaBackend& be, const ModelConfig& c, uint64_t seed) {
+  FERN_CHECK(int(c.layer_types.size()) == c.num_hidden_layers, "random_device_weights: layer_types");
+  auto mw = std::make_shared<ModelWeights>();
+  mw->config = c;
+  Builder b{be, seed * 7919};
+  const int64_t H = c.hidden_size;
+  mw->embed = b.affine("embed_tokens", 0, c.vocab_size, H, 4);
+  mw->lm_head = b.affine("lm_head", 0, c.vocab_size, H, 4);
+  mw->final_norm = b.vec(H, 0.8f, 1.2f);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights L;
+    const std::string p = "layers." + std::to_string(l) + ".";
+    L.type = c.layer_types[l];
+    L.input_norm = b.vec(H, 0.8f, 1.2f);
+    L.post_norm = b.vec(H, 0.8f, 1.2f);
+    if (L.type == LayerType::LinearAttention) {
+      const int64_t Hv = c.linear_num_value_heads;
+      L.gdn.in_proj_qkv = b.affine(p + "in_proj_qkv", 0, c.gdn_conv_dim(), H, 4);
+      L.gdn.in_proj_z = b.affine(p + "in_proj_z", 0, c.gdn_value_dim(), H, 4);
+      L.gdn.in_proj_b = b.affine(p + "in_proj_b", 0, Hv, H, 4);
+      L.gdn.in_proj_a = b.affine(p + "in_proj_a", 0, Hv, H, 4);
+      L.gdn.out_proj = b.affine(p + "out_proj", 0, H, c.gdn_value_dim(), 4);
+      L.gdn.conv_w = b.vec(c.gdn_conv_dim() * c.linear_conv_kernel_dim, -0.5f, 0.5f).reshape(
+          {c.gdn_conv_dim(), c.linear_conv_kernel_dim});
+      L.gdn.A_log = b.vec(Hv, 0.0f, 2.0f);
+      L.gdn.dt_bias = b.vec(Hv, -1.5f, -0.5f);
+      L.gdn.norm_w = b.vec(c.linear_value_head_dim, 0.8f, 1.2f);
+    } else {
+      const int64_t qd = int64_t(c.num_attention_heads) * c.head_dim, kvd = int64_t(c.num_key_value_heads) * c.head_dim;
+      L.attn.q_proj = b.affine(p + "q_proj", 0, 2 * qd, H, 4);
+      L.attn.k_proj = b.affine(p + "k_proj", 0, kvd, H, 4);
+      L.attn.v_proj = b.affine(p + "v_proj", 0, kvd, H, 4);
+      L.attn.o_proj = b.affine(p + "o_proj", 0, H, qd, 4);
+      L.attn.q_norm = b.vec(c.head_dim, 0.8f, 1.2f);
+      L.attn.k_norm = b.vec(c.head_dim, 0.8f, 1.2f);
+    }
+    const int64_t E = c.num_experts, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+    L.moe.router = b.affine(p + "router", 0, E, H, 8);
+    L.moe.gate = b.affine(p + "experts.gate", E, I, H, 4);
+    L.moe.up = b.affine(p + "experts.up", E, I, H, 4);
+    L.moe.down = b.affine(p + "experts.down", E, H, I, 4);
+    L.moe.shared_gate = b.affine(p + "shared.gate", 0, Is, H, 4);
+    L.moe.shared_up = b.affine(p + "shared.up", 0, Is, H, 4);
+    L.moe.shared_down = b.affine(p + "shared.down", 0, H, Is, 4);
+    L.moe.shared_expert_gate = b.affine(p + "shared_expert_gate", 0, 1, H, 8);
+    mw->layers.push_back(std::move(L));
+  }
+  be.synchronize();
+  return mw;
+}
+
+}  // namespace fern::cuda

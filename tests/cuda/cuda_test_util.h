@@ -1,0 +1,78 @@
+// Helpers for the CUDA tests: the CPU backend as the reference, host <-> device copies, raw random affine weights
+// (random codes and bf16 scales/biases, negative scales included: faster than quantizing at lm_head size).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/bf16.h"
+#include "cpu/cpu_backend.h"
+#include "cpu/random_model.h"
+#include "cuda/cuda_backend_impl.h"
+#include "test_util.h"
+
+namespace fern::test {
+
+inline std::unique_ptr<CudaBackend> make_gpu() { return std::make_unique<CudaBackend>(0); }
+
+inline Tensor host_f32(std::vector<float>& v, std::initializer_list<int64_t> shape) {
+  Tensor t(v.data(), DType::F32, shape);
+  EXPECT_EQ(size_t(t.numel()), v.size());
+  return t;
+}
+
+inline std::vector<float> download(CudaBackend& be, const Tensor& t) {
+  EXPECT_EQ(t.dtype, DType::F32);
+  std::vector<float> v(size_t(t.numel()));
+  be.copy(Tensor(v.data(), DType::F32, {t.numel()}), t.reshape({t.numel()}));
+  return v;
+}
+
+inline Tensor upload_f32(CudaBackend& be, const std::vector<float>& v, const std::vector<int64_t>& shape) {
+  Tensor d = be.alloc(DType::F32, shape);
+  be.copy(d, Tensor(const_cast<float*>(v.data()), DType::F32, shape));
+  return d;
+}
+
+// Affine weight with uniformly random codes, scales ~ N(0, sd_s) (half of them negative) and biases ~ N(0, sd_b).
+inline LinearWeight raw_affine(OwnedStorage& st, const std::string& name, int64_t experts, int64_t out, int64_t in,
+                               int bits, int gs, uint64_t seed, float sd_s = 0.02f, float sd_b = 0.05f) {
+  LinearWeight w;
+  w.name = name;
+  w.kind = LinearWeight::Kind::Affine;
+  w.experts = experts;
+  w.out = out;
+  w.in = in;
+  w.bits = bits;
+  w.group_size = gs;
+  const int64_t E = std::max<int64_t>(experts, 1);
+  auto dims = [&](int64_t last) {
+    return experts > 0 ? std::vector<int64_t>{E, out, last} : std::vector<int64_t>{out, last};
+  };
+  auto make = [&](DType t, const std::vector<int64_t>& d) {
+    Tensor probe(nullptr, t, d);
+    st.bufs.emplace_back(probe.nbytes());
+    probe.data = st.bufs.back().data();
+    return probe;
+  };
+  w.w = make(DType::U32, dims(in * bits / 32));
+  w.scales = make(DType::BF16, dims(in / gs));
+  w.biases = make(DType::BF16, dims(in / gs));
+  std::mt19937_64 rng(seed);
+  uint32_t* q = w.w.ptr<uint32_t>();
+  for (int64_t i = 0; i < w.w.numel(); ++i) q[i] = static_cast<uint32_t>(rng());
+  std::normal_distribution<float> ns(0.0f, sd_s), nb(0.0f, sd_b);
+  for (int64_t i = 0; i < w.scales.numel(); ++i) {
+    w.scales.ptr<uint16_t>()[i] = f32_to_bf16(ns(rng));
+    w.biases.ptr<uint16_t>()[i] = f32_to_bf16(nb(rng));
+  }
+  return w;
+}
+
+inline LinearWeight raw_dense(OwnedStorage& st, const std::string& name, int64_t experts, int64_t out, int64_t in,
+                              uint64_t seed, float sd = 0.05f) {
+  return make_linear(st, name, randn(size_t(std::max<int64_t>(experts, 1) * out * in), seed, sd), experts, out, in, 16);
+}
+
+}  // namespace fern::test

@@ -1,0 +1,85 @@
+// CUDA Gated DeltaNet core against the CPU backend at the real shapes (16 key heads, 32 value heads, 128 dims,
+// conv kernel 4) over a sequence of decode steps and multi-row calls, checking every output and the carried
+// conv and recurrent states; plus a smaller head count.
+#include <gtest/gtest.h>
+
+#include "cuda_test_util.h"
+
+namespace fern {
+namespace {
+
+// Both sides run the delta rule in fp32 (the CPU in the chunked form for multi-row calls); over 20 steps the
+// outputs agree to NMSE ~1e-11 on the H200. A wrong gate, head mapping or norm gives > 1e-3.
+constexpr double kNmse = 1e-8;
+
+void run(int Hk, int Hv, uint64_t seed) {
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  ModelConfig cfg;
+  cfg.num_hidden_layers = 1;
+  cfg.layer_types = {LayerType::LinearAttention};
+  cfg.linear_num_key_heads = Hk;
+  cfg.linear_num_value_heads = Hv;
+  const int64_t C = cfg.gdn_conv_dim(), V = cfg.gdn_value_dim();
+  test::OwnedStorage st;
+  GdnWeights hw;
+  auto vec = [&](int64_t n, float mean, float sd, uint64_t s) {
+    Tensor t = st.make(DType::F32, {n});
+    auto v = test::randn(size_t(n), s, sd);
+    for (int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = mean + v[i];
+    return t;
+  };
+  hw.conv_w = vec(C * 4, 0.0f, 0.5f, seed + 1).reshape({C, 4});
+  hw.A_log = vec(Hv, 0.5f, 0.8f, seed + 2);
+  hw.dt_bias = vec(Hv, -1.0f, 0.5f, seed + 3);
+  hw.norm_w = vec(128, 1.0f, 0.1f, seed + 4);
+  GdnWeights dw;
+  dw.conv_w = gpu->to_device(hw.conv_w);
+  dw.A_log = gpu->to_device(hw.A_log);
+  dw.dt_bias = gpu->to_device(hw.dt_bias);
+  dw.norm_w = gpu->to_device(hw.norm_w);
+  auto cs = cpu->new_state(cfg, 64);
+  auto gs = gpu->new_state(cfg, 64);
+  int step = 0;
+  for (int T : {1, 1, 1, 1, 1, 1, 5, 1, 3, 1, 1, 1, 1, 1, 1}) {
+    ++step;
+    auto mixed = test::randn(size_t(T * C), seed + 10 * step);
+    auto z = test::randn(size_t(T * V), seed + 10 * step + 1);
+    auto b = test::randn(size_t(T * Hv), seed + 10 * step + 2);
+    auto a = test::randn(size_t(T * Hv), seed + 10 * step + 3);
+    std::vector<float> ref(size_t(T * V));
+    cpu->begin_forward();
+    cpu->gdn_core(test::host_f32(ref, {T, V}), test::host_f32(mixed, {T, C}), test::host_f32(z, {T, V}),
+                  test::host_f32(b, {T, Hv}), test::host_f32(a, {T, Hv}), hw, cfg, *cs, 0);
+    cpu->advance(*cs, T);
+    gpu->begin_forward();
+    Tensor dy = gpu->scratch(DType::F32, {T, V});
+    gpu->gdn_core(dy, test::upload_f32(*gpu, mixed, {T, C}), test::upload_f32(*gpu, z, {T, V}),
+                  test::upload_f32(*gpu, b, {T, Hv}), test::upload_f32(*gpu, a, {T, Hv}), dw, cfg, *gs, 0);
+    gpu->advance(*gs, T);
+    auto got = test::download(*gpu, dy);
+    const double e = test::nmse(got.data(), ref.data(), got.size());
+    EXPECT_LT(e, kNmse) << "step " << step << " T=" << T;
+    if (step == 15) std::printf("gdn Hk=%d Hv=%d after %d calls: output NMSE %.3e\n", Hk, Hv, step, e);
+  }
+  auto rec = test::download(*gpu, gs->recurrent_state[0]);
+  auto conv = test::download(*gpu, gs->conv_state[0]);
+  const double er = test::nmse(rec.data(), cs->recurrent_state[0].ptr<float>(), rec.size());
+  const double ec = test::nmse(conv.data(), cs->conv_state[0].ptr<float>(), conv.size());
+  std::printf("gdn Hk=%d Hv=%d state NMSE %.3e conv state NMSE %.3e\n", Hk, Hv, er, ec);
+  EXPECT_LT(er, kNmse);
+  EXPECT_EQ(ec, 0.0);  // the conv state is a copy of inputs: exact
+}
+
+TEST(CudaGdn, RealShapes) {
+  FERN_REQUIRE_GPU();
+  run(16, 32, 7);
+}
+
+TEST(CudaGdn, FewHeads) {
+  FERN_REQUIRE_GPU();
+  run(2, 4, 11);
+}
+
+}  // namespace
+}  // namespace fern

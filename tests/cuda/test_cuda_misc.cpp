@@ -1,0 +1,109 @@
+// CUDA rmsnorm, add_rmsnorm, add, embed (4-bit at the real 248320 x 2048 size, bf16) and argmax (real vocabulary,
+// ties, NaN) against the CPU backend; scratch arena addresses are stable across begin_forward().
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cuda_test_util.h"
+
+namespace fern {
+namespace {
+
+// fp32 on both sides, one reduction per row in a different order: measured ~1e-14. 1e-10 catches any wrong
+// element or row.
+constexpr double kNmse = 1e-10;
+
+TEST(CudaMisc, Norms) {
+  FERN_REQUIRE_GPU();
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  for (int64_t D : {2048, 128, 100}) {
+    const int64_t R = 3;
+    auto x = test::randn(size_t(R * D), 1 + D), d = test::randn(size_t(R * D), 2 + D),
+         w = test::randn(size_t(D), 3 + D, 0.3f);
+    std::vector<float> ref(size_t(R * D)), resid = x;
+    cpu->rmsnorm(test::host_f32(ref, {R, D}), test::host_f32(x, {R, D}), test::host_f32(w, {D}), 1e-6f);
+    Tensor dx = test::upload_f32(*gpu, x, {R, D}), dw = test::upload_f32(*gpu, w, {D}), dout = gpu->alloc(DType::F32, {R, D});
+    gpu->rmsnorm(dout, dx, dw, 1e-6f);
+    auto got = test::download(*gpu, dout);
+    EXPECT_LT(test::nmse(got.data(), ref.data(), got.size()), kNmse) << "rmsnorm D=" << D;
+
+    cpu->add_rmsnorm(test::host_f32(resid, {R, D}), test::host_f32(d, {R, D}), test::host_f32(ref, {R, D}),
+                     test::host_f32(w, {D}), 1e-6f);
+    Tensor dd = test::upload_f32(*gpu, d, {R, D});
+    gpu->add_rmsnorm(dx, dd, dout, dw, 1e-6f);
+    got = test::download(*gpu, dout);
+    auto gres = test::download(*gpu, dx);
+    EXPECT_LT(test::nmse(got.data(), ref.data(), got.size()), kNmse) << "add_rmsnorm D=" << D;
+    EXPECT_LT(test::nmse(gres.data(), resid.data(), gres.size()), kNmse) << "add_rmsnorm resid D=" << D;
+
+    gpu->add(dout, dx, dd);
+    got = test::download(*gpu, dout);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], resid[i] + d[i]);
+  }
+}
+
+TEST(CudaMisc, Embed) {
+  FERN_REQUIRE_GPU();
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  test::OwnedStorage st;
+  for (int which = 0; which < 2; ++which) {
+    LinearWeight hw = which == 0 ? test::raw_affine(st, "embed", 0, 248320, 2048, 4, 64, 5)
+                                 : test::raw_dense(st, "embed bf16", 0, 1000, 136, 6);
+    LinearWeight dw = gpu->to_device(hw);
+    std::vector<int32_t> ids = {0, int32_t(hw.out - 1), 12345 % int32_t(hw.out), 7};
+    const int64_t T = int64_t(ids.size()), H = hw.in;
+    std::vector<float> ref(size_t(T * H));
+    cpu->embed(test::host_f32(ref, {T, H}), Tensor(ids.data(), DType::I32, {T}), hw);
+    Tensor did = gpu->alloc(DType::I32, {T});
+    gpu->copy(did, Tensor(ids.data(), DType::I32, {T}));
+    Tensor dout = gpu->alloc(DType::F32, {T, H});
+    gpu->embed(dout, did, dw);
+    auto got = test::download(*gpu, dout);
+    EXPECT_EQ(test::max_abs_diff(got.data(), ref.data(), got.size()), 0.0) << hw.name;  // same fp32 math: exact
+  }
+}
+
+TEST(CudaMisc, Argmax) {
+  FERN_REQUIRE_GPU();
+  auto gpu = test::make_gpu();
+  const int64_t V = 248320, T = 4;
+  auto l = test::randn(size_t(T * V), 77);
+  // Row 0: a tie between two far-apart maxima (the lower index wins). Row 1: NaNs everywhere but one value.
+  // Row 2: maximum at the last index. Row 3: plain random.
+  l[1000] = l[200000] = 50.0f;
+  for (int64_t j = 0; j < V; ++j) l[V + j] = j == 4242 ? 1.0f : std::nanf("");
+  l[2 * V + V - 1] = 60.0f;
+  std::vector<int32_t> want(T);
+  want[0] = 1000;
+  want[1] = 4242;
+  want[2] = int32_t(V - 1);
+  want[3] = int32_t(std::max_element(l.begin() + 3 * V, l.end()) - (l.begin() + 3 * V));
+  gpu->begin_forward();
+  Tensor dl = test::upload_f32(*gpu, l, {T, V});
+  Tensor did = gpu->alloc(DType::I32, {T});
+  for (int rep = 0; rep < 3; ++rep) {  // the per-row counters must reset themselves
+    gpu->argmax(did, dl);
+    std::vector<int32_t> got(T);
+    gpu->copy(Tensor(got.data(), DType::I32, {T}), did);
+    EXPECT_EQ(got, want) << "repetition " << rep;
+  }
+}
+
+TEST(CudaMisc, ScratchAddressesAreStable) {
+  FERN_REQUIRE_GPU();
+  auto gpu = test::make_gpu();
+  std::vector<void*> first;
+  for (int round = 0; round < 2; ++round) {
+    gpu->begin_forward();
+    std::vector<void*> got;
+    for (int64_t n : {100, 70000000, 5, 300000000, 8})
+      got.push_back(gpu->scratch(DType::F32, {n}).data);
+    if (round == 0) first = got;
+    else EXPECT_EQ(got, first);
+  }
+}
+
+}  // namespace
+}  // namespace fern
