@@ -22,7 +22,11 @@ if [ "$what" != bench ]; then
     summary+="$t rc=$rc: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"$'\n'
     grep -E "NMSE|top-1|graph replay|Failure|Expected|Which is|actual" "$OUT/$t.log" | head -40
   done
-  cat build/CMakeFiles/fern_cuda.dir/src/cuda/*.log 2>/dev/null
+  if command -v compute-sanitizer >/dev/null; then
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/cuda_test_cuda_forward \
+      --gtest_filter='*Captured*' >"$OUT/sanitizer.log" 2>&1
+    summary+="compute-sanitizer memcheck (captured decode steps, tiny model) rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log")"$'\n'
+  fi
 fi
 if command -v cuobjdump >/dev/null; then
   cuobjdump -sass build/CMakeFiles/fern_cuda.dir/src/cuda/linear.cu.o >"$OUT/linear.sass" 2>&1
