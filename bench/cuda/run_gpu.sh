@@ -7,6 +7,14 @@ what=${1:-all}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 source tools/gpu-env.sh
+# The carried packages lack brotli's pkg-config files, which cpp-httplib's .pc requires; the CUDA targets do not
+# link the HTTP server, so empty stand-ins are enough for the configure step.
+stub=/tmp/fern-pc-stubs
+mkdir -p $stub
+for m in libbrotlicommon libbrotlidec libbrotlienc; do
+  printf 'Name: %s\nDescription: stand-in for configuring\nVersion: 1.0.9\nLibs:\nCflags:\n' $m >$stub/$m.pc
+done
+export PKG_CONFIG_PATH="$PKG_CONFIG_PATH:$stub"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 tests="cuda_test_cuda_linear cuda_test_cuda_misc cuda_test_cuda_gdn cuda_test_cuda_attn cuda_test_cuda_moe cuda_test_cuda_forward"
 t0=$(date +%s)
