@@ -3,6 +3,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ struct ParsedOutput {
 struct OutputParserOptions {
   bool thinking = true;          // the prompt ended with "<think>\n": output starts in reasoning
   nlohmann::json tools;          // OpenAI tools array (schemas convert parameter values); null = no tool parsing
+  uint64_t id_seed = 0;          // seeds the "call_..." ids; 0 = a random seed (tests fix it to compare runs)
 };
 
 class OutputParser {
@@ -49,10 +51,21 @@ class OutputParser {
   static ParsedOutput parse(const std::string& text, const OutputParserOptions& opt);
 
  private:
+  void process(bool final, OutputDelta& d);
+  void emit_reasoning(std::string_view text, OutputDelta& d);
+  void end_reasoning();
+  void emit_content(std::string_view text, OutputDelta& d);
+  void close_tool_call(std::string_view raw, OutputDelta& d);
+
   OutputParserOptions opt_;
   ParsedOutput result_;
-  std::string buffer_;
-  int state_ = 0;
+  std::string buffer_;           // text not yet decided (a tag may be starting, a call is not closed yet)
+  int state_ = 0;                // 0 reasoning, 1 content, 2 inside <tool_call>
+  bool started_ = false;         // something of the current section was emitted (leading newlines are dropped)
+  size_t held_newlines_ = 0;     // reasoning: newlines at the end, dropped if </think> follows
+  std::string held_space_;       // content: trailing whitespace, dropped before a tool call
+  bool after_call_ = false;      // no content since the last tool call
+  bool finished_ = false;
 };
 
 }  // namespace fern
