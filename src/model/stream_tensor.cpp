@@ -16,6 +16,13 @@ int64_t StreamPart::numel() const {
 
 void StreamTensor::fill_parallel(int64_t row0, int64_t n, uint8_t* const* dst) const {
   if (n <= 0) return;
+  uint64_t bytes = 0;
+  for (size_t p = 0; p < parts.size(); ++p) bytes += static_cast<uint64_t>(n) * row_bytes(p);
+  // Small blocks are not worth waking a thread team (on a loaded machine that costs more than the work).
+  if (bytes < (uint64_t(1) << 20)) {
+    fill(row0, n, dst);
+    return;
+  }
   const int threads = std::max(1, omp_get_max_threads());
   // A few blocks per thread balances uneven rows without paying per-row call overhead.
   const int64_t blocks = std::min<int64_t>(n, int64_t(threads) * 4);
