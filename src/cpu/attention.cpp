@@ -43,7 +43,7 @@ void attn_core(float* o, const float* qg, const float* k, const float* v, int64_
   }
 
   const float scale = static_cast<float>(1.0 / std::sqrt(double(hd)));
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (H * T * (pos + T) * hd >= kParallelWork)
   {
     std::vector<float> q(hd), p(pos + T);
 #pragma omp for collapse(2) schedule(dynamic, 4)

@@ -82,7 +82,7 @@ void gdn_core(float* y, const float* mixed, const float* z, const float* b, cons
 
   // Delta rule per value head (value head h reads key head h / ratio); its output goes straight into y.
   const bool chunked = form == GdnForm::Chunked || (form == GdnForm::Auto && T > 1);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (T * Hv * Dk * Dv >= kParallelWork)
   for (int64_t hv = 0; hv < Hv; ++hv) {
     DeltaRuleHead h;
     h.q = &xc[(hv / ratio) * Dk];

@@ -3,6 +3,7 @@
 // and never copied whole.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "core/bf16.h"
@@ -81,24 +82,166 @@ void dequant_row(const LinearWeight& w, int64_t n, float* dst) {
   }
 }
 
+namespace {
+
+// Affine weights are multiplied group by group without forming W: with the codes q of a group as floats,
+//   sum_k x_k (s q_k + b) = s (q . x) + b sum_k x_k.
+// Codes are read word-parallel: lane m holds word m of the group and code r of every word is taken in turn. x is
+// permuted once per call into that order, xp[j*g + r*W + m] = x[j*g + P*m + r] (P codes per word, W words per
+// group), so each group is W lanes of contiguous products, summed lane by lane in a fixed order.
+struct AffineLayout {
+  int64_t g, ng, P, W;
+  explicit AffineLayout(const LinearWeight& w)
+      : g(w.group_size), ng(w.in / w.group_size), P(32 / w.bits), W(w.group_size / (32 / w.bits)) {}
+};
+
+void permute_input(const AffineLayout& L, const float* x, float* xp, float* xsum) {
+  for (int64_t j = 0; j < L.ng; ++j) {
+    const float* xg = x + j * L.g;
+    float* pg = xp + j * L.g;
+    for (int64_t r = 0; r < L.P; ++r)
+      for (int64_t m = 0; m < L.W; ++m) pg[r * L.W + m] = xg[L.P * m + r];
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t k = 0; k < L.g; ++k) s += xg[k];
+    xsum[j] = s;
+  }
+}
+
+constexpr int64_t kMaxLanes = 64;   // W = group_size * bits / 32 <= 64 for groups up to 256 at 8 bits
+constexpr int64_t kMaxGroups = 64;  // groups whose scales are converted at once
+
+// One group's q . x, the codes either still packed (CodeFromWords) or unpacked earlier (CodeFromFloats): the same
+// float operations in the same order either way, so decode and prefill give bitwise-equal rows.
+struct CodeFromWords {
+  const uint32_t* words;
+  int bits;
+  uint32_t mask;
+  float operator()(int64_t r, int64_t m) const { return static_cast<float>((words[m] >> (int(r) * bits)) & mask); }
+};
+struct CodeFromFloats {
+  const float* q;
+  int64_t W;
+  float operator()(int64_t r, int64_t m) const { return q[r * W + m]; }
+};
+
+// P and W are template parameters for the common layouts (g64 at 4 and 8 bits) so the lane loop is fully unrolled
+// and vectorized; 0 means "use the runtime values".
+template <int kP, int kW, class Code>
+FERN_CPU_INLINE float group_dot(const Code& code, const float* xp, int64_t P_rt, int64_t W_rt) {
+  const int64_t P = kP ? kP : P_rt, W = kW ? kW : W_rt;
+  float acc[kW ? kW : kMaxLanes];
+  for (int64_t m = 0; m < W; ++m) acc[m] = 0.0f;
+  for (int64_t r = 0; r < P; ++r) {
+    const float* xr = xp + r * W;
+#pragma omp simd
+    for (int64_t m = 0; m < W; ++m) acc[m] += code(r, m) * xr[m];
+  }
+  float s = 0.0f;
+  for (int64_t m = 0; m < W; ++m) s += acc[m];
+  return s;
+}
+
+// Codes of row n, in the permuted order, as floats (for calls with several input rows).
+FERN_CPU_INLINE void unpack_codes(const LinearWeight& w, const AffineLayout& L, int64_t n, float* qb) {
+  const uint32_t* q = w.w.ptr<uint32_t>() + n * (w.in * w.bits / 32);
+  const CodeFromWords code{nullptr, w.bits, (1u << w.bits) - 1u};
+  for (int64_t j = 0; j < L.ng; ++j) {
+    CodeFromWords c = code;
+    c.words = q + j * L.W;
+    float* d = qb + j * L.g;
+    for (int64_t r = 0; r < L.P; ++r)
+#pragma omp simd
+      for (int64_t m = 0; m < L.W; ++m) d[r * L.W + m] = c(r, m);
+  }
+}
+
+// Rows [n0, n0 + nr) of an affine product. With several input rows, each weight row's codes are unpacked into
+// `buf` (K floats) once and reused; a single input row reads the packed words directly.
+template <int kP, int kW>
+FERN_CPU_INLINE void affine_rows_impl(float* out, const float* xp, const float* xsum, int64_t T,
+                                      const LinearWeight& w, const AffineLayout& L, int64_t n0, int64_t nr,
+                                      float* buf) {
+  const int64_t N = w.out, K = w.in, ng = L.ng;
+  const int64_t words_per_row = K * w.bits / 32;
+  const uint32_t mask = (1u << w.bits) - 1u;
+  float sc[kMaxGroups], bi[kMaxGroups];
+  for (int64_t n = n0; n < n0 + nr; ++n) {
+    const uint32_t* row = w.w.ptr<uint32_t>() + n * words_per_row;
+    if (T > 1) unpack_codes(w, L, n, buf);
+    for (int64_t j0 = 0; j0 < ng; j0 += kMaxGroups) {
+      // Scales and biases of up to kMaxGroups groups, converted once for all T input rows.
+      const int64_t nj = std::min(kMaxGroups, ng - j0);
+      for (int64_t j = 0; j < nj; ++j) {
+        sc[j] = load_f(w.scales, n * ng + j0 + j);
+        bi[j] = load_f(w.biases, n * ng + j0 + j);
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        const float* xr = xp + t * K;
+        const float* xs = xsum + t * ng;
+        float acc = j0 == 0 ? 0.0f : out[t * N + n];
+        for (int64_t j = 0; j < nj; ++j) {
+          const int64_t jj = j0 + j;
+          const float d = T > 1 ? group_dot<kP, kW>(CodeFromFloats{buf + jj * L.g, L.W}, xr + jj * L.g, L.P, L.W)
+                                : group_dot<kP, kW>(CodeFromWords{row + jj * L.W, w.bits, mask}, xr + jj * L.g,
+                                                    L.P, L.W);
+          acc += sc[j] * d + bi[j] * xs[jj];
+        }
+        out[t * N + n] = acc;
+      }
+    }
+  }
+}
+
+FERN_CPU_CLONES
+void affine_rows(float* out, const float* xp, const float* xsum, int64_t T, const LinearWeight& w,
+                 const AffineLayout& L, int64_t n0, int64_t nr, float* buf) {
+  if (w.bits == 4 && L.W == 8)
+    affine_rows_impl<8, 8>(out, xp, xsum, T, w, L, n0, nr, buf);
+  else if (w.bits == 8 && L.W == 16)
+    affine_rows_impl<4, 16>(out, xp, xsum, T, w, L, n0, nr, buf);
+  else
+    affine_rows_impl<0, 0>(out, xp, xsum, T, w, L, n0, nr, buf);
+}
+
+// Rows [n0, n0 + nr) of a dense product, each row converted to fp32 once.
+FERN_CPU_CLONES
+void dense_rows(float* out, const float* x, int64_t T, const LinearWeight& w, int64_t n0, int64_t nr, float* buf) {
+  const int64_t N = w.out, K = w.in;
+  for (int64_t r = 0; r < nr; ++r) dequant_row(w, n0 + r, buf + r * K);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < nr; ++r) out[t * N + n0 + r] = dot(buf + r * K, x + t * K, K);
+}
+
+}  // namespace
+
 void linear(float* out, const float* x, int64_t T, const LinearWeight& w, int nt) {
   validate_linear(w);
   const int64_t N = w.out, K = w.in;
-  // Rows per block: enough to reuse each input row from L1 several times, few enough to keep the block in L2.
+  const bool affine = w.kind == LinearWeight::Kind::Affine;
+  // Rows per block: each input row is reused from L1 for the whole block.
   constexpr int64_t kRows = 8;
   const int64_t nblocks = (N + kRows - 1) / kRows;
-#pragma omp parallel num_threads(nt)
+  std::optional<AffineLayout> L;
+  std::vector<float> xp, xsum;
+  if (affine) {
+    L.emplace(w);
+    if (L->W > kMaxLanes) fail("linear weight {}: group size {} too large", w.name, w.group_size);
+    xp.resize(T * K);
+    xsum.resize(T * L->ng);
+    for (int64_t t = 0; t < T; ++t) permute_input(*L, x + t * K, &xp[t * K], &xsum[t * L->ng]);
+  }
+  const bool par = N * K * T >= kParallelWork && nblocks > 1;
+#pragma omp parallel num_threads(nt) if (par)
   {
     std::vector<float> buf(kRows * K);
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < nblocks; ++blk) {
       const int64_t n0 = blk * kRows, nr = std::min(kRows, N - n0);
-      for (int64_t r = 0; r < nr; ++r) dequant_row(w, n0 + r, buf.data() + r * K);
-      for (int64_t t = 0; t < T; ++t) {
-        const float* xr = x + t * K;
-        float* o = out + t * N + n0;
-        for (int64_t r = 0; r < nr; ++r) o[r] = dot(buf.data() + r * K, xr, K);
-      }
+      if (affine)
+        affine_rows(out, xp.data(), xsum.data(), T, w, *L, n0, nr, buf.data());
+      else
+        dense_rows(out, x, T, w, n0, nr, buf.data());
     }
   }
 }
