@@ -1,0 +1,266 @@
+// `fern bench`: decode and prefill throughput over context lengths, each figure next to its roofline
+// (PERF.md section 4: warm-up, several runs, median and spread; decode = greedy steps from a filled state,
+// prefill = a prompt from an empty state up to its first token's logits).
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <random>
+#include <vector>
+
+#include "cli/command.h"
+#include "cli/setup.h"
+#include "core/bf16.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "model/cost.h"
+#include "model/forward.h"
+
+#if defined(FERN_HAVE_CUDA)
+#include "cuda/cuda_backend_impl.h"
+#endif
+
+#ifndef FERN_GIT_COMMIT
+#define FERN_GIT_COMMIT "unknown"
+#endif
+
+namespace fern::cli {
+namespace {
+
+constexpr double kCopyBandwidth = 4.27e12;   // H200 device copy, bytes/s (PERF.md section 1)
+constexpr double kTensorFlops = 790e12;      // H200 bf16 dense, FLOP/s (PERF.md section 1)
+
+struct Options {
+  ModelSource source;
+  std::string backend = "auto";
+  std::string phase = "decode";
+  std::string lengths = "256,512,1024,2048,4096,8192,16384,32768,65536,131072";
+  int steps = 64;
+  int warmup = 8;
+  int runs = 3;
+  int threads = 0;
+  bool host_loop = false;  // decode through Engine::decode (logits to the host every step) even on CUDA
+  std::string json_path, md_path;
+};
+
+std::vector<int64_t> parse_lengths(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(pos, end - pos);
+    int64_t mult = 1;
+    if (!item.empty() && (item.back() == 'K' || item.back() == 'k')) {
+      mult = 1024;
+      item.pop_back();
+    }
+    try {
+      v.push_back(std::stoll(item) * mult);
+    } catch (const std::exception&) {
+      fail("--lengths: '{}' is not a number", item);
+    }
+    if (v.back() <= 0) fail("--lengths: {} must be positive", v.back());
+    pos = end + 1;
+  }
+  return v;
+}
+
+// Fills a tensor with values uniform in [-scale, scale] (cheap generator: the state need not be realistic, only
+// non-zero and finite, so that timing is honest).
+void fill_random(Backend& be, Tensor t, uint64_t seed, float scale) {
+  if (t.empty()) return;
+  const int64_t n = t.numel();
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&s] {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return static_cast<float>((s >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+  };
+  if (t.dtype == DType::F32) {
+    std::vector<float> h(static_cast<size_t>(n));
+    for (auto& x : h) x = next() * scale;
+    be.copy(t, Tensor(h.data(), DType::F32, {n}).reshape({n}));
+  } else if (t.dtype == DType::BF16) {
+    std::vector<uint16_t> h(static_cast<size_t>(n));
+    for (auto& x : h) x = f32_to_bf16(next() * scale);
+    be.copy(t, Tensor(h.data(), DType::BF16, {n}));
+  } else {
+    fail("bench: cannot fill a state tensor of dtype {}", dtype_name(t.dtype));
+  }
+}
+
+// State of `context` tokens without running a prefill: random KV rows and recurrent/conv state.
+void fill_state(Backend& be, SequenceState& st, int64_t context) {
+  be.reset_state(st);
+  for (size_t l = 0; l < st.k_cache.size(); ++l) {
+    if (!st.k_cache[l].empty()) {
+      fill_random(be, st.k_cache[l].slice0(0, context), 11 + l, 1.0f);
+      fill_random(be, st.v_cache[l].slice0(0, context), 13 + l, 1.0f);
+    }
+  }
+  for (size_t l = 0; l < st.recurrent_state.size(); ++l) {
+    fill_random(be, st.recurrent_state[l], 17 + l, 0.05f);
+    fill_random(be, st.conv_state[l], 19 + l, 0.5f);
+  }
+  be.advance(st, context);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Stat {
+  double median, min, max;
+};
+
+Stat stat_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+
+// Times `steps` greedy decode steps, `runs` times. On CUDA (unless --host-loop) one step (forward + argmax writing
+// the next token into the input slot) is captured as a CUDA graph and replayed back to back: no host round trip
+// between steps, which is how a decode loop that streams ids asynchronously runs. Elsewhere each step goes
+// through Engine::decode and the host picks the argmax.
+std::vector<double> time_decode(Engine& engine, SequenceState& st, const Options& o, int32_t first_token,
+                                bool* used_graph) {
+  std::vector<double> rates;
+  *used_graph = false;
+#if defined(FERN_HAVE_CUDA)
+  if (auto* cb = dynamic_cast<CudaBackend*>(&engine.backend()); cb && !o.host_loop) {
+    const int64_t V = engine.config().vocab_size;
+    Tensor ids = cb->alloc(DType::I32, {1});
+    Tensor logits = cb->alloc(cb->act_dtype(), {1, V});
+    int32_t tok = first_token;
+    cb->copy(ids, Tensor(&tok, DType::I32, {1}));
+    auto step = [&] {
+      cb->begin_forward();
+      forward(*cb, engine.weights(), st, ids, logits);
+      cb->argmax(ids, logits);
+    };
+    step();  // eager run: sizes the scratch arena
+    cb->synchronize();
+    cb->capture_step(st, step);
+    for (int i = 0; i < o.warmup; ++i) cb->replay(st);
+    cb->synchronize();
+    for (int r = 0; r < o.runs; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < o.steps; ++i) cb->replay(st);
+      cb->synchronize();
+      rates.push_back(o.steps / seconds_since(t0));
+    }
+    cb->drop_graph();
+    *used_graph = true;
+    return rates;
+  }
+#endif
+  std::vector<float> logits;
+  int32_t next = first_token;
+  for (int i = 0; i < o.warmup; ++i) {
+    engine.decode(st, next, logits);
+    next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  for (int r = 0; r < o.runs; ++r) {
+    engine.backend().synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < o.steps; ++i) {
+      engine.decode(st, next, logits);
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    engine.backend().synchronize();
+    rates.push_back(o.steps / seconds_since(t0));
+  }
+  return rates;
+}
+
+int run_bench(const Options& o) {
+  auto weights = o.source.load();
+  auto backend = make_backend(o.backend, o.threads);
+  const std::string backend_name = backend->name();
+  const int kv_bytes = backend->device() == Device::Cuda ? 2 : 4;
+  EngineOptions eo;
+  Engine engine(std::move(backend), weights, eo);
+  const ModelConfig& cfg = engine.config();
+  std::vector<int64_t> lengths = parse_lengths(o.lengths);
+  nlohmann::json results = nlohmann::json::array();
+  std::string md;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(std::min<int64_t>(cfg.vocab_size, 151000) - 1));
+  std::vector<float> logits;
+
+  if (o.phase == "decode" || o.phase == "both") {
+    md += "| context | tok/s (median) | min-max | bytes/token | GB/s | % of H200 roofline |\n|---:|---:|---:|---:|---:|---:|\n";
+    for (int64_t L : lengths) {
+      const int64_t cap = L + o.warmup + int64_t(o.steps) * o.runs + 2;
+      auto st = engine.new_state(cap);
+      fill_state(engine.backend(), *st, L);
+      bool graph = false;
+      Stat s = stat_of(time_decode(engine, *st, o, tok(rng), &graph));
+      // Bytes at the mean context of the timed steps.
+      DecodeCost cost = decode_cost(*weights, L + o.warmup + int64_t(o.steps) * o.runs / 2, kv_bytes);
+      const double gbs = cost.total() * s.median / 1e9;
+      const double roof = kCopyBandwidth / cost.total();
+      md += fmt::format("| {} | {:.1f} | {:.1f}-{:.1f} | {:.3f} GB | {:.0f} | {:.1f}% |\n", L, s.median, s.min, s.max,
+                        cost.total() / 1e9, gbs, 100.0 * s.median / roof);
+      results.push_back({{"phase", "decode"}, {"context", L}, {"tok_s_median", s.median}, {"tok_s_min", s.min},
+                         {"tok_s_max", s.max}, {"runs", o.runs}, {"steps", o.steps},
+                         {"bytes_per_token", cost.total()}, {"weight_bytes", cost.weight_bytes},
+                         {"gb_s", gbs}, {"roofline_tok_s", roof}, {"cuda_graph", graph}});
+      log::info("decode ctx {}: {:.1f} tok/s", L, s.median);
+    }
+  }
+  if (o.phase == "prefill" || o.phase == "both") {
+    md += "\n| length | tok/s (median) | min-max | TFLOP/s | % of H200 bf16 peak |\n|---:|---:|---:|---:|---:|\n";
+    for (int64_t L : lengths) {
+      std::vector<int32_t> prompt(static_cast<size_t>(L));
+      for (auto& t : prompt) t = tok(rng);
+      auto st = engine.new_state(L + 1);
+      std::vector<double> rates;
+      for (int r = 0; r < o.runs + 1; ++r) {  // the first run is the warm-up
+        engine.backend().reset_state(*st);
+        engine.backend().synchronize();
+        auto t0 = std::chrono::steady_clock::now();
+        engine.prefill(*st, prompt, logits);
+        engine.backend().synchronize();
+        if (r > 0) rates.push_back(double(L) / seconds_since(t0));
+      }
+      Stat s = stat_of(rates);
+      const double tflops = prefill_flops(cfg, *weights, L) / (double(L) / s.median) / 1e12;
+      md += fmt::format("| {} | {:.1f} | {:.1f}-{:.1f} | {:.2f} | {:.2f}% |\n", L, s.median, s.min, s.max, tflops,
+                        100.0 * tflops * 1e12 / kTensorFlops);
+      results.push_back({{"phase", "prefill"}, {"length", L}, {"tok_s_median", s.median}, {"tok_s_min", s.min},
+                         {"tok_s_max", s.max}, {"runs", o.runs}, {"tflop_s", tflops}});
+      log::info("prefill {}: {:.1f} tok/s", L, s.median);
+    }
+  }
+  nlohmann::json doc = {{"commit", FERN_GIT_COMMIT}, {"backend", backend_name}, {"model", o.source.describe()},
+                        {"results", results}};
+  std::printf("%s", md.c_str());
+  if (!o.json_path.empty()) std::ofstream(o.json_path) << doc.dump(2) << "\n";
+  if (!o.md_path.empty()) std::ofstream(o.md_path) << md;
+  return 0;
+}
+
+Command reg("bench", "Measure decode and prefill throughput against the roofline", [](CLI::App& app) -> RunFn {
+  auto o = std::make_shared<Options>();
+  o->source.add_options(app);
+  app.add_option("--backend", o->backend, "auto | cpu | cuda");
+  app.add_option("--phase", o->phase, "decode | prefill | both")->check(CLI::IsMember({"decode", "prefill", "both"}));
+  app.add_option("--lengths", o->lengths, "Comma-separated context lengths (K suffix = 1024)");
+  app.add_option("--steps", o->steps, "Timed greedy decode steps per run")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o->warmup, "Untimed decode steps before the runs");
+  app.add_option("--runs", o->runs, "Timed runs per length (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o->threads, "CPU threads (0 = all)");
+  app.add_flag("--host-loop", o->host_loop, "Decode through the host (logits copied back each step) even on CUDA");
+  app.add_option("--json", o->json_path, "Write results as JSON");
+  app.add_option("--md", o->md_path, "Write the markdown table");
+  return [o] { return run_bench(*o); };
+});
+
+}  // namespace
+}  // namespace fern::cli

@@ -1,0 +1,52 @@
+#include "cli/setup.h"
+
+#include "core/log.h"
+#include "cpu/cpu_backend.h"
+#include "cuda/cuda_backend.h"
+#include "model/loader.h"
+#include "model/synth.h"
+
+namespace fern::cli {
+
+void ModelSource::add_options(CLI::App& app) {
+  app.add_option("--model", model_dir, "Model directory (config.json + safetensors, HF bf16 or MLX 4-bit)");
+  app.add_option("--synth", synth_preset, "Build a synthetic model in memory instead: tiny | small | qwen3.6-35b-a3b");
+  app.add_option("--seed", seed, "Seed of the synthetic model");
+  app.add_option("--logit-scale", logit_scale, "Scale of the synthetic lm_head (peaked logits)");
+}
+
+std::shared_ptr<const ModelWeights> ModelSource::load() const {
+  if (!model_dir.empty()) {
+    log::info("loading {}", model_dir);
+    return load_model(model_dir);
+  }
+  const std::string preset = synth_preset.empty() ? "tiny" : synth_preset;
+  SynthOptions opt;
+  opt.seed = seed;
+  opt.format = CheckpointFormat::Mlx4;
+  opt.logit_scale = logit_scale;
+  log::info("building synthetic model '{}' (seed {}) in memory", preset, seed);
+  return synth_weights(fern::synth_preset(preset), opt);
+}
+
+std::string ModelSource::describe() const {
+  if (!model_dir.empty()) return model_dir;
+  return "synth:" + (synth_preset.empty() ? std::string("tiny") : synth_preset);
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
+  if (name == "cpu") return make_cpu_backend(threads);
+#if defined(FERN_HAVE_CUDA)
+  if (name == "cuda") {
+    if (!cuda_available()) fail("--backend cuda: no usable CUDA device");
+    return make_cuda_backend();
+  }
+  if (name == "auto") return cuda_available() ? make_cuda_backend() : make_cpu_backend(threads);
+#else
+  if (name == "cuda") fail("--backend cuda: this build has no CUDA backend");
+  if (name == "auto") return make_cpu_backend(threads);
+#endif
+  fail("unknown backend '{}' (expected auto, cpu or cuda)", name);
+}
+
+}  // namespace fern::cli

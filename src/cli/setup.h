@@ -1,0 +1,27 @@
+// Shared by the subcommands: choosing a backend and getting model weights (a checkpoint directory, or a synthetic
+// model built in memory from a preset).
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+#include "model/weights.h"
+#include "ops/backend.h"
+
+namespace fern::cli {
+
+struct ModelSource {
+  std::string model_dir;        // --model DIR
+  std::string synth_preset;     // --synth PRESET (built in memory, no disk)
+  uint64_t seed = 1;            // --seed
+  float logit_scale = 1.0f;     // --logit-scale
+  void add_options(CLI::App& app);
+  std::shared_ptr<const ModelWeights> load() const;
+  std::string describe() const;
+};
+
+// "auto" (CUDA when built and a GPU is present, else CPU), "cpu" or "cuda".
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0);
+
+}  // namespace fern::cli
