@@ -6,6 +6,7 @@
 //               share the KV head, so one coalesced read of a K row and a V row serves all G heads. Partial
 //               (max, sum, acc) per split are merged by a second kernel that also applies sigmoid(gate).
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/cuda_util.cuh"
 
 namespace fern::cuda {
@@ -21,6 +22,8 @@ __global__ void __launch_bounds__(kThreads) attn_prep_kernel(AttnShape sh, const
                                                              const float* __restrict__ k_norm, float* __restrict__ q_out,
                                                              uint16_t* __restrict__ k_cache,
                                                              uint16_t* __restrict__ v_cache) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ float xs[];  // [D]
   __shared__ float red[32];
   const int b = blockIdx.x, t = blockIdx.y;
@@ -93,6 +96,8 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
                                                               const uint16_t* __restrict__ v_cache,
                                                               float* __restrict__ part_ml,
                                                               float* __restrict__ part_acc) {
+  pdl_wait();
+  pdl_trigger();
   constexpr int D = DPL * 32;
   __shared__ float wm[kWarps][G];
   __shared__ float sacc[G][D];
@@ -174,6 +179,8 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(AttnShape sh, in
                                                                 const float* __restrict__ part_ml,
                                                                 const float* __restrict__ part_acc,
                                                                 const float* __restrict__ qg, float* __restrict__ o) {
+  pdl_wait();
+  pdl_trigger();
   const int h = blockIdx.x, t = blockIdx.y, D = sh.D;
   const float* ml = part_ml + (int64_t(t) * sh.Hq + h) * nsplit * 2;
   float M = -INFINITY;
@@ -196,9 +203,9 @@ template <int G>
 void launch_split(const Ctx& c, const AttnShape& sh, dim3 grid, const int32_t* d_pos, const float* q,
                   const uint16_t* kc, const uint16_t* vc, float* pml, float* pacc) {
   if (sh.D == 256)
-    attn_split_kernel<G, 8><<<grid, kThreads, 0, c.stream>>>(sh, d_pos, q, kc, vc, pml, pacc);
+    launch(c, "attn_split_kernel", attn_split_kernel<G, 8>, grid, kThreads, 0, sh, d_pos, q, kc, vc, pml, pacc);
   else
-    attn_split_kernel<G, 4><<<grid, kThreads, 0, c.stream>>>(sh, d_pos, q, kc, vc, pml, pacc);
+    launch(c, "attn_split_kernel", attn_split_kernel<G, 4>, grid, kThreads, 0, sh, d_pos, q, kc, vc, pml, pacc);
 }
 
 }  // namespace
@@ -214,7 +221,7 @@ void attn_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const fl
   if (T <= 0) return;
   FERN_CU_CHECK(sh.rot % 2 == 0 && sh.rot <= sh.D, "attention: rotary dims");
   dim3 grid(sh.Hq + 2 * sh.Hkv, T);
-  attn_prep_kernel<<<grid, kThreads, size_t(sh.D) * 4, c.stream>>>(sh, d_pos, qg, k, v, q_norm, k_norm, q_out,
+  launch(c, "attn_prep_kernel", attn_prep_kernel, grid, kThreads, size_t(sh.D) * 4, sh, d_pos, qg, k, v, q_norm, k_norm, q_out,
                                                                     k_cache, v_cache);
   FERN_CUDA_LAUNCH_CHECK("attn_prep_kernel");
 }
@@ -235,7 +242,7 @@ void attn_decode(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const 
     default: launch_split<8>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;
   }
   FERN_CUDA_LAUNCH_CHECK("attn_split_kernel");
-  attn_combine_kernel<<<dim3(sh.Hq, T), kThreads, 0, c.stream>>>(sh, nsplit, part_ml, part_acc, qg, o);
+  launch(c, "attn_combine_kernel", attn_combine_kernel, dim3(sh.Hq, T), kThreads, 0, sh, nsplit, part_ml, part_acc, qg, o);
   FERN_CUDA_LAUNCH_CHECK("attn_combine_kernel");
 }
 

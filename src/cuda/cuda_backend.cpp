@@ -3,6 +3,7 @@
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "cuda/cuda_backend_impl.h"
@@ -16,6 +17,8 @@ constexpr size_t kAlign = 256;
 constexpr size_t kArenaBlock = size_t(256) << 20;
 constexpr int kCounters = 1 << 16;
 constexpr int kArgmaxCounterBase = 1024;  // GDN uses [0, 1024), argmax [1024, kCounters)
+// Programmatic dependent launch on sm_90+ unless FERN_CUDA_PDL=0 (see docs/notes/cuda-decode-v1.md).
+constexpr bool kPdlDefault = false;
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -40,6 +43,10 @@ CudaState::~CudaState() {
 CudaBackend::CudaBackend(int device) : device_(device) {
   FERN_CUDA_CHECK(cudaSetDevice(device));
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+  int major = 0;
+  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const char* env = std::getenv("FERN_CUDA_PDL");
+  pdl_ = major >= 9 && (env ? std::string(env) != "0" : kPdlDefault);
   FERN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FERN_CUDA_CHECK(cudaMalloc(&counters_, sizeof(int) * kCounters));
   FERN_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(int) * kCounters));
@@ -59,6 +66,7 @@ cuda::Ctx CudaBackend::ctx(int counter_offset) const {
   c.stream = stream_;
   c.sms = sms_;
   c.counters = counters_ + counter_offset;
+  c.pdl = pdl_;
   return c;
 }
 

@@ -70,6 +70,7 @@ class CudaBackend : public Backend {
 
   // ---- for tests, benchmarks and loaders ----
   cudaStream_t stream() const { return stream_; }
+  bool pdl() const { return pdl_; }
   int sm_count() const { return sms_; }
   // Persistent device memory owned by the backend (freed with it).
   Tensor alloc(DType dtype, const std::vector<int64_t>& shape);
@@ -84,6 +85,7 @@ class CudaBackend : public Backend {
 
   int device_ = 0;
   int sms_ = 0;
+  bool pdl_ = false;  // programmatic dependent launch (sm_90+; FERN_CUDA_PDL=0/1 overrides the default)
   cudaStream_t stream_ = nullptr;
   int* counters_ = nullptr;
   struct Block {

@@ -54,6 +54,21 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
   return r;
 }
 
+// Programmatic dependent launch (sm_90+): a kernel launched with the PDL attribute may start while its
+// predecessor finishes; pdl_wait() blocks until the predecessor's memory is visible (a no-op without the
+// attribute or below sm_90), pdl_trigger() lets the successor launch. Every kernel calls pdl_wait() before it
+// reads anything a previous kernel wrote, and may read weights (constant during a step) before it.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 

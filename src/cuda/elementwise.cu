@@ -1,6 +1,7 @@
 // Row-wise and element-wise kernels: embedding gather (dequantises one row), RMSNorm, residual add + RMSNorm,
 // add, argmax over the vocabulary, and the device-side position counter.
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
 
 namespace fern::cuda {
@@ -10,6 +11,8 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) embed_kernel(QW W, const int32_t* __restrict__ ids,
                                                          float* __restrict__ out) {
+  pdl_wait();
+  pdl_trigger();
   const int t = blockIdx.x;
   int64_t id = ids[t];
   // Out-of-range ids are clamped (the tokenizer and the server validate ids; this only keeps reads in bounds).
@@ -35,6 +38,8 @@ __global__ void __launch_bounds__(kThreads) embed_kernel(QW W, const int32_t* __
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(float* __restrict__ out, const float* x, float* resid,
                                                            const float* __restrict__ delta,
                                                            const float* __restrict__ w, int D, float eps) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const float* xr = x + r * D;
@@ -58,6 +63,8 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(float* __restrict__ o
 }
 
 __global__ void add_kernel(float* __restrict__ out, const float* a, const float* b, int64_t n) {
+  pdl_wait();
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = a[i] + b[i];
 }
@@ -102,6 +109,8 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
 
 __global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* __restrict__ ids, const float* __restrict__ logits,
                                                           int64_t V, float* part_v, int* part_i, int* counters) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ bool last;
   const int t = blockIdx.y;
   const float* l = logits + int64_t(t) * V;
@@ -131,33 +140,37 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* __restrict__ 
   }
 }
 
-__global__ void advance_kernel(int32_t* d_pos, int n) { d_pos[0] += n; }
+__global__ void advance_kernel(int32_t* d_pos, int n) {
+  pdl_wait();
+  pdl_trigger();
+  d_pos[0] += n;
+}
 
 }  // namespace
 
 void embed(const Ctx& c, const QW& table, const int32_t* ids, float* out, int T) {
   if (T <= 0) return;
-  embed_kernel<<<T, kThreads, 0, c.stream>>>(table, ids, out);
+  launch(c, "embed_kernel", embed_kernel, T, kThreads, 0, table, ids, out);
   FERN_CUDA_LAUNCH_CHECK("embed_kernel");
 }
 
 void rmsnorm(const Ctx& c, float* out, const float* x, const float* w, int rows, int D, float eps) {
   if (rows <= 0) return;
-  rmsnorm_kernel<<<rows, kThreads, 0, c.stream>>>(out, x, nullptr, nullptr, w, D, eps);
+  launch(c, "rmsnorm_kernel", rmsnorm_kernel, rows, kThreads, 0, out, x, nullptr, nullptr, w, D, eps);
   FERN_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
 }
 
 void add_rmsnorm(const Ctx& c, float* resid, const float* delta, float* out, const float* w, int rows, int D,
                  float eps) {
   if (rows <= 0) return;
-  rmsnorm_kernel<<<rows, kThreads, 0, c.stream>>>(out, resid, resid, delta, w, D, eps);
+  launch(c, "rmsnorm_kernel", rmsnorm_kernel, rows, kThreads, 0, out, resid, resid, delta, w, D, eps);
   FERN_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
 }
 
 void add(const Ctx& c, float* out, const float* a, const float* b, int64_t n) {
   if (n <= 0) return;
   const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(c.sms) * 8));
-  add_kernel<<<blocks, kThreads, 0, c.stream>>>(out, a, b, n);
+  launch(c, "add_kernel", add_kernel, blocks, kThreads, 0, out, a, b, n);
   FERN_CUDA_LAUNCH_CHECK("add_kernel");
 }
 
@@ -168,12 +181,12 @@ void argmax(const Ctx& c, int32_t* ids, const float* logits, int T, int64_t V, v
   float* pv = static_cast<float*>(scratch);
   int* pi = reinterpret_cast<int*>(pv + size_t(T) * kArgmaxBlocks);
   const int blocks = static_cast<int>(std::min<int64_t>(kArgmaxBlocks, (V + kThreads - 1) / kThreads));
-  argmax_kernel<<<dim3(blocks, T), kThreads, 0, c.stream>>>(ids, logits, V, pv, pi, c.counters);
+  launch(c, "argmax_kernel", argmax_kernel, dim3(blocks, T), kThreads, 0, ids, logits, V, pv, pi, c.counters);
   FERN_CUDA_LAUNCH_CHECK("argmax_kernel");
 }
 
 void advance_pos(const Ctx& c, int32_t* d_pos, int n) {
-  advance_kernel<<<1, 1, 0, c.stream>>>(d_pos, n);
+  launch(c, "advance_kernel", advance_kernel, 1, 1, 0, d_pos, n);
   FERN_CUDA_LAUNCH_CHECK("advance_kernel");
 }
 

@@ -9,6 +9,7 @@
 //  - the last block of a value head applies the gated RMSNorm to the head's 128 outputs;
 //  - the last block of a key head shifts the conv state of its channels (nobody reads them after that).
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/cuda_util.cuh"
 
 namespace fern::cuda {
@@ -30,6 +31,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
                                                        const float* __restrict__ dt_bias,
                                                        const float* __restrict__ norm_w, float* conv_state,
                                                        float* state, float* y, int* counters) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kCols];
   __shared__ float part[kSlices][kCols];
   __shared__ float red[32];
@@ -148,7 +151,7 @@ void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const
                 "gdn: unsupported head shape");
   const int64_t vd = int64_t(sh.Hv) * sh.Dv;
   dim3 grid(sh.Hv, sh.Dv / kCols);
-  gdn_kernel<<<grid, kThreads, 0, c.stream>>>(sh, mixed + int64_t(t) * sh.conv_dim, z + t * vd, b + int64_t(t) * sh.Hv,
+  launch(c, "gdn_kernel", gdn_kernel, grid, kThreads, 0, sh, mixed + int64_t(t) * sh.conv_dim, z + t * vd, b + int64_t(t) * sh.Hv,
                                               a + int64_t(t) * sh.Hv, conv_w, A_log, dt_bias, norm_w, conv_state,
                                               state, y + t * vd, c.counters);
   FERN_CUDA_LAUNCH_CHECK("gdn_kernel");

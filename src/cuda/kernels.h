@@ -31,6 +31,7 @@ struct Ctx {
   cudaStream_t stream = nullptr;
   int sms = 132;
   int* counters = nullptr;  // zeroed device ints for "last block" reductions; each user owns a disjoint slice
+  bool pdl = false;         // launch with programmatic dependent launch (sm_90+)
 };
 
 // y[t] = x[t] W^T for t < T. x [T, in], y [T, out] (F32).

@@ -9,6 +9,7 @@
 //                  matrix and sums w_k * y_k + sigmoid(s) * shared, so the routed sum and the shared expert cost
 //                  one launch and one write of the output.
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
 
 namespace fern::cuda {
@@ -24,65 +25,63 @@ __device__ __forceinline__ void argmax_pair(float& v, int& i, float ov, int oi) 
   }
 }
 
-__global__ void __launch_bounds__(kThreads) topk_kernel(const float* __restrict__ logits,
-                                                        const float* __restrict__ sg_logit, int E, int k,
-                                                        int32_t* __restrict__ ids, float* __restrict__ wts,
-                                                        float* __restrict__ sgate) {
-  extern __shared__ float p[];  // [E]
-  __shared__ float red[32];
-  __shared__ float rv[32];
-  __shared__ int ri[32];
-  __shared__ float chosen[64];
-  const int t = blockIdx.x;
+// One warp per token: the E <= 1024 probabilities live in registers (up to 32 per lane), so softmax, the k rounds
+// of argmax (warp shuffles, lowest index on ties) and the renormalisation need no shared memory or barriers.
+constexpr int kMaxPerLane = 32;
+
+__global__ void __launch_bounds__(32) topk_kernel(const float* __restrict__ logits, const float* __restrict__ sg_logit,
+                                                  int E, int k, int32_t* __restrict__ ids, float* __restrict__ wts,
+                                                  float* __restrict__ sgate) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x, lane = threadIdx.x;
   const float* l = logits + int64_t(t) * E;
+  float p[kMaxPerLane];
   float m = -INFINITY;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    p[e] = l[e];
-    m = fmaxf(m, p[e]);
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int e = i * 32 + lane;
+    p[i] = e < E ? l[e] : -INFINITY;
+    m = fmaxf(m, p[i]);
   }
-  m = block_max(m, red);
-  float s = 0.0f;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float v = expf(p[e] - m);
-    p[e] = v;
-    s += v;
+  m = warp_max(m);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int e = i * 32 + lane;
+    p[i] = e < E ? expf(p[i] - m) : -1.0f;  // -1: not an expert (never chosen)
+    sum += e < E ? p[i] : 0.0f;
   }
-  s = block_sum(s, red);
-  const float inv = 1.0f / s;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] *= inv;
-  __syncthreads();
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const float inv = 1.0f / warp_sum(sum);
+  float chosen_sum = 0.0f, my_w = 0.0f;
+  int my_id = 0;
   for (int r = 0; r < k; ++r) {
-    float bv = -1.0f;
+    float bv = -2.0f;
     int bi = 0x7fffffff;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) argmax_pair(bv, bi, p[e], e);
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) argmax_pair(bv, bi, p[i], i * 32 + lane);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       argmax_pair(bv, bi, ov, oi);
     }
-    if (lane == 0) {
-      rv[wid] = bv;
-      ri[wid] = bi;
+    // Every lane now holds the winner; its owner marks it taken.
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i)
+      if (i * 32 + lane == bi) p[i] = -2.0f;
+    const float pv = bv * inv;
+    chosen_sum += pv;
+    if (lane == r) {
+      my_w = pv;
+      my_id = bi;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float v = rv[0];
-      int i = ri[0];
-      for (int w = 1; w < nw; ++w) argmax_pair(v, i, rv[w], ri[w]);
-      chosen[r] = v;
-      ids[int64_t(t) * k + r] = i;
-      p[i] = -2.0f;  // taken
-    }
-    __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (int r = 0; r < k; ++r) sum += chosen[r];
-    for (int r = 0; r < k; ++r) wts[int64_t(t) * k + r] = chosen[r] / sum;
-    sgate[t] = 1.0f / (1.0f + expf(-sg_logit[t]));
+  if (lane < k) {
+    ids[int64_t(t) * k + lane] = my_id;
+    wts[int64_t(t) * k + lane] = my_w / chosen_sum;
   }
+  if (lane == 0) sgate[t] = 1.0f / (1.0f + expf(-sg_logit[t]));
 }
 
 // Field-by-field select, so that the kernel parameters are not copied to the stack.
@@ -105,6 +104,8 @@ __device__ __forceinline__ QW pick(bool c, const QW& a, const QW& b) {
 template <int BITS, int LPR>
 __global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW SU, const float* __restrict__ x,
                                                            MoeScratch s, int topk) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ float4 smem[];
   constexpr int E = ChunkTraits<BITS>::kElems;
   const int t = blockIdx.z, slot = blockIdx.y;
@@ -171,6 +172,8 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW
 template <int BITS>
 __global__ void __launch_bounds__(kThreads) down_kernel(QW D, QW SD, MoeScratch s, float* __restrict__ out,
                                                         int topk) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ float4 smem[];
   __shared__ float fac[65];
   __shared__ int eid[64];
@@ -248,10 +251,10 @@ void gate_up_bits(const Ctx& c, const QW& g, const QW& u, const QW& sg, const QW
   const int64_t want = std::max<int64_t>(1, (int64_t(c.sms) * 2 + (topk + 1) * T - 1) / ((topk + 1) * T));
   dim3 grid(static_cast<unsigned>(std::min(need, want)), topk + 1, T);
   switch (lpr) {
-    case 32: gate_up_kernel<BITS, 32><<<grid, kThreads, smem, c.stream>>>(g, u, sg, su, x, s, topk); break;
-    case 16: gate_up_kernel<BITS, 16><<<grid, kThreads, smem, c.stream>>>(g, u, sg, su, x, s, topk); break;
-    case 8: gate_up_kernel<BITS, 8><<<grid, kThreads, smem, c.stream>>>(g, u, sg, su, x, s, topk); break;
-    default: gate_up_kernel<BITS, 4><<<grid, kThreads, smem, c.stream>>>(g, u, sg, su, x, s, topk); break;
+    case 32: launch(c, "gate_up_kernel", gate_up_kernel<BITS, 32>, grid, kThreads, smem, g, u, sg, su, x, s, topk); break;
+    case 16: launch(c, "gate_up_kernel", gate_up_kernel<BITS, 16>, grid, kThreads, smem, g, u, sg, su, x, s, topk); break;
+    case 8: launch(c, "gate_up_kernel", gate_up_kernel<BITS, 8>, grid, kThreads, smem, g, u, sg, su, x, s, topk); break;
+    default: launch(c, "gate_up_kernel", gate_up_kernel<BITS, 4>, grid, kThreads, smem, g, u, sg, su, x, s, topk); break;
   }
   FERN_CUDA_LAUNCH_CHECK("gate_up_kernel");
 }
@@ -265,7 +268,7 @@ void down_bits(const Ctx& c, const QW& d, const QW& sd, const MoeScratch& s, flo
   const int64_t rows_per_block = 2 * (kThreads / 32);  // each warp about two output rows
   const int64_t blocks = std::min<int64_t>((d.out + rows_per_block - 1) / rows_per_block, int64_t(c.sms) * 4);
   dim3 grid(static_cast<unsigned>(blocks), T);
-  down_kernel<BITS><<<grid, kThreads, smem, c.stream>>>(d, sd, s, out, topk);
+  launch(c, "down_kernel", down_kernel<BITS>, grid, kThreads, smem, d, sd, s, out, topk);
   FERN_CUDA_LAUNCH_CHECK("down_kernel");
 }
 
@@ -273,11 +276,12 @@ void down_bits(const Ctx& c, const QW& d, const QW& sd, const MoeScratch& s, flo
 
 void moe_route(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, const MoeScratch& s, int T,
                int topk) {
-  FERN_CU_CHECK(topk >= 1 && topk <= 64 && topk <= router.out, "moe: top-k out of range");
+  FERN_CU_CHECK(topk >= 1 && topk <= 32 && topk <= router.out, "moe: top-k out of range");
+  if (router.out > 32 * kMaxPerLane) raise_error("moe: more than 1024 experts are not supported");
   linear(c, router, x, s.router_logits, T);
   linear(c, shared_gate, x, s.sgate_logit, T);
   const int E = static_cast<int>(router.out);
-  topk_kernel<<<T, kThreads, size_t(E) * 4, c.stream>>>(s.router_logits, s.sgate_logit, E, topk, s.topk_ids,
+  launch(c, "topk_kernel", topk_kernel, T, 32, 0, s.router_logits, s.sgate_logit, E, topk, s.topk_ids,
                                                          s.topk_w, s.sgate);
   FERN_CUDA_LAUNCH_CHECK("topk_kernel");
 }
