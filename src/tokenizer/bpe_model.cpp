@@ -1,5 +1,6 @@
 #include "tokenizer/bpe_model.h"
 
+#include <bit>
 #include <queue>
 
 #include "core/error.h"
@@ -54,7 +55,12 @@ BpeModel::BpeModel(const TokenizerSpec& spec) : source_(spec.source), ignore_mer
     if (it == text_id.end()) fail("{}.vocab: no token for byte 0x{:02X} (\"{}\")", where, b, s);
     byte_id_[size_t(b)] = it->second;
   }
-  merges_.reserve(spec.merges.size());
+  size_t cap = 16;
+  while (cap < 2 * spec.merges.size() + 16) cap *= 2;
+  keys_.assign(cap, kEmpty);
+  vals_.resize(cap);
+  mask_ = cap - 1;
+  shift_ = 64 - std::countr_zero(cap);
   std::string joined;
   for (size_t r = 0; r < spec.merges.size(); ++r) {
     auto& [a, b] = spec.merges[r];
@@ -66,7 +72,17 @@ BpeModel::BpeModel(const TokenizerSpec& spec) : source_(spec.source), ignore_mer
     auto ij = text_id.find(joined);
     if (ij == text_id.end()) fail("{}.merges[{}]: merged token \"{}\" is not in the vocab", where, r, joined);
     // A repeated pair takes its last rank, as HF's merge map (built by inserting in order) does.
-    merges_[pair_key(ia->second, ib->second)] = MergeInfo{int32_t(r), ij->second};
+    put_merge(pair_key(ia->second, ib->second), MergeInfo{int32_t(r), ij->second});
+  }
+}
+
+void BpeModel::put_merge(uint64_t key, MergeInfo v) {
+  for (size_t i = slot(key);; i = (i + 1) & mask_) {
+    if (keys_[i] == key || keys_[i] == kEmpty) {
+      keys_[i] = key;
+      vals_[i] = v;
+      return;
+    }
   }
 }
 

@@ -31,10 +31,17 @@ class BpeModel {
     int32_t rank, id;
   };
   static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+  // Open addressing over (left id, right id) keys: merge lookups are the inner loop of encoding.
   const MergeInfo* find_merge(int32_t a, int32_t b) const {
-    auto it = merges_.find(pair_key(a, b));
-    return it == merges_.end() ? nullptr : &it->second;
+    const uint64_t key = pair_key(a, b);
+    for (size_t i = slot(key);; i = (i + 1) & mask_) {
+      const uint64_t k = keys_[i];
+      if (k == key) return &vals_[i];
+      if (k == kEmpty) return nullptr;
+    }
   }
+  size_t slot(uint64_t key) const { return size_t((key * 0x9E3779B97F4A7C15ull) >> shift_) & mask_; }
+  void put_merge(uint64_t key, MergeInfo v);
   void merge_small(std::vector<int32_t>& syms) const;
   void merge_large(std::vector<int32_t>& syms) const;
 
@@ -44,7 +51,11 @@ class BpeModel {
   std::vector<std::string> id_bytes_;
   std::unordered_map<std::string, int32_t> bytes_id_;
   std::array<int32_t, 256> byte_id_{};
-  std::unordered_map<uint64_t, MergeInfo> merges_;
+  static constexpr uint64_t kEmpty = ~uint64_t(0);  // no (id, id) pair has this key: ids are < 2^24
+  std::vector<uint64_t> keys_;
+  std::vector<MergeInfo> vals_;
+  size_t mask_ = 0;
+  int shift_ = 0;
 
   // Cache of merged pieces (most text repeats its words). Sharded so that concurrent encodes rarely contend.
   static constexpr size_t kShards = 16;

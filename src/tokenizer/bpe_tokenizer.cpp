@@ -42,7 +42,10 @@ class BpeTokenizer final : public Tokenizer {
     norm_matcher_ = AddedTokenMatcher(std::move(normalized));
   }
 
-  std::vector<int32_t> encode(std::string_view text) const override {
+  std::vector<int32_t> encode(std::string_view text) const override { return encode_impl(text, true); }
+  std::vector<int32_t> encode_literal(std::string_view text) const override { return encode_impl(text, false); }
+
+  std::vector<int32_t> encode_impl(std::string_view text, bool match_added) const {
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 4);
     std::string clean;
@@ -57,12 +60,16 @@ class BpeTokenizer final : public Tokenizer {
       split(frag, pieces);
       for (auto p : pieces) model_.encode_piece(p, out);
     };
-    raw_matcher_.scan(text, [&](std::string_view frag) {
+    auto normalize_then_encode = [&](std::string_view frag) {
       if (!nfc_) return encode_normalized(frag);
       const std::string n = utf8::nfc(frag);
-      if (norm_matcher_.empty()) return encode_normalized(n);
+      if (norm_matcher_.empty() || !match_added) return encode_normalized(n);
       norm_matcher_.scan(n, encode_normalized, on_token);
-    }, on_token);
+    };
+    if (match_added)
+      raw_matcher_.scan(text, normalize_then_encode, on_token);
+    else
+      normalize_then_encode(text);
     return out;
   }
 

@@ -5,6 +5,7 @@
 
 #include <random>
 
+#include "core/error.h"
 #include "core/log.h"
 #include "tokenizer/py_format.h"
 #include "tokenizer/tool_call_xml.h"
@@ -115,8 +116,16 @@ void OutputParser::emit_content(std::string_view text, OutputDelta& d) {
 }
 
 void OutputParser::close_tool_call(std::string_view raw, OutputDelta& d) {
-  std::string why;
+  std::string why, args;
   auto call = parse_xml_tool_call(raw, opt_.tools, &why);
+  if (call) {
+    try {
+      args = py::dumps(call->arguments);
+    } catch (const Error& e) {  // e.g. a value that is not valid UTF-8
+      why = e.what();
+      call.reset();
+    }
+  }
   if (!call) {
     log::warn("tool call returned as content: {}", why);
     std::string text = std::move(held_space_);
@@ -134,7 +143,7 @@ void OutputParser::close_tool_call(std::string_view raw, OutputDelta& d) {
   pc.id = fmt::format("call_{:016x}{:08x}", splitmix(opt_.id_seed + uint64_t(index)),
                       uint32_t(splitmix(~opt_.id_seed + uint64_t(index))));
   pc.name = call->name;
-  pc.arguments = py::dumps(call->arguments);
+  pc.arguments = std::move(args);
   d.tool_calls.push_back(ToolCallDelta{index, pc.id, pc.name, pc.arguments});
   result_.tool_calls.push_back(std::move(pc));
   after_call_ = true;

@@ -21,6 +21,9 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Like encode, but added-token strings in `text` stay ordinary text ("<|im_start|>" typed by a user becomes
+  // plain BPE tokens, never a control token; HF's split_special_tokens=True). For untrusted message content.
+  virtual std::vector<int32_t> encode_literal(std::string_view text) const = 0;
   // skip_special: drop added tokens whose `special` flag is set (like HF skip_special_tokens).
   // Ids without a token (negative, unused rows of the embedding) are skipped; invalid UTF-8 (a character cut
   // off at either end) becomes U+FFFD, as in HF.
