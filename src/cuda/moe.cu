@@ -101,11 +101,16 @@ __device__ __forceinline__ QW pick(bool c, const QW& a, const QW& b) {
 }
 
 // ---- gate/up + SiLU ----
+// Per lane and pipeline step: 2 chunks of the gate row and of the up row.
+struct PairBuf {
+  uint4 w[2][2];
+  float s[2][2], b[2][2];
+};
+
 template <int BITS, int LPR>
 __global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW SU, const float* __restrict__ x,
                                                            MoeScratch s, int topk) {
   pdl_wait();
-  pdl_trigger();
   extern __shared__ float4 smem[];
   constexpr int E = ChunkTraits<BITS>::kElems;
   const int t = blockIdx.z, slot = blockIdx.y;
@@ -115,9 +120,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW
   const int64_t e = shared ? 0 : s.topk_ids[int64_t(t) * topk + slot];
   const int K = static_cast<int>(g.in);
   const int CPR = K / E;
-  float4* xs = smem;
-  float* xc = reinterpret_cast<float*>(smem + K / 4);
-  stage_x<BITS>(x + int64_t(t) * K, K, xs, xc);
+  const int nc = (CPR + 2 * LPR - 1) / (2 * LPR);
   const int64_t I = G.out, Is = SG.out;
   const int64_t rows = g.out;
   float* h = s.h + int64_t(t) * (topk * I + Is) + (shared ? topk * I : slot * I);
@@ -127,44 +130,65 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW
   constexpr int RPW = 32 / LPR;
   const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
   const int64_t gw = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-  for (int64_t i0 = gw * RPW; i0 < rows; i0 += warps * RPW) {
-    const int64_t i = i0 + rslot;
+  const int64_t ngroups = (rows + RPW - 1) / RPW;
+  const int64_t S = (gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc;
+
+  auto load_step = [&](int64_t step, PairBuf& B) {
+    const int64_t i = (gw + (step / nc) * warps) * RPW + rslot;
+    const int ci = static_cast<int>(step % nc);
     const bool ok = i < rows;
-    RowPtr rp[2] = {row_ptr<BITS>(g, e, ok ? i : 0), row_ptr<BITS>(u, e, ok ? i : 0)};
-    float acc[2] = {0.0f, 0.0f};
-    for (int c0 = sub; c0 < CPR; c0 += 2 * LPR) {
-      uint4 wv[2][2];
-      float sc[2][2], bi[2][2];
+    const RowPtr rp[2] = {row_ptr<BITS>(g, e, ok ? i : 0), row_ptr<BITS>(u, e, ok ? i : 0)};
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int c = c0 + q * LPR;
+    for (int q = 0; q < 2; ++q) {
+      const int c = sub + (ci * 2 + q) * LPR;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          if (ok && c < CPR) {
-            load_chunk<BITS>(rp[r], c, r == 0 ? g.gs : u.gs, wv[q][r], sc[q][r], bi[q][r]);
-          } else {
-            wv[q][r] = make_uint4(0, 0, 0, 0);
-            sc[q][r] = bi[q][r] = 0.0f;
-          }
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int c = c0 + q * LPR;
-        if (c < CPR) {
-          float d[2];
-          chunk_dot<BITS, 2>(wv[q], xs, c, d);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) acc[r] += apply_group<BITS>(d[r], sc[q][r], bi[q][r], xc, c);
+      for (int r = 0; r < 2; ++r) {
+        if (ok && c < CPR) {
+          load_chunk<BITS>(rp[r], c, r == 0 ? g.gs : u.gs, B.w[q][r], B.s[q][r], B.b[q][r]);
+        } else {
+          B.w[q][r] = make_uint4(0, 0, 0, 0);
+          B.s[q][r] = B.b[q][r] = 0.0f;
         }
       }
     }
+  };
+
+  // The expert is known: its first rows are requested before the activation row is staged.
+  PairBuf A, B;
+  if (S > 0) load_step(0, A);
+  float4* xs = smem;
+  float* xc = reinterpret_cast<float*>(smem + K / 4);
+  stage_x<BITS>(x + int64_t(t) * K, K, xs, xc);
+  pdl_trigger();
+
+  float acc[2] = {0.0f, 0.0f};
+  auto step = [&](int64_t st, const PairBuf& cur, PairBuf& nxt) {
+    if (st + 1 < S) load_step(st + 1, nxt);
+    const int ci = static_cast<int>(st % nc);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int q = 0; q < 2; ++q) {
+      const int c = sub + (ci * 2 + q) * LPR;
+      if (c < CPR) {
+        float d[2];
+        chunk_dot<BITS, 2>(cur.w[q], xs, c, d);
 #pragma unroll
-      for (int o = LPR / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+        for (int r = 0; r < 2; ++r) acc[r] += apply_group<BITS>(d[r], cur.s[q][r], cur.b[q][r], xc, c);
+      }
     }
-    if (sub == 0 && ok) h[i] = silu(acc[0]) * acc[1];
+    if (ci == nc - 1) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int o = LPR / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+      }
+      const int64_t i = (gw + (st / nc) * warps) * RPW + rslot;
+      if (sub == 0 && i < rows) h[i] = silu(acc[0]) * acc[1];
+      acc[0] = acc[1] = 0.0f;
+    }
+  };
+  for (int64_t st = 0; st < S; st += 2) {
+    step(st, A, B);
+    if (st + 1 < S) step(st + 1, B, A);
   }
 }
 
