@@ -219,6 +219,33 @@ void bench_decode() {
     std::printf("%-40s %9.1f us\n", "sum of blocks", sum * 1e6);
   }
 
+  // Split-K choice: 10 attention cores at several contexts and split counts.
+  {
+    std::printf("\n== attention split-K: us for 10 x attn_core (graph replay) ==\n%8s", "context");
+    const int splits[] = {1, 4, 16, 32, 64, 128};
+    for (int n : splits) std::printf(" %8s%-3d", "nsplit=", n);
+    std::printf("\n");
+    const int64_t qd = int64_t(cfg.num_attention_heads) * cfg.head_dim, kvd = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+    for (int64_t ctx : {512, 4096, 32768, 131072}) {
+      auto st = be.new_state(cfg, ctx + 16);
+      auto& cs = static_cast<CudaState&>(*st);
+      fill_state(be, cs, ctx);
+      std::printf("%8ld", long(ctx));
+      for (int n : splits) {
+        cs.nsplit = n;
+        const double t = time_graph(be, [&] {
+          be.begin_forward();
+          Tensor qg = be.scratch(DType::F32, {1, 2 * qd}), k = be.scratch(DType::F32, {1, kvd}), v = be.scratch(DType::F32, {1, kvd});
+          Tensor o = be.scratch(DType::F32, {1, qd});
+          for (int l = 0; l < cfg.num_hidden_layers; ++l)
+            if (cfg.is_attention_layer(l)) be.attn_core(o, qg, k, v, w->layers[l].attn, cfg, *st, l);
+        });
+        std::printf(" %11.1f", t * 1e6);
+      }
+      std::printf("   (default nsplit %d)\n", cuda::attn_splits(ctx + 256));
+    }
+  }
+
   std::printf("\n== decode steps (graph replay, 64 steps per run, median of 3 runs) ==\n");
   std::printf("%8s %10s %10s %12s %9s %8s\n", "context", "us/token", "tok/s", "bytes/token", "GB/s", "%roof");
   for (int64_t ctx : {256, 1024, 4096, 16384, 32768, 131072}) {
