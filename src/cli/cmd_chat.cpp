@@ -42,7 +42,6 @@ static Command reg("chat", "Chat with the model in the terminal", [](CLI::App& a
     GeneratorOptions go;
     go.eos_ids = rt.eos_ids;
     Generator gen(*rt.engine, *rt.tokenizer, &cache, go);
-    const int32_t im_start = rt.tokenizer->token_id("<|im_start|>").value_or(-1);
     nlohmann::json history = nlohmann::json::array();
     if (!o->system.empty()) history.push_back({{"role", "system"}, {"content", o->system}});
     bool thinking = !o->no_think;
@@ -86,11 +85,7 @@ static Command reg("chat", "Chat with the model in the terminal", [](CLI::App& a
         history.erase(history.end() - 1);
         continue;
       }
-      for (size_t i = req.prompt.size(); i-- > 0;)
-        if (req.prompt[i] == im_start) {
-          req.boundary = static_cast<int64_t>(i);
-          break;
-        }
+      req.snapshot_at = chat_snapshot_points(req.prompt, *rt.tokenizer);
       req.snapshot_reply = true;
       req.max_tokens = o->max_tokens;
       req.sampling.temperature = o->temperature;

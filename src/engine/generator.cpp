@@ -28,6 +28,28 @@ std::vector<int32_t> default_eos_ids(const ModelConfig& cfg, const Tokenizer& to
   return ids;
 }
 
+std::vector<int64_t> chat_snapshot_points(std::span<const int32_t> prompt, const Tokenizer& tok) {
+  std::vector<int64_t> pts;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  auto im_start = tok.token_id("<|im_start|>");
+  auto nl = tok.encode("\n");
+  if (im_start) {
+    for (int64_t i = n; i-- > 0;) {
+      if (prompt[static_cast<size_t>(i)] != *im_start) continue;
+      if (i > 0) pts.push_back(i);
+      if (nl.size() == 1)
+        for (int64_t j = i + 1; j < n; ++j)
+          if (prompt[static_cast<size_t>(j)] == nl[0]) {
+            if (j + 1 < n) pts.push_back(j + 1);
+            break;
+          }
+      break;
+    }
+  }
+  pts.push_back(n);
+  return pts;
+}
+
 Generator::Generator(Engine& engine, const Tokenizer& tok, SessionCache* cache, GeneratorOptions opt)
     : engine_(engine), tok_(tok), cache_(cache), opt_(std::move(opt)) {
   if (auto id = tok_.token_id("<|im_end|>")) im_end_ = *id;
@@ -49,7 +71,8 @@ int64_t Generator::start_from_prefix(const GenerateRequest& req) {
   // The working state itself, when it holds a proper prefix of the prompt (the usual case for one client's next
   // turn), needs no copy at all.
   int64_t have = 0;
-  if (opt_.reuse_working_state && cache_ && !st_tokens_.empty() && st_tokens_.size() < p.size() &&
+  const bool same_session = req.cache_key.empty() || req.cache_key == st_key_;
+  if (opt_.reuse_working_state && cache_ && same_session && !st_tokens_.empty() && st_tokens_.size() < p.size() &&
       std::equal(st_tokens_.begin(), st_tokens_.end(), p.begin()))
     have = static_cast<int64_t>(st_tokens_.size());
   if (cache_) {
@@ -59,6 +82,7 @@ int64_t Generator::start_from_prefix(const GenerateRequest& req) {
   if (have == 0) engine_.backend().reset_state(*st_);
   FERN_CHECK(st_->pos == have, "working state at {} for a prefix of {}", st_->pos, have);
   st_tokens_.assign(p.begin(), p.begin() + have);
+  st_key_ = req.cache_key;
   return have;
 }
 
@@ -90,26 +114,25 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
 
   int64_t have = start_from_prefix(req);
   res.cached_tokens = have;
-  // Prefill up to the message boundary first, so that the snapshot there holds exactly those tokens.
-  if (cache_ && req.boundary > have && req.boundary < n_prompt) {
-    std::span<const int32_t> part(req.prompt.data() + have, static_cast<size_t>(req.boundary - have));
+  // Prefill in segments that end at the snapshot positions, so that each snapshot holds exactly those tokens.
+  std::vector<int64_t> cuts;
+  if (cache_)
+    for (int64_t p : req.snapshot_at)
+      if (p > have && p <= n_prompt) cuts.push_back(p);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  if (cuts.empty() || cuts.back() != n_prompt) cuts.push_back(n_prompt);
+  for (int64_t cut : cuts) {
+    std::span<const int32_t> part(req.prompt.data() + have, static_cast<size_t>(cut - have));
     bool ok = engine_.prefill(*st_, part, logits_, cancelled);
     st_tokens_.insert(st_tokens_.end(), req.prompt.begin() + have, req.prompt.begin() + st_->pos);
     if (!ok) {
       res.finish = FinishReason::Cancelled;
       return res;
     }
-    cache_->insert(std::span(req.prompt.data(), static_cast<size_t>(req.boundary)), req.cache_key, *st_);
-    have = req.boundary;
-  }
-  {
-    std::span<const int32_t> rest(req.prompt.data() + have, static_cast<size_t>(n_prompt - have));
-    bool ok = engine_.prefill(*st_, rest, logits_, cancelled);
-    st_tokens_.insert(st_tokens_.end(), req.prompt.begin() + have, req.prompt.begin() + st_->pos);
-    if (!ok) {
-      res.finish = FinishReason::Cancelled;
-      return res;
-    }
+    have = cut;
+    if (cache_ && std::find(req.snapshot_at.begin(), req.snapshot_at.end(), cut) != req.snapshot_at.end())
+      cache_->insert(std::span(req.prompt.data(), static_cast<size_t>(cut)), req.cache_key, *st_);
   }
   const auto t_prefill = Clock::now();
   res.prefill_seconds = std::chrono::duration<double>(t_prefill - t0).count();

@@ -27,8 +27,9 @@ struct GenerateRequest {
   std::vector<std::string> stop;   // stop strings (not included in the output)
   bool ignore_eos = false;
   std::string cache_key;           // session (prompt_cache_key); empty = any snapshot may match
-  // Position of the last message boundary before the generation prompt (a snapshot is stored there), or -1.
-  int64_t boundary = -1;
+  // Prompt positions where a snapshot is stored on the way (message boundaries: the end of the last message, the
+  // end of the "<|im_start|>assistant\n" header, the end of the prompt). Ignored without a cache.
+  std::vector<int64_t> snapshot_at;
   // After a reply that ends with <|im_end|>, feed "<|im_end|>\n" and store a snapshot of the whole conversation
   // (a chat's next turn starts with exactly these tokens when the template keeps the reply verbatim).
   bool snapshot_reply = false;
@@ -87,9 +88,15 @@ class Generator {
   GeneratorOptions opt_;
   std::unique_ptr<SequenceState> st_;
   std::vector<int32_t> st_tokens_;  // tokens the working state holds
+  std::string st_key_;              // the session key of the request that left them
   std::vector<float> logits_;
   int32_t im_end_ = -1, newline_ = -1;
 };
+
+// Snapshot positions for a rendered chat prompt: before the generation prompt's "<|im_start|>" (the end of the
+// last message), after its "<|im_start|>assistant\n" header (where the next turn's copy of this reply starts when
+// the template drops the thinking), and the end of the prompt.
+std::vector<int64_t> chat_snapshot_points(std::span<const int32_t> prompt, const Tokenizer& tok);
 
 // The eos ids to stop on: the model config's (config.json / generation_config.json) plus the tokenizer's
 // <|im_end|> and <|endoftext|>, deduplicated.

@@ -131,11 +131,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       po.thinking = p.thinking;
       po.tools = tools;
       p.parser = std::move(po);
-      for (size_t i = p.gen.prompt.size(); i-- > 0;)
-        if (p.gen.prompt[i] == im_start_id) {
-          p.gen.boundary = static_cast<int64_t>(i);
-          break;
-        }
+      p.gen.snapshot_at = chat_snapshot_points(p.gen.prompt, tok);
       p.gen.snapshot_reply = true;
       if (force_tool && !ar.forced_output) {
         std::string prefix = "<tool_call>\n<function=";
@@ -145,6 +141,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       }
     } else {
       p.gen.prompt = ar.prompt_is_tokens ? ar.prompt_tokens : tok.encode(ar.prompt);
+      p.gen.snapshot_at = {static_cast<int64_t>(p.gen.prompt.size())};
     }
     if (ar.forced_output) {
       p.gen.forced = tok.encode(*ar.forced_output);

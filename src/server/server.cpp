@@ -32,7 +32,6 @@ Server::Impl::Impl(Runtime& r, ServerOptions o) : rt(r), opt(std::move(o)) {
   generator = std::make_unique<Generator>(*rt.engine, tok, cache.get(), go);
   scheduler = std::make_unique<Scheduler>(*generator, opt.max_queue, metrics);
   if (auto id = tok.token_id("</think>")) think_end_id = *id;
-  if (auto id = tok.token_id("<|im_start|>")) im_start_id = *id;
   if (auto id = tok.token_id("<|im_end|>")) im_end_id = *id;
 }
 

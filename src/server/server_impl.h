@@ -30,7 +30,6 @@ struct Server::Impl {
   httplib::Server http;
   int bound_port = -1;
   int32_t think_end_id = -1;   // "</think>", for reasoning_tokens
-  int32_t im_start_id = -1;    // "<|im_start|>", the start of the generation prompt
   int32_t im_end_id = -1;
   std::atomic<bool> draining{false};
   std::atomic<bool> shutdown_done{false};
