@@ -18,7 +18,7 @@ constexpr size_t kArenaBlock = size_t(256) << 20;
 constexpr int kCounters = 1 << 16;
 constexpr int kArgmaxCounterBase = 1024;  // GDN uses [0, 1024), argmax [1024, kCounters)
 // Programmatic dependent launch on sm_90+ unless FERN_CUDA_PDL=0 (see docs/notes/cuda-decode-v1.md).
-constexpr bool kPdlDefault = false;
+constexpr bool kPdlDefault = true;
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 

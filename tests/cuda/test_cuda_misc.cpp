@@ -9,8 +9,8 @@
 namespace fern {
 namespace {
 
-// fp32 on both sides, one reduction per row in a different order: measured ~1e-14. 1e-10 catches any wrong
-// element or row.
+// fp32 on both sides, one reduction per row in a different order (expected ~1e-14; these tests passed on the
+// H200 with this threshold). 1e-10 catches any wrong element or row.
 constexpr double kNmse = 1e-10;
 
 TEST(CudaMisc, Norms) {

@@ -47,8 +47,8 @@ MoeWeights to_device(CudaBackend& be, const MoeWeights& h) {
 }
 
 // Same selected experts on both sides (fp32 logits agree to ~1e-6, far below the gaps between the top-8 and the
-// rest on random inputs), then fp32 GEMVs in different orders: measured NMSE ~1e-12 on the H200. A wrong expert
-// or weight gives NMSE > 1e-2; 1e-8 separates the two.
+// rest on random inputs), then fp32 GEMVs in different orders: measured NMSE 8e-12..1.5e-11 (4-bit), 1e-13
+// (bf16) on the H200. A wrong expert or weight gives NMSE > 1e-2; 1e-8 separates the two.
 constexpr double kNmse = 1e-8;
 
 void run_case(const MoeCase& c) {
