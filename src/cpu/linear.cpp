@@ -156,41 +156,56 @@ FERN_CPU_INLINE void unpack_codes(const LinearWeight& w, const AffineLayout& L, 
   }
 }
 
-// Rows [n0, n0 + nr) of an affine product. With several input rows, each weight row's codes are unpacked into
-// `buf` (K floats) once and reused; a single input row reads the packed words directly.
+// out[t, n] for input rows t in [t0, t1), the row's codes packed (`row`, when qb is null) or unpacked (`qb`).
+template <int kP, int kW>
+FERN_CPU_INLINE void affine_row(float* out, const float* xp, const float* xsum, const LinearWeight& w,
+                                const AffineLayout& L, int64_t n, const uint32_t* row, const float* qb, int64_t t0,
+                                int64_t t1) {
+  const int64_t N = w.out, K = w.in, ng = L.ng;
+  const uint32_t mask = (1u << w.bits) - 1u;
+  float sc[kMaxGroups], bi[kMaxGroups];
+  for (int64_t j0 = 0; j0 < ng; j0 += kMaxGroups) {
+    // Scales and biases of up to kMaxGroups groups, converted once for all the input rows.
+    const int64_t nj = std::min(kMaxGroups, ng - j0);
+    for (int64_t j = 0; j < nj; ++j) {
+      sc[j] = load_f(w.scales, n * ng + j0 + j);
+      bi[j] = load_f(w.biases, n * ng + j0 + j);
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xr = xp + t * K;
+      const float* xs = xsum + t * ng;
+      float acc = j0 == 0 ? 0.0f : out[t * N + n];
+      for (int64_t j = 0; j < nj; ++j) {
+        const int64_t jj = j0 + j;
+        const float d = qb ? group_dot<kP, kW>(CodeFromFloats{qb + jj * L.g, L.W}, xr + jj * L.g, L.P, L.W)
+                           : group_dot<kP, kW>(CodeFromWords{row + jj * L.W, w.bits, mask}, xr + jj * L.g, L.P,
+                                               L.W);
+        acc += sc[j] * d + bi[j] * xs[jj];
+      }
+      out[t * N + n] = acc;
+    }
+  }
+}
+
+// Rows [n0, n0 + nr) of an affine product. A single input row reads the packed words directly. With several, the
+// block's codes are unpacked into `buf` (nr * K floats) once, and the input rows are taken a tile at a time so
+// that a tile of x stays in cache while every row of the block passes over it.
 template <int kP, int kW>
 FERN_CPU_INLINE void affine_rows_impl(float* out, const float* xp, const float* xsum, int64_t T,
                                       const LinearWeight& w, const AffineLayout& L, int64_t n0, int64_t nr,
                                       float* buf) {
-  const int64_t N = w.out, K = w.in, ng = L.ng;
-  const int64_t words_per_row = K * w.bits / 32;
-  const uint32_t mask = (1u << w.bits) - 1u;
-  float sc[kMaxGroups], bi[kMaxGroups];
-  for (int64_t n = n0; n < n0 + nr; ++n) {
-    const uint32_t* row = w.w.ptr<uint32_t>() + n * words_per_row;
-    if (T > 1) unpack_codes(w, L, n, buf);
-    for (int64_t j0 = 0; j0 < ng; j0 += kMaxGroups) {
-      // Scales and biases of up to kMaxGroups groups, converted once for all T input rows.
-      const int64_t nj = std::min(kMaxGroups, ng - j0);
-      for (int64_t j = 0; j < nj; ++j) {
-        sc[j] = load_f(w.scales, n * ng + j0 + j);
-        bi[j] = load_f(w.biases, n * ng + j0 + j);
-      }
-      for (int64_t t = 0; t < T; ++t) {
-        const float* xr = xp + t * K;
-        const float* xs = xsum + t * ng;
-        float acc = j0 == 0 ? 0.0f : out[t * N + n];
-        for (int64_t j = 0; j < nj; ++j) {
-          const int64_t jj = j0 + j;
-          const float d = T > 1 ? group_dot<kP, kW>(CodeFromFloats{buf + jj * L.g, L.W}, xr + jj * L.g, L.P, L.W)
-                                : group_dot<kP, kW>(CodeFromWords{row + jj * L.W, w.bits, mask}, xr + jj * L.g,
-                                                    L.P, L.W);
-          acc += sc[j] * d + bi[j] * xs[jj];
-        }
-        out[t * N + n] = acc;
-      }
-    }
+  constexpr int64_t kTile = 16;
+  const int64_t K = w.in, words_per_row = K * w.bits / 32;
+  const uint32_t* words = w.w.ptr<uint32_t>();
+  if (T == 1) {
+    for (int64_t n = n0; n < n0 + nr; ++n)
+      affine_row<kP, kW>(out, xp, xsum, w, L, n, words + n * words_per_row, nullptr, 0, 1);
+    return;
   }
+  for (int64_t r = 0; r < nr; ++r) unpack_codes(w, L, n0 + r, buf + r * K);
+  for (int64_t t0 = 0; t0 < T; t0 += kTile)
+    for (int64_t r = 0; r < nr; ++r)
+      affine_row<kP, kW>(out, xp, xsum, w, L, n0 + r, nullptr, buf + r * K, t0, std::min(T, t0 + kTile));
 }
 
 FERN_CPU_CLONES
