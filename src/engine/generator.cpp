@@ -114,11 +114,12 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
 
   int64_t have = start_from_prefix(req);
   res.cached_tokens = have;
-  // Prefill in segments that end at the snapshot positions, so that each snapshot holds exactly those tokens.
+  // Prefill in segments that end at the snapshot positions, so that each snapshot holds exactly those tokens. The
+  // cuts are made with no cache too: the chunked Gated DeltaNet rounds differently at other split points, and the
+  // same splits keep the logits of a cached and an uncached run identical.
   std::vector<int64_t> cuts;
-  if (cache_)
-    for (int64_t p : req.snapshot_at)
-      if (p > have && p <= n_prompt) cuts.push_back(p);
+  for (int64_t p : req.snapshot_at)
+    if (p > have && p <= n_prompt) cuts.push_back(p);
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   if (cuts.empty() || cuts.back() != n_prompt) cuts.push_back(n_prompt);
