@@ -36,11 +36,12 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW W, const float* __r
   const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
   const int64_t gw = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   const int64_t ngroups = (W.out + RPW - 1) / RPW;
-  const int64_t S = (gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc;
+  // 32-bit step counters: a 64-bit division or modulo in the loop compiles to a subroutine call.
+  const int S = static_cast<int>((gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc);
 
-  auto load_step = [&](int64_t step, StepBuf& B) {
-    const int64_t g = gw + (step / nc) * warps;
-    const int ci = static_cast<int>(step % nc);
+  auto load_step = [&](int step, StepBuf& B) {
+    const int64_t g = gw + int64_t(step / nc) * warps;
+    const int ci = step % nc;
 #pragma unroll
     for (int r = 0; r < kRPI; ++r) {
       const int64_t row = g * RPW + r * (32 / LPR) + rslot;
@@ -70,9 +71,9 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW W, const float* __r
 
   float acc[kRPI] = {};
   // One pipeline step: issue the next step's loads, then consume this step's registers.
-  auto step = [&](int64_t s, const StepBuf& cur, StepBuf& nxt) {
+  auto step = [&](int s, const StepBuf& cur, StepBuf& nxt) {
     if (s + 1 < S) load_step(s + 1, nxt);
-    const int ci = static_cast<int>(s % nc);
+    const int ci = s % nc;
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int c = sub + (ci * 2 + u) * LPR;
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW W, const float* __r
       }
     }
     if (ci == nc - 1) {
-      const int64_t g = gw + (s / nc) * warps;
+      const int64_t g = gw + int64_t(s / nc) * warps;
 #pragma unroll
       for (int r = 0; r < kRPI; ++r) {
         float v = acc[r];
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW W, const float* __r
       }
     }
   };
-  for (int64_t s = 0; s < S; s += 2) {
+  for (int s = 0; s < S; s += 2) {
     step(s, A, B);
     if (s + 1 < S) step(s + 1, B, A);
   }

@@ -131,11 +131,12 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW
   const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
   const int64_t gw = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   const int64_t ngroups = (rows + RPW - 1) / RPW;
-  const int64_t S = (gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc;
+  // 32-bit step counters: a 64-bit division or modulo in the loop compiles to a subroutine call.
+  const int S = static_cast<int>((gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc);
 
-  auto load_step = [&](int64_t step, PairBuf& B) {
-    const int64_t i = (gw + (step / nc) * warps) * RPW + rslot;
-    const int ci = static_cast<int>(step % nc);
+  auto load_step = [&](int step, PairBuf& B) {
+    const int64_t i = (gw + int64_t(step / nc) * warps) * RPW + rslot;
+    const int ci = step % nc;
     const bool ok = i < rows;
     const RowPtr rp[2] = {row_ptr<BITS>(g, e, ok ? i : 0), row_ptr<BITS>(u, e, ok ? i : 0)};
 #pragma unroll
@@ -162,9 +163,9 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW
   pdl_trigger();
 
   float acc[2] = {0.0f, 0.0f};
-  auto step = [&](int64_t st, const PairBuf& cur, PairBuf& nxt) {
+  auto step = [&](int st, const PairBuf& cur, PairBuf& nxt) {
     if (st + 1 < S) load_step(st + 1, nxt);
-    const int ci = static_cast<int>(st % nc);
+    const int ci = st % nc;
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int c = sub + (ci * 2 + q) * LPR;
@@ -181,12 +182,12 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW
 #pragma unroll
         for (int o = LPR / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
       }
-      const int64_t i = (gw + (st / nc) * warps) * RPW + rslot;
+      const int64_t i = (gw + int64_t(st / nc) * warps) * RPW + rslot;
       if (sub == 0 && i < rows) h[i] = silu(acc[0]) * acc[1];
       acc[0] = acc[1] = 0.0f;
     }
   };
-  for (int64_t st = 0; st < S; st += 2) {
+  for (int st = 0; st < S; st += 2) {
     step(st, A, B);
     if (st + 1 < S) step(st + 1, B, A);
   }

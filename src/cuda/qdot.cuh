@@ -155,7 +155,7 @@ __device__ __forceinline__ RowPtr row_ptr(const QW& W, int64_t e, int64_t row) {
     r.w = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(W.w) + e * W.w_expert + row * W.in);
   } else {
     const int64_t words = W.in * BITS / 32;
-    const int64_t groups = W.in / W.gs;
+    const int64_t groups = static_cast<int>(W.in) / W.gs;  // 32-bit: a 64-bit division is a subroutine call
     r.w = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(W.w) + e * W.w_expert + row * words);
     r.s = W.s + e * W.sb_expert + row * groups;
     r.b = W.b + e * W.sb_expert + row * groups;
