@@ -300,14 +300,21 @@ void CudaBackend::attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnW
   FERN_CHECK(qg.dim(-1) == int64_t(2) * sh.Hq * sh.D && k.dim(-1) == int64_t(sh.Hkv) * sh.D &&
                  o.dim(-1) == int64_t(sh.Hq) * sh.D,
              "attn_core: shapes qg {} k {} o {}", qg.shape_str(), k.shape_str(), o.shape_str());
+  // Decode uses the state's fixed split count (a captured step keeps its grid). Multi-row calls already have T-fold
+  // parallelism: their split count is capped so that the partial results stay within 256 MiB of scratch.
+  int nsplit = st.nsplit;
+  if (T > 1) {
+    const int64_t per_split = int64_t(T) * sh.Hq * sh.D * 4;
+    nsplit = static_cast<int>(std::clamp<int64_t>((int64_t(256) << 20) / per_split, 1, nsplit));
+  }
   Tensor q = scratch(DType::F32, {T, sh.Hq, sh.D});
-  Tensor pml = scratch(DType::F32, {T, sh.Hq, st.nsplit, 2});
-  Tensor pacc = scratch(DType::F32, {T, sh.Hq, st.nsplit, sh.D});
+  Tensor pml = scratch(DType::F32, {T, sh.Hq, nsplit, 2});
+  Tensor pacc = scratch(DType::F32, {T, sh.Hq, nsplit, sh.D});
   Tensor kc = st.k_cache.at(layer), vc = st.v_cache.at(layer);
   cuda::attn_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"), f32(w.q_norm, "q_norm"),
                   f32(w.k_norm, "k_norm"), q.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(), T);
   cuda::attn_decode(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(),
-                    pml.ptr<float>(), pacc.ptr<float>(), f32(o, "attn o"), T, st.nsplit);
+                    pml.ptr<float>(), pacc.ptr<float>(), f32(o, "attn o"), T, nsplit);
 }
 
 void CudaBackend::moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
