@@ -80,3 +80,27 @@ TEST(TokenizerDiff, FixtureCoversEveryCategory) {
 
 }  // namespace
 }  // namespace fern
+
+namespace fern {
+namespace {
+
+// Edge strings encoded by HF in the same run as the speed measurement (tools/tokenizer/edge_check.py): NFC across
+// an added-token boundary, NEL and other Unicode spaces, long s / Kelvin sign after an apostrophe, ZWJ, jamo around
+// a token. HF decodes with skip_special_tokens=True by default, so that is compared too.
+TEST(TokenizerDiff, EdgeStringsMatchHF) {
+  auto rows = test::read_jsonl(test::source_path("tests/fixtures/tokenizer/edge_hf.jsonl"));
+  ASSERT_GE(rows.size(), 19u);
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  for (const auto& r : rows) {
+    const std::string text = r["text"];
+    const auto ids = tok.encode(text);
+    EXPECT_EQ(ids, r["qwen3"].get<std::vector<int32_t>>()) << nlohmann::json(text).dump();
+    EXPECT_EQ(tok.decode(ids, true), r["hf_decode_skip_special"].get<std::string>()) << nlohmann::json(text).dump();
+  }
+  // "<think>" + U+0338: NFC runs per fragment between added tokens, so the mark is not composed with '>' (HF too),
+  // and decode(encode(s)) is then not NFC(s) of the whole string.
+  EXPECT_EQ(tok.decode(tok.encode("<think>\xCC\xB8")), "<think>\xCC\xB8");
+}
+
+}  // namespace
+}  // namespace fern
