@@ -20,6 +20,7 @@ struct Prepared {
   GenerateRequest gen;
   std::optional<OutputParserOptions> parser;  // chat only
   bool thinking = false;
+  bool detect_think = false;  // thinking is on but the template leaves "<think>" to the model (Qwen3)
 };
 
 bool ends_with(const std::string& s, const std::string& suf) {
@@ -127,6 +128,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       }
       p.gen.prompt = tok.encode(text);
       p.thinking = ends_with(text, "<think>\n");
+      p.detect_think = co.enable_thinking && !p.thinking;
       OutputParserOptions po;
       po.thinking = p.thinking;
       po.tools = tools;
@@ -182,7 +184,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     rc.include_usage = ar.include_usage;
     rc.thinking = p.thinking;
     rc.think_end_id = think_end_id;
-    OutputShaper shaper(p.parser, ar.parallel_tool_calls);
+    OutputShaper shaper(p.parser, ar.parallel_tool_calls, p.detect_think);
     ConnectionWatch watch(req.remote_addr, req.remote_port, req.local_port);
 
     if (!ar.stream) {
@@ -202,6 +204,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       std::lock_guard lk(job->mu);
       if (job->error) throw ApiError(500, "server_error", "generation failed: " + *job->error);
       shaper.finish();
+      rc.thinking = shaper.thinking();
       const GenerateResult& r = job->result;
       json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r, shaper.has_tool_calls())}};
       if (chat) choice["message"] = shaper.message();
@@ -253,6 +256,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
               lk.unlock();
               for (const auto& d : sc->shaper.finish())
                 if (!write(sse(chunk_json(sc->rc, d, nullptr)))) return fail_client();
+              sc->rc.thinking = sc->shaper.thinking();
               json empty = sc->rc.chat ? json::object() : json{{"text", ""}};
               if (!write(sse(chunk_json(sc->rc, empty, finish_reason(r, sc->shaper.has_tool_calls())))))
                 return fail_client();
