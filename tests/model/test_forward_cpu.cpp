@@ -118,8 +118,7 @@ TEST_P(ForwardCpu, GdnFormOverrideAndThreadCount) {
   const auto r = one_prefill(*recurrent, *w_, tok);
   const double e = test::nmse(r.data(), ref.data(), ref.size());
   // Forcing the recurrent form on a 90-token prefill: fp32 rounding only (measured NMSE 2.7e-13 bf16, 1.5e-12
-  // affine), and not zero, so
-  // the override really took effect.
+  // affine), and not zero, so the override really took effect.
   EXPECT_LT(e, 1e-9);
   EXPECT_GT(e, 0.0);
   std::printf("recurrent-form prefill vs chunked: NMSE %.3g\n", e);
