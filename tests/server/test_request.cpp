@@ -1,0 +1,187 @@
+// fern-test-labels: parser
+// Request validation (POST /v1/chat/completions and /v1/completions bodies): accepted shapes, every rejection a
+// 400 ApiError naming the parameter, and random mutations of a valid body that must only ever produce a request
+// or an ApiError (never another exception or a crash; CI runs this under ASan+UBSan).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "server/api_error.h"
+#include "server/request.h"
+
+namespace fern::server {
+namespace {
+
+RequestLimits limits() {
+  RequestLimits l;
+  l.vocab_size = 151936;
+  return l;
+}
+
+ApiError reject(const std::string& body, bool chat = true) {
+  try {
+    parse_request(body, chat, limits());
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted: " << body.substr(0, 200);
+  return ApiError(0, "", "");
+}
+
+TEST(Request, AcceptsAFullChatRequest) {
+  const std::string body = R"({
+    "model": "m", "stream": true, "stream_options": {"include_usage": true},
+    "messages": [
+      {"role": "developer", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}]},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    "tool_choice": {"type": "function", "function": {"name": "f"}}, "parallel_tool_calls": false,
+    "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
+    "presence_penalty": 1.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1, "seed": 18446744073709551615,
+    "stop": ["END", "STOP"], "logit_bias": {"100": -100, "7": 2.5}, "reasoning_effort": "none",
+    "chat_template_kwargs": {"preserve_thinking": true}, "prompt_cache_key": "s1", "user": "u", "n": 1,
+    "some_future_field": {"x": [1, 2, 3]}})";
+  ApiRequest r = parse_request(body, true, limits());
+  EXPECT_EQ(r.model, "m");
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.messages[0]["role"], "system");  // developer is treated as system
+  EXPECT_EQ(r.max_tokens, 7);                   // max_completion_tokens wins
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 20);
+  EXPECT_EQ(*r.sampling.seed, 18446744073709551615ull);
+  EXPECT_EQ(r.stop.size(), 2u);
+  EXPECT_EQ(r.sampling.logit_bias.size(), 2u);
+  EXPECT_EQ(r.tool_choice, ToolChoice::Named);
+  EXPECT_EQ(r.named_tool, "f");
+  EXPECT_FALSE(r.parallel_tool_calls);
+  EXPECT_EQ(r.enable_thinking, std::optional<bool>(false));
+  EXPECT_TRUE(r.preserve_thinking);
+  EXPECT_EQ(r.cache_key, "s1");
+  EXPECT_FALSE(r.forced_output.has_value());  // only with the start-up flag
+}
+
+TEST(Request, DefaultsAndCompletionsPrompts) {
+  ApiRequest r = parse_request(R"({"messages":[{"role":"user","content":"x"}]})", true, limits());
+  EXPECT_FALSE(r.stream);
+  EXPECT_EQ(r.max_tokens, 0);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_EQ(r.tool_choice, ToolChoice::None);
+  ApiRequest t = parse_request(R"({"messages":[{"role":"user","content":"x"}],
+    "tools":[{"type":"function","function":{"name":"g"}}]})", true, limits());
+  EXPECT_EQ(t.tool_choice, ToolChoice::Auto);  // auto by default when tools are given
+  ApiRequest c = parse_request(R"({"prompt":"Once"})", false, limits());
+  EXPECT_EQ(c.prompt, "Once");
+  ApiRequest ids = parse_request(R"({"prompt":[1,2,3]})", false, limits());
+  EXPECT_TRUE(ids.prompt_is_tokens);
+  EXPECT_EQ(ids.prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  RequestLimits l = limits();
+  l.allow_forced_output = true;
+  ApiRequest f = parse_request(R"({"prompt":"x","test_forced_output":"y"})", false, l);
+  EXPECT_EQ(f.forced_output, std::optional<std::string>("y"));
+}
+
+TEST(Request, RejectionsNameTheParameter) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"messages":"x"})", "messages"},
+      {R"({"messages":[]})", "messages"},
+      {R"({"messages":[{"role":"wizard","content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"user"}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "messages[0].content[0].type"},
+      {R"({"messages":[{"role":"tool","content":"x"}]})", "messages[0].tool_call_id"},
+      {R"({"messages":[{"role":"assistant"}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2.5})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":2.5})", "temperature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_p":0})", "top_p"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_k":-2})", "top_k"},
+      {R"({"messages":[{"role":"user","content":"x"}],"min_p":1.5})", "min_p"},
+      {R"({"messages":[{"role":"user","content":"x"}],"repetition_penalty":0})", "repetition_penalty"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":3})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"seed":-1})", "seed"},
+      {R"({"messages":[{"role":"user","content":"x"}],"seed":1.5})", "seed"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"abc":1}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"151936":1}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}})",
+       "stream_options.include_usage"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"})", "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{}}]})",
+       "tools[0].function.name"},
+      {R"({"messages":[{"role":"user","content":"x"}],"model":7})", "model"},
+      {R"({"messages":[{"role":"user","content":"x"}],"prompt_cache_key":[]})", "prompt_cache_key"},
+  };
+  for (const auto& [body, param] : cases) {
+    ApiError e = reject(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.type, "invalid_request_error") << body;
+    EXPECT_EQ(e.param, param) << body;
+    EXPECT_GT(std::string(e.what()).size(), 10u) << body;
+  }
+  EXPECT_EQ(reject(R"({"prompt":[1,151936]})", false).param, "prompt");
+  EXPECT_EQ(reject(R"({"prompt":"x","echo":true})", false).param, "echo");
+}
+
+TEST(Request, MalformedBodiesAndDepthLimit) {
+  for (const std::string& body : std::vector<std::string>{"", "{", "[]", "42", "null", "\"x\"", "{\"a\":NaN}", "{\"a\":1} x",
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"\\ud800\"}]}",
+                                 std::string("{\"m\":\"\xff\"}")}) {
+    ApiError e = reject(body);
+    EXPECT_EQ(e.status, 400) << body;
+  }
+  EXPECT_EQ(json_nesting_depth(R"({"a":[{"b":"[[[[["}]})"), 3);  // brackets inside strings do not count
+  EXPECT_EQ(json_nesting_depth(R"({"a":"\"[[["})"), 1);
+  std::string deep(100000, '[');
+  ApiError e = reject(deep);
+  EXPECT_NE(std::string(e.what()).find("nested deeper"), std::string::npos);
+  std::string ok_depth = R"({"messages":[{"role":"user","content":"x"}],"x":)" + std::string(60, '[') +
+                         std::string(60, ']') + "}";
+  EXPECT_NO_THROW(parse_request(ok_depth, true, limits()));
+}
+
+TEST(Request, ParseErrorsDoNotEchoRequestBytes) {
+  ApiError e = reject(std::string("{\"messages\": \xff\xfe secret"));
+  EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos);
+  EXPECT_NO_THROW(dump_json(error_json(e)));
+}
+
+// Random byte flips, truncations and splices of a valid body: the parser returns or throws ApiError, nothing else.
+TEST(Request, MutatedBodiesOnlyEverGiveApiErrors) {
+  const std::string seed_body =
+      R"({"model":"m","messages":[{"role":"user","content":"Hello"},{"role":"assistant","content":null,)"
+      R"("tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":[1,2]}"}}]},)"
+      R"({"role":"tool","tool_call_id":"c","content":"ok"}],"tools":[{"type":"function","function":{"name":"f",)"
+      R"("parameters":{"type":"object"}}}],"temperature":0.7,"stop":["x"],"logit_bias":{"5":1},"max_tokens":9})";
+  std::mt19937 rng(1234);
+  const std::string alphabet = "{}[]\":,0123456789-.eE truefalsn\\u\xff";
+  int accepted = 0, rejected = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string b = seed_body;
+    int edits = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < edits; ++k) {
+      size_t pos = rng() % b.size();
+      switch (rng() % 4) {
+        case 0: b[pos] = alphabet[rng() % alphabet.size()]; break;
+        case 1: b.erase(pos, 1 + rng() % 8); break;
+        case 2: b = b.substr(0, pos) + alphabet[rng() % alphabet.size()] + b.substr(pos); break;
+        default: b.resize(pos); break;
+      }
+      if (b.empty()) b.push_back('{');
+    }
+    try {
+      parse_request(b, (i & 1) == 0, limits());
+      ++accepted;
+    } catch (const ApiError& e) {
+      ++rejected;
+      ASSERT_EQ(e.status, 400);
+    }
+  }
+  EXPECT_GT(rejected, 1000);
+  EXPECT_GT(accepted, 10);
+}
+
+}  // namespace
+}  // namespace fern::server
