@@ -78,6 +78,11 @@ test('8 concurrent clients are all served, in arrival order', async () => {
     }));
     await sleep(30);  // distinct arrival times
   }
+  // While they are queued and running, /health still answers at once (streams do not starve the HTTP threads).
+  const t0 = Date.now();
+  assert.equal((await fetch(`${server.base}/health`)).status, 200);
+  assert.ok(Date.now() - t0 < 500, `health took ${Date.now() - t0} ms`);
+  assert.ok((await metric(server, 'fern_queue_depth')) >= 1);
   const results = await Promise.all(jobs);
   for (const r of results) {
     assert.equal(r.choices[0].finish_reason, 'length');

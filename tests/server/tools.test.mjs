@@ -123,6 +123,24 @@ test('a conversation with tool results is accepted; thinking switches change the
   assert.equal(none.usage.prompt_tokens, off.usage.prompt_tokens);
 });
 
+test('tool_choice named or required: the reply is started as a call of that function', async () => {
+  // The model's own continuation is random here; the forced start is what the server guarantees.
+  const named = await client(plain).chat.completions.create({
+    model: MODEL, messages: ask, tools, max_tokens: 20, ignore_eos: true,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } },
+  });
+  const m = named.choices[0].message;
+  const text = m.content ?? '';
+  const called = (m.tool_calls ?? []).some((c) => c.function.name === 'get_weather');
+  assert.ok(called || text.startsWith('<tool_call>\n<function=get_weather>'), JSON.stringify(m));
+  assert.equal(named.usage.completion_tokens, 20);
+  const required = await client(plain).chat.completions.create({
+    model: MODEL, messages: ask, tools, max_tokens: 12, ignore_eos: true, tool_choice: 'required',
+  });
+  const rm = required.choices[0].message;
+  assert.ok((rm.tool_calls ?? []).length > 0 || (rm.content ?? '').startsWith('<tool_call>\n<function='), JSON.stringify(rm));
+});
+
 test('without --test-forced-output the field is ignored', async () => {
   const r = await client(plain).chat.completions.create({
     model: MODEL, messages: ask, max_tokens: 8, ignore_eos: true, test_forced_output: 'FORCED TEXT',
