@@ -106,17 +106,19 @@ void Scheduler::run() {
       }
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The scheduler lets go of the job before the job reports done, so a handler that sees it done also sees
+    // the engine free.
     {
-      std::lock_guard lk(job->mu);
-      job->result = std::move(res);
-      job->error = std::move(err);
-      job->done = true;
-      job->cv.notify_all();
+      std::lock_guard lk(mu_);
+      running_.reset();
+      avg_job_s_ = 0.8 * avg_job_s_ + 0.2 * secs;
     }
     metrics_.set_running(0);
-    std::lock_guard lk(mu_);
-    running_.reset();
-    avg_job_s_ = 0.8 * avg_job_s_ + 0.2 * secs;
+    std::lock_guard lk(job->mu);
+    job->result = std::move(res);
+    job->error = std::move(err);
+    job->done = true;
+    job->cv.notify_all();
   }
 }
 
