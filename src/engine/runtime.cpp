@@ -110,6 +110,7 @@ Runtime load_runtime(const RuntimeOptions& opt) {
     std::string tok_path = opt.tokenizer_path.empty() ? find_demo_tokenizer() : opt.tokenizer_path;
     rt.tokenizer = Tokenizer::load(tok_path);
     ModelConfig cfg = synth_preset("tiny");  // its vocabulary covers the Qwen3 tokenizer (checked below)
+    log::info("no --model: building the demo model (synthetic 'tiny' preset, random weights, Qwen3 tokenizer)");
     SynthOptions so;
     so.seed = opt.demo_seed;
     so.format = CheckpointFormat::Mlx4;
