@@ -248,6 +248,11 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     fail("{}: key {}model_type: \"{}\" is not supported (expected qwen3_5_moe or qwen3_5_moe_text)", source,
          nested ? "text_config." : "", c.model_type);
 
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    const std::string dt = tf.get_string(key, "bfloat16");
+    if (dt != "bfloat16" && dt != "float16" && dt != "float32")
+      tf.bad(key, "\"" + dt + "\" is not a checkpoint dtype (bfloat16, float16 or float32)");
+  }
   const std::string act = tf.get_string("hidden_act", "silu");
   if (act != "silu") tf.bad("hidden_act", "\"" + act + "\" is not supported (silu only)");
   if (tf.get_bool("attention_bias", false)) tf.bad("attention_bias", "true is not supported (no biases)");

@@ -203,6 +203,8 @@ TEST(Config, EveryValidationErrorNamesItsKey) {
       {"rope_parameters.mrope_section", [](json& j) { j["text_config"]["rope_parameters"]["mrope_section"] = {8, 8, 8}; }},
       {"text_config.model_type", tc("model_type", "llama")},
       {"text_config.attention_bias", tc("attention_bias", true)},
+      {"text_config.torch_dtype", tc("torch_dtype", "float8")},
+      {"text_config.dtype", tc("dtype", 16)},
       {"quantization.bits", [](json& j) { j["quantization"] = {{"bits", 3}, {"group_size", 64}}; }},
       {"quantization.group_size", [](json& j) { j["quantization"] = {{"bits", 4}, {"group_size", 0}}; }},
       {"quantization.mode", [](json& j) { j["quantization"] = {{"bits", 4}, {"group_size", 64}, {"mode", "mxfp4"}}; }},
