@@ -2,20 +2,22 @@
 // the right status, an OpenAI error envelope with a clear message, and the server keeps serving after each.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, client, MODEL, OpenAI, sleep } from './helpers.mjs';
+import { startServer, client, MODEL, OpenAI, sleep, metric } from './helpers.mjs';
 
 let server;
-let limited;  // --ctx 64 --max-body-bytes 4k --max-queue 1
+let limited;  // --ctx 64 --max-body-bytes 4k
+let queue1;   // --max-queue 1
 let authed;   // --api-key
 before(async () => {
-  [server, limited, authed] = await Promise.all([
+  [server, limited, queue1, authed] = await Promise.all([
     startServer(),
-    startServer(['--ctx', '64', '--max-body-bytes', '4k', '--max-queue', '1']),
+    startServer(['--ctx', '64', '--max-body-bytes', '4k']),
+    startServer(['--max-queue', '1']),
     startServer(['--api-key', 'sekrit']),
   ]);
 });
 after(async () => {
-  await Promise.all([server?.stop(), limited?.stop(), authed?.stop()]);
+  await Promise.all([server?.stop(), limited?.stop(), queue1?.stop(), authed?.stop()]);
 });
 
 const good = { model: MODEL, messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2 };
@@ -204,35 +206,28 @@ test('413 for a body over --max-body-bytes', async () => {
 });
 
 test('429 with Retry-After when the queue is full', async () => {
-  const openai = client(limited);
-  const long = { model: MODEL, messages: [{ role: 'user', content: 'Hi' }], max_tokens: 50, ignore_eos: true, stream: true };
-  // A runs (the context limit keeps it short, so slow it down by streaming and not reading), B waits, C is refused.
+  const openai = client(queue1);
+  const long = { model: MODEL, messages: [{ role: 'user', content: 'Hi' }], max_tokens: 3000, ignore_eos: true, stream: true };
+  // A runs, B waits in the one queue slot, C is refused at once; then A and B are aborted.
   const ctl = new AbortController();
   const a = await openai.chat.completions.create(long, { signal: ctl.signal });
   const itA = a[Symbol.asyncIterator]();
   await itA.next();
-  const b = openai.chat.completions.create(long, { signal: ctl.signal });
-  await sleep(100);
-  let refused = 0;
-  for (let i = 0; i < 3; ++i) {
-    try {
-      const s = await openai.chat.completions.create(long, { signal: ctl.signal });
-      for await (const _ of s) { /* drain */ }
-    } catch (e) {
-      if (e instanceof OpenAI.RateLimitError) {
-        refused++;
-        assert.ok(Number(e.headers.get('retry-after')) >= 1);
-        assert.equal(e.code, 'queue_full');
-      } else if (!(e instanceof OpenAI.APIUserAbortError)) {
-        throw e;
-      }
-    }
-  }
+  const b = openai.chat.completions.create(long, { signal: ctl.signal }).catch((e) => e);
+  const t0 = Date.now();
+  while ((await metric(queue1, 'fern_queue_depth')) !== 1 && Date.now() - t0 < 5000) await sleep(20);
+  const t1 = Date.now();
+  await assert.rejects(openai.chat.completions.create(long, { signal: ctl.signal }), (e) => {
+    assert.ok(e instanceof OpenAI.RateLimitError, String(e));
+    assert.ok(Number(e.headers.get('retry-after')) >= 1);
+    assert.equal(e.code, 'queue_full');
+    return true;
+  });
+  assert.ok(Date.now() - t1 < 1000, 'refused without waiting');
   ctl.abort();
-  await b.catch(() => {});
-  assert.ok(refused >= 1, 'at least one request was refused with 429');
-  await sleep(200);
-  await stillServing(limited);
+  await b;
+  while ((await metric(queue1, 'fern_requests_running')) !== 0 && Date.now() - t0 < 10000) await sleep(20);
+  await stillServing(queue1);
 });
 
 test('401 for a missing or wrong key on every inference route spelling; /health stays open', async () => {

@@ -76,7 +76,7 @@ test('8 concurrent clients are all served, in arrival order', async () => {
       finished.push(i);
       return r;
     }));
-    await sleep(30);  // distinct arrival times
+    await sleep(100);  // distinct arrival times, even on a loaded machine
   }
   // While they are queued and running, /health still answers at once (streams do not starve the HTTP threads).
   const t0 = Date.now();
