@@ -51,14 +51,15 @@ void Server::Impl::send_error(httplib::Response& res, const ApiError& e) {
 }
 
 void Server::Impl::setup_routes() {
-  // One task per connection; streaming responses hold their thread, so there must be room for every queued
-  // request plus the running one plus a few for /health, /metrics and rejections.
-  const size_t threads = opt.max_queue + 8;
+  // One thread per connection (cpp-httplib). A waiting or streaming request holds its thread, and an idle
+  // keep-alive connection holds one until the keep-alive timeout, so the pool has room for every queued request,
+  // the running one, and as many again for /health, /metrics, rejections and idle connections.
+  const size_t threads = 2 * opt.max_queue + 32;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http.set_payload_max_length(opt.max_body_bytes);
   http.set_read_timeout(30, 0);
   http.set_write_timeout(30, 0);
-  http.set_keep_alive_timeout(5);
+  http.set_keep_alive_timeout(3);
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (req.method == "OPTIONS") {  // CORS preflight for browser clients (the SDKs' X-Stainless-* headers)
