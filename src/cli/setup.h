@@ -14,6 +14,8 @@ namespace fern::cli {
 struct ModelSource {
   std::string model_dir;        // --model DIR
   std::string synth_preset;     // --synth PRESET (built in memory, no disk)
+  std::string synth_config;     // --synth-config FILE (a config.json to build in memory)
+  std::string synth_format = "mlx4";  // --synth-format hf | mlx4
   uint64_t seed = 1;            // --seed
   float logit_scale = 1.0f;     // --logit-scale
   void add_options(CLI::App& app);

@@ -43,6 +43,7 @@ Tensor::Tensor(void* d, DType t, const std::vector<int64_t>& dims, Device dev) :
 }
 
 int64_t Tensor::numel() const {
+  if (ndim == 0) return 0;  // the default (empty) tensor; fern has no 0-d tensors
   int64_t n = 1;
   for (int i = 0; i < ndim; ++i) n *= shape[i];
   return n;

@@ -32,7 +32,7 @@ struct Tensor {
 
   bool empty() const { return data == nullptr; }
   int64_t dim(int i) const { return shape[i < 0 ? ndim + i : i]; }
-  int64_t numel() const;
+  int64_t numel() const;  // 0 for the empty (0-d) tensor
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
   // Elements in one index of the first dimension (e.g. one row of a matrix, one expert of a stack).
   int64_t inner() const { return ndim == 0 ? 1 : numel() / shape[0]; }
