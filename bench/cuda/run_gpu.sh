@@ -39,9 +39,11 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 if command -v cuobjdump >/dev/null; then
   cuobjdump -sass build/CMakeFiles/fern_cuda.dir/src/cuda/linear.cu.o >"$L/linear.sass" 2>&1
-  echo "SASS opcode mix of linear_kernel<4,32> (whole kernel):"
-  awk '/Function : .*linear_kernelILi4ELi32E/{f=1;next} /Function :/{f=0} f' "$L/linear.sass" |
-    grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+[A-Z0-9_.]+' | awk '{print $2}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -12
+  # The kernel body holds two unrolled pipeline steps of 2 chunks x 2 rows: 8 chunk-rows.
+  awk '/Function : .*linear_kernelILi4ELi32ELb0E/{f=1;next} /Function :/{f=0} f' "$L/linear.sass" |
+    grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+[A-Z0-9_.]+' | awk '{print $2}' | sed 's/\..*//' >"$L/l432.ops"
+  echo "SASS of linear_kernel<4,32>: $(wc -l <"$L/l432.ops") instructions (8 chunk-rows per unrolled body); top opcodes:"
+  sort "$L/l432.ops" | uniq -c | sort -rn | head -12 | tr '\n' ' '; echo
 fi
 FERN_CUDA_PDL=1 timeout 150 ./build/bench/bench_cuda_decode all 2>&1 | tee "$OUT/bench_pdl1.log"
 FERN_CUDA_PDL=0 timeout 100 ./build/bench/bench_cuda_decode decode 2>&1 | tee "$OUT/bench_pdl0.log"

@@ -15,8 +15,10 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr size_t kArenaBlock = size_t(256) << 20;
-constexpr int kCounters = 1 << 16;
-constexpr int kArgmaxCounterBase = 1024;  // GDN uses [0, 1024), argmax [1024, kCounters)
+// Counter slices: GDN [0, 1024), argmax [1024, kMoeCounterBase), the fused MoE router [kMoeCounterBase, kCounters).
+constexpr int kArgmaxCounterBase = 1024;
+constexpr int kMoeCounterBase = 1 << 16;
+constexpr int kCounters = kMoeCounterBase + 4096;
 // Programmatic dependent launch on sm_90+ unless FERN_CUDA_PDL=0 (see docs/notes/cuda-decode-v1.md).
 constexpr bool kPdlDefault = true;
 
@@ -61,11 +63,12 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-cuda::Ctx CudaBackend::ctx(int counter_offset) const {
+cuda::Ctx CudaBackend::ctx(int counter_offset, int counter_count) const {
   cuda::Ctx c;
   c.stream = stream_;
   c.sms = sms_;
   c.counters = counters_ + counter_offset;
+  c.n_counters = counter_count;
   c.pdl = pdl_;
   return c;
 }
@@ -332,7 +335,7 @@ void CudaBackend::moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConf
   s.sgate = scratch(DType::F32, {T}).ptr<float>();
   s.h = scratch(DType::F32, {T, k * I + Is}).ptr<float>();
   const float* xp = f32(x, "moe x");
-  cuda::moe_route(ctx(), cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
+  cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
   cuda::moe_gate_up(ctx(), cuda::make_qw(w.gate), cuda::make_qw(w.up), cuda::make_qw(w.shared_gate),
                     cuda::make_qw(w.shared_up), xp, s, T, k);
   cuda::moe_down(ctx(), cuda::make_qw(w.down), cuda::make_qw(w.shared_down), s, f32(out, "moe out"), T, k);
@@ -342,7 +345,7 @@ void CudaBackend::argmax(Tensor ids, Tensor logits) {
   const int T = static_cast<int>(logits.dim(0));
   const int64_t V = logits.dim(1);
   FERN_CHECK(ids.dtype == DType::I32 && ids.numel() == T, "argmax: ids {} for {} rows", ids.shape_str(), T);
-  const int chunk = kCounters - kArgmaxCounterBase;
+  const int chunk = kMoeCounterBase - kArgmaxCounterBase;
   for (int t0 = 0; t0 < T; t0 += chunk) {
     const int n = std::min(chunk, T - t0);
     void* part = arena_alloc(cuda::argmax_scratch_bytes(n));

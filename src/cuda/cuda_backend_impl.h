@@ -80,7 +80,7 @@ class CudaBackend : public Backend {
   std::function<void(size_t, size_t)> upload_progress;
 
  private:
-  cuda::Ctx ctx(int counter_offset = 0) const;
+  cuda::Ctx ctx(int counter_offset = 0, int counter_count = 0) const;
   void* arena_alloc(size_t bytes);
 
   int device_ = 0;

@@ -31,7 +31,9 @@ QW make_qw(const LinearWeight& w) {
   } else {
     if (w.bits != 4 && w.bits != 8) fail("weight {}: {}-bit affine weights are not supported", w.name, w.bits);
     const int elems = 128 / w.bits;
-    if (w.group_size <= 0 || w.group_size % elems != 0 || w.in % w.group_size != 0)
+    // Power-of-two chunks per group: the kernels find a chunk's group with a shift (qdot.cuh).
+    const int64_t cpg = w.group_size / elems;
+    if (w.group_size <= 0 || w.group_size % elems != 0 || w.in % w.group_size != 0 || (cpg & (cpg - 1)) != 0)
       fail("weight {}: group size {} with input width {} is not supported", w.name, w.group_size, w.in);
     q.bits = w.bits;
     q.gs = w.group_size;

@@ -31,6 +31,7 @@ struct Ctx {
   cudaStream_t stream = nullptr;
   int sms = 132;
   int* counters = nullptr;  // zeroed device ints for "last block" reductions; each user owns a disjoint slice
+  int n_counters = 0;       // ints in that slice (users that need one per token row fall back when T exceeds it)
   bool pdl = false;         // launch with programmatic dependent launch (sm_90+)
 };
 
@@ -59,8 +60,14 @@ struct MoeScratch {
   float* sgate;          // [T]  sigmoid(shared gate logit)
   float* h;              // [T, k*I + Is]  SiLU(gate)*up per routed slot, then the shared expert's
 };
+// Router and shared-expert-gate logits, then softmax/top-k/renormalisation and sigmoid of the shared gate. One
+// launch (the fused router GEMV, whose last block per token runs the top-k; uses counters[0, T)) when the shared
+// gate is one row of the router's format and T <= n_counters; otherwise three.
 void moe_route(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, const MoeScratch& s, int T,
                int topk);
+// The fused router GEMV alone; returns false (launching nothing) when the shapes or counters do not allow it.
+bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,
+                 float* sg_logit, int32_t* ids, float* wts, float* sgate, int T, int topk);
 void moe_gate_up(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const float* x,
                  const MoeScratch& s, int T, int topk);
 void moe_down(const Ctx& c, const QW& down, const QW& sdown, const MoeScratch& s, float* out, int T, int topk);

@@ -1,14 +1,17 @@
 // GEMV y = x W^T for affine 4/8-bit and bf16 weights, one launch for all T rows (decode: T = 1; prefill uses this
-// simple path for now, re-reading the weights once per row).
-// Work split: `LPR` lanes cooperate on one row, each lane taking every LPR-th 16-byte chunk, two chunks per row
-// and RPI = 2 rows at a time (a "step": 4 independent 16-byte loads per lane). Warps walk their row groups as a
+// simple path for now, re-reading the weights once per row). Also the fused MoE router: the router's rows and the
+// shared-expert gate's row in one launch, with softmax/top-k run by the last block to finish (moe_route).
+// Work split: `LPR` lanes cooperate on one row, lane `sub` taking chunks sub, sub + LPR, ...; two chunks per row
+// and kRPI = 2 rows at a time (a "step": 4 independent 16-byte loads per lane). Warps walk their row groups as a
 // software pipeline: the next step's loads are issued before this step's arithmetic, the first step's before
 // waiting on the previous kernel (PDL).
-// LPR is chosen so that a row's chunks fill the lanes (K = 2048 4-bit: 64 chunks, LPR = 32; K = 512: 16 chunks,
-// LPR = 8, 4 rows per warp). The activation row is staged in shared memory once per block (qdot.cuh).
+// Index arithmetic is kept out of the inner loop (docs/notes/cuda-decode-v1.md found 64-bit divisions and the
+// swizzle there): the step's row group and chunk pass advance as counters, offsets are 32-bit, a chunk's group is
+// a shift, and the activations are read through one per-lane shared-memory base plus constants (qdot.cuh).
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
+#include "cuda/topk.cuh"
 
 namespace fern::cuda {
 namespace {
@@ -22,106 +25,155 @@ struct StepBuf {
   float s[2][kRPI], b[2][kRPI];
 };
 
-template <int BITS, int LPR>
-__global__ void __launch_bounds__(kThreads) linear_kernel(QW W, const float* __restrict__ x, float* __restrict__ y) {
+// Top-k tail of the fused router (ROUTE kernels only).
+struct RouteTail {
+  int topk = 0;
+  int32_t* ids = nullptr;
+  float* wts = nullptr;
+  float* sgate = nullptr;
+  int* counters = nullptr;  // one per token row, zero between launches (the last block resets its own)
+};
+
+// Rows [0, rowsA) come from A and go to yA [T, rowsA]; with ROUTE, rows [rowsA, rows) come from B (same width and
+// format) and go to yB [T, rows - rowsA], and the last block of each token row runs the router's top-k over yA
+// with B's single row as the shared-expert gate logit.
+template <int BITS, int LPR, bool ROUTE>
+__global__ void __launch_bounds__(kThreads) linear_kernel(QW A, QW B, int rowsA, int rows, const float* __restrict__ x,
+                                                          float* yA, float* yB, RouteTail tail) {
   extern __shared__ float4 smem[];
-  constexpr int E = ChunkTraits<BITS>::kElems;
-  constexpr int RPW = (32 / LPR) * kRPI;  // rows per row group (one warp, one pass)
+  constexpr int F4 = ChunkTraits<BITS>::kF4;
+  constexpr int RS = 32 / LPR;       // rows side by side in one warp
+  constexpr int RPW = RS * kRPI;     // rows per row group (one warp, one pass)
   const int t = blockIdx.y;
-  const int K = static_cast<int>(W.in);
-  const int CPR = K / E;
+  const int K = static_cast<int>(A.in);
+  const ChunkMat ma = chunk_mat<BITS>(A, 0);
+  const ChunkMat mb = ROUTE ? chunk_mat<BITS>(B, 0) : ma;
+  const int CPR = ma.cpr;
   const int nc = (CPR + 2 * LPR - 1) / (2 * LPR);  // pipeline steps per row group
   const int lane = threadIdx.x & 31;
   const int sub = lane % LPR, rslot = lane / LPR;
-  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
-  const int64_t gw = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-  const int64_t ngroups = (W.out + RPW - 1) / RPW;
-  // 32-bit step counters: a 64-bit division or modulo in the loop compiles to a subroutine call.
-  const int S = static_cast<int>((gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc);
+  const int warps = gridDim.x * (kThreads / 32);
+  const int gw = blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+  const int ngroups = (rows + RPW - 1) / RPW;
+  const int S = (gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc;
 
-  auto load_step = [&](int step, StepBuf& B) {
-    const int64_t g = gw + int64_t(step / nc) * warps;
-    const int ci = step % nc;
+  int lg = gw, lci = 0;  // row group and chunk pass of the next step to load
+  auto load_step = [&](StepBuf& Bf) {
 #pragma unroll
     for (int r = 0; r < kRPI; ++r) {
-      const int64_t row = g * RPW + r * (32 / LPR) + rslot;
-      const bool ok = row < W.out;
-      const RowPtr rp = row_ptr<BITS>(W, 0, ok ? row : 0);
+      const int row = lg * RPW + r * RS + rslot;
+      const bool ok = row < rows;
+      const bool inb = ROUTE && row >= rowsA;
+      const ChunkMat m = select(inb, mb, ma);
+      const int rr = inb ? row - rowsA : row;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const int c = sub + (ci * 2 + u) * LPR;
+        const int c = sub + (lci * 2 + u) * LPR;
         if (ok && c < CPR) {
-          load_chunk<BITS>(rp, c, W.gs, B.w[u][r], B.s[u][r], B.b[u][r]);
+          load_chunk<BITS>(m, rr, c, Bf.w[u][r], Bf.s[u][r], Bf.b[u][r]);
         } else {
-          B.w[u][r] = make_uint4(0, 0, 0, 0);
-          B.s[u][r] = B.b[u][r] = 0.0f;
+          Bf.w[u][r] = make_uint4(0, 0, 0, 0);
+          Bf.s[u][r] = Bf.b[u][r] = 0.0f;
         }
       }
+    }
+    if (++lci == nc) {
+      lci = 0;
+      lg += warps;
     }
   };
 
   // Weights do not depend on the previous kernel: the first step's loads are issued before waiting for it.
-  StepBuf A, B;
-  if (S > 0) load_step(0, A);
+  StepBuf P, Q;
+  if (S > 0) load_step(P);
   pdl_wait();
   float4* xs = smem;
-  float* xc = reinterpret_cast<float*>(smem + K / 4);
-  stage_x<BITS>(x + int64_t(t) * K, K, xs, xc);
+  float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, LPR>(K));
+  stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
   pdl_trigger();
+  const float4* xl = xs + sub;
+  const float* xcl = xc + sub;
 
   float acc[kRPI] = {};
+  int cg = gw, cci = 0;  // row group and chunk pass of the step being consumed
   // One pipeline step: issue the next step's loads, then consume this step's registers.
   auto step = [&](int s, const StepBuf& cur, StepBuf& nxt) {
-    if (s + 1 < S) load_step(s + 1, nxt);
-    const int ci = s % nc;
+    if (s + 1 < S) load_step(nxt);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const int c = sub + (ci * 2 + u) * LPR;
-      if (c < CPR) {
+      const int j = cci * 2 + u;
+      if (sub + j * LPR < CPR) {
         float d[kRPI];
-        chunk_dot<BITS, kRPI>(cur.w[u], xs, c, d);
+        chunk_dot<BITS, LPR, kRPI>(cur.w[u], xl + j * (F4 * LPR), d);
+        const float xsum = BITS == 16 ? 0.0f : xcl[j * LPR];
 #pragma unroll
-        for (int r = 0; r < kRPI; ++r) acc[r] += apply_group<BITS>(d[r], cur.s[u][r], cur.b[u][r], xc, c);
+        for (int r = 0; r < kRPI; ++r) acc[r] += apply_group<BITS>(d[r], cur.s[u][r], cur.b[u][r], xsum);
       }
     }
-    if (ci == nc - 1) {
-      const int64_t g = gw + int64_t(s / nc) * warps;
+    if (++cci == nc) {
+      cci = 0;
 #pragma unroll
       for (int r = 0; r < kRPI; ++r) {
         float v = acc[r];
 #pragma unroll
         for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        const int64_t row = g * RPW + r * (32 / LPR) + rslot;
-        if (sub == 0 && row < W.out) y[int64_t(t) * W.out + row] = v;
+        const int row = cg * RPW + r * RS + rslot;
+        if (sub == 0 && row < rows) {
+          if (ROUTE && row >= rowsA) {
+            yB[int64_t(t) * (rows - rowsA) + (row - rowsA)] = v;
+          } else {
+            yA[int64_t(t) * rowsA + row] = v;
+          }
+        }
         acc[r] = 0.0f;
       }
+      cg += warps;
     }
   };
   for (int s = 0; s < S; s += 2) {
-    step(s, A, B);
-    if (s + 1 < S) step(s + 1, B, A);
+    step(s, P, Q);
+    if (s + 1 < S) step(s + 1, Q, P);
+  }
+
+  if constexpr (ROUTE) {
+    // Last block of this token row: every block's logits are visible once it sees the count complete.
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tail.counters + t, 1) == int(gridDim.x) - 1;
+    __syncthreads();
+    if (last) {
+      __threadfence();
+      if (threadIdx.x < 32)
+        topk_warp(yA + int64_t(t) * rowsA, yB + int64_t(t) * (rows - rowsA), rowsA, tail.topk,
+                  tail.ids + int64_t(t) * tail.topk, tail.wts + int64_t(t) * tail.topk, tail.sgate + t);
+      if (threadIdx.x == 0) tail.counters[t] = 0;
+    }
   }
 }
 
-template <int BITS>
-void launch_bits(const Ctx& c, const QW& w, const float* x, float* y, int T) {
+template <int BITS, bool ROUTE>
+void launch_bits(const Ctx& c, const QW& a, const QW& b, int rows_a, int rows, const float* x, float* ya, float* yb,
+                 const RouteTail& tail, int T) {
   constexpr int E = ChunkTraits<BITS>::kElems;
-  const int CPR = static_cast<int>(w.in / E);
-  const size_t smem = size_t(w.in) * 4 + size_t(CPR) * 4;
-  if (smem > 48 * 1024) raise_error("linear: input width " + std::to_string(w.in) + " too large for the GEMV kernel");
+  const int CPR = static_cast<int>(a.in / E);
   int lpr = 32;
   while (lpr > 4 && CPR < 2 * lpr) lpr /= 2;
+  const size_t smem = x_smem_bytes<BITS>(a.in, lpr);
+  if (smem > 48 * 1024) raise_error("linear: input width " + std::to_string(a.in) + " too large for the GEMV kernel");
+  // Chunk offsets are 32-bit (qdot.cuh).
+  if (int64_t(rows) * CPR >= (int64_t(1) << 31)) raise_error("linear: matrix too large for 32-bit chunk offsets");
   const int rows_per_block = (kThreads / 32) * (32 / lpr) * kRPI;
-  const int64_t need = (w.out + rows_per_block - 1) / rows_per_block;
+  const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
   // At most two blocks per SM: every block is resident in the first wave (so the next kernel can launch early
   // under PDL) and each warp walks several row groups, overlapping the next group's loads with this one's math.
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * 2));
   dim3 grid(blocks, T);
   switch (lpr) {
-    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32>, grid, kThreads, smem, w, x, y); break;
-    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16>, grid, kThreads, smem, w, x, y); break;
-    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8>, grid, kThreads, smem, w, x, y); break;
-    default: launch(c, "linear_kernel", linear_kernel<BITS, 4>, grid, kThreads, smem, w, x, y); break;
+    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, ROUTE>, grid, kThreads, smem, a, b, rows_a, rows, x, ya, yb, tail); break;
+    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, ROUTE>, grid, kThreads, smem, a, b, rows_a, rows, x, ya, yb, tail); break;
+    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, ROUTE>, grid, kThreads, smem, a, b, rows_a, rows, x, ya, yb, tail); break;
+    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, ROUTE>, grid, kThreads, smem, a, b, rows_a, rows, x, ya, yb, tail); break;
   }
 }
 
@@ -129,11 +181,33 @@ void launch_bits(const Ctx& c, const QW& w, const float* x, float* y, int T) {
 
 void linear(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   if (T <= 0) return;
+  FERN_CU_CHECK(w.out < (int64_t(1) << 31), "linear: too many output rows");
+  const int rows = static_cast<int>(w.out);
   switch (w.bits) {
-    case 4: launch_bits<4>(c, w, x, y, T); break;
-    case 8: launch_bits<8>(c, w, x, y, T); break;
-    default: launch_bits<16>(c, w, x, y, T); break;
+    case 4: launch_bits<4, false>(c, w, w, rows, rows, x, y, nullptr, RouteTail{}, T); break;
+    case 8: launch_bits<8, false>(c, w, w, rows, rows, x, y, nullptr, RouteTail{}, T); break;
+    default: launch_bits<16, false>(c, w, w, rows, rows, x, y, nullptr, RouteTail{}, T); break;
   }
+}
+
+bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,
+                 float* sg_logit, int32_t* ids, float* wts, float* sgate, int T, int topk) {
+  if (T <= 0 || T > c.n_counters || shared_gate.out != 1 || shared_gate.bits != router.bits ||
+      shared_gate.in != router.in || shared_gate.gs != router.gs)
+    return false;
+  RouteTail tail;
+  tail.topk = topk;
+  tail.ids = ids;
+  tail.wts = wts;
+  tail.sgate = sgate;
+  tail.counters = c.counters;
+  const int E = static_cast<int>(router.out);
+  switch (router.bits) {
+    case 4: launch_bits<4, true>(c, router, shared_gate, E, E + 1, x, logits, sg_logit, tail, T); break;
+    case 8: launch_bits<8, true>(c, router, shared_gate, E, E + 1, x, logits, sg_logit, tail, T); break;
+    default: launch_bits<16, true>(c, router, shared_gate, E, E + 1, x, logits, sg_logit, tail, T); break;
+  }
+  return true;
 }
 
 }  // namespace fern::cuda

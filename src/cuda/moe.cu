@@ -11,77 +11,21 @@
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
+#include "cuda/topk.cuh"
 
 namespace fern::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 
-// ---- top-k ----
-__device__ __forceinline__ void argmax_pair(float& v, int& i, float ov, int oi) {
-  if (ov > v || (ov == v && oi < i)) {
-    v = ov;
-    i = oi;
-  }
-}
-
-// One warp per token: the E <= 1024 probabilities live in registers (up to 32 per lane), so softmax, the k rounds
-// of argmax (warp shuffles, lowest index on ties) and the renormalisation need no shared memory or barriers.
-constexpr int kMaxPerLane = 32;
-
+// ---- top-k (stand-alone; the fused router runs the same code in its tail, linear.cu) ----
 __global__ void __launch_bounds__(32) topk_kernel(const float* __restrict__ logits, const float* __restrict__ sg_logit,
                                                   int E, int k, int32_t* __restrict__ ids, float* __restrict__ wts,
                                                   float* __restrict__ sgate) {
   pdl_wait();
   pdl_trigger();
-  const int t = blockIdx.x, lane = threadIdx.x;
-  const float* l = logits + int64_t(t) * E;
-  float p[kMaxPerLane];
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int e = i * 32 + lane;
-    p[i] = e < E ? l[e] : -INFINITY;
-    m = fmaxf(m, p[i]);
-  }
-  m = warp_max(m);
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int e = i * 32 + lane;
-    p[i] = e < E ? expf(p[i] - m) : -1.0f;  // -1: not an expert (never chosen)
-    sum += e < E ? p[i] : 0.0f;
-  }
-  const float inv = 1.0f / warp_sum(sum);
-  float chosen_sum = 0.0f, my_w = 0.0f;
-  int my_id = 0;
-  for (int r = 0; r < k; ++r) {
-    float bv = -2.0f;
-    int bi = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) argmax_pair(bv, bi, p[i], i * 32 + lane);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      argmax_pair(bv, bi, ov, oi);
-    }
-    // Every lane now holds the winner; its owner marks it taken.
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i)
-      if (i * 32 + lane == bi) p[i] = -2.0f;
-    const float pv = bv * inv;
-    chosen_sum += pv;
-    if (lane == r) {
-      my_w = pv;
-      my_id = bi;
-    }
-  }
-  if (lane < k) {
-    ids[int64_t(t) * k + lane] = my_id;
-    wts[int64_t(t) * k + lane] = my_w / chosen_sum;
-  }
-  if (lane == 0) sgate[t] = 1.0f / (1.0f + expf(-sg_logit[t]));
+  const int t = blockIdx.x;
+  topk_warp(logits + int64_t(t) * E, sg_logit + t, E, k, ids + int64_t(t) * k, wts + int64_t(t) * k, sgate + t);
 }
 
 // Field-by-field select, so that the kernel parameters are not copied to the stack.
@@ -110,81 +54,93 @@ struct PairBuf {
 template <int BITS, int LPR>
 __global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW SU, const float* __restrict__ x,
                                                            MoeScratch s, int topk) {
-  pdl_wait();
   extern __shared__ float4 smem[];
-  constexpr int E = ChunkTraits<BITS>::kElems;
+  constexpr int F4 = ChunkTraits<BITS>::kF4;
+  constexpr int RS = 32 / LPR;  // rows per warp pass
   const int t = blockIdx.z, slot = blockIdx.y;
   const bool shared = slot == topk;
-  const QW g = pick(shared, SG, G);
-  const QW u = pick(shared, SU, U);
-  const int64_t e = shared ? 0 : s.topk_ids[int64_t(t) * topk + slot];
-  const int K = static_cast<int>(g.in);
-  const int CPR = K / E;
+  // A routed slot needs the router's choice before it knows its expert; the shared expert's slot requests its
+  // first rows before waiting on the previous kernel.
+  int64_t e = 0;
+  if (!shared) {
+    pdl_wait();
+    e = s.topk_ids[int64_t(t) * topk + slot];
+  }
+  const ChunkMat mg = chunk_mat<BITS>(pick(shared, SG, G), e);
+  const ChunkMat mu = chunk_mat<BITS>(pick(shared, SU, U), e);
+  const int K = static_cast<int>(G.in);
+  const int CPR = mg.cpr;
   const int nc = (CPR + 2 * LPR - 1) / (2 * LPR);
-  const int64_t I = G.out, Is = SG.out;
-  const int64_t rows = g.out;
-  float* h = s.h + int64_t(t) * (topk * I + Is) + (shared ? topk * I : slot * I);
+  const int I = static_cast<int>(G.out), Is = static_cast<int>(SG.out);
+  const int rows = shared ? Is : I;
+  float* h = s.h + int64_t(t) * (int64_t(topk) * I + Is) + (shared ? int64_t(topk) * I : int64_t(slot) * I);
 
   const int lane = threadIdx.x & 31;
   const int sub = lane % LPR, rslot = lane / LPR;
-  constexpr int RPW = 32 / LPR;
-  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
-  const int64_t gw = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-  const int64_t ngroups = (rows + RPW - 1) / RPW;
-  // 32-bit step counters: a 64-bit division or modulo in the loop compiles to a subroutine call.
-  const int S = static_cast<int>((gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc);
+  const int warps = gridDim.x * (kThreads / 32);
+  const int gw = blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+  const int ngroups = (rows + RS - 1) / RS;
+  const int S = (gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc;
 
-  auto load_step = [&](int step, PairBuf& B) {
-    const int64_t i = (gw + int64_t(step / nc) * warps) * RPW + rslot;
-    const int ci = step % nc;
+  int lg = gw, lci = 0;  // row group and chunk pass of the next step to load
+  auto load_step = [&](PairBuf& B) {
+    const int i = lg * RS + rslot;
     const bool ok = i < rows;
-    const RowPtr rp[2] = {row_ptr<BITS>(g, e, ok ? i : 0), row_ptr<BITS>(u, e, ok ? i : 0)};
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
-      const int c = sub + (ci * 2 + q) * LPR;
+      const int c = sub + (lci * 2 + q) * LPR;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (ok && c < CPR) {
-          load_chunk<BITS>(rp[r], c, r == 0 ? g.gs : u.gs, B.w[q][r], B.s[q][r], B.b[q][r]);
+          load_chunk<BITS>(r == 0 ? mg : mu, i, c, B.w[q][r], B.s[q][r], B.b[q][r]);
         } else {
           B.w[q][r] = make_uint4(0, 0, 0, 0);
           B.s[q][r] = B.b[q][r] = 0.0f;
         }
       }
     }
+    if (++lci == nc) {
+      lci = 0;
+      lg += warps;
+    }
   };
 
-  // The expert is known: its first rows are requested before the activation row is staged.
   PairBuf A, B;
-  if (S > 0) load_step(0, A);
+  if (S > 0) load_step(A);
+  if (shared) pdl_wait();
   float4* xs = smem;
-  float* xc = reinterpret_cast<float*>(smem + K / 4);
-  stage_x<BITS>(x + int64_t(t) * K, K, xs, xc);
+  float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, LPR>(K));
+  stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
   pdl_trigger();
+  const float4* xl = xs + sub;
+  const float* xcl = xc + sub;
 
   float acc[2] = {0.0f, 0.0f};
+  int cg = gw, cci = 0;
   auto step = [&](int st, const PairBuf& cur, PairBuf& nxt) {
-    if (st + 1 < S) load_step(st + 1, nxt);
-    const int ci = st % nc;
+    if (st + 1 < S) load_step(nxt);
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
-      const int c = sub + (ci * 2 + q) * LPR;
-      if (c < CPR) {
+      const int j = cci * 2 + q;
+      if (sub + j * LPR < CPR) {
         float d[2];
-        chunk_dot<BITS, 2>(cur.w[q], xs, c, d);
+        chunk_dot<BITS, LPR, 2>(cur.w[q], xl + j * (F4 * LPR), d);
+        const float xsum = BITS == 16 ? 0.0f : xcl[j * LPR];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) acc[r] += apply_group<BITS>(d[r], cur.s[q][r], cur.b[q][r], xc, c);
+        for (int r = 0; r < 2; ++r) acc[r] += apply_group<BITS>(d[r], cur.s[q][r], cur.b[q][r], xsum);
       }
     }
-    if (ci == nc - 1) {
+    if (++cci == nc) {
+      cci = 0;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
 #pragma unroll
         for (int o = LPR / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
       }
-      const int64_t i = (gw + int64_t(st / nc) * warps) * RPW + rslot;
+      const int i = cg * RS + rslot;
       if (sub == 0 && i < rows) h[i] = silu(acc[0]) * acc[1];
       acc[0] = acc[1] = 0.0f;
+      cg += warps;
     }
   };
   for (int st = 0; st < S; st += 2) {
@@ -194,6 +150,9 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW
 }
 
 // ---- down + routing weights + gated shared expert ----
+// Item j of a row is chunk j of the concatenated [k routed experts | shared] intermediate; lane l takes items
+// l, l + 32, ... Each slot's matrix view (expert base pointers, row strides) is built once per block in shared
+// memory, so a load is one table read, one 32-bit multiply-add and the 16-byte load.
 template <int BITS>
 __global__ void __launch_bounds__(kThreads) down_kernel(QW D, QW SD, MoeScratch s, float* __restrict__ out,
                                                         int topk) {
@@ -201,28 +160,28 @@ __global__ void __launch_bounds__(kThreads) down_kernel(QW D, QW SD, MoeScratch 
   pdl_trigger();
   extern __shared__ float4 smem[];
   __shared__ float fac[65];
-  __shared__ int eid[64];
-  constexpr int E = ChunkTraits<BITS>::kElems;
+  __shared__ ChunkMat mats[65];
+  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
   constexpr int U = 4;  // chunks in flight per lane
   const int t = blockIdx.y;
   const int I = static_cast<int>(D.in), Is = static_cast<int>(SD.in);
   const int nx = topk * I + Is;
   float4* xs = smem;
-  float* xc = reinterpret_cast<float*>(smem + nx / 4);
-  if (threadIdx.x < topk) {
-    fac[threadIdx.x] = s.topk_w[int64_t(t) * topk + threadIdx.x];
-    eid[threadIdx.x] = s.topk_ids[int64_t(t) * topk + threadIdx.x];
+  float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, 32>(nx));
+  if (threadIdx.x <= topk) {
+    const bool sh = int(threadIdx.x) == topk;
+    fac[threadIdx.x] = sh ? s.sgate[t] : s.topk_w[int64_t(t) * topk + threadIdx.x];
+    mats[threadIdx.x] = chunk_mat<BITS>(pick(sh, SD, D), sh ? 0 : s.topk_ids[int64_t(t) * topk + threadIdx.x]);
   }
-  if (threadIdx.x == 0) fac[topk] = s.sgate[t];
-  stage_x<BITS>(s.h + int64_t(t) * nx, nx, xs, xc);
+  stage_x<BITS, 32>(s.h + int64_t(t) * nx, nx, xs, xc);  // ends with a barrier: fac and mats are visible
   const int cpr = I / E;
   const int routed_items = topk * cpr;
   const int items = routed_items + Is / E;
-  const int64_t H = D.out;
+  const int H = static_cast<int>(D.out);
 
   const int lane = threadIdx.x & 31;
-  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
-  for (int64_t n = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; n < H; n += warps) {
+  const int warps = gridDim.x * (kThreads / 32);
+  for (int n = blockIdx.x * (kThreads / 32) + threadIdx.x / 32; n < H; n += warps) {
     float acc = 0.0f;
     for (int j0 = lane; j0 < items; j0 += 32 * U) {
       uint4 wv[U];
@@ -235,13 +194,9 @@ __global__ void __launch_bounds__(kThreads) down_kernel(QW D, QW SD, MoeScratch 
         wv[q] = make_uint4(0, 0, 0, 0);
         sc[q] = bi[q] = 0.0f;
         if (j < items) {
-          if (j < routed_items) {
-            sl[q] = j / cpr;
-            load_chunk<BITS>(row_ptr<BITS>(D, eid[sl[q]], n), j - sl[q] * cpr, D.gs, wv[q], sc[q], bi[q]);
-          } else {
-            sl[q] = topk;
-            load_chunk<BITS>(row_ptr<BITS>(SD, 0, n), j - routed_items, SD.gs, wv[q], sc[q], bi[q]);
-          }
+          sl[q] = j < routed_items ? j / cpr : topk;
+          const int cc = j < routed_items ? j - sl[q] * cpr : j - routed_items;
+          load_chunk<BITS>(mats[sl[q]], n, cc, wv[q], sc[q], bi[q]);
         }
       }
 #pragma unroll
@@ -250,8 +205,9 @@ __global__ void __launch_bounds__(kThreads) down_kernel(QW D, QW SD, MoeScratch 
           const int j = j0 + 32 * q;
           const uint4 w1[1] = {wv[q]};
           float d[1];
-          chunk_dot<BITS, 1>(w1, xs, j, d);
-          acc = fmaf(fac[sl[q]], apply_group<BITS>(d[0], sc[q], bi[q], xc, j), acc);
+          chunk_dot<BITS, 32, 1>(w1, xs + (j >> 5) * (F4 * 32) + lane, d);
+          const float xsum = BITS == 16 ? 0.0f : xc[j];
+          acc = fmaf(fac[sl[q]], apply_group<BITS>(d[0], sc[q], bi[q], xsum), acc);
         }
       }
     }
@@ -265,10 +221,10 @@ void gate_up_bits(const Ctx& c, const QW& g, const QW& u, const QW& sg, const QW
                   const MoeScratch& s, int T, int topk) {
   constexpr int E = ChunkTraits<BITS>::kElems;
   const int CPR = static_cast<int>(g.in / E);
-  const size_t smem = size_t(g.in) * 4 + size_t(CPR) * 4;
-  if (smem > 48 * 1024) raise_error("moe: hidden size too large for the gate/up kernel");
   int lpr = 32;
   while (lpr > 4 && CPR < 2 * lpr) lpr /= 2;
+  const size_t smem = x_smem_bytes<BITS>(g.in, lpr);
+  if (smem > 48 * 1024) raise_error("moe: hidden size too large for the gate/up kernel");
   const int64_t rows = std::max(g.out, sg.out);
   const int rows_per_block = (kThreads / 32) * (32 / lpr);
   const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
@@ -286,9 +242,8 @@ void gate_up_bits(const Ctx& c, const QW& g, const QW& u, const QW& sg, const QW
 
 template <int BITS>
 void down_bits(const Ctx& c, const QW& d, const QW& sd, const MoeScratch& s, float* out, int T, int topk) {
-  constexpr int E = ChunkTraits<BITS>::kElems;
   const int64_t nx = topk * d.in + sd.in;
-  const size_t smem = size_t(nx) * 4 + size_t(nx / E) * 4;
+  const size_t smem = x_smem_bytes<BITS>(nx, 32);
   if (smem > 48 * 1024) raise_error("moe: expert width too large for the down kernel");
   const int64_t rows_per_block = 2 * (kThreads / 32);  // each warp about two output rows
   const int64_t blocks = std::min<int64_t>((d.out + rows_per_block - 1) / rows_per_block, int64_t(c.sms) * 4);
@@ -302,7 +257,11 @@ void down_bits(const Ctx& c, const QW& d, const QW& sd, const MoeScratch& s, flo
 void moe_route(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, const MoeScratch& s, int T,
                int topk) {
   FERN_CU_CHECK(topk >= 1 && topk <= 32 && topk <= router.out, "moe: top-k out of range");
-  if (router.out > 32 * kMaxPerLane) raise_error("moe: more than 1024 experts are not supported");
+  if (router.out > 32 * kTopkMaxPerLane) raise_error("moe: more than 1024 experts are not supported");
+  if (route_fused(c, router, shared_gate, x, s.router_logits, s.sgate_logit, s.topk_ids, s.topk_w, s.sgate, T, topk)) {
+    FERN_CUDA_LAUNCH_CHECK("linear_kernel (fused router)");
+    return;
+  }
   linear(c, router, x, s.router_logits, T);
   linear(c, shared_gate, x, s.sgate_logit, T);
   const int E = static_cast<int>(router.out);

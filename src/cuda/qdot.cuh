@@ -1,14 +1,22 @@
 // Dot products of 16-byte chunks of weights with activations staged in shared memory: the inner loop of every
 // GEMV (linear, MoE gate/up and down). Why it looks like this (PERF.md: a naive nibble-by-nibble kernel was
-// instruction-bound at 7% of bandwidth):
+// instruction-bound at 7% of bandwidth; docs/notes/cuda-decode-v1.md: the v1 loop spent ~290 instructions per
+// chunk, mostly on 64-bit index arithmetic and the per-load swizzle):
 //  - One 16-byte load per chunk: 32 values (4-bit), 16 (8-bit) or 8 (bf16).
 //  - A quantized value q never goes through an int->float conversion: placing it into the mantissa of a float
-//    whose exponent is fixed gives OFF + q exactly (OFF = 128 for 4-bit, 256 for 8-bit) with one shift and one
-//    logic op. The offset is folded into the group's bias: sum_k x_k (s q_k + b) = s * sum_k x_k (OFF + q_k)
-//    + (b - OFF s) * sum_k x_k, and sum_k x_k per chunk is precomputed once per activation row (Xc).
-//  - Activations are read from shared memory as float4 with an XOR swizzle so that the 8 lanes of a quarter-warp,
-//    which read 8 consecutive chunks, hit 8 different bank quads.
+//    whose exponent is fixed gives OFF + q exactly (OFF = 128 for 4-bit, 256 for 8-bit). The offset is folded into
+//    the group's bias: sum_k x_k (s q_k + b) = s * sum_k x_k (OFF + q_k) + (b - OFF s) * sum_k x_k, and
+//    sum_k x_k per chunk is precomputed once per activation row (xc).
+//  - 4-bit: one AND splits a word into its even nibbles (one per byte) and one shift + AND into its odd nibbles;
+//    each byte then becomes a float with a single byte permute (PRMT) that drops it into bits 16..23 under the
+//    exponent byte 0x43: 11 integer instructions per 8 values instead of 16 (shift + mask each).
+//  - Activations live in shared memory in a lane-major layout (stage_x): the float4 k of chunk c sits at
+//    (c / LPR) * (F4 * LPR) + k * LPR + c % LPR, where LPR is the number of lanes that share a row and F4 the
+//    float4s per chunk. Lane `sub` of a row walks chunks c = sub + j * LPR, so its reads are one per-lane base
+//    plus compile-time offsets, and the 8 lanes of a quarter-warp read 8 consecutive float4s (no bank conflict,
+//    no swizzle arithmetic).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "cuda/cuda_util.cuh"
@@ -22,23 +30,42 @@ struct ChunkTraits {
   static constexpr int kF4 = kElems / 4;     // float4s of x per chunk
 };
 
-// Physical float4 slot of logical float4 index f (conflict-free for consecutive chunks of 2, 4 or 8 float4s).
-__device__ __forceinline__ int swz(int f) { return f ^ ((f >> 3) & 7); }
+// Shared-memory float4 slot of float4 k of chunk c (see the header comment).
+template <int BITS, int LPR>
+__device__ __forceinline__ int x_slot(int c, int k) {
+  constexpr int F4 = ChunkTraits<BITS>::kF4;
+  return (c / LPR) * (F4 * LPR) + k * LPR + (c % LPR);
+}
 
-// Stages n floats of x (n a multiple of 4) into xs (swizzled float4s) and the per-chunk sums into xc.
-// Called by the whole block; ends with __syncthreads().
+// Float4s of shared memory stage_x needs for n inputs (chunks rounded up to a whole LPR-wide column block).
+template <int BITS, int LPR>
+constexpr int x_slots(int n) {
+  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
+  return (n / E + LPR - 1) / LPR * LPR * F4;
+}
+
+// Shared-memory bytes of stage_x for n inputs: the float4 slots and the per-chunk sums (host side, LPR at run time).
 template <int BITS>
+constexpr size_t x_smem_bytes(int64_t n, int lpr) {
+  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
+  const int64_t chunks = (n / E + lpr - 1) / lpr * lpr;
+  return size_t(chunks) * (F4 * 16 + 4);
+}
+
+// Stages n floats of x (n a multiple of the chunk width) into xs (lane-major float4s) and the per-chunk sums into
+// xc. Called by the whole block; ends with __syncthreads().
+template <int BITS, int LPR>
 __device__ __forceinline__ void stage_x(const float* __restrict__ x, int n, float4* xs, float* xc) {
-  constexpr int E = ChunkTraits<BITS>::kElems;
+  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
   const float4* x4 = reinterpret_cast<const float4*>(x);
-  for (int f = threadIdx.x; f < n / 4; f += blockDim.x) xs[swz(f)] = x4[f];
+  for (int f = threadIdx.x; f < n / 4; f += blockDim.x) xs[x_slot<BITS, LPR>(f / F4, f % F4)] = x4[f];
   __syncthreads();
   if constexpr (BITS != 16) {
     for (int c = threadIdx.x; c < n / E; c += blockDim.x) {
       float s = 0.0f;
 #pragma unroll
-      for (int m = 0; m < E / 4; ++m) {
-        float4 v = xs[swz(c * (E / 4) + m)];
+      for (int k = 0; k < F4; ++k) {
+        float4 v = xs[x_slot<BITS, LPR>(c, k)];
         s += (v.x + v.y) + (v.z + v.w);
       }
       xc[c] = s;
@@ -47,35 +74,42 @@ __device__ __forceinline__ void stage_x(const float* __restrict__ x, int n, floa
   }
 }
 
-__device__ __forceinline__ float mag4(uint32_t bits) { return __uint_as_float((bits & 0x000F0000u) | 0x43000000u); }
+// 128 + the byte `i` of w (a value < 16 in bits 16..19 under the exponent of 128.0f).
+template <int I>
+__device__ __forceinline__ float nib_at(uint32_t w) {
+  return __uint_as_float(__byte_perm(w, 0x43000000u, 0x7044u | (I << 8)));
+}
 __device__ __forceinline__ float mag8(uint32_t bits) { return __uint_as_float((bits & 0x007F8000u) | 0x43800000u); }
 
-// d[r] = sum_k x_k * (OFF + q_k) over chunk c of N rows (quantized) or sum_k x_k w_k (bf16); the activations
-// are read from shared memory once for all N rows. xs: the staged row, wv[r]: row r's chunk.
-template <int BITS, int N>
-__device__ __forceinline__ void chunk_dot(const uint4 (&wv)[N], const float4* __restrict__ xs, int c,
-                                          float (&d)[N]) {
+// d[r] = sum_k x_k * (OFF + q_k) over one chunk of N rows (quantized) or sum_k x_k w_k (bf16); the activations
+// are read from shared memory once for all N rows. xp: this chunk's float4 0 in the lane-major layout (float4 k
+// at xp[k * LPR]), wv[r]: row r's chunk.
+template <int BITS, int LPR, int N>
+__device__ __forceinline__ void chunk_dot(const uint4 (&wv)[N], const float4* __restrict__ xp, float (&d)[N]) {
   float a[N][2];
 #pragma unroll
   for (int r = 0; r < N; ++r) a[r][0] = a[r][1] = 0.0f;
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     if constexpr (BITS == 4) {
-      const float4 xa = xs[swz(c * 8 + 2 * m)], xb = xs[swz(c * 8 + 2 * m + 1)];
+      // Word m holds values 8m..8m+7, nibble j = value 8m+j.
+      const float4 xa = xp[(2 * m) * LPR], xb = xp[(2 * m + 1) * LPR];
 #pragma unroll
       for (int r = 0; r < N; ++r) {
         const uint32_t v = m == 0 ? wv[r].x : m == 1 ? wv[r].y : m == 2 ? wv[r].z : wv[r].w;
-        a[r][0] = fmaf(xa.x, mag4(v << 16), a[r][0]);
-        a[r][1] = fmaf(xa.y, mag4(v << 12), a[r][1]);
-        a[r][0] = fmaf(xa.z, mag4(v << 8), a[r][0]);
-        a[r][1] = fmaf(xa.w, mag4(v << 4), a[r][1]);
-        a[r][0] = fmaf(xb.x, mag4(v), a[r][0]);
-        a[r][1] = fmaf(xb.y, mag4(v >> 4), a[r][1]);
-        a[r][0] = fmaf(xb.z, mag4(v >> 8), a[r][0]);
-        a[r][1] = fmaf(xb.w, mag4(v >> 12), a[r][1]);
+        const uint32_t ev = v & 0x0F0F0F0Fu;         // byte i: nibble 2i
+        const uint32_t od = (v >> 4) & 0x0F0F0F0Fu;  // byte i: nibble 2i+1
+        a[r][0] = fmaf(xa.x, nib_at<0>(ev), a[r][0]);
+        a[r][1] = fmaf(xa.y, nib_at<0>(od), a[r][1]);
+        a[r][0] = fmaf(xa.z, nib_at<1>(ev), a[r][0]);
+        a[r][1] = fmaf(xa.w, nib_at<1>(od), a[r][1]);
+        a[r][0] = fmaf(xb.x, nib_at<2>(ev), a[r][0]);
+        a[r][1] = fmaf(xb.y, nib_at<2>(od), a[r][1]);
+        a[r][0] = fmaf(xb.z, nib_at<3>(ev), a[r][0]);
+        a[r][1] = fmaf(xb.w, nib_at<3>(od), a[r][1]);
       }
     } else if constexpr (BITS == 8) {
-      const float4 xa = xs[swz(c * 4 + m)];
+      const float4 xa = xp[m * LPR];
 #pragma unroll
       for (int r = 0; r < N; ++r) {
         const uint32_t v = m == 0 ? wv[r].x : m == 1 ? wv[r].y : m == 2 ? wv[r].z : wv[r].w;
@@ -86,7 +120,7 @@ __device__ __forceinline__ void chunk_dot(const uint4 (&wv)[N], const float4* __
       }
     } else {
       // bf16: word m holds values 2m (low half) and 2m+1 (high half); float4 m/2 of the chunk's 2.
-      const float4 xa = xs[swz(c * 2 + m / 2)];
+      const float4 xa = xp[(m / 2) * LPR];
       const float x0 = (m & 1) ? xa.z : xa.x, x1 = (m & 1) ? xa.w : xa.y;
 #pragma unroll
       for (int r = 0; r < N; ++r) {
@@ -103,64 +137,78 @@ __device__ __forceinline__ void chunk_dot(const uint4 (&wv)[N], const float4* __
 template <int BITS>
 constexpr float kOffset = BITS == 4 ? 128.0f : 256.0f;
 
-// A chunk's contribution from its dot: s * dot + (b - OFF s) * Xc[c] (affine), dot (bf16).
+// A chunk's contribution from its dot: s * dot + (b - OFF s) * xsum (affine), dot (bf16).
 template <int BITS>
-__device__ __forceinline__ float apply_group(float d, float sc, float bi, const float* xc, int c) {
+__device__ __forceinline__ float apply_group(float d, float sc, float bi, float xsum) {
   if constexpr (BITS == 16) {
     return d;
   } else {
-    return fmaf(sc, d, (bi - kOffset<BITS> * sc) * xc[c]);
+    return fmaf(sc, d, (bi - kOffset<BITS> * sc) * xsum);
   }
 }
 
-// One row's view for the chunk loop: the row's first 16-byte chunk and (affine) its scales/biases.
-struct RowPtr {
-  const uint4* w = nullptr;
-  const uint16_t* s = nullptr;
-  const uint16_t* b = nullptr;
+// log2 of the chunks per quantization group (group sizes are powers of two, checked by make_qw), so that a
+// chunk's group is a shift of its index.
+template <int BITS>
+__device__ __forceinline__ int group_shift(const QW& W) {
+  if constexpr (BITS == 16) {
+    return 0;
+  } else {
+    return 31 - __clz(W.gs / ChunkTraits<BITS>::kElems);
+  }
+}
+
+// One matrix (or one expert of a stack) seen as 16-byte chunks: row r's chunk c is w[r * cpr + c]; its group's
+// scale and bias are s[r * gpr + (c >> gsh)], b[...]. 32-bit offsets: the largest matrix (lm_head, 248320 rows x
+// 64 chunks) has 16M chunks.
+// Plain data (no member initialisers) so that a block can keep a table of them in shared memory.
+struct ChunkMat {
+  const uint4* w;
+  const uint16_t* s;
+  const uint16_t* b;
+  int cpr, gpr, gsh;
 };
 
-// Contribution of chunk c of a row: s * dot + (b - OFF s) * Xc[c] (affine), dot (bf16).
-template <int BITS>
-__device__ __forceinline__ float chunk_term(uint4 wv, float sc, float bi, const float4* xs, const float* xc, int c) {
-  const uint4 w1[1] = {wv};
-  float d1[1];
-  chunk_dot<BITS, 1>(w1, xs, c, d1);
-  const float d = d1[0];
-  if constexpr (BITS == 16) {
-    return d;
-  } else {
-    return fmaf(sc, d, (bi - kOffset<BITS> * sc) * xc[c]);
-  }
+// Field-by-field select (a conditional reference would put both views on the stack).
+__device__ __forceinline__ ChunkMat select(bool c, const ChunkMat& a, const ChunkMat& b) {
+  ChunkMat m;
+  m.w = c ? a.w : b.w;
+  m.s = c ? a.s : b.s;
+  m.b = c ? a.b : b.b;
+  m.cpr = c ? a.cpr : b.cpr;
+  m.gpr = c ? a.gpr : b.gpr;
+  m.gsh = c ? a.gsh : b.gsh;
+  return m;
 }
 
-// Loads chunk c of a row (weights, and for affine the group's scale and bias).
 template <int BITS>
-__device__ __forceinline__ void load_chunk(const RowPtr& r, int c, int gs, uint4& wv, float& sc, float& bi) {
-  wv = ld_stream(r.w + c);
+__device__ __forceinline__ ChunkMat chunk_mat(const QW& W, int64_t e) {
+  ChunkMat m;
+  m.s = m.b = nullptr;
+  m.cpr = static_cast<int>(W.in) / ChunkTraits<BITS>::kElems;
+  m.gsh = group_shift<BITS>(W);
+  m.gpr = m.cpr >> m.gsh;
+  if constexpr (BITS == 16) {
+    m.w = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(W.w) + e * W.w_expert);
+  } else {
+    m.w = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(W.w) + e * W.w_expert);
+    m.s = W.s + e * W.sb_expert;
+    m.b = W.b + e * W.sb_expert;
+  }
+  return m;
+}
+
+// Loads chunk c of row `row` (weights, and for affine the group's scale and bias).
+template <int BITS>
+__device__ __forceinline__ void load_chunk(const ChunkMat& m, int row, int c, uint4& wv, float& sc, float& bi) {
+  wv = ld_stream(m.w + (row * m.cpr + c));
   if constexpr (BITS != 16) {
-    const int g = (c * ChunkTraits<BITS>::kElems) / gs;
-    sc = bf16_to_f32(__ldg(r.s + g));
-    bi = bf16_to_f32(__ldg(r.b + g));
+    const int g = row * m.gpr + (c >> m.gsh);
+    sc = bf16_to_f32(__ldg(m.s + g));
+    bi = bf16_to_f32(__ldg(m.b + g));
   } else {
     sc = bi = 0.0f;
   }
-}
-
-// Row pointer of row `row` of expert `e` (e = 0 for a plain matrix).
-template <int BITS>
-__device__ __forceinline__ RowPtr row_ptr(const QW& W, int64_t e, int64_t row) {
-  RowPtr r;
-  if constexpr (BITS == 16) {
-    r.w = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(W.w) + e * W.w_expert + row * W.in);
-  } else {
-    const int64_t words = W.in * BITS / 32;
-    const int64_t groups = static_cast<int>(W.in) / W.gs;  // 32-bit: a 64-bit division is a subroutine call
-    r.w = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(W.w) + e * W.w_expert + row * words);
-    r.s = W.s + e * W.sb_expert + row * groups;
-    r.b = W.b + e * W.sb_expert + row * groups;
-  }
-  return r;
 }
 
 }  // namespace fern::cuda
