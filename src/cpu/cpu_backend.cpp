@@ -103,7 +103,8 @@ class CpuBackend final : public Backend {
 
   void reset_state(SequenceState& s) override {
     for (size_t l = 0; l < s.k_cache.size(); ++l) {
-      // Only rows below pos were ever written; rows above are still the zeros calloc gave.
+      // KV rows at or above pos are never read (attention reads rows written in this sequence only), so only the
+      // rows below pos are cleared: clearing a large capacity would commit all of its memory.
       if (!s.k_cache[l].empty()) {
         const size_t used = static_cast<size_t>(s.pos) * s.k_cache[l].inner() * sizeof(float);
         std::memset(s.k_cache[l].data, 0, used);
