@@ -42,16 +42,18 @@ AddedTokenMatcher::AddedTokenMatcher(std::vector<AddedTokenSpec> tokens) : token
 }
 
 void AddedTokenMatcher::scan(std::string_view text, const std::function<void(std::string_view)>& on_text,
-                             const std::function<void(int32_t)>& on_token) const {
+                             const std::function<void(int32_t)>& on_token, std::span<const TextSpan> literal) const {
   auto* p = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
-  size_t frag = 0, i = 0;
+  size_t frag = 0, i = 0, span = 0;
   while (i < n) {
     const auto& cands = by_first_[p[i]];
     const AddedTokenSpec* hit = nullptr;
+    while (span < literal.size() && literal[span].end <= i) ++span;  // spans that end before i are behind us
     for (uint32_t k : cands) {
       const AddedTokenSpec& t = tokens_[k];
       if (text.compare(i, t.content.size(), t.content) != 0) continue;
+      if (span < literal.size() && literal[span].begin < i + t.content.size()) continue;  // overlaps request text
       if (t.single_word) {  // must not be glued to a word character on either side
         size_t s;
         if (i > 0 && is_word_cp(cp_before(text, i, &s))) continue;

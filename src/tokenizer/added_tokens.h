@@ -4,10 +4,12 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_json.h"
 
 namespace fern {
@@ -18,9 +20,10 @@ class AddedTokenMatcher {
   explicit AddedTokenMatcher(std::vector<AddedTokenSpec> tokens);
   bool empty() const { return tokens_.empty(); }
 
-  // Calls on_text for each stretch between tokens (possibly empty-free) and on_token for each token, in order.
+  // Calls on_text for each non-empty stretch between tokens and on_token for each token, in order. A token that
+  // would overlap one of the `literal` spans (sorted, non-overlapping) is not matched.
   void scan(std::string_view text, const std::function<void(std::string_view)>& on_text,
-            const std::function<void(int32_t)>& on_token) const;
+            const std::function<void(int32_t)>& on_token, std::span<const TextSpan> literal = {}) const;
 
  private:
   std::vector<AddedTokenSpec> tokens_;

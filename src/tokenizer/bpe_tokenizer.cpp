@@ -42,14 +42,23 @@ class BpeTokenizer final : public Tokenizer {
     norm_matcher_ = AddedTokenMatcher(std::move(normalized));
   }
 
-  std::vector<int32_t> encode(std::string_view text) const override { return encode_impl(text, true); }
-  std::vector<int32_t> encode_literal(std::string_view text) const override { return encode_impl(text, false); }
+  std::vector<int32_t> encode(std::string_view text) const override { return encode_impl(text, true, {}); }
+  std::vector<int32_t> encode_literal(std::string_view text) const override { return encode_impl(text, false, {}); }
+  std::vector<int32_t> encode_marked(std::string_view text, std::span<const TextSpan> literal) const override {
+    for (size_t k = 0; k < literal.size(); ++k)
+      if (literal[k].begin > literal[k].end || literal[k].end > text.size() ||
+          (k > 0 && literal[k].begin < literal[k - 1].end))
+        fail("encode_marked: literal span {} [{}, {}) is out of order or outside the text ({} bytes)", k,
+             literal[k].begin, literal[k].end, text.size());
+    return encode_impl(text, true, literal);
+  }
 
-  std::vector<int32_t> encode_impl(std::string_view text, bool match_added) const {
+  std::vector<int32_t> encode_impl(std::string_view text, bool match_added, std::span<const TextSpan> literal) const {
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 4);
     std::string clean;
     if (!utf8::valid(text)) {  // bytes from outside JSON (CLI, fuzzing): ill-formed parts become U+FFFD
+      if (!literal.empty()) fail("encode_marked: text is not valid UTF-8");  // offsets would shift
       clean = utf8::sanitize(text);
       text = clean;
     }
@@ -60,14 +69,22 @@ class BpeTokenizer final : public Tokenizer {
       split(frag, pieces);
       for (auto p : pieces) model_.encode_piece(p, out);
     };
+    auto overlaps_literal = [&](std::string_view frag) {
+      const size_t b = size_t(frag.data() - text.data()), e = b + frag.size();
+      for (const auto& s : literal)
+        if (s.begin < e && b < s.end) return true;
+      return false;
+    };
     auto normalize_then_encode = [&](std::string_view frag) {
       if (!nfc_) return encode_normalized(frag);
       const std::string n = utf8::nfc(frag);
-      if (norm_matcher_.empty() || !match_added) return encode_normalized(n);
+      // Tokens matched after normalisation: not in request text (NFC moves offsets, so the whole stretch counts).
+      if (norm_matcher_.empty() || !match_added || (!literal.empty() && overlaps_literal(frag)))
+        return encode_normalized(n);
       norm_matcher_.scan(n, encode_normalized, on_token);
     };
     if (match_added)
-      raw_matcher_.scan(text, normalize_then_encode, on_token);
+      raw_matcher_.scan(text, normalize_then_encode, on_token, literal);
     else
       normalize_then_encode(text);
     return out;

@@ -90,7 +90,7 @@ std::string argument_value(const ojson& v, ChatTemplateKind kind) {
   return v.is_object() || v.is_array() ? py::dumps(v) : py::str(v);
 }
 
-void render_assistant(const ojson& m, size_t i, bool keep_reasoning, const ChatOptions& opt, std::string& out) {
+void render_assistant(const ojson& m, size_t i, bool keep_reasoning, const ChatOptions& opt, Out& out) {
   std::string content = trimmed_content(m, i);
   std::string reasoning;
   auto rc = m.find("reasoning_content");
@@ -109,9 +109,9 @@ void render_assistant(const ojson& m, size_t i, bool keep_reasoning, const ChatO
   }
   reasoning = std::string(py::strip(reasoning));
   if (keep_reasoning)
-    put(out, "<|im_start|>assistant\n<think>\n", reasoning, "\n</think>\n\n", content);
+    put(out, "<|im_start|>assistant\n<think>\n", Lit{reasoning}, "\n</think>\n\n", Lit{content});
   else
-    put(out, "<|im_start|>assistant\n", content);
+    put(out, "<|im_start|>assistant\n", Lit{content});
   auto tc = m.find("tool_calls");
   if (tc != m.end() && tc->is_array()) {
     for (size_t k = 0; k < tc->size(); ++k) {
@@ -121,10 +121,10 @@ void render_assistant(const ojson& m, size_t i, bool keep_reasoning, const ChatO
         out += (py::strip(content).empty() ? "" : "\n\n");
       else
         out += "\n";
-      put(out, "<tool_call>\n<function=", name, ">\n");
+      put(out, "<tool_call>\n<function=", Lit{name}, ">\n");
       const ojson args = arguments_object(fn, i, k);
       for (auto it = args.begin(); it != args.end(); ++it)
-        put(out, "<parameter=", it.key(), ">\n", argument_value(it.value(), opt.kind), "\n</parameter>\n");
+        put(out, "<parameter=", Lit{it.key()}, ">\n", Lit{argument_value(it.value(), opt.kind)}, "\n</parameter>\n");
       out += "</function>\n</tool_call>";
     }
   } else if (tc != m.end() && !tc->is_null()) {
@@ -135,27 +135,27 @@ void render_assistant(const ojson& m, size_t i, bool keep_reasoning, const ChatO
 
 }  // namespace
 
-std::string render_qwen35(const ojson& messages, const ojson& tools, const ChatOptions& opt) {
+RenderedChat render_qwen35(const ojson& messages, const ojson& tools, const ChatOptions& opt) {
   if (!messages.is_array()) fail("messages: must be an array");
   if (messages.empty()) fail("messages: no messages provided");
   if (!tools.is_null() && !tools.is_array()) fail("tools: must be an array");
   const size_t n = messages.size();
   for (size_t i = 0; i < n; ++i) role_of(messages[i], i);
-  std::string out;
+  Out out;
   const bool first_system = role_of(messages[0], 0) == "system";
   if (tools.is_array() && !tools.empty()) {
     out += "<|im_start|>system\n";
     out += kToolsIntro;
-    for (const auto& t : tools) put(out, "\n", py::dumps(t));
+    for (const auto& t : tools) put(out, "\n", Lit{py::dumps(t)});
     out += "\n</tools>";
     out += kToolsInstructions;
     if (first_system) {
       const std::string sys = trimmed_content(messages[0], 0);
-      if (!sys.empty()) put(out, "\n\n", sys);
+      if (!sys.empty()) put(out, "\n\n", Lit{sys});
     }
     out += "<|im_end|>\n";
   } else if (first_system) {
-    put(out, "<|im_start|>system\n", trimmed_content(messages[0], 0), "<|im_end|>\n");
+    put(out, "<|im_start|>system\n", Lit{trimmed_content(messages[0], 0)}, "<|im_end|>\n");
   }
   // The last user message that is a real query (not a wrapped tool response): assistant turns after it keep their
   // reasoning.
@@ -175,14 +175,14 @@ std::string render_qwen35(const ojson& messages, const ojson& tools, const ChatO
     if (role == "system") {
       if (i != 0) fail("messages[{}]: a system message must be the first message", i);
     } else if (role == "user") {
-      put(out, "<|im_start|>user\n", trimmed_content(m, i), "<|im_end|>\n");
+      put(out, "<|im_start|>user\n", Lit{trimmed_content(m, i)}, "<|im_end|>\n");
     } else if (role == "assistant") {
       const bool keep = i > *last_query || (opt.kind == ChatTemplateKind::Qwen36 && opt.preserve_thinking);
       render_assistant(m, i, keep, opt, out);
     } else if (role == "tool") {
       // Consecutive tool results share one user turn.
       if (i > 0 && role_of(messages[i - 1], i - 1) != "tool") out += "<|im_start|>user";
-      put(out, "\n<tool_response>\n", trimmed_content(m, i), "\n</tool_response>");
+      put(out, "\n<tool_response>\n", Lit{trimmed_content(m, i)}, "\n</tool_response>");
       if (i + 1 == n || role_of(messages[i + 1], i + 1) != "tool") out += "<|im_end|>\n";
     } else {
       fail("messages[{}]: unexpected role \"{}\"", i, role);
@@ -190,15 +190,20 @@ std::string render_qwen35(const ojson& messages, const ojson& tools, const ChatO
   }
   if (opt.add_generation_prompt)
     out += opt.enable_thinking ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
-  return out;
+  return std::move(out.r);
 }
 
 }  // namespace chat
 
-std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                        const ChatOptions& opt) {
+RenderedChat render_chat_marked(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                const ChatOptions& opt) {
   if (opt.kind == ChatTemplateKind::Qwen3) return chat::render_qwen3(messages, tools, opt);
   return chat::render_qwen35(messages, tools, opt);
+}
+
+std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                        const ChatOptions& opt) {
+  return render_chat_marked(messages, tools, opt).text;
 }
 
 std::string render_chat(const nlohmann::json& messages, const nlohmann::json& tools, const ChatOptions& opt) {

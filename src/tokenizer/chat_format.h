@@ -4,6 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
 
 namespace fern {
 
@@ -24,5 +27,15 @@ struct ChatOptions {
 std::string render_chat(const nlohmann::json& messages, const nlohmann::json& tools, const ChatOptions& opt);
 std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                         const ChatOptions& opt);
+
+// The same prompt, plus the byte ranges that came from the request (message contents, reasoning, tool names,
+// arguments and schemas). Encode it with Tokenizer::encode_marked so that a user who types "<|im_start|>" gets
+// text, not the control token (RELIABILITY.md T27); the ids are otherwise those of encode(text).
+struct RenderedChat {
+  std::string text;
+  std::vector<TextSpan> literal;
+};
+RenderedChat render_chat_marked(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                const ChatOptions& opt);
 
 }  // namespace fern

@@ -23,22 +23,22 @@ bool ends_with(std::string_view s, std::string_view p) {
 
 }  // namespace
 
-std::string render_qwen3(const ojson& messages, const ojson& tools, const ChatOptions& opt) {
+RenderedChat render_qwen3(const ojson& messages, const ojson& tools, const ChatOptions& opt) {
   if (!messages.is_array()) fail("messages: must be an array");
   if (messages.empty()) fail("messages: no messages provided");
   if (!tools.is_null() && !tools.is_array()) fail("tools: must be an array");
   const size_t n = messages.size();
   for (size_t i = 0; i < n; ++i) role_of(messages[i], i);
   const bool first_system = role_of(messages[0], 0) == "system";
-  std::string out;
+  Out out;
   if (tools.is_array() && !tools.empty()) {
     out += "<|im_start|>system\n";
-    if (first_system) put(out, content_text(messages[0], 0), "\n\n");
+    if (first_system) put(out, Lit{content_text(messages[0], 0)}, "\n\n");
     out += kToolsHeader;
-    for (const auto& t : tools) put(out, "\n", py::dumps(t));
+    for (const auto& t : tools) put(out, "\n", Lit{py::dumps(t)});
     out += kToolsFooter;
   } else if (first_system) {
-    put(out, "<|im_start|>system\n", content_text(messages[0], 0), "<|im_end|>\n");
+    put(out, "<|im_start|>system\n", Lit{content_text(messages[0], 0)}, "<|im_end|>\n");
   }
   size_t last_query = n - 1;  // the template's default when no real user query exists
   for (size_t k = n; k-- > 0;) {
@@ -53,7 +53,7 @@ std::string render_qwen3(const ojson& messages, const ojson& tools, const ChatOp
     const ojson& m = messages[i];
     const std::string& role = role_of(m, i);
     if (role == "user" || (role == "system" && i != 0)) {
-      put(out, "<|im_start|>", role, "\n", content_text(m, i), "<|im_end|>\n");
+      put(out, "<|im_start|>", role, "\n", Lit{content_text(m, i)}, "<|im_end|>\n");
     } else if (role == "assistant") {
       const std::string full = content_text(m, i);
       std::string content = full, reasoning;
@@ -71,21 +71,21 @@ std::string render_qwen3(const ojson& messages, const ojson& tools, const ChatOp
         reasoning = std::string(py::strip_chars(before, "\n", true, false));
       }
       if (i > last_query && (i + 1 == n || !reasoning.empty()))
-        put(out, "<|im_start|>assistant\n<think>\n", py::strip_chars(reasoning, "\n"), "\n</think>\n\n",
-            py::strip_chars(content, "\n", true, false));
+        put(out, "<|im_start|>assistant\n<think>\n", Lit{py::strip_chars(reasoning, "\n")}, "\n</think>\n\n",
+            Lit{py::strip_chars(content, "\n", true, false)});
       else
-        put(out, "<|im_start|>assistant\n", content);
+        put(out, "<|im_start|>assistant\n", Lit{content});
       auto tc = m.find("tool_calls");
       if (tc != m.end() && tc->is_array()) {
         for (size_t k = 0; k < tc->size(); ++k) {
           if ((k == 0 && !content.empty()) || k > 0) out += "\n";
           const ojson& fn = call_function((*tc)[k], i, k);
-          put(out, "<tool_call>\n{\"name\": \"", fn["name"].get<std::string>(), "\", \"arguments\": ");
+          put(out, "<tool_call>\n{\"name\": \"", Lit{fn["name"].get_ref<const std::string&>()}, "\", \"arguments\": ");
           auto a = fn.find("arguments");
           if (a != fn.end() && a->is_string())
-            out += a->get<std::string>();
+            put(out, Lit{a->get_ref<const std::string&>()});
           else
-            out += py::dumps(a == fn.end() ? ojson::object() : *a);
+            put(out, Lit{py::dumps(a == fn.end() ? ojson::object() : *a)});
           out += "}\n</tool_call>";
         }
       } else if (tc != m.end() && !tc->is_null()) {
@@ -94,7 +94,7 @@ std::string render_qwen3(const ojson& messages, const ojson& tools, const ChatOp
       out += "<|im_end|>\n";
     } else if (role == "tool") {
       if (i == 0 || role_of(messages[i - 1], i - 1) != "tool") out += "<|im_start|>user";
-      put(out, "\n<tool_response>\n", content_text(m, i), "\n</tool_response>");
+      put(out, "\n<tool_response>\n", Lit{content_text(m, i)}, "\n</tool_response>");
       if (i + 1 == n || role_of(messages[i + 1], i + 1) != "tool") out += "<|im_end|>\n";
     } else if (role != "system") {
       fail("messages[{}]: unexpected role \"{}\"", i, role);
@@ -104,7 +104,7 @@ std::string render_qwen3(const ojson& messages, const ojson& tools, const ChatOp
     out += "<|im_start|>assistant\n";
     if (!opt.enable_thinking) out += "<think>\n\n</think>\n\n";
   }
-  return out;
+  return std::move(out.r);
 }
 
 }  // namespace fern::chat

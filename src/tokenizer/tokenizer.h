@@ -12,6 +12,11 @@
 
 namespace fern {
 
+// A byte range [begin, end) of a text.
+struct TextSpan {
+  size_t begin = 0, end = 0;
+};
+
 class Tokenizer {
  public:
   // Loads a tokenizer.json file, or <dir>/tokenizer.json when given a directory. Throws fern::Error.
@@ -24,6 +29,10 @@ class Tokenizer {
   // Like encode, but added-token strings in `text` stay ordinary text ("<|im_start|>" typed by a user becomes
   // plain BPE tokens, never a control token; HF's split_special_tokens=True). For untrusted message content.
   virtual std::vector<int32_t> encode_literal(std::string_view text) const = 0;
+  // encode, except that added-token strings overlapping the `literal` spans (sorted, non-overlapping; e.g. the
+  // message contents of a rendered chat, render_chat_marked) stay text. Where the spans hold no added-token
+  // strings the ids equal encode(text), because normalisation and splitting still see the whole text.
+  virtual std::vector<int32_t> encode_marked(std::string_view text, std::span<const TextSpan> literal) const = 0;
   // skip_special: drop added tokens whose `special` flag is set (like HF skip_special_tokens).
   // Ids without a token (negative, unused rows of the embedding) are skipped; invalid UTF-8 (a character cut
   // off at either end) becomes U+FFFD, as in HF.

@@ -22,6 +22,12 @@ const fern::Tokenizer& tok() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   const fern::Tokenizer& t = tok();
+  // Marked encoding: no spans is plain encoding; one span over everything is literal encoding.
+  if (fern::utf8::valid(text)) {
+    if (t.encode_marked(text, {}) != t.encode(text)) std::abort();
+    const fern::TextSpan all[1] = {{0, text.size()}};
+    if (t.encode_marked(text, all) != t.encode_literal(text)) std::abort();
+  }
   for (bool literal : {false, true}) {
     const auto ids = literal ? t.encode_literal(text) : t.encode(text);
     for (int32_t id : ids)
