@@ -11,5 +11,5 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build pkg-config ccache git ca-certificates \
   libpcre2-dev libutf8proc-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev \
-  libgtest-dev libbenchmark-dev clang libclang-rt-dev gnuplot-nox nodejs npm >/dev/null
+  libgtest-dev libbenchmark-dev clang libclang-rt-dev libomp-dev gnuplot-nox nodejs npm >/dev/null
 npm ci --prefix third_party/npm --no-audit --no-fund --loglevel=error
