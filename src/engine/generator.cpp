@@ -187,9 +187,9 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
     st_tokens_.push_back(tok);
   }
   if (!stops.stopped()) {
-    auto r = stops.push(dec.flush());
-    emit(r.text);
-    if (!r.stopped) emit(stops.flush());
+    // The decoder still holds only the bytes of a character that max_tokens (or an eos) cut off; they are dropped
+    // rather than flushed as U+FFFD, so the output ends with whole characters.
+    emit(stops.flush());
   }
 
   // Snapshot of the whole conversation after the reply, as the next turn will render it ("...<|im_end|>\n").

@@ -94,3 +94,4 @@ TEST(StopMatcher, RandomSplitsAgreeWithOnePass) {
 
 }  // namespace
 }  // namespace fern
+

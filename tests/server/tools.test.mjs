@@ -141,6 +141,20 @@ test('tool_choice named or required: the reply is started as a call of that func
   assert.ok((rm.tool_calls ?? []).length > 0 || (rm.content ?? '').startsWith('<tool_call>\n<function='), JSON.stringify(rm));
 });
 
+test('output cut inside a multi-byte character: whole characters only, streamed or not', async () => {
+  const forced = '日本🫠𓀀鿿 ok';  // the last three characters span 3, 3 and 2 byte-level tokens
+  for (let max = 1; max <= 8; ++max) {
+    const params = { model: MODEL, messages: ask, max_tokens: max, test_forced_output: forced, chat_template_kwargs: { enable_thinking: false } };
+    const r = await openai.chat.completions.create(params);
+    const text = r.choices[0].message.content;
+    assert.ok(!text.includes('\ufffd'), `max_tokens ${max}: ${JSON.stringify(text)}`);
+    assert.ok(forced.startsWith(text), `max_tokens ${max}: ${JSON.stringify(text)}`);
+    let streamed = '';
+    for await (const ch of await openai.chat.completions.create({ ...params, stream: true })) streamed += ch.choices[0]?.delta?.content ?? '';
+    assert.equal(streamed, text);
+  }
+});
+
 test('without --test-forced-output the field is ignored', async () => {
   const r = await client(plain).chat.completions.create({
     model: MODEL, messages: ask, max_tokens: 8, ignore_eos: true, test_forced_output: 'FORCED TEXT',
