@@ -15,6 +15,8 @@
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fill.h"
+#include "cuda/kernels.h"
+#include "cuda/qweight.h"
 #include "cuda/random_weights.h"
 #include "model/forward.h"
 
@@ -182,6 +184,34 @@ void bench_decode() {
       be.attn_core(o, qg, k, v, at, cfg, *st, l);
       be.linear(out, o, at.o_proj);
     };
+    // The MoE and attention kernels one by one (chains of the same dependent launch), to split the block times.
+    cuda::Ctx kc;
+    kc.stream = be.stream();
+    kc.sms = be.sm_count();
+    kc.pdl = be.pdl();
+    Tensor cnt = be.alloc(DType::I32, {4096});
+    FERN_CUDA_CHECK(cudaMemset(cnt.data, 0, cnt.nbytes()));
+    kc.counters = cnt.ptr<int>();
+    kc.n_counters = 4096;
+    const int topk = cfg.num_experts_per_tok;
+    const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, Is = cfg.shared_expert_intermediate_size;
+    Tensor rl = be.alloc(DType::F32, {E}), sgl = be.alloc(DType::F32, {1}), ids = be.alloc(DType::I32, {topk}),
+           tw = be.alloc(DType::F32, {topk}), sg = be.alloc(DType::F32, {1}), hh = be.alloc(DType::F32, {topk * I + Is});
+    const cuda::MoeScratch ms{rl.ptr<float>(), sgl.ptr<float>(), ids.ptr<int32_t>(), tw.ptr<float>(), sg.ptr<float>(),
+                              hh.ptr<float>()};
+    auto mq = [&](int l) -> const MoeWeights& { return w->layers[l].moe; };
+    cuda::moe_route(kc, cuda::make_qw(mq(0).router), cuda::make_qw(mq(0).shared_expert_gate), xn.ptr<float>(), ms, 1,
+                    topk);  // valid expert ids for the gate/up and down rows
+    cuda::moe_gate_up(kc, cuda::make_qw(mq(0).gate), cuda::make_qw(mq(0).up), cuda::make_qw(mq(0).shared_gate),
+                      cuda::make_qw(mq(0).shared_up), xn.ptr<float>(), ms, 1, topk);
+    const int64_t qd = int64_t(cfg.num_attention_heads) * cfg.head_dim;
+    auto& cst = static_cast<CudaState&>(*st);
+    cuda::AttnShape ash{cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim(),
+                        static_cast<float>(cfg.rope_theta), static_cast<float>(cfg.rms_norm_eps), cst.capacity};
+    Tensor aq = be.alloc(DType::F32, {qd}), aqg = be.alloc(DType::F32, {2 * qd}), ao = be.alloc(DType::F32, {qd});
+    Tensor pml = be.alloc(DType::F32, {qd / cfg.head_dim, cst.nsplit, 2}), pacc = be.alloc(DType::F32, {qd, cst.nsplit});
+    cuda::fill_random_f32(be.stream(), aq.ptr<float>(), qd, 5, -1, 1);
+    cuda::fill_random_f32(be.stream(), aqg.ptr<float>(), 2 * qd, 6, -1, 1);
     struct Row {
       const char* name;
       std::function<void()> body;
@@ -206,6 +236,10 @@ void bench_decode() {
              if (cfg.is_attention_layer(l)) be.attn_core(o, qg, k, v, w->layers[l].attn, cfg, *st, l);
          }},
         {"40 x MoE block", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe(out, xn, w->layers[l].moe, cfg); }},
+        {"  of which 40 x moe_route (fused router)", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_route(kc, cuda::make_qw(mq(l).router), cuda::make_qw(mq(l).shared_expert_gate), xn.ptr<float>(), ms, 1, topk); }},
+        {"  of which 40 x moe_gate_up", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_gate_up(kc, cuda::make_qw(mq(l).gate), cuda::make_qw(mq(l).up), cuda::make_qw(mq(l).shared_gate), cuda::make_qw(mq(l).shared_up), xn.ptr<float>(), ms, 1, topk); }},
+        {"  of which 40 x moe_down", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_down(kc, cuda::make_qw(mq(l).down), cuda::make_qw(mq(l).shared_down), ms, out.ptr<float>(), 1, topk); }},
+        {"  of which 10 x attn split+combine @4K", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) cuda::attn_decode(kc, ash, cst.d_pos, aq.ptr<float>(), aqg.ptr<float>(), cst.k_cache[l].ptr<uint16_t>(), cst.v_cache[l].ptr<uint16_t>(), pml.ptr<float>(), pacc.ptr<float>(), ao.ptr<float>(), 1, cst.nsplit); }},
         {"80 x add_rmsnorm", [&] { for (int l = 0; l < 80; ++l) be.add_rmsnorm(h, out, xn, w->layers[l / 2].post_norm, 1e-6f); }},
         {"lm_head + argmax", [&] { be.begin_forward(); Tensor lg = be.scratch(DType::F32, {1, V}); be.linear(lg, xn, w->lm_head); be.argmax(tok, lg); }},
     };

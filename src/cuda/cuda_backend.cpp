@@ -280,11 +280,15 @@ void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a,
   FERN_CHECK(sh.Hk + sh.Hv <= kArgmaxCounterBase, "gdn_core: too many heads");
   float* conv = f32(st.conv_state.at(layer), "conv state");
   float* rec = f32(st.recurrent_state.at(layer), "recurrent state");
+  // The state may be prefetched before the PDL wait unless the previous gdn launch wrote this same state (a model
+  // with one GDN layer, or two calls in a row): then the launch just before this one might be that writer.
+  const bool early = last_gdn_state_ != rec;
   // Rows are sequential through the state: one launch per row (prefill gets a chunked kernel later).
   for (int t = 0; t < T; ++t)
     cuda::gdn_step(ctx(0), sh, t, f32(mixed, "gdn mixed"), f32(z, "gdn z"), f32(b, "gdn b"), f32(a, "gdn a"),
                    f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"), f32(w.norm_w, "norm_w"),
-                   conv, rec, f32(y, "gdn y"));
+                   conv, rec, f32(y, "gdn y"), early);
+  last_gdn_state_ = rec;
 }
 
 void CudaBackend::attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,

@@ -99,6 +99,7 @@ class CudaBackend : public Backend {
   cudaGraphExec_t graph_exec_ = nullptr;
   const SequenceState* graph_state_ = nullptr;
   int64_t graph_advance_ = 0;
+  const float* last_gdn_state_ = nullptr;  // recurrent state written by the last gdn_core call (gdn_core says why)
 };
 
 }  // namespace fern

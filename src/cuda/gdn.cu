@@ -30,9 +30,25 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
                                                        const float* __restrict__ A_log,
                                                        const float* __restrict__ dt_bias,
                                                        const float* __restrict__ norm_w, float* conv_state,
-                                                       float* state, float* y, int* counters) {
+                                                       float* state, float* y, int* counters, int early_state) {
+  // The recurrent state of this layer was last written by this layer's kernel of the previous token. When that is
+  // at least two launches back (early_state: the first row of a call), it is complete before this kernel starts:
+  // every kernel calls pdl_trigger() only after its own pdl_wait(), so when kernel N starts, kernel N-2 has
+  // finished. Its loads are then issued before the wait and overlap the launch, the conv and the norms.
+  const int jj = threadIdx.x % kCols, sl = threadIdx.x / kCols;
+  const int j = blockIdx.y * kCols + jj;
+  const int R = sh.Dk / kSlices;
+  float* S = state + int64_t(blockIdx.x) * sh.Dk * sh.Dv;
+  float s[kMaxRows];
+  auto load_state = [&] {
+#pragma unroll
+    for (int ii = 0; ii < kMaxRows; ++ii)
+      if (ii < R) s[ii] = S[int64_t(sl * R + ii) * sh.Dv + j];
+  };
+  if (early_state) load_state();
   pdl_wait();
   pdl_trigger();
+  if (!early_state) load_state();
   __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kCols];
   __shared__ float part[kSlices][kCols];
   __shared__ float red[32];
@@ -66,17 +82,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
   const float g = -expf(A_log[h]) * softplus(agate[h] + dt_bias[h]);
   const float decay = expf(g);
 
-  const int jj = tid % kCols, sl = tid / kCols;
-  const int j = cb * kCols + jj;
-  const int R = Dk / kSlices;
-  float* S = state + int64_t(h) * Dk * Dv;
-  float s[kMaxRows];
   float m = 0.0f;
 #pragma unroll
   for (int ii = 0; ii < kMaxRows; ++ii) {
     if (ii < R) {
       const int i = sl * R + ii;
-      s[ii] = S[int64_t(i) * Dv + j] * decay;
+      s[ii] *= decay;
       m = fmaf(s[ii], ks[i] * kscale, m);
     }
   }
@@ -145,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
 
 void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* z, const float* b,
               const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
-              float* conv_state, float* state, float* y) {
+              float* conv_state, float* state, float* y, bool early_state) {
   FERN_CU_CHECK(sh.Dk % kSlices == 0 && sh.Dk <= kMaxDk && sh.Dv % kCols == 0 && sh.Dv <= kThreads &&
                     sh.Hk > 0 && sh.Hv % sh.Hk == 0 && sh.kernel >= 2 && sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv,
                 "gdn: unsupported head shape");
@@ -153,7 +164,7 @@ void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const
   dim3 grid(sh.Hv, sh.Dv / kCols);
   launch(c, "gdn_kernel", gdn_kernel, grid, kThreads, 0, sh, mixed + int64_t(t) * sh.conv_dim, z + t * vd, b + int64_t(t) * sh.Hv,
                                               a + int64_t(t) * sh.Hv, conv_w, A_log, dt_bias, norm_w, conv_state,
-                                              state, y + t * vd, c.counters);
+                                              state, y + t * vd, c.counters, early_state && t == 0 ? 1 : 0);
   FERN_CUDA_LAUNCH_CHECK("gdn_kernel");
 }
 

@@ -82,7 +82,9 @@ struct GdnShape {
 // Uses counters[0, Hv + Hk).
 void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* z, const float* b,
               const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
-              float* conv_state, float* state, float* y);
+              float* conv_state, float* state, float* y, bool early_state = false);
+// early_state: the caller guarantees that the kernel launched just before this one does not write `state` (then, for
+// t = 0, the state loads are issued before the PDL wait; gdn.cu says why that is safe).
 
 // ---- Gated attention (MODEL.md 2.3) ----
 struct AttnShape {

@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) down_kernel(QW D, QW SD, MoeScratch 
   __shared__ float fac[65];
   __shared__ ChunkMat mats[65];
   constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
-  constexpr int U = 4;  // chunks in flight per lane
+  constexpr int U = 8;  // chunks in flight per lane: a whole row of the real model (144 chunks) in one round
   const int t = blockIdx.y;
   const int I = static_cast<int>(D.in), Is = static_cast<int>(SD.in);
   const int nx = topk * I + Is;
@@ -245,7 +245,7 @@ void down_bits(const Ctx& c, const QW& d, const QW& sd, const MoeScratch& s, flo
   const int64_t nx = topk * d.in + sd.in;
   const size_t smem = x_smem_bytes<BITS>(nx, 32);
   if (smem > 48 * 1024) raise_error("moe: expert width too large for the down kernel");
-  const int64_t rows_per_block = 2 * (kThreads / 32);  // each warp about two output rows
+  const int64_t rows_per_block = kThreads / 32;  // one output row per warp: 2048 rows fill 256 blocks
   const int64_t blocks = std::min<int64_t>((d.out + rows_per_block - 1) / rows_per_block, int64_t(c.sms) * 4);
   dim3 grid(static_cast<unsigned>(blocks), T);
   launch(c, "down_kernel", down_kernel<BITS>, grid, kThreads, smem, d, sd, s, out, topk);

@@ -17,7 +17,7 @@ TEST(CudaMisc, Norms) {
   FERN_REQUIRE_GPU();
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
-  for (int64_t D : {2048, 128, 100}) {
+  for (int64_t D : {2048, 128, 100, 4096, 102, 5000}) {  // 102, 5000: the generic (not float4) kernel
     const int64_t R = 3;
     auto x = test::randn(size_t(R * D), 1 + D), d = test::randn(size_t(R * D), 2 + D),
          w = test::randn(size_t(D), 3 + D, 0.3f);
