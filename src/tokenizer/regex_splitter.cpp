@@ -49,6 +49,9 @@ void RegexSplitter::split(std::string_view text, std::vector<std::string_view>& 
     // NO_UTF_CHECK: callers pass well-formed UTF-8 (the tokenizer sanitises its input first).
     int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, n, pos, PCRE2_NO_UTF_CHECK, md.md, nullptr)
                         : pcre2_match(impl_->code, subject, n, pos, PCRE2_NO_UTF_CHECK, md.md, nullptr);
+    // The JIT's stack is small and fixed; the interpreter keeps its backtracking state on the heap.
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+      rc = pcre2_match(impl_->code, subject, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md.md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
