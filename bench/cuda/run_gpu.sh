@@ -26,9 +26,9 @@ echo "build: $(( $(date +%s) - t0 )) s"
 summary=""
 for pdl in 0 1; do
   for t in $tests; do
-    FERN_CUDA_PDL=$pdl timeout 200 ./build/$t >"$L/$t.pdl$pdl.log" 2>&1
+    FERN_CUDA_BRANCHES=$pdl FERN_CUDA_PDL=$pdl timeout 200 ./build/$t >"$L/$t.pdl$pdl.log" 2>&1
     rc=$?
-    summary+="PDL=$pdl $t rc=$rc: $(grep -E '^\[  (PASSED|FAILED)' "$L/$t.pdl$pdl.log" | tr '\n' ' ')"$'\n'
+    summary+="PDL=branches=$pdl $t rc=$rc: $(grep -E '^\[  (PASSED|FAILED)' "$L/$t.pdl$pdl.log" | tr '\n' ' ')"$'\n'
     [ $pdl = 1 ] && grep -E "NMSE|top-1|graph replay|Failure|Expected|Which is|actual" "$L/$t.pdl$pdl.log" | head -40
   done
 done
@@ -47,6 +47,7 @@ if command -v cuobjdump >/dev/null; then
 fi
 FERN_CUDA_PDL=1 timeout 150 ./build/bench/bench_cuda_decode all 2>&1 | tee "$OUT/bench_pdl1.log"
 FERN_CUDA_PDL=0 timeout 100 ./build/bench/bench_cuda_decode decode 2>&1 | tee "$OUT/bench_pdl0.log"
+FERN_CUDA_BRANCHES=0 timeout 100 ./build/bench/bench_cuda_decode decode 2>&1 | tee "$OUT/bench_nobranch.log"
 tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$L"
 echo "== summary =="
 printf "%s" "$summary"

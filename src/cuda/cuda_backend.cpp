@@ -50,13 +50,22 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   const char* env = std::getenv("FERN_CUDA_PDL");
   pdl_ = major >= 9 && (env ? std::string(env) != "0" : kPdlDefault);
   FERN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  FERN_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  FERN_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
+  FERN_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
+  const char* br = std::getenv("FERN_CUDA_BRANCHES");
+  branches_ = br ? std::string(br) != "0" : true;
   FERN_CUDA_CHECK(cudaMalloc(&counters_, sizeof(int) * kCounters));
   FERN_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(int) * kCounters));
 }
 
 CudaBackend::~CudaBackend() {
   drop_graph();
+  if (side_) cudaStreamSynchronize(side_);
   if (stream_) cudaStreamSynchronize(stream_);
+  if (fork_ev_) cudaEventDestroy(fork_ev_);
+  if (join_ev_) cudaEventDestroy(join_ev_);
+  if (side_) cudaStreamDestroy(side_);
   for (auto& b : arena_) cudaFree(b.p);
   for (void* p : owned_) cudaFree(p);
   cudaFree(counters_);
@@ -71,6 +80,16 @@ cuda::Ctx CudaBackend::ctx(int counter_offset, int counter_count) const {
   c.n_counters = counter_count;
   c.pdl = pdl_;
   return c;
+}
+
+void CudaBackend::join_side() {
+  if (side_busy_) {
+    FERN_CUDA_CHECK(cudaEventRecord(join_ev_, side_));
+    FERN_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_ev_, 0));
+    side_busy_ = false;
+  }
+  group_x_ = nullptr;
+  group_out_.clear();
 }
 
 // ---- memory ----
@@ -133,13 +152,17 @@ LinearWeight CudaBackend::to_device(const LinearWeight& host) {
 }
 
 void CudaBackend::copy(Tensor dst, Tensor src) {
+  join_side();
   FERN_CHECK(dst.nbytes() == src.nbytes(), "copy: {} bytes into {} bytes", src.nbytes(), dst.nbytes());
   if (dst.nbytes() == 0) return;
   FERN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault, stream_));
   if (dst.device == Device::Host) FERN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaBackend::synchronize() { FERN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaBackend::synchronize() {
+  join_side();
+  FERN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 // ---- state ----
 size_t CudaBackend::state_bytes(const ModelConfig& cfg, int64_t capacity) const {
@@ -191,12 +214,14 @@ std::unique_ptr<SequenceState> CudaBackend::new_state(const ModelConfig& cfg, in
 }
 
 void CudaBackend::reset_state(SequenceState& s) {
+  join_side();
   CudaState& st = cuda_state(s);
   FERN_CUDA_CHECK(cudaMemsetAsync(st.mem, 0, st.bytes, stream_));
   st.pos = 0;
 }
 
 void CudaBackend::copy_state(SequenceState& d, const SequenceState& s) {
+  join_side();
   CudaState& dst = cuda_state(d);
   const CudaState& src = cuda_state(const_cast<SequenceState&>(s));
   FERN_CHECK(dst.capacity >= src.pos, "copy_state: capacity {} < {} tokens", dst.capacity, src.pos);
@@ -218,6 +243,7 @@ void CudaBackend::copy_state(SequenceState& d, const SequenceState& s) {
 }
 
 void CudaBackend::advance(SequenceState& s, int64_t n) {
+  join_side();
   CudaState& st = cuda_state(s);
   st.pos += n;
   cuda::advance_pos(ctx(), st.d_pos, static_cast<int>(n));
@@ -225,6 +251,7 @@ void CudaBackend::advance(SequenceState& s, int64_t n) {
 
 // ---- ops ----
 void CudaBackend::embed(Tensor out, Tensor ids, const LinearWeight& table) {
+  join_side();
   const int T = static_cast<int>(ids.dim(0));
   FERN_CHECK(ids.dtype == DType::I32, "embed: ids must be I32");
   FERN_CHECK(out.numel() == T * table.in, "embed: out {} for {} ids of width {}", out.shape_str(), T, table.in);
@@ -232,6 +259,7 @@ void CudaBackend::embed(Tensor out, Tensor ids, const LinearWeight& table) {
 }
 
 void CudaBackend::rmsnorm(Tensor out, Tensor x, Tensor w, float eps) {
+  join_side();
   const int64_t D = x.dim(-1);
   FERN_CHECK(w.numel() == D && out.numel() == x.numel(), "rmsnorm: x {} w {} out {}", x.shape_str(), w.shape_str(),
              out.shape_str());
@@ -240,6 +268,7 @@ void CudaBackend::rmsnorm(Tensor out, Tensor x, Tensor w, float eps) {
 }
 
 void CudaBackend::add_rmsnorm(Tensor resid, Tensor delta, Tensor out, Tensor w, float eps) {
+  join_side();
   const int64_t D = resid.dim(-1);
   FERN_CHECK(w.numel() == D && delta.numel() == resid.numel() && out.numel() == resid.numel(),
              "add_rmsnorm: resid {} delta {} out {} w {}", resid.shape_str(), delta.shape_str(), out.shape_str(),
@@ -250,6 +279,7 @@ void CudaBackend::add_rmsnorm(Tensor resid, Tensor delta, Tensor out, Tensor w, 
 }
 
 void CudaBackend::add(Tensor out, Tensor a, Tensor b) {
+  join_side();
   FERN_CHECK(a.numel() == b.numel() && out.numel() == a.numel(), "add: shapes {} {} {}", out.shape_str(),
              a.shape_str(), b.shape_str());
   cuda::add(ctx(), f32(out, "add out"), f32(a, "add a"), f32(b, "add b"), a.numel());
@@ -258,11 +288,33 @@ void CudaBackend::add(Tensor out, Tensor a, Tensor b) {
 void CudaBackend::linear(Tensor out, Tensor x, const LinearWeight& w) {
   FERN_CHECK(x.dim(-1) == w.in && out.dim(-1) == w.out && x.numel() / w.in == out.numel() / w.out,
              "linear {}: x {} out {} for [{}, {}]", w.name, x.shape_str(), out.shape_str(), w.out, w.in);
-  cuda::linear(ctx(), cuda::make_qw(w), f32(x, "linear x"), f32(out, "linear out"), static_cast<int>(x.numel() / w.in));
+  const Span o{static_cast<const char*>(out.data), out.nbytes()};
+  const Span in{static_cast<const char*>(x.data), x.nbytes()};
+  auto overlap = [](const Span& a, const Span& b) { return a.p < b.p + b.n && b.p < a.p + a.n; };
+  bool independent = branches_ && group_x_ != nullptr && x.data == group_x_ && !overlap(o, in);
+  for (const Span& g : group_out_) independent = independent && !overlap(o, g);
+  cuda::Ctx c = ctx();
+  if (independent) {
+    // A further projection of the same input: on the side stream, after the input's producer (fork_ev_).
+    if (!side_busy_) {
+      FERN_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_ev_, 0));
+      side_busy_ = true;
+    }
+    c.stream = side_;
+  } else {
+    join_side();
+    if (branches_) {
+      FERN_CUDA_CHECK(cudaEventRecord(fork_ev_, stream_));  // the input is ready once what precedes has run
+      group_x_ = x.data;
+    }
+  }
+  group_out_.push_back(o);
+  cuda::linear(c, cuda::make_qw(w), f32(x, "linear x"), f32(out, "linear out"), static_cast<int>(x.numel() / w.in));
 }
 
 void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
                            const ModelConfig& cfg, SequenceState& state, int layer) {
+  join_side();
   CudaState& st = cuda_state(state);
   const int T = static_cast<int>(mixed.dim(0));
   cuda::GdnShape sh;
@@ -293,6 +345,7 @@ void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a,
 
 void CudaBackend::attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
                             SequenceState& state, int layer) {
+  join_side();
   CudaState& st = cuda_state(state);
   const int T = static_cast<int>(qg.dim(0));
   cuda::AttnShape sh;
@@ -325,6 +378,7 @@ void CudaBackend::attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnW
 }
 
 void CudaBackend::moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
+  join_side();
   const int T = static_cast<int>(x.dim(0));
   const int k = cfg.num_experts_per_tok;
   const int64_t E = w.router.out, I = w.gate.out, Is = w.shared_gate.out;
@@ -346,6 +400,7 @@ void CudaBackend::moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConf
 }
 
 void CudaBackend::argmax(Tensor ids, Tensor logits) {
+  join_side();
   const int T = static_cast<int>(logits.dim(0));
   const int64_t V = logits.dim(1);
   FERN_CHECK(ids.dtype == DType::I32 && ids.numel() == T, "argmax: ids {} for {} rows", ids.shape_str(), T);
@@ -361,6 +416,7 @@ void CudaBackend::argmax(Tensor ids, Tensor logits) {
 // ---- graph ----
 void CudaBackend::capture_step(SequenceState& state, const std::function<void()>& step) {
   drop_graph();
+  join_side();
   const int64_t pos0 = state.pos;
   cudaGraph_t graph = nullptr;
   FERN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -369,11 +425,19 @@ void CudaBackend::capture_step(SequenceState& state, const std::function<void()>
     step();
   } catch (...) {
     capturing_ = false;
+    if (side_busy_) {  // best effort: join so that the capture can end
+      cudaEventRecord(join_ev_, side_);
+      cudaStreamWaitEvent(stream_, join_ev_, 0);
+      side_busy_ = false;
+    }
+    group_x_ = nullptr;
+    group_out_.clear();
     cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
     state.pos = pos0;
     throw;
   }
+  join_side();  // a capture must end with every forked stream joined back
   capturing_ = false;
   FERN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
   graph_advance_ = state.pos - pos0;
@@ -385,6 +449,7 @@ void CudaBackend::capture_step(SequenceState& state, const std::function<void()>
 }
 
 void CudaBackend::replay(SequenceState& state) {
+  join_side();
   FERN_CHECK(graph_exec_ != nullptr, "replay without a captured step");
   FERN_CHECK(graph_state_ == &state, "replay on a different sequence state than the captured one");
   FERN_CHECK(state.pos + graph_advance_ <= state.capacity, "replay: state full ({} of {})", state.pos, state.capacity);

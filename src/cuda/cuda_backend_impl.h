@@ -68,6 +68,15 @@ class CudaBackend : public Backend {
   bool has_graph() const { return graph_exec_ != nullptr; }
   void drop_graph();
 
+  // ---- parallel branches ----
+  // Consecutive linear() calls that read the same input and write disjoint outputs (the q/k/v projections, the
+  // four GDN input projections) are independent: the first runs on the main stream, the others on a side stream
+  // forked after the input's producer; any other op (or a linear with another input) joins the side stream back
+  // first. Inside a capture this makes parallel graph branches. FERN_CUDA_BRANCHES=0 turns it off.
+  // Code that captures or synchronises the main stream itself must call join_side() first.
+  void join_side();
+  bool branches() const { return branches_; }
+
   // ---- for tests, benchmarks and loaders ----
   cudaStream_t stream() const { return stream_; }
   bool pdl() const { return pdl_; }
@@ -81,6 +90,10 @@ class CudaBackend : public Backend {
 
  private:
   cuda::Ctx ctx(int counter_offset = 0, int counter_count = 0) const;
+  struct Span {
+    const char* p;
+    size_t n;
+  };
   void* arena_alloc(size_t bytes);
 
   int device_ = 0;
@@ -100,6 +113,12 @@ class CudaBackend : public Backend {
   const SequenceState* graph_state_ = nullptr;
   int64_t graph_advance_ = 0;
   const float* last_gdn_state_ = nullptr;  // recurrent state written by the last gdn_core call (gdn_core says why)
+  bool branches_ = true;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  bool side_busy_ = false;           // side stream has work not yet joined
+  const void* group_x_ = nullptr;    // input of the current group of independent linears
+  std::vector<Span> group_out_;      // outputs written by that group so far
 };
 
 }  // namespace fern

@@ -196,6 +196,7 @@ void walk(Uploader& u, const ModelWeights& h, ModelWeights& d) {
 }  // namespace
 
 std::shared_ptr<const ModelWeights> CudaBackend::upload(std::shared_ptr<const ModelWeights> host) {
+  join_side();
   FERN_CHECK(host != nullptr, "upload: no weights");
   auto dev = std::make_shared<ModelWeights>();
   Uploader sizing(true);
