@@ -70,31 +70,28 @@ __global__ void __launch_bounds__(kThreads) attn_prep_kernel(AttnShape sh, const
   }
 }
 
-// A lane's DPL dims of one BF16 row, raw (converted at use, so that several rows fit in registers in flight).
+// The split kernel walks one KV position per warp iteration. A version that kept 4 positions in flight per warp
+// (raw BF16 rows in registers, 252 registers) measured 27-29% slower on the H200 with nsplit = 1 (4K: 6.0 vs
+// 4.7 ms for 10 layers; 128K: 180 vs 139 ms): the loop is bound by the dependent shuffle reductions at 8 warps per
+// SM, not by load latency (docs/notes/cuda-decode-v2.md).
 template <int DPL>
-struct RawRow {
-  uint32_t w[DPL / 2];
-};
-
-template <int DPL>
-__device__ __forceinline__ RawRow<DPL> load_raw(const uint16_t* p) {
-  RawRow<DPL> r;
+__device__ __forceinline__ void load_bf16_row(const uint16_t* p, float (&out)[DPL]) {
   if constexpr (DPL == 8) {
     const uint4 u = *reinterpret_cast<const uint4*>(p);
-    r.w[0] = u.x, r.w[1] = u.y, r.w[2] = u.z, r.w[3] = u.w;
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
   } else {
     const uint2 u = *reinterpret_cast<const uint2*>(p);
-    r.w[0] = u.x, r.w[1] = u.y;
+    out[0] = __uint_as_float(u.x << 16);
+    out[1] = __uint_as_float(u.x & 0xffff0000u);
+    out[2] = __uint_as_float(u.y << 16);
+    out[3] = __uint_as_float(u.y & 0xffff0000u);
   }
-  return r;
 }
-
-template <int DPL>
-__device__ __forceinline__ float raw_at(const RawRow<DPL>& r, int i) {
-  return (i & 1) ? __uint_as_float(r.w[i / 2] & 0xffff0000u) : __uint_as_float(r.w[i / 2] << 16);
-}
-
-constexpr int kPos = 4;  // KV positions in flight per warp
 
 template <int G, int DPL>
 __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, const int32_t* __restrict__ d_pos,
@@ -111,9 +108,9 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
   __shared__ float sl[G];
   const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z, nsplit = gridDim.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int L = d_pos[0] + t + 1;
-  const int chunk = (L + nsplit - 1) / nsplit;
-  const int lo = sp * chunk, hi = min(L, lo + chunk);
+  const int64_t L = int64_t(d_pos[0]) + t + 1;
+  const int64_t chunk = (L + nsplit - 1) / nsplit;
+  const int64_t lo = sp * chunk, hi = min(L, lo + chunk);
   const float scale = rsqrtf(float(D));
   float qr[G][DPL];
 #pragma unroll
@@ -131,55 +128,22 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
     for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
   }
   const int64_t row_stride = int64_t(sh.Hkv) * D;
-  const uint16_t* kbase = k_cache + kvh * D + lane * DPL;
-  const uint16_t* vbase = v_cache + kvh * D + lane * DPL;
-  // Each warp takes kPos consecutive positions at a time: their K and V rows are all requested before the first
-  // score, so one memory latency serves kPos positions (v1 walked one position per latency).
-  for (int p0 = lo + warp * kPos; p0 < hi; p0 += kWarps * kPos) {
-    RawRow<DPL> kr[kPos], vr[kPos];
-#pragma unroll
-    for (int j = 0; j < kPos; ++j) {
-      const int p = min(p0 + j, hi - 1);  // past the end: a valid row, masked below
-      kr[j] = load_raw<DPL>(kbase + p * row_stride);
-      vr[j] = load_raw<DPL>(vbase + p * row_stride);
-    }
-    float sc[kPos][G];
-#pragma unroll
-    for (int j = 0; j < kPos; ++j) {
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) s = fmaf(qr[g][i], raw_at<DPL>(kr[j], i), s);
-        sc[j][g] = s;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kPos; ++j) {
-#pragma unroll
-      for (int g = 0; g < G; ++g) sc[j][g] = p0 + j < hi ? warp_sum(sc[j][g]) : -INFINITY;
-    }
+  for (int64_t p = lo + warp; p < hi; p += kWarps) {
+    float kv[DPL], vv[DPL];
+    load_bf16_row<DPL>(k_cache + p * row_stride + kvh * D + lane * DPL, kv);
+    load_bf16_row<DPL>(v_cache + p * row_stride + kvh * D + lane * DPL, vv);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      float mn = m[g];
+      float s = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kPos; ++j) mn = fmaxf(mn, sc[j][g]);  // finite: position p0 is always valid
-      const float corr = __expf(m[g] - mn);                      // 0 when m was -inf
-      float e[kPos];
-      float esum = 0.0f;
+      for (int i = 0; i < DPL; ++i) s = fmaf(qr[g][i], kv[i], s);
+      s = warp_sum(s);
+      const float mn = fmaxf(m[g], s);
+      const float corr = __expf(m[g] - mn);  // 0 when m was -inf
+      const float e = __expf(s - mn);
+      l[g] = l[g] * corr + e;
 #pragma unroll
-      for (int j = 0; j < kPos; ++j) {
-        e[j] = __expf(sc[j][g] - mn);  // 0 for a masked position
-        esum += e[j];
-      }
-      l[g] = l[g] * corr + esum;
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) {
-        float a = acc[g][i] * corr;
-#pragma unroll
-        for (int j = 0; j < kPos; ++j) a = fmaf(e[j], raw_at<DPL>(vr[j], i), a);
-        acc[g][i] = a;
-      }
+      for (int i = 0; i < DPL; ++i) acc[g][i] = fmaf(acc[g][i], corr, e * vv[i]);
       m[g] = mn;
     }
   }
@@ -291,7 +255,6 @@ void attn_decode(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const 
     raise_error("attention: unsupported head shape (head_dim " + std::to_string(sh.D) + ", " + std::to_string(G) +
                 " query heads per KV head; supported: head_dim 128/256, 1/2/4/8 per KV head)");
   FERN_CU_CHECK(nsplit >= 1 && nsplit <= kMaxSplits, "attention: split count");
-  FERN_CU_CHECK(sh.capacity < (int64_t(1) << 31) / (int64_t(sh.Hkv) * sh.D), "attention: cache too large for 32-bit rows");
   dim3 grid(sh.Hkv, nsplit, T);
   switch (G) {
     case 1: launch_split<1>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;

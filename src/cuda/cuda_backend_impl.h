@@ -72,7 +72,8 @@ class CudaBackend : public Backend {
   // Consecutive linear() calls that read the same input and write disjoint outputs (the q/k/v projections, the
   // four GDN input projections) are independent: the first runs on the main stream, the others on a side stream
   // forked after the input's producer; any other op (or a linear with another input) joins the side stream back
-  // first. Inside a capture this makes parallel graph branches. FERN_CUDA_BRANCHES=0 turns it off.
+  // first. Inside a capture this makes parallel graph branches. Off by default (it measured slower); FERN_CUDA_BRANCHES=1
+  // turns it on.
   // Code that captures or synchronises the main stream itself must call join_side() first.
   void join_side();
   bool branches() const { return branches_; }
