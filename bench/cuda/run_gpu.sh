@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the CUDA backend: build the CUDA tests and the benchmark, run the tests with
-# programmatic dependent launch off and on, memcheck a captured decode loop, dump the GEMV kernel's SASS
-# instruction mix, run the benchmark (PDL on: everything; PDL off: the decode part), print a short summary.
+# programmatic dependent launch and parallel branches off, then both on, memcheck a captured decode loop, dump the
+# GEMV kernel's SASS instruction mix, run the benchmark (PDL on: everything; PDL off, and branches off: the decode
+# part), print a short summary.
 # Usage (from the repository root, with carry [".carry"]): bash bench/cuda/run_gpu.sh
 set -u
 OUT=${OUT:-/tmp/out}
