@@ -86,6 +86,13 @@ TEST(TokenizerLoad, SmallVocabularyMergesAndAddedTokens) {
   EXPECT_EQ(inc.push(0xA9), "é");
   EXPECT_EQ(inc.push(0xE2), "");
   EXPECT_EQ(inc.flush(), "\xEF\xBF\xBD");  // never dropped
+  EXPECT_EQ(inc.flush(), "");
+  IncrementalDecoder skip(*tok, /*skip_special=*/true);
+  std::string s;
+  for (int32_t id : std::vector<int32_t>{'x', 300, 0xC3, 301, 0xA9}) s += skip.push(id);  // 301 is not special: it splits the char
+  s += skip.flush();
+  EXPECT_EQ(s, tok->decode(std::vector<int32_t>{'x', 300, 0xC3, 301, 0xA9}, true));
+  EXPECT_EQ(s, "x\xEF\xBF\xBD<tool>\xEF\xBF\xBD");
 }
 
 TEST(TokenizerLoad, IgnoreMergesTakesWholeWords) {
