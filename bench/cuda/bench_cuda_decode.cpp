@@ -167,10 +167,9 @@ void bench_decode() {
       Tensor mixed = be.scratch(DType::F32, {1, cfg.gdn_conv_dim()}), z = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
       Tensor b = be.scratch(DType::F32, {1, cfg.linear_num_value_heads}), a = be.scratch(DType::F32, {1, cfg.linear_num_value_heads});
       Tensor y = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
-      be.linear(mixed, xn, g.in_proj_qkv);
-      be.linear(z, xn, g.in_proj_z);
-      be.linear(b, xn, g.in_proj_b);
-      be.linear(a, xn, g.in_proj_a);
+      const Tensor po[] = {mixed, z, b, a};  // as forward.cpp: one launch for the four projections
+      const LinearWeight* const pw[] = {&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a};
+      be.linear_multi(po, xn, pw);
       be.gdn_core(y, mixed, z, b, a, g, cfg, *st, l);
       be.linear(out, y, g.out_proj);
     };
@@ -179,9 +178,9 @@ void bench_decode() {
       const int64_t qd = int64_t(cfg.num_attention_heads) * cfg.head_dim, kvd = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
       Tensor qg = be.scratch(DType::F32, {1, 2 * qd}), k = be.scratch(DType::F32, {1, kvd}), v = be.scratch(DType::F32, {1, kvd});
       Tensor o = be.scratch(DType::F32, {1, qd});
-      be.linear(qg, xn, at.q_proj);
-      be.linear(k, xn, at.k_proj);
-      be.linear(v, xn, at.v_proj);
+      const Tensor po[] = {qg, k, v};  // as forward.cpp: one launch for q/k/v
+      const LinearWeight* const pw[] = {&at.q_proj, &at.k_proj, &at.v_proj};
+      be.linear_multi(po, xn, pw);
       be.attn_core(o, qg, k, v, at, cfg, *st, l);
       be.linear(out, o, at.o_proj);
     };

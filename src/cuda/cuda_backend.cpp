@@ -314,6 +314,29 @@ void CudaBackend::linear(Tensor out, Tensor x, const LinearWeight& w) {
   cuda::linear(c, cuda::make_qw(w), f32(x, "linear x"), f32(out, "linear out"), static_cast<int>(x.numel() / w.in));
 }
 
+// One launch over the concatenated rows when the weights share a format and width (the GDN input projections,
+// q/k/v); otherwise one linear() after another.
+void CudaBackend::linear_multi(std::span<const Tensor> outs, Tensor x, std::span<const LinearWeight* const> ws) {
+  FERN_CHECK(outs.size() == ws.size(), "linear_multi: {} outputs for {} weights", outs.size(), ws.size());
+  std::vector<cuda::QW> q;
+  for (const LinearWeight* w : ws) q.push_back(cuda::make_qw(*w));
+  if (ws.empty() || !cuda::linear_multi_ok(q.data(), static_cast<int>(q.size()))) {
+    Backend::linear_multi(outs, x, ws);
+    return;
+  }
+  const int64_t T = x.numel() / ws[0]->in;
+  std::vector<float*> ys;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const LinearWeight& w = *ws[i];
+    FERN_CHECK(x.dim(-1) == w.in && outs[i].dim(-1) == w.out && outs[i].numel() / w.out == T,
+               "linear_multi {}: x {} out {} for [{}, {}]", w.name, x.shape_str(), outs[i].shape_str(), w.out, w.in);
+    ys.push_back(f32(outs[i], "linear_multi out"));
+  }
+  join_side();
+  cuda::linear_multi(ctx(), q.data(), f32(x, "linear_multi x"), ys.data(), static_cast<int>(q.size()),
+                     static_cast<int>(T));
+}
+
 void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
                            const ModelConfig& cfg, SequenceState& state, int layer) {
   join_side();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,7 @@ class CudaBackend : public Backend {
   void add_rmsnorm(Tensor resid, Tensor delta, Tensor out, Tensor w, float eps) override;
   void add(Tensor out, Tensor a, Tensor b) override;
   void linear(Tensor out, Tensor x, const LinearWeight& w) override;
+  void linear_multi(std::span<const Tensor> outs, Tensor x, std::span<const LinearWeight* const> ws) override;
   void gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
                 SequenceState& state, int layer) override;
   void attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,

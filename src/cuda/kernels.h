@@ -37,6 +37,10 @@ struct Ctx {
 
 // y[t] = x[t] W^T for t < T. x [T, in], y [T, out] (F32).
 void linear(const Ctx& c, const QW& w, const float* x, float* y, int T);
+// ys[i][t] = x[t] W_i^T for n <= 4 matrices of one input, in one launch over their concatenated rows. They must
+// share bits, width and group size (linear_multi_ok).
+bool linear_multi_ok(const QW* ws, int n);
+void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T);
 
 // out[t] = dequant(table)[ids[t]] (ids clamped into range).
 void embed(const Ctx& c, const QW& table, const int32_t* ids, float* out, int T);

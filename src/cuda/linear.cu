@@ -1,5 +1,7 @@
 // GEMV y = x W^T for affine 4/8-bit and bf16 weights, one launch for all T rows (decode: T = 1; prefill uses this
-// simple path for now, re-reading the weights once per row). Also the fused MoE router: the router's rows and the
+// simple path for now, re-reading the weights once per row). Also several matrices of one input and one format in
+// one launch over their concatenated rows (linear_multi: the GDN input projections, attention q/k/v; each launch
+// has a fixed ~2-3 us of staging and first-load latency), and the fused MoE router: the router's rows and the
 // shared-expert gate's row in one launch, with softmax/top-k run by the last block to finish (moe_route).
 // Work split: `LPR` lanes cooperate on one row, lane `sub` taking chunks sub, sub + LPR, ...; two chunks per row
 // and kRPI = 2 rows at a time (a "step": 4 independent 16-byte loads per lane). Warps walk their row groups as a
@@ -8,6 +10,8 @@
 // Index arithmetic is kept out of the inner loop (docs/notes/cuda-decode-v1.md found 64-bit divisions and the
 // swizzle there): the step's row group and chunk pass advance as counters, offsets are 32-bit, a chunk's group is
 // a shift, and the activations are read through one per-lane shared-memory base plus constants (qdot.cuh).
+#include <climits>
+
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
@@ -18,6 +22,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRPI = 2;
+constexpr int kMaxMats = 4;
 
 // The chunks one lane handles in one pipeline step: 2 chunks of each of kRPI rows, with their scales/biases.
 struct StepBuf {
@@ -34,12 +39,34 @@ struct RouteTail {
   int* counters = nullptr;  // one per token row, zero between launches (the last block resets its own)
 };
 
-// Rows [0, rowsA) come from A and go to yA [T, rowsA]; with ROUTE, rows [rowsA, rows) come from B (same width and
-// format) and go to yB [T, rows - rowsA], and the last block of each token row runs the router's top-k over yA
-// with B's single row as the shared-expert gate logit.
-template <int BITS, int LPR, bool ROUTE>
-__global__ void __launch_bounds__(kThreads) linear_kernel(QW A, QW B, int rowsA, int rows, const float* __restrict__ x,
-                                                          float* yA, float* yB, RouteTail tail) {
+// Up to kMaxMats matrices of one width and format, concatenated by rows: matrix q holds rows [start[q],
+// start[q + 1]) and writes y[q] [T, start[q + 1] - start[q]]. Unused entries have start = INT_MAX.
+struct Mats {
+  const void* w[kMaxMats];
+  const uint16_t* s[kMaxMats];
+  const uint16_t* b[kMaxMats];
+  float* y[kMaxMats];
+  int start[kMaxMats + 1];
+};
+
+// The matrix holding concatenated row `row` (MULTI kernels; the others have one matrix).
+template <bool MULTI>
+__device__ __forceinline__ int mat_of(const Mats& M, int row) {
+  int q = 0;
+  if constexpr (MULTI) {
+#pragma unroll
+    for (int i = 1; i < kMaxMats; ++i) q += row >= M.start[i];
+  }
+  return q;
+}
+
+// A's shape and format describe every matrix; the rows come from M. With ROUTE (two matrices: the router, then the
+// shared-expert gate's single row) the last block of each token row runs the router's top-k over y[0] with y[1]
+// as the shared-expert gate logit.
+template <int BITS, int LPR, bool MULTI, bool ROUTE>
+__global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows, const float* __restrict__ x,
+                                                          RouteTail tail) {
+  static_assert(MULTI || !ROUTE, "the fused router has two matrices");
   extern __shared__ float4 smem[];
   constexpr int F4 = ChunkTraits<BITS>::kF4;
   constexpr int RS = 32 / LPR;       // rows side by side in one warp
@@ -47,7 +74,6 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, QW B, int rowsA,
   const int t = blockIdx.y;
   const int K = static_cast<int>(A.in);
   const ChunkMat ma = chunk_mat<BITS>(A, 0);
-  const ChunkMat mb = ROUTE ? chunk_mat<BITS>(B, 0) : ma;
   const int CPR = ma.cpr;
   const int nc = (CPR + 2 * LPR - 1) / (2 * LPR);  // pipeline steps per row group
   const int lane = threadIdx.x & 31;
@@ -63,9 +89,20 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, QW B, int rowsA,
     for (int r = 0; r < kRPI; ++r) {
       const int row = lg * RPW + r * RS + rslot;
       const bool ok = row < rows;
-      const bool inb = ROUTE && row >= rowsA;
-      const ChunkMat m = select(inb, mb, ma);
-      const int rr = inb ? row - rowsA : row;
+      ChunkMat m = ma;
+      int rr = row;
+      if constexpr (MULTI) {
+        // Same shape for every matrix: only the pointers and the row offset differ (selects, no memory trips).
+#pragma unroll
+        for (int i = 1; i < kMaxMats; ++i) {
+          if (row >= M.start[i]) {
+            m.w = static_cast<const uint4*>(M.w[i]);
+            m.s = M.s[i];
+            m.b = M.b[i];
+            rr = row - M.start[i];
+          }
+        }
+      }
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int c = sub + (lci * 2 + u) * LPR;
@@ -119,11 +156,10 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, QW B, int rowsA,
         for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         const int row = cg * RPW + r * RS + rslot;
         if (sub == 0 && row < rows) {
-          if (ROUTE && row >= rowsA) {
-            yB[int64_t(t) * (rows - rowsA) + (row - rowsA)] = v;
-          } else {
-            yA[int64_t(t) * rowsA + row] = v;
-          }
+          const int q = mat_of<MULTI>(M, row);
+          const int r0 = MULTI ? M.start[q] : 0;
+          const int nq = MULTI ? M.start[q + 1] - r0 : rows;
+          M.y[q][int64_t(t) * nq + (row - r0)] = v;
         }
         acc[r] = 0.0f;
       }
@@ -144,17 +180,17 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, QW B, int rowsA,
     __syncthreads();
     if (last) {
       __threadfence();
+      const int rowsA = M.start[1];
       if (threadIdx.x < 32)
-        topk_warp(yA + int64_t(t) * rowsA, yB + int64_t(t) * (rows - rowsA), rowsA, tail.topk,
+        topk_warp(M.y[0] + int64_t(t) * rowsA, M.y[1] + int64_t(t) * (rows - rowsA), rowsA, tail.topk,
                   tail.ids + int64_t(t) * tail.topk, tail.wts + int64_t(t) * tail.topk, tail.sgate + t);
       if (threadIdx.x == 0) tail.counters[t] = 0;
     }
   }
 }
 
-template <int BITS, bool ROUTE>
-void launch_bits(const Ctx& c, const QW& a, const QW& b, int rows_a, int rows, const float* x, float* ya, float* yb,
-                 const RouteTail& tail, int T) {
+template <int BITS, bool MULTI, bool ROUTE>
+void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T) {
   constexpr int E = ChunkTraits<BITS>::kElems;
   const int CPR = static_cast<int>(a.in / E);
   int lpr = 32;
@@ -170,11 +206,44 @@ void launch_bits(const Ctx& c, const QW& a, const QW& b, int rows_a, int rows, c
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * 2));
   dim3 grid(blocks, T);
   switch (lpr) {
-    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, ROUTE>, grid, kThreads, smem, a, b, rows_a, rows, x, ya, yb, tail); break;
-    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, ROUTE>, grid, kThreads, smem, a, b, rows_a, rows, x, ya, yb, tail); break;
-    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, ROUTE>, grid, kThreads, smem, a, b, rows_a, rows, x, ya, yb, tail); break;
-    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, ROUTE>, grid, kThreads, smem, a, b, rows_a, rows, x, ya, yb, tail); break;
+    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail); break;
+    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail); break;
+    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail); break;
+    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail); break;
   }
+}
+
+template <bool MULTI, bool ROUTE>
+void launch_any(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T) {
+  switch (a.bits) {
+    case 4: launch_bits<4, MULTI, ROUTE>(c, a, m, rows, x, tail, T); break;
+    case 8: launch_bits<8, MULTI, ROUTE>(c, a, m, rows, x, tail, T); break;
+    default: launch_bits<16, MULTI, ROUTE>(c, a, m, rows, x, tail, T); break;
+  }
+}
+
+// A table of n matrices (n <= kMaxMats) with their outputs; unused entries start at INT_MAX.
+Mats make_mats(const QW* ws, float* const* ys, int n) {
+  Mats m{};
+  int r = 0;
+  for (int i = 0; i < kMaxMats; ++i) {
+    if (i < n) {
+      m.w[i] = ws[i].w;
+      m.s[i] = ws[i].s;
+      m.b[i] = ws[i].b;
+      m.y[i] = ys[i];
+      m.start[i] = r;
+      r += static_cast<int>(ws[i].out);
+    } else {
+      m.w[i] = ws[0].w;  // never selected (start INT_MAX); a valid pointer all the same
+      m.s[i] = ws[0].s;
+      m.b[i] = ws[0].b;
+      m.y[i] = ys[0];
+      m.start[i] = i == n ? r : INT_MAX;
+    }
+  }
+  m.start[kMaxMats] = n == kMaxMats ? r : INT_MAX;
+  return m;
 }
 
 }  // namespace
@@ -182,12 +251,25 @@ void launch_bits(const Ctx& c, const QW& a, const QW& b, int rows_a, int rows, c
 void linear(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   if (T <= 0) return;
   FERN_CU_CHECK(w.out < (int64_t(1) << 31), "linear: too many output rows");
-  const int rows = static_cast<int>(w.out);
-  switch (w.bits) {
-    case 4: launch_bits<4, false>(c, w, w, rows, rows, x, y, nullptr, RouteTail{}, T); break;
-    case 8: launch_bits<8, false>(c, w, w, rows, rows, x, y, nullptr, RouteTail{}, T); break;
-    default: launch_bits<16, false>(c, w, w, rows, rows, x, y, nullptr, RouteTail{}, T); break;
+  launch_any<false, false>(c, w, make_mats(&w, &y, 1), static_cast<int>(w.out), x, RouteTail{}, T);
+}
+
+bool linear_multi_ok(const QW* ws, int n) {
+  if (n < 1 || n > kMaxMats) return false;
+  int64_t rows = 0;
+  for (int i = 0; i < n; ++i) {
+    if (ws[i].bits != ws[0].bits || ws[i].in != ws[0].in || ws[i].gs != ws[0].gs || ws[i].experts != 0) return false;
+    rows += ws[i].out;
   }
+  return rows < (int64_t(1) << 31);
+}
+
+void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T) {
+  FERN_CU_CHECK(linear_multi_ok(ws, n), "linear_multi: matrices of different formats or widths");
+  if (T <= 0) return;
+  int rows = 0;
+  for (int i = 0; i < n; ++i) rows += static_cast<int>(ws[i].out);
+  launch_any<true, false>(c, ws[0], make_mats(ws, ys, n), rows, x, RouteTail{}, T);
 }
 
 bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,
@@ -201,12 +283,9 @@ bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const fl
   tail.wts = wts;
   tail.sgate = sgate;
   tail.counters = c.counters;
-  const int E = static_cast<int>(router.out);
-  switch (router.bits) {
-    case 4: launch_bits<4, true>(c, router, shared_gate, E, E + 1, x, logits, sg_logit, tail, T); break;
-    case 8: launch_bits<8, true>(c, router, shared_gate, E, E + 1, x, logits, sg_logit, tail, T); break;
-    default: launch_bits<16, true>(c, router, shared_gate, E, E + 1, x, logits, sg_logit, tail, T); break;
-  }
+  const QW ws[2] = {router, shared_gate};
+  float* const ys[2] = {logits, sg_logit};
+  launch_any<true, true>(c, router, make_mats(ws, ys, 2), static_cast<int>(router.out) + 1, x, tail, T);
   return true;
 }
 

@@ -16,10 +16,9 @@ void gdn_mixer(Backend& be, const GdnWeights& w, const ModelConfig& cfg, Sequenc
   Tensor z = be.scratch(ad, {T, cfg.gdn_value_dim()});                   // [T, 4096]
   Tensor b = be.scratch(ad, {T, cfg.linear_num_value_heads});            // [T, 32]
   Tensor a = be.scratch(ad, {T, cfg.linear_num_value_heads});            // [T, 32]
-  be.linear(mixed, xn, w.in_proj_qkv);
-  be.linear(z, xn, w.in_proj_z);
-  be.linear(b, xn, w.in_proj_b);
-  be.linear(a, xn, w.in_proj_a);
+  const Tensor proj_out[] = {mixed, z, b, a};  // four projections of one input: one launch where supported
+  const LinearWeight* const proj_w[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
+  be.linear_multi(proj_out, xn, proj_w);
   Tensor y = be.scratch(ad, {T, cfg.gdn_value_dim()});                   // [T, 4096] gated-normed output
   be.gdn_core(y, mixed, z, b, a, w, cfg, st, layer);
   be.linear(out, y, w.out_proj);                                          // [T, H]
@@ -35,9 +34,9 @@ void attn_mixer(Backend& be, const AttnWeights& w, const ModelConfig& cfg, Seque
   Tensor qg = be.scratch(ad, {T, 2 * q_dim});                            // [T, 16*512] per head [query | gate]
   Tensor k = be.scratch(ad, {T, kv_dim});                                // [T, 2*256]
   Tensor v = be.scratch(ad, {T, kv_dim});                                // [T, 2*256]
-  be.linear(qg, xn, w.q_proj);
-  be.linear(k, xn, w.k_proj);
-  be.linear(v, xn, w.v_proj);
+  const Tensor proj_out[] = {qg, k, v};  // three projections of one input: one launch where supported
+  const LinearWeight* const proj_w[] = {&w.q_proj, &w.k_proj, &w.v_proj};
+  be.linear_multi(proj_out, xn, proj_w);
   Tensor o = be.scratch(ad, {T, q_dim});                                 // [T, 4096] gated attention output
   be.attn_core(o, qg, k, v, w, cfg, st, layer);
   be.linear(out, o, w.o_proj);                                            // [T, H]

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,12 @@ class Backend {
   virtual void add(Tensor out, Tensor a, Tensor b) = 0;
   // out = x W^T.  x [T, in], out [T, out]; W dense or affine (4 or 8 bit).
   virtual void linear(Tensor out, Tensor x, const LinearWeight& w) = 0;
+  // outs[i] = x W_i^T for several weights that share the input (the GDN input projections, attention q/k/v).
+  // outs.size() == ws.size(). A backend may run them as one launch; by default, one linear() after another.
+  virtual void linear_multi(std::span<const Tensor> outs, Tensor x, std::span<const LinearWeight* const> ws) {
+    FERN_CHECK(outs.size() == ws.size(), "linear_multi: {} outputs for {} weights", outs.size(), ws.size());
+    for (size_t i = 0; i < ws.size(); ++i) linear(outs[i], x, *ws[i]);
+  }
   // Gated DeltaNet core, MODEL.md 2.4 steps 3-9 without the projections: causal conv + SiLU over `mixed`
   // (carrying conv_state), split into q/k/v, gates beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias),
   // l2-normalised q (scaled by Dk^-1/2) and k, the delta rule on recurrent_state (fp32), then the gated RMSNorm
