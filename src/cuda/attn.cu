@@ -73,23 +73,36 @@ __global__ void __launch_bounds__(kThreads) attn_prep_kernel(AttnShape sh, const
 // The split kernel walks one KV position per warp iteration. A version that kept 4 positions in flight per warp
 // (raw BF16 rows in registers, 252 registers) measured 27-29% slower on the H200 with nsplit = 1 (4K: 6.0 vs
 // 4.7 ms for 10 layers; 128K: 180 vs 139 ms): the loop is bound by the dependent shuffle reductions at 8 warps per
-// SM, not by load latency (docs/notes/cuda-decode-v2.md).
+// SM, not by load latency (docs/notes/cuda-decode-v2.md). Version 3 keeps the one-position structure and only
+// requests the warp's next K/V rows (raw BF16, DPL more registers) before this position's arithmetic: at the
+// default split counts a warp walks few positions (4K context, 64 splits: 8), so the first load's latency is
+// otherwise paid once per position.
 template <int DPL>
-__device__ __forceinline__ void load_bf16_row(const uint16_t* p, float (&out)[DPL]) {
+struct RawRow {
+  uint32_t w[DPL / 2];
+};
+
+template <int DPL>
+__device__ __forceinline__ void load_raw_row(const uint16_t* p, RawRow<DPL>& r) {
   if constexpr (DPL == 8) {
     const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      out[2 * i] = __uint_as_float(w[i] << 16);
-      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
+    r.w[0] = u.x;
+    r.w[1] = u.y;
+    r.w[2] = u.z;
+    r.w[3] = u.w;
   } else {
     const uint2 u = *reinterpret_cast<const uint2*>(p);
-    out[0] = __uint_as_float(u.x << 16);
-    out[1] = __uint_as_float(u.x & 0xffff0000u);
-    out[2] = __uint_as_float(u.y << 16);
-    out[3] = __uint_as_float(u.y & 0xffff0000u);
+    r.w[0] = u.x;
+    r.w[1] = u.y;
+  }
+}
+
+template <int DPL>
+__device__ __forceinline__ void unpack_row(const RawRow<DPL>& r, float (&out)[DPL]) {
+#pragma unroll
+  for (int i = 0; i < DPL / 2; ++i) {
+    out[2 * i] = __uint_as_float(r.w[i] << 16);
+    out[2 * i + 1] = __uint_as_float(r.w[i] & 0xffff0000u);
   }
 }
 
@@ -128,10 +141,21 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
     for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
   }
   const int64_t row_stride = int64_t(sh.Hkv) * D;
+  const uint16_t* kbase = k_cache + kvh * D + lane * DPL;
+  const uint16_t* vbase = v_cache + kvh * D + lane * DPL;
+  RawRow<DPL> kn, vn;  // the warp's next position, requested one iteration ahead
+  if (lo + warp < hi) {
+    load_raw_row<DPL>(kbase + (lo + warp) * row_stride, kn);
+    load_raw_row<DPL>(vbase + (lo + warp) * row_stride, vn);
+  }
   for (int64_t p = lo + warp; p < hi; p += kWarps) {
     float kv[DPL], vv[DPL];
-    load_bf16_row<DPL>(k_cache + p * row_stride + kvh * D + lane * DPL, kv);
-    load_bf16_row<DPL>(v_cache + p * row_stride + kvh * D + lane * DPL, vv);
+    unpack_row<DPL>(kn, kv);
+    unpack_row<DPL>(vn, vv);
+    if (p + kWarps < hi) {
+      load_raw_row<DPL>(kbase + (p + kWarps) * row_stride, kn);
+      load_raw_row<DPL>(vbase + (p + kWarps) * row_stride, vn);
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float s = 0.0f;
