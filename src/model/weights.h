@@ -34,7 +34,10 @@ struct LinearWeight {
   bool empty() const { return kind == Kind::None; }
   bool quantized() const { return kind == Kind::Affine; }
   // Bytes read for one full pass over the weight (for bandwidth accounting).
-  size_t nbytes() const { return w.nbytes() + scales.nbytes() + biases.nbytes(); }
+  // (An empty Tensor reports the size of one element, so the absent scales/biases of a dense weight are skipped.)
+  size_t nbytes() const {
+    return w.nbytes() + (scales.empty() ? 0 : scales.nbytes()) + (biases.empty() ? 0 : biases.nbytes());
+  }
   // The matrix of expert e as a plain LinearWeight view.
   LinearWeight expert(int64_t e) const;
 };
