@@ -140,7 +140,11 @@ std::vector<std::string> write_safetensors(const std::string& dir, const std::ve
     fs::rename(fs::path(dir) / (s.name + ".tmp"), fs::path(dir) / s.name);
     names.push_back(s.name);
   }
-  if (shards.size() > 1) {
+  if (shards.size() == 1) {
+    // A stale index from an earlier sharded write into this directory would take precedence when loading.
+    std::error_code ec;
+    fs::remove(fs::path(dir) / "model.safetensors.index.json", ec);
+  } else {
     nlohmann::json idx;
     idx["metadata"] = {{"total_size", total}};
     nlohmann::json wm = nlohmann::json::object();

@@ -141,7 +141,9 @@ void quantize_checkpoint(const std::string& in_dir, const std::string& out_dir, 
   for (const auto& [module, p] : quant.overrides) q[module] = {{"group_size", p.group_size}, {"bits", p.bits}};
   j["quantization"] = q;
   j["quantization_config"] = q;
-  std::ofstream(fs::path(out_dir) / "config.json") << j.dump(4) << "\n";
+  std::ofstream cf(fs::path(out_dir) / "config.json");
+  cf << j.dump(4) << "\n";
+  if (!cf) fail("{}/config.json: cannot write", out_dir);
 
   // Tokenizer, chat template and generation settings travel with the weights.
   for (const auto& de : fs::directory_iterator(in_dir)) {

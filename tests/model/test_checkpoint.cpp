@@ -4,6 +4,7 @@
 // fern-test-labels: parser
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -131,6 +132,20 @@ TEST(Checkpoint, SameTensorInTwoFilesWithoutIndex) {
   test::write_all(other, extra);
   fs::copy_file(other + "/model.safetensors", d + "/zz-extra.safetensors");
   expect_error(d, {"model.language_model.norm.weight", "also in"});
+}
+
+// Rewriting a sharded directory as a single file must not leave the old index behind (it would win).
+TEST(Checkpoint, SingleFileWriteRemovesStaleIndex) {
+  const std::string d = sharded_dir();
+  ASSERT_TRUE(fs::exists(d + "/model.safetensors.index.json"));
+  SynthOptions o;
+  o.seed = 6;
+  o.format = CheckpointFormat::HfBf16;
+  write_synth_checkpoint(test::micro_config(), o, d);
+  EXPECT_FALSE(fs::exists(d + "/model.safetensors.index.json"));
+  auto w = load_model(d);
+  auto fresh = synth_weights(test::micro_config(), o);
+  EXPECT_EQ(std::memcmp(w->embed.w.data, fresh->embed.w.data, fresh->embed.w.nbytes()), 0);
 }
 
 TEST(Checkpoint, MissingDirectoryOrFiles) {
