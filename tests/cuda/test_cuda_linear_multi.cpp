@@ -16,9 +16,15 @@ struct Mat {
   int bits;  // 4, 8 (affine) or 16 (bf16)
 };
 
-// The same kernel loop as linear() (only the matrix pointers are chosen per row), so the same bound: measured on
-// the H200 for linear(), NMSE 1.6e-12..3.9e-12 (4-bit), 4e-14..3e-13 (8-bit, bf16); a wrong matrix, row offset
-// or output slice gives NMSE ~1 (independent random weights), and an unwritten output is NaN.
+// The same kernel loop as linear() (only the matrix pointers are chosen per row), so the same bound as its test.
+// The error of each matrix's output is normalised by the mean square of the whole table's reference outputs, not
+// by that matrix's own: a one-row matrix has a single output, and a single dot product can be small by
+// cancellation while its rounding error is set by the size of its terms. Measured on the H200 (run 3 of
+// docs/notes/cuda-decode-v3.md, with the per-matrix normalisation): NMSE 1.9e-12..6.4e-12 (4-bit), 6e-14..1.2e-13
+// (8-bit, bf16), except the one-row table, whose 4th output is 0.60 against outputs of ~6.5-7.7 in the others:
+// 1.1e-9 normalised by itself, 1.5e-11 by the table's mean square (computed from that run's errors and the CPU
+// reference values; the table-normalised test itself has not been run on the GPU). 1e-9 still catches a wrong
+// matrix, row offset or output slice (NMSE ~1: independent random weights); an unwritten output is NaN.
 constexpr double kNmse = 1e-9;
 
 void run_table(const char* name, const std::vector<Mat>& mats, int64_t in, int gs, int T) {
@@ -47,13 +53,24 @@ void run_table(const char* name, const std::vector<Mat>& mats, int64_t in, int g
     ws.push_back(&dw[i]);
   }
   gpu->linear_multi(outs, dx, ws);
+  std::vector<std::vector<float>> refs;
+  double table_sq = 0.0;
+  size_t table_n = 0;
   for (size_t i = 0; i < mats.size(); ++i) {
-    std::vector<float> ref(size_t(T * mats[i].out), 0.0f);
-    cpu->linear(test::host_f32(ref, {T, mats[i].out}), test::host_f32(x, {T, in}), hw[i]);
+    refs.emplace_back(size_t(T * mats[i].out), 0.0f);
+    cpu->linear(test::host_f32(refs[i], {T, mats[i].out}), test::host_f32(x, {T, in}), hw[i]);
+    for (float r : refs[i]) table_sq += double(r) * r;
+    table_n += refs[i].size();
+  }
+  const double table_ms = table_sq / double(table_n);
+  for (size_t i = 0; i < mats.size(); ++i) {
     auto got = test::download(*gpu, outs[i]);
-    const double e = test::nmse(got.data(), ref.data(), got.size());
-    std::printf("linear_multi %-22s matrix %zu [%6ld x %5ld] %2d-bit T=%d  NMSE %.3e\n", name, i,
-                long(mats[i].out), long(in), mats[i].bits, T, e);
+    double err = 0.0;
+    for (size_t j = 0; j < got.size(); ++j) err += (double(got[j]) - refs[i][j]) * (double(got[j]) - refs[i][j]);
+    const double e = err / (double(got.size()) * table_ms);
+    std::printf("linear_multi %-22s matrix %zu [%6ld x %5ld] %2d-bit T=%d  NMSE %.3e (own outputs %.3e)\n", name,
+                i, long(mats[i].out), long(in), mats[i].bits, T, e,
+                test::nmse(got.data(), refs[i].data(), got.size()));
     EXPECT_LT(e, kNmse) << "matrix " << i;  // NaN (an unwritten output) fails too
   }
 }
