@@ -34,7 +34,7 @@ struct LinearWeight {
   bool empty() const { return kind == Kind::None; }
   bool quantized() const { return kind == Kind::Affine; }
   // Bytes read for one full pass over the weight (for bandwidth accounting).
-  // (An empty Tensor reports the size of one element, so the absent scales/biases of a dense weight are skipped.)
+  // (A dense weight has no scales/biases; they are skipped explicitly rather than relying on an empty Tensor.)
   size_t nbytes() const {
     return w.nbytes() + (scales.empty() ? 0 : scales.nbytes()) + (biases.empty() ? 0 : biases.nbytes());
   }

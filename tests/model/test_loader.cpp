@@ -210,7 +210,7 @@ TEST(Loader, InMemorySynthEqualsLoaded) {
       ASSERT_EQ(a[i].w->w.nbytes(), b[i].w->w.nbytes());
       ASSERT_EQ(std::memcmp(a[i].w->w.data, b[i].w->w.data, a[i].w->w.nbytes()), 0) << a[i].w->name;
       ASSERT_EQ(a[i].w->quantized(), b[i].w->quantized());
-      if (a[i].w->quantized()) {  // (an empty Tensor reports the bytes of one element, so check before comparing)
+      if (a[i].w->quantized()) {  // dense weights have no scales (null data)
         ASSERT_EQ(std::memcmp(a[i].w->scales.data, b[i].w->scales.data, a[i].w->scales.nbytes()), 0) << a[i].w->name;
       }
     }
