@@ -7,39 +7,50 @@
 namespace fern {
 namespace {
 
+// Activations of the two mixers, taken from the backend's scratch once per forward call and reused by every layer,
+// so scratch memory is bounded by the chunk length, not by the number of layers.
+struct MixerScratch {
+  Tensor mixed, z, b, a, y;  // GDN: [T, conv_dim] q|k|v, [T, value_dim], [T, Hv], [T, Hv], [T, value_dim]
+  Tensor qg, k, v, o;        // attention: [T, heads*head_dim*2] per head [query|gate], [T, kv_dim] x2, [T, heads*head_dim]
+
+  MixerScratch(Backend& be, const ModelConfig& cfg, int64_t T) {
+    const DType ad = be.act_dtype();
+    if (cfg.num_linear_layers() > 0) {
+      mixed = be.scratch(ad, {T, cfg.gdn_conv_dim()});
+      z = be.scratch(ad, {T, cfg.gdn_value_dim()});
+      b = be.scratch(ad, {T, cfg.linear_num_value_heads});
+      a = be.scratch(ad, {T, cfg.linear_num_value_heads});
+      y = be.scratch(ad, {T, cfg.gdn_value_dim()});
+    }
+    if (cfg.num_attention_layers() > 0) {
+      const int64_t q_dim = int64_t(cfg.num_attention_heads) * cfg.head_dim;
+      const int64_t kv_dim = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+      qg = be.scratch(ad, {T, 2 * q_dim});
+      k = be.scratch(ad, {T, kv_dim});
+      v = be.scratch(ad, {T, kv_dim});
+      o = be.scratch(ad, {T, q_dim});
+    }
+  }
+};
+
 // Gated DeltaNet mixer (MODEL.md 2.4): projections, then the fused core, then the output projection.
 void gdn_mixer(Backend& be, const GdnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor xn,
-               Tensor out) {
-  const int64_t T = xn.dim(0);
-  const DType ad = be.act_dtype();
-  Tensor mixed = be.scratch(ad, {T, cfg.gdn_conv_dim()});                // [T, 8192]  q | k | v
-  Tensor z = be.scratch(ad, {T, cfg.gdn_value_dim()});                   // [T, 4096]
-  Tensor b = be.scratch(ad, {T, cfg.linear_num_value_heads});            // [T, 32]
-  Tensor a = be.scratch(ad, {T, cfg.linear_num_value_heads});            // [T, 32]
-  const Tensor proj_out[] = {mixed, z, b, a};  // four projections of one input: one launch where supported
+               MixerScratch& s, Tensor out) {
+  const Tensor proj_out[] = {s.mixed, s.z, s.b, s.a};  // four projections of one input: one launch where supported
   const LinearWeight* const proj_w[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
   be.linear_multi(proj_out, xn, proj_w);
-  Tensor y = be.scratch(ad, {T, cfg.gdn_value_dim()});                   // [T, 4096] gated-normed output
-  be.gdn_core(y, mixed, z, b, a, w, cfg, st, layer);
-  be.linear(out, y, w.out_proj);                                          // [T, H]
+  be.gdn_core(s.y, s.mixed, s.z, s.b, s.a, w, cfg, st, layer);         // conv, gates, delta rule, gated norm
+  be.linear(out, s.y, w.out_proj);                                        // [T, H]
 }
 
 // Gated attention mixer (MODEL.md 2.3).
 void attn_mixer(Backend& be, const AttnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor xn,
-                Tensor out) {
-  const int64_t T = xn.dim(0);
-  const DType ad = be.act_dtype();
-  const int64_t q_dim = int64_t(cfg.num_attention_heads) * cfg.head_dim;
-  const int64_t kv_dim = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
-  Tensor qg = be.scratch(ad, {T, 2 * q_dim});                            // [T, 16*512] per head [query | gate]
-  Tensor k = be.scratch(ad, {T, kv_dim});                                // [T, 2*256]
-  Tensor v = be.scratch(ad, {T, kv_dim});                                // [T, 2*256]
-  const Tensor proj_out[] = {qg, k, v};  // three projections of one input: one launch where supported
+                MixerScratch& s, Tensor out) {
+  const Tensor proj_out[] = {s.qg, s.k, s.v};  // three projections of one input: one launch where supported
   const LinearWeight* const proj_w[] = {&w.q_proj, &w.k_proj, &w.v_proj};
   be.linear_multi(proj_out, xn, proj_w);
-  Tensor o = be.scratch(ad, {T, q_dim});                                 // [T, 4096] gated attention output
-  be.attn_core(o, qg, k, v, w, cfg, st, layer);
-  be.linear(out, o, w.o_proj);                                            // [T, H]
+  be.attn_core(s.o, s.qg, s.k, s.v, w, cfg, st, layer);                 // q/k norm, RoPE, KV append, attention
+  be.linear(out, s.o, w.o_proj);                                          // [T, H]
 }
 
 }  // namespace
@@ -62,6 +73,7 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
   Tensor h = be.scratch(ad, {T, H});                                     // residual stream
   Tensor xn = be.scratch(ad, {T, H});                                    // normed input of a sub-block
   Tensor delta = be.scratch(ad, {T, H});                                 // sub-block output
+  MixerScratch mix(be, cfg, T);
   be.embed(h, ids, w.embed);
   dump("embed", h);
 
@@ -69,9 +81,9 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
   for (int il = 0; il < cfg.num_hidden_layers; ++il) {
     const LayerWeights& L = w.layers[il];
     if (L.type == LayerType::LinearAttention)
-      gdn_mixer(be, L.gdn, cfg, st, il, xn, delta);
+      gdn_mixer(be, L.gdn, cfg, st, il, xn, mix, delta);
     else
-      attn_mixer(be, L.attn, cfg, st, il, xn, delta);
+      attn_mixer(be, L.attn, cfg, st, il, xn, mix, delta);
     dump(fmt::format("L{}.mixer_out", il), delta);
     be.add_rmsnorm(h, delta, xn, L.post_norm, eps);                      // r = h + a; xn = RMSNorm(r)
     be.moe(delta, xn, L.moe, cfg);

@@ -60,7 +60,7 @@ std::string mlx_name_of(const std::string& hf_name) {
   const std::string P = "model.language_model.";
   if (hf_name.rfind(P, 0) == 0) return "language_model.model." + hf_name.substr(P.size());
   if (hf_name == "lm_head.weight") return "language_model.lm_head.weight";
-  FERN_CHECK(false, "no MLX name for {}", hf_name);
+  internal_fail(__FILE__, __LINE__, "known HF tensor name", fmt::format("no MLX name for {}", hf_name));
 }
 
 std::string module_of(const std::string& weight_name) {
