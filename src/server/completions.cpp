@@ -16,6 +16,23 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// The request's messages and tools in the client's key order. The chat templates serialise tool schemas and
+// argument objects in insertion order, and nlohmann::json sorts keys, so the prompt is rendered from an
+// ordered_json copy of the (already validated) body, with the same developer -> system mapping as parse_request.
+struct OrderedChat {
+  nlohmann::ordered_json messages, tools;
+};
+
+OrderedChat ordered_chat(const std::string& body, bool with_tools) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(body);
+  OrderedChat c;
+  c.messages = j.at("messages");
+  for (auto& m : c.messages)
+    if (m.at("role") == "developer") m["role"] = "system";
+  if (with_tools && j.contains("tools") && !j["tools"].is_null()) c.tools = j["tools"];
+  return c;
+}
+
 struct Prepared {
   GenerateRequest gen;
   std::optional<OutputParserOptions> parser;  // chat only
@@ -120,13 +137,17 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       const json tools = ar.tool_choice == ToolChoice::None ? json(nullptr) : ar.tools;
       std::string text;
       try {
-        text = render_chat(ar.messages, tools, co);
+        // Request text is marked literal, so a user who types "<|im_start|>" gets text, not the control token
+        // (RELIABILITY.md T27); the ids are otherwise those of encode(text).
+        const OrderedChat oc = ordered_chat(req.body, !tools.is_null());
+        RenderedChat rc = render_chat_marked(oc.messages, oc.tools, co);
+        text = std::move(rc.text);
+        p.gen.prompt = tok.encode_marked(text, rc.literal);
       } catch (const InternalError&) {
         throw;
       } catch (const Error& e) {
         throw bad_request(std::string("messages: ") + e.what(), "messages");
       }
-      p.gen.prompt = tok.encode(text);
       p.thinking = ends_with(text, "<think>\n");
       p.detect_think = co.enable_thinking && !p.thinking;
       OutputParserOptions po;
