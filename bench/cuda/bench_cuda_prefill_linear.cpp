@@ -1,0 +1,90 @@
+// Prefill linear micro-benchmark (docs/notes/cuda-prefill-v1.md): the tensor-core multi-row kernel (linear_gemm)
+// against the row-by-row GEMV (the T > 1 path before it) at the real 4-bit shapes, for several token counts.
+// Weights and activations are random device fills; each figure is the median of 7 timed launches (CUDA events,
+// after one warm-up). Effective TFLOP/s counts 2 * T * out * in.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "cuda/fill.h"
+#include "cuda/kernels.h"
+
+using namespace fern;
+
+namespace {
+
+double median_ms(const std::function<void()>& f) {
+  cudaEvent_t a, b;
+  FERN_CUDA_CHECK(cudaEventCreate(&a));
+  FERN_CUDA_CHECK(cudaEventCreate(&b));
+  f();
+  FERN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> ms;
+  for (int i = 0; i < 7; ++i) {
+    FERN_CUDA_CHECK(cudaEventRecord(a));
+    f();
+    FERN_CUDA_CHECK(cudaEventRecord(b));
+    FERN_CUDA_CHECK(cudaEventSynchronize(b));
+    float m = 0;
+    FERN_CUDA_CHECK(cudaEventElapsedTime(&m, a, b));
+    ms.push_back(m);
+  }
+  std::sort(ms.begin(), ms.end());
+  FERN_CUDA_CHECK(cudaEventDestroy(a));
+  FERN_CUDA_CHECK(cudaEventDestroy(b));
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+  };
+  const Shape shapes[] = {{"gdn in_proj_qkv", 8192, 2048}, {"out_proj", 2048, 4096}, {"expert-size", 512, 2048},
+                          {"lm_head", 248320, 2048}};
+  const int Ts[] = {64, 256, 1024, 4096};
+  cuda::Ctx ctx;
+  int dev = 0;
+  FERN_CUDA_CHECK(cudaGetDevice(&dev));
+  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sms, cudaDevAttrMultiProcessorCount, dev));
+  std::printf("| shape | T | GEMV row by row (ms) | tensor-core GEMM (ms) | speed-up | GEMM TFLOP/s |\n|---|---|---|---|---|---|\n");
+  for (const Shape& s : shapes) {
+    void *w, *sc, *bi, *x, *y;
+    const int64_t words = s.out * s.in / 8, groups = s.out * s.in / 64;
+    const int maxT = s.out > 100000 ? 1024 : 4096;  // lm_head output at 4096 rows would be 4 GB
+    FERN_CUDA_CHECK(cudaMalloc(&w, size_t(words) * 4));
+    FERN_CUDA_CHECK(cudaMalloc(&sc, size_t(groups) * 2));
+    FERN_CUDA_CHECK(cudaMalloc(&bi, size_t(groups) * 2));
+    FERN_CUDA_CHECK(cudaMalloc(&x, size_t(maxT * s.in) * 4));
+    FERN_CUDA_CHECK(cudaMalloc(&y, size_t(maxT * s.out) * 4));
+    cuda::fill_random_u32(nullptr, static_cast<uint32_t*>(w), words, 1);
+    cuda::fill_random_bf16(nullptr, static_cast<uint16_t*>(sc), groups, 2, 0.01f, 0.03f, true);
+    cuda::fill_random_bf16(nullptr, static_cast<uint16_t*>(bi), groups, 3, 0.0f, 0.05f, true);
+    cuda::fill_random_f32(nullptr, static_cast<float*>(x), maxT * s.in, 4, -1.0f, 1.0f);
+    cuda::QW q;
+    q.w = w;
+    q.s = static_cast<const uint16_t*>(sc);
+    q.b = static_cast<const uint16_t*>(bi);
+    q.out = s.out;
+    q.in = s.in;
+    q.bits = 4;
+    q.gs = 64;
+    for (int T : Ts) {
+      if (T > maxT) continue;
+      float* xp = static_cast<float*>(x);
+      float* yp = static_cast<float*>(y);
+      const double gemv = median_ms([&] { cuda::linear_gemv(ctx, q, xp, yp, T); });
+      const double gemm = median_ms([&] { cuda::linear_gemm(ctx, q, xp, yp, T); });
+      std::printf("| %s %ldx%ld | %d | %.3f | %.3f | %.1fx | %.1f |\n", s.name, long(s.out), long(s.in), T, gemv, gemm,
+                  gemv / gemm, 2.0 * T * s.out * s.in / (gemm * 1e-3) / 1e12);
+    }
+    for (void* p : {w, sc, bi, x, y}) FERN_CUDA_CHECK(cudaFree(p));
+  }
+  return 0;
+}

@@ -1,0 +1,165 @@
+// The tensor-core multi-row linear (linear_gemm.cu, the prefill path) against the CPU backend's linear(): called
+// directly at the real shapes of Qwen3.6-35B-A3B (8192x2048 qkv, 2048x4096 out_proj, 512x2048 and 2048x512
+// experts, 8-bit router, the 248320-row lm_head) and at awkward ones (row counts that are not a multiple of the
+// 128-row tile, token counts that are not a multiple of the 64-row tile, T = 2, group 32 and 128, bf16), then
+// through the backend's linear()/linear_multi() dispatch (from kGemmMinRows rows on), and the widths it must refuse.
+#include <gtest/gtest.h>
+
+#include "cuda/qweight.h"
+#include "cuda_test_util.h"
+
+namespace fern {
+namespace {
+
+struct Case {
+  const char* name;
+  int64_t out, in;
+  int bits, gs, T;
+};
+
+// x enters the MMAs as two bf16 halves (hi + lo, ~2^-17 relative), the weight codes (or bf16 weights) are exact
+// in bf16 and every product is exact in fp32; the affine scale and bias are applied per group in fp32. So only
+// the fp32 summation order (and the x split's 2^-17) differ from the CPU: predicted NMSE ~1e-11..1e-10.
+// MEASURED: see docs/notes/cuda-prefill-v1.md. 1e-7 allows for tensor-core accumulation rounding coarser
+// than fp32's and still catches a wrong nibble, group, scale, row or token tile (those give NMSE > 1e-3; a plain
+// bf16 rounding of x alone would give ~3e-6); an unwritten output is NaN and fails too.
+constexpr double kNmse = 1e-7;
+
+struct Fixture {
+  std::unique_ptr<CudaBackend> gpu = test::make_gpu();
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  test::OwnedStorage st;
+};
+
+LinearWeight make_weight(Fixture& s, const Case& c) {
+  const uint64_t seed = uint64_t(c.out * 31 + c.in * 7 + c.bits + c.T * 3);
+  return c.bits == 16 ? test::raw_dense(s.st, c.name, 0, c.out, c.in, seed)
+                      : test::raw_affine(s.st, c.name, 0, c.out, c.in, c.bits, c.gs, seed);
+}
+
+std::vector<float> cpu_ref(Fixture& s, const LinearWeight& hw, const std::vector<float>& x, int T) {
+  std::vector<float> ref(size_t(T * hw.out), 0.0f);
+  std::vector<float> xx = x;
+  s.cpu->linear(test::host_f32(ref, {T, hw.out}), test::host_f32(xx, {T, hw.in}), hw);
+  return ref;
+}
+
+Tensor poisoned(Fixture& s, int T, int64_t out) {
+  Tensor dy = s.gpu->alloc(DType::F32, {T, out});
+  std::vector<float> poison(size_t(T * out), std::nanf(""));
+  s.gpu->copy(dy, test::host_f32(poison, {T, out}));
+  return dy;
+}
+
+void run_direct(const Case& c) {
+  SCOPED_TRACE(c.name);
+  Fixture s;
+  LinearWeight hw = make_weight(s, c);
+  LinearWeight dw = s.gpu->to_device(hw);
+  const cuda::QW q = cuda::make_qw(dw);
+  ASSERT_TRUE(cuda::linear_gemm_ok(q));
+  auto x = test::randn(size_t(c.T * c.in), uint64_t(c.out + c.T));
+  const auto ref = cpu_ref(s, hw, x, c.T);
+  Tensor dx = test::upload_f32(*s.gpu, x, {c.T, c.in});
+  Tensor dy = poisoned(s, c.T, c.out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cuda::Ctx ctx;  // default stream, no PDL
+  cuda::linear_gemm(ctx, q, dx.ptr<float>(), dy.ptr<float>(), c.T);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto got = test::download(*s.gpu, dy);
+  const double e = test::nmse(got.data(), ref.data(), got.size());
+  std::printf("gemm %-22s [%6ld x %5ld] %2d-bit g%-3d T=%-4d NMSE %.3e\n", c.name, long(c.out), long(c.in), c.bits,
+              c.gs, c.T, e);
+  EXPECT_LT(e, kNmse);
+}
+
+TEST(CudaLinearGemm, RealShapes) {
+  FERN_REQUIRE_GPU();
+  for (const Case& c : {Case{"in_proj_qkv", 8192, 2048, 4, 64, 300}, Case{"out_proj", 2048, 4096, 4, 64, 64},
+                        Case{"expert gate", 512, 2048, 4, 64, 2048}, Case{"expert down", 2048, 512, 4, 64, 17},
+                        Case{"router 8-bit", 256, 2048, 8, 64, 300}, Case{"in_proj_qkv T=2", 8192, 2048, 4, 64, 2},
+                        Case{"lm_head", 248320, 2048, 4, 64, 17}})
+    run_direct(c);
+}
+
+TEST(CudaLinearGemm, AwkwardShapes) {
+  FERN_REQUIRE_GPU();
+  for (const Case& c : {Case{"odd rows", 37, 192, 4, 64, 17}, Case{"group 32", 77, 320, 4, 32, 65},
+                        Case{"group 128", 129, 640, 4, 128, 2}, Case{"8-bit group 32", 300, 4096, 8, 32, 64},
+                        Case{"8-bit odd", 131, 64, 8, 64, 127}, Case{"bf16", 515, 2048, 16, 0, 17},
+                        Case{"bf16 many rows", 33, 128, 16, 0, 2048}, Case{"one row", 1, 2048, 4, 64, 300}})
+    run_direct(c);
+}
+
+// The backend's linear() takes the tensor-core path from kGemmMinRows rows on, and keeps the GEMV for widths the
+// kernel refuses (not a multiple of 64, group 32 over 96).
+TEST(CudaLinearGemm, BackendDispatch) {
+  FERN_REQUIRE_GPU();
+  for (const Case& c : {Case{"dispatch qkv", 8192, 2048, 4, 64, 300}, Case{"dispatch narrow", 77, 96, 4, 32, 40},
+                        Case{"dispatch bf16 narrow", 33, 24, 16, 0, 16}}) {
+    SCOPED_TRACE(c.name);
+    Fixture s;
+    LinearWeight hw = make_weight(s, c);
+    LinearWeight dw = s.gpu->to_device(hw);
+    EXPECT_EQ(cuda::linear_gemm_ok(cuda::make_qw(dw)), c.in % 64 == 0);
+    auto x = test::randn(size_t(c.T * c.in), uint64_t(c.out + c.T));
+    const auto ref = cpu_ref(s, hw, x, c.T);
+    Tensor dx = test::upload_f32(*s.gpu, x, {c.T, c.in});
+    Tensor dy = poisoned(s, c.T, c.out);
+    s.gpu->linear(dy, dx, dw);
+    auto got = test::download(*s.gpu, dy);
+    const double e = test::nmse(got.data(), ref.data(), got.size());
+    std::printf("backend linear %-22s T=%-4d NMSE %.3e\n", c.name, c.T, e);
+    EXPECT_LT(e, kNmse);
+  }
+}
+
+// linear_multi from kGemmMinRows rows on: one tensor-core launch per matrix, each output to its own tensor.
+TEST(CudaLinearGemm, BackendMulti) {
+  FERN_REQUIRE_GPU();
+  Fixture s;
+  const int T = 64;
+  const int64_t in = 2048;
+  const int64_t outs[4] = {8192, 4096, 32, 32};  // the GDN input projections
+  std::vector<LinearWeight> hw, dw;
+  for (int i = 0; i < 4; ++i) hw.push_back(test::raw_affine(s.st, "gdn." + std::to_string(i), 0, outs[i], in, 4, 64,
+                                                            uint64_t(50 + i)));
+  for (auto& w : hw) dw.push_back(s.gpu->to_device(w));
+  auto x = test::randn(size_t(T * in), 77);
+  Tensor dx = test::upload_f32(*s.gpu, x, {T, in});
+  std::vector<Tensor> dys;
+  std::vector<const LinearWeight*> wp;
+  for (int i = 0; i < 4; ++i) {
+    dys.push_back(poisoned(s, T, outs[i]));
+    wp.push_back(&dw[size_t(i)]);
+  }
+  s.gpu->linear_multi(dys, dx, wp);
+  for (int i = 0; i < 4; ++i) {
+    const auto ref = cpu_ref(s, hw[size_t(i)], x, T);
+    auto got = test::download(*s.gpu, dys[size_t(i)]);
+    const double e = test::nmse(got.data(), ref.data(), got.size());
+    std::printf("backend linear_multi gdn.%d [%5ld x %ld] T=%d NMSE %.3e\n", i, long(outs[i]), long(in), T, e);
+    EXPECT_LT(e, kNmse) << "matrix " << i;
+  }
+}
+
+TEST(CudaLinearGemm, RefusedShapes) {
+  FERN_REQUIRE_GPU();
+  cuda::QW q;
+  q.out = 64;
+  q.in = 96;  // not a multiple of the 64-wide k tile
+  q.bits = 4;
+  q.gs = 32;
+  EXPECT_FALSE(cuda::linear_gemm_ok(q));
+  q.in = 128;
+  EXPECT_TRUE(cuda::linear_gemm_ok(q));
+  q.gs = 8;  // a group narrower than a 16-wide k segment
+  EXPECT_FALSE(cuda::linear_gemm_ok(q));
+  q.gs = 64;
+  q.experts = 4;  // expert stacks go through the MoE kernels
+  EXPECT_FALSE(cuda::linear_gemm_ok(q));
+  EXPECT_THROW(cuda::linear_gemm(cuda::Ctx{}, q, nullptr, nullptr, 16), Error);
+}
+
+}  // namespace
+}  // namespace fern
