@@ -41,13 +41,15 @@ void linear(const Ctx& c, const QW& w, const float* x, float* y, int T);
 // share bits, width and group size (linear_multi_ok).
 bool linear_multi_ok(const QW* ws, int n);
 void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T);
-// Prefill: token rows from which linear/linear_multi use the tensor-core kernel below instead of the GEMV.
+// Prefill: token rows from which linear/linear_multi may use the tensor-core kernel below instead of the GEMV
+// (they do when linear_gemm_wins: a supported shape and a grid large enough to fill the GPU).
 constexpr int kGemmMinRows = 16;
 // The tensor-core kernel (linear_gemm.cu): weight tiles read once per 64 token rows. Needs a width that is a
 // multiple of 64 and, for affine weights, a group size that is a multiple of 16 (linear_gemm_ok).
 bool linear_gemm_ok(const QW& w);
+bool linear_gemm_wins(const QW& w, int T);
 void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T);
-// The GEMV for any T (every row re-reads the weights; linear() uses it below kGemmMinRows). For benchmarks.
+// The GEMV for any T (every row re-reads the weights; linear() uses it unless linear_gemm_wins). For benchmarks.
 void linear_gemv(const Ctx& c, const QW& w, const float* x, float* y, int T);
 
 // out[t] = dequant(table)[ids[t]] (ids clamped into range).

@@ -1,6 +1,6 @@
 // GEMV y = x W^T for affine 4/8-bit and bf16 weights, one launch for all T rows (decode: T = 1; a few rows re-read
-// the weights once per row; from kGemmMinRows rows on, linear/linear_multi hand over to the tensor-core kernel in
-// linear_gemm.cu). Also several matrices of one input and one format in
+// the weights once per row; in prefill, linear/linear_multi hand over to the tensor-core kernel in linear_gemm.cu
+// where linear_gemm_wins). Also several matrices of one input and one format in
 // one launch over their concatenated rows (linear_multi: the GDN input projections, attention q/k/v; each launch
 // has a fixed ~2-3 us of staging and first-load latency), and the fused MoE router: the router's rows and the
 // shared-expert gate's row in one launch, with softmax/top-k run by the last block to finish (moe_route).
@@ -250,7 +250,7 @@ Mats make_mats(const QW* ws, float* const* ys, int n) {
 }  // namespace
 
 void linear(const Ctx& c, const QW& w, const float* x, float* y, int T) {
-  if (T >= kGemmMinRows && linear_gemm_ok(w)) return linear_gemm(c, w, x, y, T);
+  if (linear_gemm_wins(w, T)) return linear_gemm(c, w, x, y, T);
   linear_gemv(c, w, x, y, T);
 }
 
@@ -273,9 +273,11 @@ bool linear_multi_ok(const QW* ws, int n) {
 void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T) {
   FERN_CU_CHECK(linear_multi_ok(ws, n), "linear_multi: matrices of different formats or widths");
   if (T <= 0) return;
-  if (T >= kGemmMinRows && linear_gemm_ok(ws[0])) {
-    // Every matrix shares the format and width (checked above): one tensor-core launch each.
-    for (int i = 0; i < n; ++i) linear_gemm(c, ws[i], x, ys[i], T);
+  bool any_gemm = false;
+  for (int i = 0; i < n; ++i) any_gemm = any_gemm || linear_gemm_wins(ws[i], T);
+  if (any_gemm) {
+    // Prefill: one launch per matrix, each on the kernel that suits its size.
+    for (int i = 0; i < n; ++i) linear(c, ws[i], x, ys[i], T);
     return;
   }
   int rows = 0;

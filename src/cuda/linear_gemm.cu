@@ -247,6 +247,15 @@ bool linear_gemm_ok(const QW& w) {
   return (w.bits == 4 || w.bits == 8) && w.gs >= 16 && w.gs % 16 == 0 && w.in % w.gs == 0;
 }
 
+bool linear_gemm_wins(const QW& w, int T) {
+  if (T < kGemmMinRows || !linear_gemm_ok(w)) return false;
+  // Each block walks the whole width alone (no split over K), so a small grid leaves most SMs idle. Measured
+  // (docs/notes/cuda-prefill-v1.md): 16 blocks lose to the GEMV (0.3x-0.9x), 64 blocks win (2.7x-3.3x); between
+  // them nothing was measured, so the switch is at 64.
+  const int64_t blocks = (int64_t(T) + kBM - 1) / kBM * ((w.out + kBN - 1) / kBN);
+  return blocks >= 64;
+}
+
 void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   FERN_CU_CHECK(linear_gemm_ok(w), "linear_gemm: unsupported weight shape or format");
   if (T <= 0) return;

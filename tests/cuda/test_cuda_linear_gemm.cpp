@@ -2,7 +2,7 @@
 // directly at the real shapes of Qwen3.6-35B-A3B (8192x2048 qkv, 2048x4096 out_proj, 512x2048 and 2048x512
 // experts, 8-bit router, the 248320-row lm_head) and at awkward ones (row counts that are not a multiple of the
 // 128-row tile, token counts that are not a multiple of the 64-row tile, T = 2, group 32 and 128, bf16), then
-// through the backend's linear()/linear_multi() dispatch (from kGemmMinRows rows on), and the widths it must refuse.
+// through the backend's linear()/linear_multi() dispatch (linear_gemm_wins), and the widths it must refuse.
 #include <gtest/gtest.h>
 
 #include "cuda/qweight.h"
@@ -92,8 +92,8 @@ TEST(CudaLinearGemm, AwkwardShapes) {
     run_direct(c);
 }
 
-// The backend's linear() takes the tensor-core path from kGemmMinRows rows on, and keeps the GEMV for widths the
-// kernel refuses (not a multiple of 64, group 32 over 96).
+// The backend's linear() takes the tensor-core path where linear_gemm_wins (qkv at T = 300), and keeps the GEMV
+// for widths the kernel refuses (not a multiple of 64, group 32 over 96).
 TEST(CudaLinearGemm, BackendDispatch) {
   FERN_REQUIRE_GPU();
   for (const Case& c : {Case{"dispatch qkv", 8192, 2048, 4, 64, 300}, Case{"dispatch narrow", 77, 96, 4, 32, 40},
@@ -115,7 +115,8 @@ TEST(CudaLinearGemm, BackendDispatch) {
   }
 }
 
-// linear_multi from kGemmMinRows rows on: one tensor-core launch per matrix, each output to its own tensor.
+// linear_multi in prefill: one launch per matrix, each output to its own tensor (at T = 64 the two large matrices
+// take the tensor-core kernel, the two 32-row ones the GEMV).
 TEST(CudaLinearGemm, BackendMulti) {
   FERN_REQUIRE_GPU();
   Fixture s;
@@ -160,6 +161,15 @@ TEST(CudaLinearGemm, RefusedShapes) {
   q.experts = 4;  // expert stacks go through the MoE kernels
   EXPECT_FALSE(cuda::linear_gemm_ok(q));
   EXPECT_THROW(cuda::linear_gemm(cuda::Ctx{}, q, nullptr, nullptr, 16), Error);
+  // The switch point: a grid of at least 64 blocks of 64 x 128 (the micro-benchmark's measured wins).
+  q.experts = 0;
+  q.in = 2048;
+  q.out = 8192;
+  EXPECT_TRUE(cuda::linear_gemm_wins(q, 64));    // 1 x 64 blocks
+  EXPECT_FALSE(cuda::linear_gemm_wins(q, 15));   // below kGemmMinRows
+  q.out = 2048;
+  EXPECT_FALSE(cuda::linear_gemm_wins(q, 64));   // 1 x 16 blocks: measured 0.8x of the GEMV
+  EXPECT_TRUE(cuda::linear_gemm_wins(q, 256));   // 4 x 16
 }
 
 }  // namespace
