@@ -6,35 +6,21 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "cuda/backend_internal.h"
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/cuda_check.h"
 #include "cuda/qweight.h"
 
 namespace fern {
+using namespace cuda_backend_detail;
 namespace {
 
 constexpr size_t kAlign = 256;
 constexpr size_t kArenaBlock = size_t(256) << 20;
-// Counter slices: GDN [0, 1024), argmax [1024, kMoeCounterBase), the fused MoE router [kMoeCounterBase, kCounters).
-constexpr int kArgmaxCounterBase = 1024;
-constexpr int kMoeCounterBase = 1 << 16;
-constexpr int kCounters = kMoeCounterBase + 4096;
 // Programmatic dependent launch on sm_90+ unless FERN_CUDA_PDL=0 (see docs/notes/cuda-decode-v1.md).
 constexpr bool kPdlDefault = true;
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-float* f32(const Tensor& t, const char* what) {
-  FERN_CHECK(t.dtype == DType::F32 && t.device == Device::Cuda, "{}: expected an F32 tensor on the GPU, got {} on {}",
-             what, dtype_name(t.dtype), t.device == Device::Cuda ? "GPU" : "host");
-  return t.ptr<float>();
-}
-
-CudaState& cuda_state(SequenceState& s) {
-  auto* c = dynamic_cast<CudaState*>(&s);
-  FERN_CHECK(c != nullptr, "sequence state was not made by the CUDA backend");
-  return *c;
-}
 
 }  // namespace
 
@@ -340,88 +326,45 @@ void CudaBackend::linear_multi(std::span<const Tensor> outs, Tensor x, std::span
 void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
                            const ModelConfig& cfg, SequenceState& state, int layer) {
   join_side();
-  CudaState& st = cuda_state(state);
-  const int T = static_cast<int>(mixed.dim(0));
-  cuda::GdnShape sh;
-  sh.Hk = cfg.linear_num_key_heads;
-  sh.Hv = cfg.linear_num_value_heads;
-  sh.Dk = cfg.linear_key_head_dim;
-  sh.Dv = cfg.linear_value_head_dim;
-  sh.conv_dim = static_cast<int>(cfg.gdn_conv_dim());
-  sh.kernel = cfg.linear_conv_kernel_dim;
-  sh.eps = static_cast<float>(cfg.rms_norm_eps);
+  const cuda::GdnShape sh = gdn_shape(cfg);
   FERN_CHECK(mixed.dim(-1) == sh.conv_dim && z.dim(-1) == cfg.gdn_value_dim() && b.dim(-1) == sh.Hv &&
                  a.dim(-1) == sh.Hv && y.dim(-1) == cfg.gdn_value_dim(),
              "gdn_core: shapes mixed {} z {} b {} a {} y {}", mixed.shape_str(), z.shape_str(), b.shape_str(),
              a.shape_str(), y.shape_str());
   FERN_CHECK(sh.Hk + sh.Hv <= kArgmaxCounterBase, "gdn_core: too many heads");
-  float* conv = f32(st.conv_state.at(layer), "conv state");
-  float* rec = f32(st.recurrent_state.at(layer), "recurrent state");
-  // The state may be prefetched before the PDL wait unless the previous gdn launch wrote this same state (a model
-  // with one GDN layer, or two calls in a row): then the launch just before this one might be that writer.
-  const bool early = last_gdn_state_ != rec;
-  // Rows are sequential through the state: one launch per row (prefill gets a chunked kernel later).
-  for (int t = 0; t < T; ++t)
-    cuda::gdn_step(ctx(0), sh, t, f32(mixed, "gdn mixed"), f32(z, "gdn z"), f32(b, "gdn b"), f32(a, "gdn a"),
-                   f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"), f32(w.norm_w, "norm_w"),
-                   conv, rec, f32(y, "gdn y"), early);
-  last_gdn_state_ = rec;
+  if (mixed.dim(0) == 1)
+    gdn_decode_(y, mixed, z, b, a, w, cfg, state, layer);
+  else
+    gdn_prefill_(y, mixed, z, b, a, w, cfg, state, layer);
 }
 
 void CudaBackend::attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
                             SequenceState& state, int layer) {
   join_side();
-  CudaState& st = cuda_state(state);
-  const int T = static_cast<int>(qg.dim(0));
-  cuda::AttnShape sh;
-  sh.Hq = cfg.num_attention_heads;
-  sh.Hkv = cfg.num_key_value_heads;
-  sh.D = cfg.head_dim;
-  sh.rot = cfg.rotary_dim();
-  sh.theta = static_cast<float>(cfg.rope_theta);
-  sh.eps = static_cast<float>(cfg.rms_norm_eps);
-  sh.capacity = st.capacity;
+  const CudaState& st = cuda_state(state);
+  const int64_t T = qg.dim(0);
   FERN_CHECK(st.pos + T <= st.capacity, "attention: {} + {} tokens over capacity {}", st.pos, T, st.capacity);
-  FERN_CHECK(qg.dim(-1) == int64_t(2) * sh.Hq * sh.D && k.dim(-1) == int64_t(sh.Hkv) * sh.D &&
-                 o.dim(-1) == int64_t(sh.Hq) * sh.D,
+  FERN_CHECK(qg.dim(-1) == int64_t(2) * cfg.num_attention_heads * cfg.head_dim &&
+                 k.dim(-1) == int64_t(cfg.num_key_value_heads) * cfg.head_dim &&
+                 o.dim(-1) == int64_t(cfg.num_attention_heads) * cfg.head_dim,
              "attn_core: shapes qg {} k {} o {}", qg.shape_str(), k.shape_str(), o.shape_str());
-  // Decode uses the state's fixed split count (a captured step keeps its grid). Multi-row calls already have T-fold
-  // parallelism: their split count is capped so that the partial results stay within 256 MiB of scratch.
-  int nsplit = st.nsplit;
-  if (T > 1) {
-    const int64_t per_split = int64_t(T) * sh.Hq * sh.D * 4;
-    nsplit = static_cast<int>(std::clamp<int64_t>((int64_t(256) << 20) / per_split, 1, nsplit));
-  }
-  Tensor q = scratch(DType::F32, {T, sh.Hq, sh.D});
-  Tensor pml = scratch(DType::F32, {T, sh.Hq, nsplit, 2});
-  Tensor pacc = scratch(DType::F32, {T, sh.Hq, nsplit, sh.D});
-  Tensor kc = st.k_cache.at(layer), vc = st.v_cache.at(layer);
-  cuda::attn_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"), f32(w.q_norm, "q_norm"),
-                  f32(w.k_norm, "k_norm"), q.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(), T);
-  cuda::attn_decode(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(),
-                    pml.ptr<float>(), pacc.ptr<float>(), f32(o, "attn o"), T, nsplit);
+  if (T == 1)
+    attn_decode_(o, qg, k, v, w, cfg, state, layer);
+  else
+    attn_prefill_(o, qg, k, v, w, cfg, state, layer);
 }
 
 void CudaBackend::moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
   join_side();
-  const int T = static_cast<int>(x.dim(0));
-  const int k = cfg.num_experts_per_tok;
-  const int64_t E = w.router.out, I = w.gate.out, Is = w.shared_gate.out;
+  const int64_t E = w.router.out;
   FERN_CHECK(w.gate.experts == E && w.up.experts == E && w.down.experts == E, "moe: {} experts in the router, {} in {}",
              E, w.gate.experts, w.gate.name);
+  const int k = cfg.num_experts_per_tok;
   FERN_CHECK(k >= 1 && k <= E && k <= 64, "moe: top-{} of {} experts", k, E);
-  cuda::MoeScratch s;
-  s.router_logits = scratch(DType::F32, {T, E}).ptr<float>();
-  s.sgate_logit = scratch(DType::F32, {T}).ptr<float>();
-  s.topk_ids = scratch(DType::I32, {T, k}).ptr<int32_t>();
-  s.topk_w = scratch(DType::F32, {T, k}).ptr<float>();
-  s.sgate = scratch(DType::F32, {T}).ptr<float>();
-  s.h = scratch(DType::F32, {T, k * I + Is}).ptr<float>();
-  const float* xp = f32(x, "moe x");
-  cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
-  cuda::moe_gate_up(ctx(), cuda::make_qw(w.gate), cuda::make_qw(w.up), cuda::make_qw(w.shared_gate),
-                    cuda::make_qw(w.shared_up), xp, s, T, k);
-  cuda::moe_down(ctx(), cuda::make_qw(w.down), cuda::make_qw(w.shared_down), s, f32(out, "moe out"), T, k);
+  if (x.dim(0) == 1)
+    moe_decode_(out, x, w, cfg);
+  else
+    moe_prefill_(out, x, w, cfg);
 }
 
 void CudaBackend::argmax(Tensor ids, Tensor logits) {

@@ -98,6 +98,18 @@ class CudaBackend : public Backend {
     size_t n;
   };
   void* arena_alloc(size_t bytes);
+  // The one-token (decode, T == 1) and multi-row (prefill) paths of the blocks, each in its own file
+  // (backend_{gdn,attn,moe}_{decode,prefill}.cpp); the public ops check shapes and dispatch on T.
+  void gdn_decode_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
+                   SequenceState& state, int layer);
+  void gdn_prefill_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
+                    SequenceState& state, int layer);
+  void attn_decode_(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
+                    SequenceState& state, int layer);
+  void attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
+                     SequenceState& state, int layer);
+  void moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg);
+  void moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg);
 
   int device_ = 0;
   int sms_ = 0;

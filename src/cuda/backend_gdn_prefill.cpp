@@ -1,0 +1,23 @@
+// Gated DeltaNet core for a chunk of T > 1 prompt rows (prefill). Shapes are checked by gdn_core.
+#include "cuda/backend_internal.h"
+
+namespace fern {
+using namespace cuda_backend_detail;
+
+void CudaBackend::gdn_prefill_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
+                               const ModelConfig& cfg, SequenceState& state, int layer) {
+  CudaState& st = cuda_state(state);
+  const int T = static_cast<int>(mixed.dim(0));
+  const cuda::GdnShape sh = gdn_shape(cfg);
+  float* conv = f32(st.conv_state.at(layer), "conv state");
+  float* rec = f32(st.recurrent_state.at(layer), "recurrent state");
+  const bool early = last_gdn_state_ != rec;
+  // Rows are sequential through the state: one decode-step launch per row.
+  for (int t = 0; t < T; ++t)
+    cuda::gdn_step(ctx(0), sh, t, f32(mixed, "gdn mixed"), f32(z, "gdn z"), f32(b, "gdn b"), f32(a, "gdn a"),
+                   f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"), f32(w.norm_w, "norm_w"),
+                   conv, rec, f32(y, "gdn y"), early);
+  last_gdn_state_ = rec;
+}
+
+}  // namespace fern

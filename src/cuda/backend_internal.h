@@ -1,0 +1,52 @@
+// Helpers shared by the files that implement CudaBackend's ops (cuda_backend.cpp and the backend_*_decode.cpp /
+// backend_*_prefill.cpp files, which keep the one-token and the multi-row paths of each block apart).
+#pragma once
+#include "core/error.h"
+#include "cuda/cuda_backend_impl.h"
+#include "cuda/qweight.h"
+#include "model/config.h"
+
+namespace fern::cuda_backend_detail {
+
+// Counter slices: GDN [0, 1024), argmax [1024, kMoeCounterBase), the fused MoE router [kMoeCounterBase, kCounters).
+constexpr int kArgmaxCounterBase = 1024;
+constexpr int kMoeCounterBase = 1 << 16;
+constexpr int kCounters = kMoeCounterBase + 4096;
+
+inline float* f32(const Tensor& t, const char* what) {
+  FERN_CHECK(t.dtype == DType::F32 && t.device == Device::Cuda, "{}: expected an F32 tensor on the GPU, got {} on {}",
+             what, dtype_name(t.dtype), t.device == Device::Cuda ? "GPU" : "host");
+  return t.ptr<float>();
+}
+
+inline CudaState& cuda_state(SequenceState& s) {
+  auto* c = dynamic_cast<CudaState*>(&s);
+  FERN_CHECK(c != nullptr, "sequence state was not made by the CUDA backend");
+  return *c;
+}
+
+inline cuda::GdnShape gdn_shape(const ModelConfig& cfg) {
+  cuda::GdnShape sh;
+  sh.Hk = cfg.linear_num_key_heads;
+  sh.Hv = cfg.linear_num_value_heads;
+  sh.Dk = cfg.linear_key_head_dim;
+  sh.Dv = cfg.linear_value_head_dim;
+  sh.conv_dim = static_cast<int>(cfg.gdn_conv_dim());
+  sh.kernel = cfg.linear_conv_kernel_dim;
+  sh.eps = static_cast<float>(cfg.rms_norm_eps);
+  return sh;
+}
+
+inline cuda::AttnShape attn_shape(const ModelConfig& cfg, int64_t capacity) {
+  cuda::AttnShape sh;
+  sh.Hq = cfg.num_attention_heads;
+  sh.Hkv = cfg.num_key_value_heads;
+  sh.D = cfg.head_dim;
+  sh.rot = cfg.rotary_dim();
+  sh.theta = static_cast<float>(cfg.rope_theta);
+  sh.eps = static_cast<float>(cfg.rms_norm_eps);
+  sh.capacity = capacity;
+  return sh;
+}
+
+}  // namespace fern::cuda_backend_detail
