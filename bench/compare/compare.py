@@ -10,6 +10,7 @@
 # DeltaNet prefill falls back to PyTorch without the fla package, so --hf-lengths is usually shorter than
 # --lengths; missing cells print as "-".
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -25,8 +26,27 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from hf_golden import ZERO_CENTRED_NORMS, bf16_to_f32, dequant, read_safetensors  # noqa: E402
 
 
+def gpu_f32(a):
+    """A numpy array (bf16 as raw uint16, or a float type) as an fp32 tensor on the GPU."""
+    if a.dtype == np.uint16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).cuda().view(torch.bfloat16).float()
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda().float()
+
+
+def gpu_dequant(w, scales, biases, group=64):
+    """MLX affine dequantisation on the GPU (the same arithmetic as hf_golden.dequant: fp32 s * q + b)."""
+    s, b = gpu_f32(scales), gpu_f32(biases)
+    bits = 32 * w.shape[-1] // (scales.shape[-1] * group)
+    assert bits in (2, 4, 8), bits
+    wt = torch.from_numpy(np.ascontiguousarray(w).view(np.int32)).cuda()
+    shifts = torch.arange(0, 32, bits, device="cuda", dtype=torch.int32)
+    q = (wt.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # the mask drops the sign bits of the arithmetic shift
+    q = q.reshape(*w.shape[:-1], scales.shape[-1], group).float()
+    return (q * s.unsqueeze(-1) + b.unsqueeze(-1)).reshape(*w.shape[:-1], scales.shape[-1] * group)
+
+
 def hf_tensors(ckpt):
-    """Yields (HF name, fp32 numpy array) for the text model, one tensor at a time (bounded host memory)."""
+    """Yields (HF name, fp32 tensor on the GPU) for the text model, one tensor at a time (bounded memory)."""
     index = os.path.join(ckpt, "model.safetensors.index.json")
     files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
     pending = {}  # switch_mlp halves waiting for their partner, per layer
@@ -36,10 +56,10 @@ def hf_tensors(ckpt):
             if not k.startswith("language_model.") or k.endswith(".scales") or k.endswith(".biases"):
                 continue
             base = k[: -len(".weight")] if k.endswith(".weight") else k
-            v = dequant(t[k], t[base + ".scales"], t[base + ".biases"]) if base + ".scales" in t else bf16_to_f32(t[k])
+            v = gpu_dequant(t[k], t[base + ".scales"], t[base + ".biases"]) if base + ".scales" in t else gpu_f32(t[k])
             name = k.replace("language_model.model.", "model.").replace("language_model.lm_head", "lm_head")
             if name.endswith("conv1d.weight"):
-                v = np.transpose(v, (0, 2, 1))
+                v = v.permute(0, 2, 1)
             if name.endswith(ZERO_CENTRED_NORMS) or name == "model.norm.weight":
                 v = v - 1.0
             if ".mlp.switch_mlp." in name:
@@ -50,7 +70,7 @@ def hf_tensors(ckpt):
                 p = pending.setdefault(layer, {})
                 p[part] = v
                 if len(p) == 2:
-                    yield layer + ".mlp.experts.gate_up_proj", np.concatenate([p["gate_proj.weight"], p["up_proj.weight"]], axis=1)
+                    yield layer + ".mlp.experts.gate_up_proj", torch.cat([p["gate_proj.weight"], p["up_proj.weight"]], dim=1)
                     del pending[layer]
                 continue
             yield name, v
@@ -68,16 +88,21 @@ def build_hf(ckpt):
     cfg._attn_implementation = "sdpa"
     impl = os.environ.get("EXPERTS", "grouped_mm")
     cfg._experts_implementation = impl
+    # bf16 from the start: an fp32 model of this size would not fit in the GPU's memory.
+    torch.set_default_dtype(torch.bfloat16)
     with torch.device("meta"):
         model = Qwen3_5MoeForCausalLM(cfg)
-    model = model.to_empty(device="cuda").to(torch.bfloat16).eval()
+    torch.set_default_dtype(torch.float32)
+    model = model.to_empty(device="cuda").eval()
     params = dict(model.named_parameters())
     seen = set()
     with torch.no_grad():
         for name, v in hf_tensors(ckpt):
             if name not in params:
                 raise SystemExit(f"unexpected tensor {name}")
-            params[name].copy_(torch.from_numpy(np.ascontiguousarray(v)).to(torch.bfloat16))
+            if tuple(params[name].shape) != tuple(v.shape):
+                raise SystemExit(f"{name}: checkpoint shape {tuple(v.shape)}, model {tuple(params[name].shape)}")
+            params[name].copy_(v.to(params[name].dtype))
             seen.add(name)
     missing = [n for n in params if n not in seen]
     if missing:
@@ -100,32 +125,43 @@ def hf_run(model, cfg, lengths, steps):
     V = min(cfg.vocab_size, 151000)
     with torch.inference_mode():
         for L in lengths:
-            ids = torch.randint(0, V, (1, L), device="cuda")
-            model(ids[:, : min(L, 128)], use_cache=True, logits_to_keep=1)  # warm-up
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            o = model(ids, use_cache=True, logits_to_keep=1)
-            torch.cuda.synchronize()
-            out.append({"phase": "prefill", "length": L, "tok_s": L / (time.perf_counter() - t)})
-            pkv, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
-            o = model(nxt, past_key_values=pkv, use_cache=True)  # warm-up step
-            pkv, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(steps):
-                o = model(nxt, past_key_values=pkv, use_cache=True)
-                pkv, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
-            torch.cuda.synchronize()
-            out.append({"phase": "decode", "length": L, "tok_s": steps / (time.perf_counter() - t)})
-            del pkv, o
+            try:
+                out += hf_one(model, V, L, steps)
+            except torch.cuda.OutOfMemoryError:
+                print(f"HF: out of memory at length {L}; cell left empty", flush=True)
             torch.cuda.empty_cache()
     return out
 
 
-def fern_run(fern, ckpt, lengths, steps):
+def hf_one(model, V, L, steps):
+    """Prefill of L random tokens, then `steps` timed greedy decode steps from that cache."""
+    out = []
+    ids = torch.randint(0, V, (1, L), device="cuda")
+    model(ids[:, : min(L, 128)], use_cache=True, logits_to_keep=1)  # warm-up
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    o = model(ids, use_cache=True, logits_to_keep=1)
+    torch.cuda.synchronize()
+    out.append({"phase": "prefill", "length": L, "tok_s": L / (time.perf_counter() - t)})
+    pkv, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
+    o = model(nxt, past_key_values=pkv, use_cache=True)  # warm-up step
+    pkv, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        o = model(nxt, past_key_values=pkv, use_cache=True)
+        pkv, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
+    torch.cuda.synchronize()
+    out.append({"phase": "decode", "length": L, "tok_s": steps / (time.perf_counter() - t)})
+    del pkv, o
+    return out
+
+
+def fern_run(fern, ckpt, lengths, prefill_lengths, steps):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [fern, "bench", "--model", ckpt, "--backend", "cuda", "--phase", "both", "--runs", "1",
-               "--steps", str(steps), "--lengths", ",".join(map(str, lengths)), "--json", f.name]
+               "--steps", str(steps), "--lengths", ",".join(map(str, lengths)),
+               "--prefill-lengths", ",".join(map(str, prefill_lengths)), "--json", f.name]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         res = json.load(open(f.name))
     return [{"phase": r["phase"], "length": r.get("context", r.get("length")), "tok_s": r["tok_s_median"]}
@@ -137,6 +173,7 @@ def main():
     ap.add_argument("--fern", required=True)
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--lengths", default="256,512,1024,2048,4096,8192,16384,32768,65536,131072")
+    ap.add_argument("--prefill-lengths", default=None, help="fern's prefill lengths (default: --lengths)")
     ap.add_argument("--hf-lengths", default="256,512,1024,2048,4096")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=64)
@@ -145,15 +182,19 @@ def main():
     ap.add_argument("--md", required=True)
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
+    prefill_lengths = [int(x) for x in a.prefill_lengths.split(",")] if a.prefill_lengths else lengths
     hf_lengths = [int(x) for x in a.hf_lengths.split(",")]
+    t0 = time.perf_counter()
     model, cfg = build_hf(a.ckpt)
+    print(f"HF model built from {a.ckpt} in {time.perf_counter() - t0:.0f} s "
+          f"({torch.cuda.memory_allocated() / 1e9:.1f} GB on the GPU)", flush=True)
     runs = {"fern": [], "hf": []}
     commit = "?"
     for r in range(a.rounds):
         order = ["fern", "hf"] if r % 2 == 0 else ["hf", "fern"]
         for eng in order:
             if eng == "fern":
-                res, commit = fern_run(a.fern, a.ckpt, lengths, a.steps)
+                res, commit = fern_run(a.fern, a.ckpt, lengths, prefill_lengths, a.steps)
             else:
                 res = hf_run(model, cfg, hf_lengths, a.hf_steps)
             runs[eng].append(res)
@@ -164,7 +205,9 @@ def main():
         return statistics.median(v) if v else None
 
     table = {"fern": [], "hf": [], "commit": commit, "gpu": torch.cuda.get_device_name(),
-             "transformers": __import__("transformers").__version__, "torch": torch.__version__}
+             "transformers": __import__("transformers").__version__, "torch": torch.__version__,
+             # Without the fla package HF's Gated DeltaNet runs its PyTorch fallback (slower prefill).
+             "fla": importlib.util.find_spec("fla") is not None}
     md = ["| length | fern decode | HF decode | ratio | fern prefill | HF prefill | ratio |",
           "|---:|---:|---:|---:|---:|---:|---:|"]
     fmt = lambda v: "-" if v is None else f"{v:,.1f}"

@@ -38,6 +38,7 @@ struct Options {
   std::string backend = "auto";
   std::string phase = "decode";
   std::string lengths = "256,512,1024,2048,4096,8192,16384,32768,65536,131072";
+  std::string prefill_lengths;  // empty: the same as `lengths`
   int steps = 64;
   int warmup = 8;
   int runs = 3;
@@ -108,6 +109,35 @@ void fill_state(Backend& be, SequenceState& st, int64_t context) {
     fill_random(be, st.conv_state[l], 19 + l, 0.5f);
   }
   be.advance(st, context);
+}
+
+// The device the numbers were measured on, for the JSON record.
+nlohmann::json device_info(const Backend& be) {
+  nlohmann::json d = {{"backend", be.name()}};
+#if defined(FERN_HAVE_CUDA)
+  if (const auto* cb = dynamic_cast<const CudaBackend*>(&be)) {
+    cudaDeviceProp p{};
+    int dev = 0, driver = 0, runtime = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess) {
+      d["gpu"] = p.name;
+      d["sm"] = fmt::format("{}.{}", p.major, p.minor);
+      d["multiprocessors"] = cb->sm_count();
+    }
+    if (cudaDriverGetVersion(&driver) == cudaSuccess) d["cuda_driver_api"] = driver;
+    if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) d["cuda_runtime"] = runtime;
+  }
+#endif
+  return d;
+}
+
+// Device scratch reserved by the backend so far (its arena only grows, so after a run this is that run's peak);
+// 0 where the backend does not report it.
+size_t scratch_reserved(const Backend& be) {
+#if defined(FERN_HAVE_CUDA)
+  if (const auto* cb = dynamic_cast<const CudaBackend*>(&be)) return cb->scratch_reserved();
+#endif
+  (void)be;
+  return 0;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -215,8 +245,9 @@ int run_bench(const Options& o) {
     }
   }
   if (o.phase == "prefill" || o.phase == "both") {
-    md += "\n| length | tok/s (median) | min-max | TFLOP/s | % of H200 bf16 peak |\n|---:|---:|---:|---:|---:|\n";
-    for (int64_t L : lengths) {
+    md += "\n| length | tok/s (median) | min-max | TFLOP/s | % of H200 bf16 peak | scratch (GB) |\n"
+          "|---:|---:|---:|---:|---:|---:|\n";
+    for (int64_t L : o.prefill_lengths.empty() ? lengths : parse_lengths(o.prefill_lengths)) {
       std::vector<int32_t> prompt(static_cast<size_t>(L));
       for (auto& t : prompt) t = tok(rng);
       auto st = engine.new_state(L + 1);
@@ -231,15 +262,18 @@ int run_bench(const Options& o) {
       }
       Stat s = stat_of(rates);
       const double tflops = prefill_flops(cfg, *weights, L) / (double(L) / s.median) / 1e12;
-      md += fmt::format("| {} | {:.1f} | {:.1f}-{:.1f} | {:.2f} | {:.2f}% |\n", L, s.median, s.min, s.max, tflops,
-                        100.0 * tflops * 1e12 / kTensorFlops);
+      // Lengths run in increasing order and the arena never shrinks: this is the peak over lengths up to L.
+      const size_t scratch = scratch_reserved(engine.backend());
+      md += fmt::format("| {} | {:.1f} | {:.1f}-{:.1f} | {:.2f} | {:.2f}% | {:.2f} |\n", L, s.median, s.min, s.max,
+                        tflops, 100.0 * tflops * 1e12 / kTensorFlops, scratch / 1e9);
       results.push_back({{"phase", "prefill"}, {"length", L}, {"tok_s_median", s.median}, {"tok_s_min", s.min},
-                         {"tok_s_max", s.max}, {"runs", o.runs}, {"tflop_s", tflops}});
+                         {"tok_s_max", s.max}, {"runs", o.runs}, {"tflop_s", tflops}, {"scratch_bytes", scratch},
+                         {"prefill_chunk", eo.prefill_chunk}});
       log::info("prefill {}: {:.1f} tok/s", L, s.median);
     }
   }
   nlohmann::json doc = {{"commit", FERN_GIT_COMMIT}, {"backend", backend_name}, {"model", o.source.describe()},
-                        {"results", results}};
+                        {"device", device_info(engine.backend())}, {"results", results}};
   std::printf("%s", md.c_str());
   if (!o.json_path.empty()) std::ofstream(o.json_path) << doc.dump(2) << "\n";
   if (!o.md_path.empty()) std::ofstream(o.md_path) << md;
@@ -252,6 +286,7 @@ Command reg("bench", "Measure decode and prefill throughput against the roofline
   app.add_option("--backend", o->backend, "auto | cpu | cuda");
   app.add_option("--phase", o->phase, "decode | prefill | both")->check(CLI::IsMember({"decode", "prefill", "both"}));
   app.add_option("--lengths", o->lengths, "Comma-separated context lengths (K suffix = 1024)");
+  app.add_option("--prefill-lengths", o->prefill_lengths, "Prompt lengths for the prefill phase (default: --lengths)");
   app.add_option("--steps", o->steps, "Timed greedy decode steps per run")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o->warmup, "Untimed decode steps before the runs");
   app.add_option("--runs", o->runs, "Timed runs per length (median reported)")->check(CLI::PositiveNumber);

@@ -84,6 +84,12 @@ class CudaBackend : public Backend {
   cudaStream_t stream() const { return stream_; }
   bool pdl() const { return pdl_; }
   int sm_count() const { return sms_; }
+  // Bytes of device memory the scratch arena holds (it only grows: the peak of all forward calls so far).
+  size_t scratch_reserved() const {
+    size_t n = 0;
+    for (const Block& b : arena_) n += b.size;
+    return n;
+  }
   // Persistent device memory owned by the backend (freed with it).
   Tensor alloc(DType dtype, const std::vector<int64_t>& shape);
   Tensor to_device(const Tensor& host);
