@@ -26,7 +26,11 @@ note "build: $(elapsed) s"
 if [ "$mode" = shakeout ]; then
   if command -v node >/dev/null; then
     # The suite starts `fern serve` with the demo model and the default backend (auto); this line shows which one.
-    note "fern serve says: $(timeout 30 ./build/fern serve --port 0 2>/dev/null | head -1)"
+    ./build/fern serve --port 0 >/tmp/serve.txt 2>&1 &
+    pid=$!
+    for i in $(seq 60); do grep -q serving /tmp/serve.txt && break; sleep 0.5; done
+    kill $pid; wait $pid 2>/dev/null
+    note "fern serve says: $(grep -m1 serving /tmp/serve.txt)"
     FERN_BIN=$PWD/build/fern timeout 300 node --test tests/server/*.test.mjs >"$OUT/node_suite.log" 2>&1
     note "Node server suite on the GPU (rc $?): $(grep -E '^# (tests|pass|fail)' "$OUT/node_suite.log" | tr '\n' ' ') ($(elapsed) s)"
     grep -m3 -E "backend (cuda|cpu)" "$OUT/node_suite.log"
