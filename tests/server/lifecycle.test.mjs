@@ -67,6 +67,12 @@ test('a non-streaming client that disconnects while running or queued is cancell
 });
 
 test('8 concurrent clients are all served, in arrival order', async () => {
+  // A long stream holds the engine first, so the 8 clients queue behind it however fast the backend is (on a GPU a
+  // 20-token request finishes in milliseconds and would never queue); it is aborted once all 8 have arrived.
+  const blockCtl = new AbortController();
+  const blocker = await openai.chat.completions.create(longStream(), { signal: blockCtl.signal });
+  const blockerIt = blocker[Symbol.asyncIterator]();
+  await blockerIt.next();  // running now
   const finished = [];
   const jobs = [];
   for (let i = 0; i < 8; ++i) {
@@ -76,13 +82,15 @@ test('8 concurrent clients are all served, in arrival order', async () => {
       finished.push(i);
       return r;
     }));
-    await sleep(100);  // distinct arrival times, even on a loaded machine
+    await sleep(50);  // distinct arrival times, even on a loaded machine; 8 x 50 ms well inside the blocker's run
   }
-  // While they are queued and running, /health still answers at once (streams do not starve the HTTP threads).
+  // While they are queued, /health still answers at once (streams do not starve the HTTP threads).
   const t0 = Date.now();
   assert.equal((await fetch(`${server.base}/health`)).status, 200);
   assert.ok(Date.now() - t0 < 500, `health took ${Date.now() - t0} ms`);
-  assert.ok((await metric(server, 'fern_queue_depth')) >= 1);
+  assert.equal(await metric(server, 'fern_queue_depth'), 8);
+  blockCtl.abort();
+  await blockerIt.return?.().catch(() => {});
   const results = await Promise.all(jobs);
   for (const r of results) {
     assert.equal(r.choices[0].finish_reason, 'length');
