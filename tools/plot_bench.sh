@@ -2,6 +2,7 @@
 # Draws tok/s against length for decode and prefill from `fern bench --json` files (and, when given, the
 # comparison harness's JSON with the HF baseline) into a PNG with gnuplot (Debian package gnuplot-nox).
 #   tools/plot_bench.sh OUT.png FERN.json [COMPARE.json]
+#   tools/plot_bench.sh OUT.png COMPARE.json          (fern's and HF's numbers of one comparison run)
 set -euo pipefail
 out=$1; fern_json=$2; cmp_json=${3:-}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -11,10 +12,12 @@ const fs = require("fs");
 const [fernPath, cmpPath, dir] = process.argv.slice(1);
 const put = (name, rows) => fs.writeFileSync(`${dir}/${name}.dat`, rows.map(r => r.join(" ")).join("\n") + "\n");
 const f = JSON.parse(fs.readFileSync(fernPath));
-put("fern_decode", f.results.filter(r => r.phase === "decode").map(r => [r.context, r.tok_s_median]));
-put("fern_prefill", f.results.filter(r => r.phase === "prefill").map(r => [r.length, r.tok_s_median]));
-if (cmpPath) {
-  const c = JSON.parse(fs.readFileSync(cmpPath));
+// `fern bench` rows name the decode length "context"; the comparison JSON holds rows with "length" under "fern".
+const rows = f.results ? f.results.map(r => ({ ...r, length: r.context ?? r.length })) : f.fern;
+put("fern_decode", rows.filter(r => r.phase === "decode").map(r => [r.length, r.tok_s_median]));
+put("fern_prefill", rows.filter(r => r.phase === "prefill").map(r => [r.length, r.tok_s_median]));
+if (cmpPath || f.hf) {
+  const c = cmpPath ? JSON.parse(fs.readFileSync(cmpPath)) : f;
   put("hf_decode", (c.hf || []).filter(r => r.phase === "decode").map(r => [r.length, r.tok_s_median]));
   put("hf_prefill", (c.hf || []).filter(r => r.phase === "prefill").map(r => [r.length, r.tok_s_median]));
 }
