@@ -12,6 +12,9 @@ namespace fern::cuda_backend_detail {
 constexpr int kArgmaxCounterBase = 1024;
 constexpr int kMoeCounterBase = 1 << 16;
 constexpr int kCounters = kMoeCounterBase + 4096;
+// The one-launch MoE of decode (moe_fused.cu) keeps its handoff counters at the top of the GDN slice, which uses
+// [0, Hk + Hv): moe_decode_ takes that path only for models with Hk + Hv <= kMoeFusedCounterBase.
+constexpr int kMoeFusedCounterBase = kArgmaxCounterBase - 16;
 
 inline float* f32(const Tensor& t, const char* what) {
   FERN_CHECK(t.dtype == DType::F32 && t.device == Device::Cuda, "{}: expected an F32 tensor on the GPU, got {} on {}",

@@ -1,5 +1,6 @@
-// Sparse MoE block for one token (decode): fused router + top-k, the selected experts' gate/up with SiLU*up, and
-// down with the routing weights and the gated shared expert (moe.cu). Shapes are checked by moe().
+// Sparse MoE block for one token (decode): the whole block in one launch (moe_fused.cu) where the formats allow,
+// otherwise fused router + top-k, the selected experts' gate/up with SiLU*up, and down with the routing weights and
+// the gated shared expert (moe.cu). Shapes are checked by moe().
 #include "cuda/backend_internal.h"
 
 namespace fern {
@@ -17,11 +18,19 @@ void CudaBackend::moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const M
   s.sgate = scratch(DType::F32, {T}).ptr<float>();
   s.h = scratch(DType::F32, {T, k * I + Is}).ptr<float>();
   const float* xp = f32(x, "moe x");
+  float* op = f32(out, "moe out");
+  // The fused kernel's counters share the GDN slice (backend_internal.h).
+  if (T == 1 && cfg.linear_num_key_heads + cfg.linear_num_value_heads <= kMoeFusedCounterBase) {
+    const cuda::MoeQW q{cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), cuda::make_qw(w.gate),
+                        cuda::make_qw(w.up),     cuda::make_qw(w.down),               cuda::make_qw(w.shared_gate),
+                        cuda::make_qw(w.shared_up), cuda::make_qw(w.shared_down)};
+    if (cuda::moe_fused(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters), q, xp, s, op, k)) return;
+  }
   cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router),
                   cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
   cuda::moe_gate_up(ctx(), cuda::make_qw(w.gate), cuda::make_qw(w.up), cuda::make_qw(w.shared_gate),
                     cuda::make_qw(w.shared_up), xp, s, T, k);
-  cuda::moe_down(ctx(), cuda::make_qw(w.down), cuda::make_qw(w.shared_down), s, f32(out, "moe out"), T, k);
+  cuda::moe_down(ctx(), cuda::make_qw(w.down), cuda::make_qw(w.shared_down), s, op, T, k);
 }
 
 }  // namespace fern

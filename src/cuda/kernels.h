@@ -86,6 +86,18 @@ void moe_gate_up(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, co
                  const MoeScratch& s, int T, int topk);
 void moe_down(const Ctx& c, const QW& down, const QW& sdown, const MoeScratch& s, float* out, int T, int topk);
 
+// The whole block of one token row in one launch (moe_fused.cu: router, top-k, gate/up, down with two grid-wide
+// handoffs). Uses counters[0, kMoeFusedCounters), zero before the first launch and left consistent by every launch.
+// Returns false (launching nothing) for formats or shapes it does not take: it needs 4-bit experts, a router and
+// shared-expert gate of 8 or 4 bits, top-k <= 32, and staging within 96 KB of shared memory.
+struct MoeQW {
+  QW router, sgr;        // router [E, H], shared-expert gate [1, H]
+  QW gate, up, down;     // routed experts
+  QW sgate, sup, sdown;  // shared expert
+};
+constexpr int kMoeFusedCounters = 5;
+bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk);
+
 // ---- Gated DeltaNet (MODEL.md 2.4), one token row t of a call ----
 struct GdnShape {
   int Hk, Hv, Dk, Dv, conv_dim, kernel;

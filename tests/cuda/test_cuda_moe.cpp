@@ -17,11 +17,12 @@ struct MoeCase {
   const char* name;
   int64_t E, H, I, Is;
   int k, bits, T;
+  int rbits = 0;  // router and shared-expert gate: 0 = 8-bit (16 with bf16 experts)
 };
 
 MoeWeights make_moe(test::OwnedStorage& st, const MoeCase& c, uint64_t seed) {
   MoeWeights m;
-  const int gbits = c.bits == 16 ? 16 : 8;
+  const int gbits = c.rbits != 0 ? c.rbits : c.bits == 16 ? 16 : 8;
   auto lin = [&](const char* n, int64_t e, int64_t out, int64_t in, int bits, float sd_s) {
     return bits == 16 ? test::raw_dense(st, n, e, out, in, ++seed, sd_s)
                       : test::raw_affine(st, n, e, out, in, bits, 64, ++seed, sd_s, sd_s * 2);
@@ -55,6 +56,22 @@ MoeWeights to_device(CudaBackend& be, const MoeWeights& h) {
 // rest on random inputs), then fp32 GEMVs in different orders: measured NMSE 8e-12..1.5e-11 (4-bit), 1e-13
 // (bf16) on the H200. A wrong expert or weight gives NMSE > 1e-2; 1e-8 separates the two.
 constexpr double kNmse = 1e-8;
+
+ModelConfig moe_config(const MoeCase& c) {
+  ModelConfig cfg;
+  cfg.num_experts = static_cast<int>(c.E);
+  cfg.num_experts_per_tok = c.k;
+  cfg.hidden_size = c.H;
+  cfg.moe_intermediate_size = static_cast<int>(c.I);
+  cfg.shared_expert_intermediate_size = static_cast<int>(c.Is);
+  return cfg;
+}
+
+cuda::MoeQW moe_qw(const MoeWeights& d) {
+  return {cuda::make_qw(d.router), cuda::make_qw(d.shared_expert_gate), cuda::make_qw(d.gate),
+          cuda::make_qw(d.up),     cuda::make_qw(d.down),               cuda::make_qw(d.shared_gate),
+          cuda::make_qw(d.shared_up), cuda::make_qw(d.shared_down)};
+}
 
 void run_case(const MoeCase& c) {
   SCOPED_TRACE(c.name);
@@ -138,6 +155,95 @@ TEST(CudaMoe, FusedRouterMatchesThreeLaunches) {
     // leaves room and still catches a wrong expert weight or a missing renormalisation (errors of 1e-2 and more).
     for (size_t i = 0; i < w3.size(); ++i) EXPECT_NEAR(w1[i], w3[i], 1e-5 * std::fabs(w3[i]) + 1e-7) << i;
     for (size_t i = 0; i < sg3.size(); ++i) EXPECT_NEAR(sg1[i], sg3[i], 1e-5) << i;
+  }
+}
+
+}  // namespace
+}  // namespace fern
+
+namespace fern {
+namespace {
+
+// The one-launch decode MoE (moe_fused.cu) called directly, so that a silent fall-back to the three launches
+// cannot pass for it: per case, four tokens one after another on the same counters (the handoff counters alternate
+// between two pairs by epoch parity, so four calls run each pair twice), each against the CPU backend, and the
+// experts it chose against the three-launch router's. Shapes: the real one; a 4-bit router; an awkward small one
+// (E 40, k 5, widths of 10 and 6 chunks: most lanes idle); 2 passes per gate/up and router row (H 4096); 2 passes per
+// down row (k 8 x I 1024: 272 chunks > 5 x 32); 600 experts (the 32-values-per-lane top-k).
+TEST(CudaMoe, FusedDecodeMatchesCpu) {
+  FERN_REQUIRE_GPU();
+  const MoeCase cases[] = {
+      {"fused real", 256, 2048, 512, 512, 8, 4, 1},
+      {"fused 4-bit router", 128, 1024, 256, 512, 8, 4, 1, 4},
+      {"fused small odd", 40, 320, 192, 64, 5, 4, 1},
+      {"fused wide H", 16, 4096, 256, 256, 4, 4, 1},
+      {"fused wide down", 64, 1024, 1024, 512, 8, 4, 1},
+      {"fused 600 experts", 600, 256, 64, 64, 10, 4, 1},
+  };
+  for (const MoeCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto gpu = test::make_gpu();
+    auto cpu = make_cpu_backend();
+    test::OwnedStorage st;
+    const uint64_t seed = uint64_t(c.E * 7 + c.H + c.I);
+    MoeWeights hw = make_moe(st, c, seed);
+    MoeWeights dw = to_device(*gpu, hw);
+    const ModelConfig cfg = moe_config(c);
+    Tensor counters = gpu->alloc(DType::I32, {8});
+    std::vector<float> zero(8, 0.0f);  // 0.0f has the bit pattern of int 0
+    gpu->copy(counters, test::host_f32(zero, {8}));
+    cuda::Ctx ctx;
+    ctx.stream = gpu->stream();
+    ctx.sms = gpu->sm_count();
+    ctx.pdl = gpu->pdl();
+    ctx.counters = counters.ptr<int>();
+    ctx.n_counters = cuda::kMoeFusedCounters;
+    auto scratch = [&](int64_t n) { return gpu->alloc(DType::F32, {n}); };
+    Tensor logits = scratch(c.E), sgl = scratch(1), w = scratch(c.k), sg = scratch(1), h = scratch(c.k * c.I + c.Is);
+    Tensor ids = gpu->alloc(DType::I32, {c.k}), ids3 = gpu->alloc(DType::I32, {c.k});
+    const cuda::MoeScratch s{logits.ptr<float>(), sgl.ptr<float>(), ids.ptr<int32_t>(), w.ptr<float>(),
+                             sg.ptr<float>(), h.ptr<float>()};
+    cuda::MoeScratch s3 = s;
+    s3.topk_ids = ids3.ptr<int32_t>();
+    cuda::Ctx ctx3 = ctx;
+    ctx3.n_counters = 0;  // the three-launch router
+    for (int rep = 0; rep < 4; ++rep) {
+      auto x = test::randn(size_t(c.H), seed + 100 + rep);
+      std::vector<float> ref(size_t(c.H));
+      cpu->begin_forward();
+      cpu->moe(test::host_f32(ref, {1, c.H}), test::host_f32(x, {1, c.H}), hw, cfg);
+      Tensor dx = test::upload_f32(*gpu, x, {1, c.H});
+      Tensor dy = gpu->alloc(DType::F32, {1, c.H});
+      ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
+      auto got = test::download(*gpu, dy);
+      const double e = test::nmse(got.data(), ref.data(), got.size());
+      std::printf("moe %-18s E=%ld H=%ld I=%ld Is=%ld k=%d call %d  NMSE %.3e\n", c.name, long(c.E), long(c.H),
+                  long(c.I), long(c.Is), c.k, rep, e);
+      EXPECT_LT(e, kNmse);  // the same threshold as the three-launch path (run_case)
+      cuda::moe_route(ctx3, cuda::make_qw(dw.router), cuda::make_qw(dw.shared_expert_gate), dx.ptr<float>(), s3, 1, c.k);
+      std::vector<int32_t> a(size_t(c.k)), b(size_t(c.k));
+      gpu->copy(Tensor(a.data(), DType::I32, {c.k}, Device::Host), ids);
+      gpu->copy(Tensor(b.data(), DType::I32, {c.k}, Device::Host), ids3);
+      EXPECT_EQ(a, b);
+    }
+  }
+}
+
+// Formats the fused kernel does not take are refused without a launch (the backend then runs the three launches).
+TEST(CudaMoe, FusedDecodeRefusesOtherFormats) {
+  FERN_REQUIRE_GPU();
+  auto gpu = test::make_gpu();
+  test::OwnedStorage st;
+  for (const MoeCase& c : {MoeCase{"bf16", 32, 512, 128, 128, 8, 16, 1}, MoeCase{"8-bit experts", 32, 512, 128, 128, 8, 8, 1}}) {
+    MoeWeights dw = to_device(*gpu, make_moe(st, c, 5));
+    Tensor counters = gpu->alloc(DType::I32, {8});
+    cuda::Ctx ctx;
+    ctx.stream = gpu->stream();
+    ctx.sms = gpu->sm_count();
+    ctx.counters = counters.ptr<int>();
+    ctx.n_counters = cuda::kMoeFusedCounters;
+    const cuda::MoeScratch s{};
+    EXPECT_FALSE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, nullptr, c.k)) << c.name;
   }
 }
 

@@ -1,0 +1,393 @@
+// The whole MoE block of one token (decode) in one launch, instead of the fused router, gate/up and down launches
+// of moe.cu (docs/notes/cuda-decode-v3.md: 8.2 + 10.2 + 7.2 us per layer for 16 MB of expert weights that need
+// ~4 us at bandwidth; each launch paid its own start, activation staging and first-load latency).
+//
+// Every block of a grid that is fully resident (at most the occupancy per SM, times the SMs) runs three phases
+// separated by two grid-wide handoffs through counters:
+//  1. Router rows (and the shared-expert gate's row) and the shared expert's gate/up rows, whose weights are
+//     requested before the PDL wait. Each block then counts itself in and waits for all blocks.
+//  2. Every block runs the softmax/top-k itself on the complete logits (a redundant 1 KB read from L2 per block
+//     instead of one block's result being published through a second handoff), then requests the down rows it
+//     will need (they depend only on the chosen experts) and computes its share of the routed gate/up rows while
+//     those loads are in flight. Count in, wait for all blocks.
+//  3. Each warp finishes its down row(s) from the already loaded weights and the complete intermediate h.
+//
+// Handoff counters (ctx.counters[0, kFusedCounters)): [0] an epoch, [1..2] arrivals at the router handoff, [3..4]
+// arrivals at the h handoff, one of each pair per epoch parity. A launch reads the epoch after its PDL wait (the
+// previous launch has then finished), uses the pair of its parity, zeroes the other pair for the next launch, and
+// the last block to arrive at the h handoff (every block has read the epoch by then) advances the epoch. Nothing
+// needs a reset between launches, whatever the grid size.
+//
+// Deadlock freedom: the grid is at most the number of blocks that fit on the GPU at once, so every block becomes
+// resident; a PDL successor launches only once every block has passed pdl_trigger(), i.e. is resident already.
+#include <climits>
+
+#include "cuda/kernels.h"
+#include "cuda/launch.cuh"
+#include "cuda/qdot.cuh"
+#include "cuda/topk.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxSlots = 33;  // top-k <= 32 routed slots + the shared expert
+constexpr int kDownU = 5;
+// Dynamic shared memory limit (x twice and h; the real model needs 37 KB). Two blocks per SM fit with room to
+// spare; a larger need falls back to the three launches.
+constexpr size_t kMaxSmem = 96 * 1024;      // down chunks in flight per lane: a whole row of the real model (144 chunks)
+
+// Chunks per lane per pass of a 2048-wide row: 2 (4-bit, 64 chunks), 4 (8-bit, 128 chunks). Wider rows take more
+// passes (loaded and consumed one after another), narrower ones leave lanes idle.
+template <int BITS>
+constexpr int kNch = BITS == 4 ? 2 : 4;
+
+// N rows of one width, NCH chunks per lane of one pass.
+template <int BITS, int N>
+struct Rows {
+  uint4 w[kNch<BITS>][N];
+  float s[kNch<BITS>][N], b[kNch<BITS>][N];
+};
+
+// Pass `pass` of rows row[r] of matrix mat(r) (row < 0: none): lane takes chunks lane + 32 * (pass * NCH + u).
+// `mat` returns a view (from registers or from a shared-memory table, so that no view stays live in registers).
+template <int BITS, int N, typename Mat>
+__device__ __forceinline__ void load_rows(const Mat& mat, const int (&row)[N], int pass, int cpr, int lane,
+                                          Rows<BITS, N>& R) {
+  constexpr int NCH = kNch<BITS>;
+#pragma unroll
+  for (int u = 0; u < NCH; ++u) {
+    const int c = lane + 32 * (pass * NCH + u);
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+      if (row[r] >= 0 && c < cpr) {
+        load_chunk<BITS>(mat(r), row[r], c, R.w[u][r], R.s[u][r], R.b[u][r]);
+      } else {
+        R.w[u][r] = make_uint4(0, 0, 0, 0);
+        R.s[u][r] = R.b[u][r] = 0.0f;
+      }
+    }
+  }
+}
+
+template <int BITS, int N>
+__device__ __forceinline__ void dot_rows(const Rows<BITS, N>& R, int pass, int cpr, const float4* xs, const float* xc,
+                                         int lane, float (&acc)[N]) {
+  constexpr int NCH = kNch<BITS>, F4 = ChunkTraits<BITS>::kF4;
+#pragma unroll
+  for (int u = 0; u < NCH; ++u) {
+    const int j = pass * NCH + u, c = lane + 32 * j;
+    if (c < cpr) {
+      float d[N];
+      chunk_dot<BITS, 32, N>(R.w[u], xs + lane + j * (F4 * 32), d);
+      const float xsum = xc[c];
+#pragma unroll
+      for (int r = 0; r < N; ++r) acc[r] += apply_group<BITS>(d[r], R.s[u][r], R.b[u][r], xsum);
+    }
+  }
+}
+
+// Full dot products of N rows whose first pass is already in `first`; every lane gets the sums.
+template <int BITS, int N, typename Mat>
+__device__ __forceinline__ void finish_rows(const Mat& mat, const int (&row)[N], const Rows<BITS, N>& first,
+                                            int cpr, const float4* xs, const float* xc, int lane, float (&out)[N]) {
+  constexpr int NCH = kNch<BITS>;
+  float acc[N];
+#pragma unroll
+  for (int r = 0; r < N; ++r) acc[r] = 0.0f;
+  dot_rows<BITS, N>(first, 0, cpr, xs, xc, lane, acc);
+  const int passes = (cpr + 32 * NCH - 1) / (32 * NCH);
+  for (int p = 1; p < passes; ++p) {
+    Rows<BITS, N> R;
+    load_rows<BITS, N>(mat, row, p, cpr, lane, R);
+    dot_rows<BITS, N>(R, p, cpr, xs, xc, lane, acc);
+  }
+#pragma unroll
+  for (int r = 0; r < N; ++r) out[r] = warp_sum(acc[r]);
+}
+
+// stage_x (qdot.cuh, LPR 32) for data written by other blocks of this launch: read through L2.
+template <int BITS>
+__device__ __forceinline__ void stage_cg(const float* x, int n, float4* xs, float* xc) {
+  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  for (int f = threadIdx.x; f < n / 4; f += blockDim.x) xs[x_slot<BITS, 32>(f / F4, f % F4)] = __ldcg(x4 + f);
+  __syncthreads();
+  for (int c = threadIdx.x; c < n / E; c += blockDim.x) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < F4; ++k) {
+      const float4 v = xs[x_slot<BITS, 32>(c, k)];
+      s += (v.x + v.y) + (v.z + v.w);
+    }
+    xc[c] = s;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Thread 0 counts the block in at *cnt (after the block's writes) and waits until all blocks have; the barrier
+// around makes their writes visible to the whole block.
+__device__ __forceinline__ void grid_handoff(int* cnt, int epoch_next, int* epoch, bool advance_epoch) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const int old = atomicAdd(cnt, 1);
+    if (advance_epoch && old == int(gridDim.x) - 1) atomicExch(epoch, epoch_next);
+    while (ld_acquire(cnt) < int(gridDim.x)) {
+    }
+  }
+  __syncthreads();
+}
+
+struct FusedArgs {
+  QW router, sgr;             // router [E, H] and the shared-expert gate's single row [1, H] (format RB)
+  QW gate, up, down;          // routed experts (format B)
+  QW sgate, sup, sdown;       // shared expert (format B)
+  const float* x;             // [H]
+  MoeScratch s;               // router_logits [E], sgate_logit [1], topk_ids/topk_w [k], sgate [1], h [k*I + Is]
+  float* out;                 // [H]
+  int* counters;              // kFusedCounters ints, zero before the first launch
+  int topk;
+};
+
+template <int RB, int B>
+__global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
+  extern __shared__ float4 smem[];
+  __shared__ ChunkMat mg[kMaxSlots], mu[kMaxSlots], md[kMaxSlots];
+  __shared__ float fac[kMaxSlots];
+  __shared__ int32_t ids_s[32];
+  __shared__ float wts_s[32], sg_s;
+  __shared__ int epoch_s;
+  constexpr int FB = ChunkTraits<B>::kF4, EB = ChunkTraits<B>::kElems;
+  const int H = static_cast<int>(a.router.in);
+  const int E = static_cast<int>(a.router.out);
+  const int I = static_cast<int>(a.gate.out), Is = static_cast<int>(a.sgate.out);
+  const int k = a.topk;
+  const int nx = k * I + Is;
+  const int lane = threadIdx.x & 31;
+  const int W = gridDim.x * kWarps;
+  // Warp order: block index fastest, so that the first tasks of each phase spread over all SMs.
+  const int v = (threadIdx.x >> 5) * gridDim.x + blockIdx.x;
+
+  // Dynamic shared memory: x in the router's layout, x in the experts' layout, then h in the experts' layout.
+  float4* xr = smem;
+  float* xrc = reinterpret_cast<float*>(xr + x_slots<RB, 32>(H));
+  float4* xe = reinterpret_cast<float4*>(xrc + (H / ChunkTraits<RB>::kElems + 31) / 32 * 32);
+  float* xec = reinterpret_cast<float*>(xe + x_slots<B, 32>(H));
+  float4* xh = reinterpret_cast<float4*>(xec + (H / EB + 31) / 32 * 32);
+  float* xhc = reinterpret_cast<float*>(xh + x_slots<B, 32>(nx));
+
+  // ---- phase 1: router rows [0, E), the shared-expert gate row E, shared gate/up rows E + 1 + [0, Is) ----
+  const ChunkMat m_router = chunk_mat<RB>(a.router, 0), m_sgr = chunk_mat<RB>(a.sgr, 0);
+  const ChunkMat m_sg = chunk_mat<B>(a.sgate, 0), m_su = chunk_mat<B>(a.sup, 0);
+  const int cpr_r = m_router.cpr, cpr_e = m_sg.cpr;
+  const int n_route = E + 1, n_p1 = n_route + Is;
+  Rows<RB, 1> rr;
+  Rows<B, 2> sr;
+  auto route_mat = [&](int u) { return [&, u](int) { return select(u < E, m_router, m_sgr); }; };
+  auto shared_mat = [&](int r) { return select(r == 0, m_sg, m_su); };
+  auto load_p1 = [&](int u) {
+    if (u < n_route) {
+      const int row[1] = {u < E ? u : 0};
+      load_rows<RB, 1>(route_mat(u), row, 0, cpr_r, lane, rr);
+    } else {
+      const int row[2] = {u - n_route, u - n_route};
+      load_rows<B, 2>(shared_mat, row, 0, cpr_e, lane, sr);
+    }
+  };
+  if (v < n_p1) load_p1(v);  // weights only: before waiting on the previous kernel
+  pdl_wait();
+  if (threadIdx.x == 0) {
+    const int ep = __ldcg(a.counters);
+    epoch_s = ep;
+    if (blockIdx.x == 0) {  // the other parity's pair, for the next launch (the previous one has finished)
+      const int o = (ep + 1) & 1;
+      a.counters[1 + o] = 0;
+      a.counters[3 + o] = 0;
+    }
+  }
+  stage_x<RB, 32>(a.x, H, xr, xrc);
+  stage_x<B, 32>(a.x, H, xe, xec);  // (ends with a barrier: epoch_s is visible)
+  pdl_trigger();
+  const int epoch = epoch_s, par = epoch & 1;
+  for (int u = v; u < n_p1; u += W) {
+    if (u != v) load_p1(u);
+    if (u < n_route) {
+      const int row[1] = {u < E ? u : 0};
+      float d[1];
+      finish_rows<RB, 1>(route_mat(u), row, rr, cpr_r, xr, xrc, lane, d);
+      if (lane == 0) {
+        if (u < E)
+          a.s.router_logits[u] = d[0];
+        else
+          a.s.sgate_logit[0] = d[0];
+      }
+    } else {
+      const int row[2] = {u - n_route, u - n_route};
+      float d[2];
+      finish_rows<B, 2>(shared_mat, row, sr, cpr_e, xe, xec, lane, d);
+      if (lane == 0) a.s.h[int64_t(k) * I + row[0]] = silu(d[0]) * d[1];
+    }
+  }
+  grid_handoff(a.counters + 1 + par, 0, a.counters, false);
+
+  // ---- top-k in every block, then the expert tables ----
+  if (threadIdx.x < 32) topk_warp(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s);
+  __syncthreads();
+  if (threadIdx.x <= k) {
+    const int sl = threadIdx.x;
+    const bool sh = sl == k;
+    const int64_t e = sh ? 0 : ids_s[sl];
+    mg[sl] = sh ? m_sg : chunk_mat<B>(a.gate, e);
+    mu[sl] = sh ? m_su : chunk_mat<B>(a.up, e);
+    md[sl] = sh ? chunk_mat<B>(a.sdown, 0) : chunk_mat<B>(a.down, e);
+    fac[sl] = sh ? sg_s : wts_s[sl];
+    if (blockIdx.x == 0) {  // the routing decision, for inspection (the kernel itself uses the shared copy)
+      if (sh) {
+        a.s.sgate[0] = sg_s;
+      } else {
+        a.s.topk_ids[sl] = ids_s[sl];
+        a.s.topk_w[sl] = wts_s[sl];
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- phase 2: request this warp's first down row, then the routed gate/up rows (two tasks per warp pass) ----
+  const int cprd = I / EB;
+  const int routed_items = k * cprd, items = routed_items + Is / EB;
+  auto item_slot = [&](int j) { return j < routed_items ? j / cprd : k; };
+  auto item_chunk = [&](int j) { return j < routed_items ? j - (j / cprd) * cprd : j - routed_items; };
+  uint4 dw[kDownU];
+  float ds[kDownU], db[kDownU];
+  auto load_down = [&](int n, int j0) {
+#pragma unroll
+    for (int q = 0; q < kDownU; ++q) {
+      const int j = j0 + 32 * q;
+      if (j < items) {
+        load_chunk<B>(md[item_slot(j)], n, item_chunk(j), dw[q], ds[q], db[q]);
+      } else {
+        dw[q] = make_uint4(0, 0, 0, 0);
+        ds[q] = db[q] = 0.0f;
+      }
+    }
+  };
+  if (v < H) load_down(v, lane);
+
+  const int ntask = k * I;
+  for (int u0 = v; u0 < ntask; u0 += 2 * W) {
+    const int u1 = u0 + W;
+    const int s0 = u0 / I, r0 = u0 - s0 * I;
+    const bool ok1 = u1 < ntask;
+    const int s1 = ok1 ? u1 / I : s0, r1 = ok1 ? u1 - s1 * I : -1;
+    // Views read from the shared tables where they are used (four views in registers would take 36 of them).
+    auto mat = [&](int r) -> const ChunkMat& { return r == 0 ? mg[s0] : r == 1 ? mu[s0] : r == 2 ? mg[s1] : mu[s1]; };
+    const int row[4] = {r0, r0, r1, r1};
+    Rows<B, 4> R;
+    load_rows<B, 4>(mat, row, 0, cpr_e, lane, R);
+    float d[4];
+    finish_rows<B, 4>(mat, row, R, cpr_e, xe, xec, lane, d);
+    if (lane == 0) {
+      a.s.h[u0] = silu(d[0]) * d[1];  // task u = slot * I + row is also h's index
+      if (ok1) a.s.h[u1] = silu(d[2]) * d[3];
+    }
+  }
+  grid_handoff(a.counters + 3 + par, epoch + 1, a.counters, true);
+
+  // ---- phase 3: down rows with the routing weights and the gated shared expert ----
+  stage_cg<B>(a.s.h, nx, xh, xhc);
+  for (int n = v; n < H; n += W) {
+    float acc = 0.0f;
+    for (int j0 = lane; j0 < items; j0 += 32 * kDownU) {
+      if (n != v || j0 != lane) load_down(n, j0);
+#pragma unroll
+      for (int q = 0; q < kDownU; ++q) {
+        const int j = j0 + 32 * q;
+        if (j < items) {
+          const uint4 w1[1] = {dw[q]};
+          float d[1];
+          chunk_dot<B, 32, 1>(w1, xh + (j >> 5) * (FB * 32) + (j & 31), d);
+          acc = fmaf(fac[item_slot(j)], apply_group<B>(d[0], ds[q], db[q], xhc[j]), acc);
+        }
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) a.out[n] = acc;
+  }
+}
+
+template <int RB, int B>
+size_t fused_smem(int64_t H, int64_t nx) {
+  constexpr int ER = ChunkTraits<RB>::kElems, FR = ChunkTraits<RB>::kF4;
+  constexpr int EB = ChunkTraits<B>::kElems, FB = ChunkTraits<B>::kF4;
+  auto cols = [](int64_t chunks) { return (chunks + 31) / 32 * 32; };
+  return size_t(cols(H / ER)) * (FR * 16 + 4) + size_t(cols(H / EB)) * (FB * 16 + 4) +
+         size_t(cols(nx / EB)) * (FB * 16 + 4);
+}
+
+// Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
+template <int RB, int B>
+int resident_blocks(const Ctx& c, size_t smem) {
+  thread_local size_t cached_smem = SIZE_MAX;
+  thread_local int cached = 0;
+  if (smem != cached_smem) {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B>, kThreads, smem) !=
+        cudaSuccess)
+      per_sm = 0;
+    cached = per_sm;
+    cached_smem = smem;
+  }
+  return std::min(cached, 2) * c.sms;
+}
+
+template <int RB, int B>
+bool launch_fused(const Ctx& c, const FusedArgs& a) {
+  const int64_t nx = a.topk * a.gate.out + a.sgate.out;
+  const size_t smem = fused_smem<RB, B>(a.router.in, nx);
+  if (smem > kMaxSmem) return false;
+  thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
+  if (!opted_in) {
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)),
+          "cudaFuncSetAttribute", __FILE__, __LINE__);
+    opted_in = true;
+  }
+  const int blocks = resident_blocks<RB, B>(c, smem);
+  if (blocks <= 0) return false;
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B>, blocks, kThreads, smem, a);
+  FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
+  return true;
+}
+
+}  // namespace
+
+bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk) {
+  const int64_t H = w.router.in, E = w.router.out, I = w.gate.out, Is = w.sgate.out;
+  const int RB = w.router.bits, B = w.gate.bits;
+  if (c.n_counters < kMoeFusedCounters || topk < 1 || topk > 32 || topk > E || E > 32 * kTopkMaxPerLane) return false;
+  if (w.sgr.out != 1 || w.sgr.bits != RB || w.sgr.in != H) return false;
+  for (const QW* q : {&w.up, &w.down, &w.sgate, &w.sup, &w.sdown})
+    if (q->bits != B) return false;
+  if (w.up.out != I || w.up.in != H || w.gate.in != H || w.sgate.in != H || w.sup.in != H || w.sup.out != Is ||
+      w.down.in != I || w.down.out != H || w.sdown.in != Is || w.sdown.out != H || w.gate.experts != E ||
+      w.up.experts != E || w.down.experts != E)
+    return false;
+  // 4-bit experts only: with 8-bit ones the four rows per warp pass need twice the registers (ptxas: 552 bytes of
+  // spills at 128 registers); the real model's experts are 4-bit.
+  if (B != 4) return false;
+  const int eb = 128 / B, er = 128 / RB;
+  if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
+  FusedArgs a{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk};
+  if (RB == 8 && B == 4) return launch_fused<8, 4>(c, a);
+  if (RB == 4 && B == 4) return launch_fused<4, 4>(c, a);
+  return false;
+}
+
+}  // namespace fern::cuda
