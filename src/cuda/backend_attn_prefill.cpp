@@ -1,27 +1,73 @@
 // Gated attention core for a chunk of T > 1 prompt rows (prefill) over the chunk and the KV cache of earlier
-// chunks. Shapes are checked by attn_core.
+// chunks: attn_prep (norms, RoPE, KV append), then the tensor-core flash kernel (attn_prefill.cu) from
+// kAttnPrefillMinRows rows on, the decode kernel below that. Shapes are checked by attn_core.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
+#include "cuda/attn_prefill.h"
 #include "cuda/backend_internal.h"
 
 namespace fern {
 using namespace cuda_backend_detail;
+
+namespace {
+
+// From this many rows the flash kernel is used (docs/notes/cuda-prefill-v2-attn.md has the measurement).
+constexpr int kAttnPrefillMinRows = 4;
+
+// FERN_ATTN_PREFILL=flash / decode forces one kernel for every T > 1 (tests and benchmarks compare them).
+enum class Choice { Auto, Flash, Decode };
+Choice forced_choice() {
+  const char* e = std::getenv("FERN_ATTN_PREFILL");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return Choice::Auto;
+  if (std::strcmp(e, "flash") == 0) return Choice::Flash;
+  if (std::strcmp(e, "decode") == 0) return Choice::Decode;
+  fail("FERN_ATTN_PREFILL={}: expected auto, flash or decode", e);
+}
+
+bool decode_kernel_ok(const cuda::AttnShape& sh) {
+  const int G = sh.Hkv > 0 ? sh.Hq / sh.Hkv : 0;
+  return sh.Hkv > 0 && sh.Hq % sh.Hkv == 0 && (sh.D == 128 || sh.D == 256) && (G == 1 || G == 2 || G == 4 || G == 8);
+}
+
+}  // namespace
 
 void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
                                 SequenceState& state, int layer) {
   CudaState& st = cuda_state(state);
   const int T = static_cast<int>(qg.dim(0));
   const cuda::AttnShape sh = attn_shape(cfg, st.capacity);
+  const Choice choice = forced_choice();
+  bool flash = cuda::attn_prefill_ok(sh) && (T >= kAttnPrefillMinRows || !decode_kernel_ok(sh));
+  if (choice != Choice::Auto) flash = choice == Choice::Flash;
+  Tensor q = scratch(DType::F32, {T, sh.Hq, sh.D});
+  Tensor kc = st.k_cache.at(layer), vc = st.v_cache.at(layer);
+  cuda::attn_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"), f32(w.q_norm, "q_norm"),
+                  f32(w.k_norm, "k_norm"), q.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(), T);
+  if (flash) {
+    // Split over the KV length only when the query tiles leave multiprocessors idle (small T, long cache); the
+    // partials are bounded to 64 MiB.
+    int nsplit = cuda::attn_prefill_splits(sh, st.pos, T, sm_count());
+    const int64_t per_split = int64_t(T) * sh.Hq * (sh.D + 2) * 4;
+    nsplit = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(nsplit, (int64_t(64) << 20) / per_split), 1,
+                                                  cuda::kAttnPrefillMaxSplits));
+    float* pml = nullptr;
+    float* pacc = nullptr;
+    if (nsplit > 1) {
+      pml = scratch(DType::F32, {T, sh.Hq, nsplit, 2}).ptr<float>();
+      pacc = scratch(DType::F32, {T, sh.Hq, nsplit, sh.D}).ptr<float>();
+    }
+    cuda::attn_prefill(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(),
+                       pml, pacc, f32(o, "attn o"), T, nsplit);
+    return;
+  }
   // The decode kernel over T query rows: they already give T-fold parallelism, so the split count is capped to keep
   // the partial results within 256 MiB of scratch.
   const int64_t per_split = int64_t(T) * sh.Hq * sh.D * 4;
   const int nsplit = static_cast<int>(std::clamp<int64_t>((int64_t(256) << 20) / per_split, 1, st.nsplit));
-  Tensor q = scratch(DType::F32, {T, sh.Hq, sh.D});
   Tensor pml = scratch(DType::F32, {T, sh.Hq, nsplit, 2});
   Tensor pacc = scratch(DType::F32, {T, sh.Hq, nsplit, sh.D});
-  Tensor kc = st.k_cache.at(layer), vc = st.v_cache.at(layer);
-  cuda::attn_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"), f32(w.q_norm, "q_norm"),
-                  f32(w.k_norm, "k_norm"), q.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(), T);
   cuda::attn_decode(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(),
                     pml.ptr<float>(), pacc.ptr<float>(), f32(o, "attn o"), T, nsplit);
 }

@@ -1,0 +1,396 @@
+// Causal GQA attention for a chunk of prompt rows, flash-attention style on the tensor cores (attn_prefill.h).
+//
+// A block owns one KV head and a tile of 128 query rows: 128 / G consecutive token rows times the G query heads that
+// share the KV head (row r = token r / G, head r % G), so every K/V tile staged in shared memory serves all G heads.
+// It walks the KV positions in tiles of 64 (cp.async, double buffered): each of the 8 warps computes the 16 x 64
+// scores of its 16 rows (S = Q K^T, mma.sync m16n8k16 bf16 with fp32 accumulation), applies the causal mask (only
+// on tiles that reach past the tile's first token), updates its rows' running max and sum in fp32 (exp2 domain),
+// rescales its 16 x D output accumulator and adds P V with P rounded to bf16 straight from the score registers.
+// Shared-memory rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads hit distinct banks.
+// With nsplit > 1 (small T over a long cache) each block covers one slice of the KV tiles and writes unnormalised
+// partials that attn_prefill_combine merges (and gates).
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "cuda/attn_prefill.h"
+#include "cuda/cuda_util.cuh"
+#include "cuda/launch.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kWarps = kAttnPrefillRows / 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int BM = kAttnPrefillRows;
+constexpr int BN = kAttnPrefillKeys;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c += a b for one m16n8k16 tile (a: 4 registers of bf16 pairs, b: 2, c: 4 fp32).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16-byte global -> shared copy; zero-fills the destination when !valid (rows past the written cache).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Element offset of 16-byte chunk `ch` of row `row` in a [rows, D] bf16 tile: chunks XOR-swizzled by row % 8, so
+// the 8 rows an ldmatrix reads at the same column land in 8 different bank groups.
+template <int D>
+__device__ __forceinline__ int swz(int row, int ch) {
+  return row * D + ((ch ^ (row & 7)) << 3);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_prefill_kernel(AttnShape sh, const int32_t* __restrict__ d_pos, const float* __restrict__ q,
+                        const float* __restrict__ qg, const uint16_t* __restrict__ k_cache,
+                        const uint16_t* __restrict__ v_cache, float* __restrict__ part_ml,
+                        float* __restrict__ part_acc, float* __restrict__ o, int T, int G) {
+  constexpr int CH = D / 8;  // 16-byte chunks per row
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t* Qs = smem;             // [BM, D]
+  uint16_t* Ks = Qs + BM * D;      // [2][BN, D]
+  uint16_t* Vs = Ks + 2 * BN * D;  // [2][BN, D]
+
+  pdl_wait();
+  pdl_trigger();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int TQ = BM / G;                          // token rows per tile
+  const int qt = gridDim.x - 1 - blockIdx.x;      // latest token rows (most KV tiles) first
+  const int kvh = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z;
+  const int t0 = qt * TQ;
+  const int P0 = d_pos[0];
+  const int t_last = min(t0 + TQ, T) - 1;
+  const int kv_len = P0 + t_last + 1;  // keys the tile's last row sees
+  // KV tiles per split from the device-side length, so that no key can fall between splits whatever nsplit is.
+  const int tiles_all = (P0 + T + BN - 1) / BN;
+  const int per_split = (tiles_all + nsplit - 1) / nsplit;
+  const int j_begin = split * per_split;
+  const int j_end = min((kv_len + BN - 1) / BN, j_begin + per_split);
+
+  // Rows held by this thread in the accumulator layout: r0 and r0 + 8 of the warp's 16.
+  const int r0 = warp * 16 + (lane >> 2);
+  int lim[2];  // last key each row may see; padding rows (t >= T) clamp to the last written row
+#pragma unroll
+  for (int i = 0; i < 2; ++i) lim[i] = P0 + min(t0 + (r0 + 8 * i) / G, T - 1);
+
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
+  float oacc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f;
+
+  if (j_begin < j_end) {
+    auto load_kv = [&](int j, int buf) {
+      uint16_t* ks = Ks + buf * BN * D;
+      uint16_t* vs = Vs + buf * BN * D;
+      for (int c = tid; c < BN * CH; c += kThreads) {
+        const int r = c / CH, ch = c % CH;
+        const int key = j * BN + r;
+        const bool ok = key < kv_len;
+        const int64_t off = (int64_t(ok ? key : 0) * sh.Hkv + kvh) * D + ch * 8;
+        cp_async16(ks + swz<D>(r, ch), k_cache + off, ok);
+        cp_async16(vs + swz<D>(r, ch), v_cache + off, ok);
+      }
+    };
+    load_kv(j_begin, 0);
+    cp_async_commit();
+    // Q tile: fp32 -> bf16 (round to nearest), padding rows zero.
+    for (int c = tid; c < BM * CH; c += kThreads) {
+      const int r = c / CH, ch = c % CH;
+      const int t = t0 + r / G;
+      uint4 pk = make_uint4(0, 0, 0, 0);
+      if (r < TQ * G && t < T) {
+        const float4* src =
+            reinterpret_cast<const float4*>(q + (int64_t(t) * sh.Hq + kvh * G + r % G) * D + ch * 8);
+        const float4 a = src[0], b = src[1];
+        pk = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+      }
+      *reinterpret_cast<uint4*>(Qs + swz<D>(r, ch)) = pk;
+    }
+    const float sl2 = rsqrtf(float(D)) * kLog2e;
+
+    for (int j = j_begin; j < j_end; ++j) {
+      const int buf = (j - j_begin) & 1;
+      if (j + 1 < j_end) {
+        load_kv(j + 1, buf ^ 1);  // that buffer was released by the barrier at the end of the last iteration
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      const uint16_t* ks = Ks + buf * BN * D;
+      const uint16_t* vs = Vs + buf * BN * D;
+
+      // S = Q K^T for the warp's 16 rows x BN keys.
+      float s[BN / 8][4];
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, Qs + swz<D>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+        for (int np = 0; np < BN / 16; ++np) {
+          uint32_t b[4];
+          ldsm_x4(b, ks + swz<D>(np * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+          mma_bf16(s[2 * np], a, b[0], b[1]);
+          mma_bf16(s[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+
+      // Mask (only where the tile reaches past the first row's last key), online softmax in the exp2 domain.
+      const int k0 = j * BN;
+      const bool need_mask = k0 + BN - 1 > P0 + t0;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float v = s[n][2 * i + e] * sl2;
+            if (need_mask && k0 + n * 8 + (lane & 3) * 2 + e > lim[i]) v = -INFINITY;
+            s[n][2 * i + e] = v;
+            mx = fmaxf(mx, v);
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m_r[i], mx);
+        const float mref = mnew == -INFINITY ? 0.0f : mnew;  // a row with nothing visible yet stays at zero
+        const float corr = fast_exp2(m_r[i] - mref);
+        m_r[i] = mnew;
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = fast_exp2(s[n][2 * i + e] - mref);
+            s[n][2 * i + e] = p;
+            sum += p;
+          }
+        }
+        l_r[i] = l_r[i] * corr + sum;
+        // Once the running maxima have settled (most tiles of a long cache) no row of the warp changes: skip the
+        // 2 x D/8 multiplies per row (estimated at a quarter of the tile's MMA issue time at D = 256; not measured).
+        if (__any_sync(0xffffffffu, corr != 1.0f)) {
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n) {
+            oacc[n][2 * i] *= corr;
+            oacc[n][2 * i + 1] *= corr;
+          }
+        }
+      }
+
+      // O += P V: the score accumulators of two adjacent 8-key tiles are exactly the A fragment of a 16-key step.
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[4];
+        a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, vs + swz<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
+          mma_bf16(oacc[2 * dp], a, b[0], b[1]);
+          mma_bf16(oacc[2 * dp + 1], a, b[2], b[3]);
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  // Epilogue: row sums over the quad of lanes that share a row, then the gated output or this split's partials.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = l_r[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = r0 + 8 * i;
+    const int t = t0 + r / G, h = kvh * G + r % G;
+    if (r >= TQ * G || t >= T) continue;
+    const int64_t row = int64_t(t) * sh.Hq + h;
+    if (nsplit == 1) {
+      const float inv = 1.0f / l;  // l >= 1: every row sees key 0 and its own maximum contributes exp2(0)
+      const float* gate = qg + row * 2 * D + D;
+      float* orow = o + row * D;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int d = n * 8 + (lane & 3) * 2;
+        const float2 g = *reinterpret_cast<const float2*>(gate + d);
+        *reinterpret_cast<float2*>(orow + d) =
+            make_float2(oacc[n][2 * i] * inv * sigmoid(g.x), oacc[n][2 * i + 1] * inv * sigmoid(g.y));
+      }
+    } else {
+      float* acc = part_acc + (row * nsplit + split) * D;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int d = n * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(acc + d) = make_float2(oacc[n][2 * i], oacc[n][2 * i + 1]);
+      }
+      if ((lane & 3) == 0) *reinterpret_cast<float2*>(part_ml + (row * nsplit + split) * 2) = make_float2(m_r[i], l);
+    }
+  }
+}
+
+// One block per (head, row): merges the splits' (max in the exp2 domain, sum, unnormalised acc) and gates.
+constexpr int kCombineThreads = 128;
+
+__global__ void __launch_bounds__(kCombineThreads) attn_prefill_combine(AttnShape sh, int nsplit,
+                                                                        const float* __restrict__ part_ml,
+                                                                        const float* __restrict__ part_acc,
+                                                                        const float* __restrict__ qg,
+                                                                        float* __restrict__ o) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ float fac[kAttnPrefillMaxSplits];
+  __shared__ float red[32];
+  const int64_t row = int64_t(blockIdx.y) * sh.Hq + blockIdx.x;
+  const int D = sh.D;
+  const float* ml = part_ml + row * nsplit * 2;
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s < nsplit; s += blockDim.x) mx = fmaxf(mx, ml[2 * s]);
+  const float M = block_max(mx, red);
+  float den = 0.0f;
+  for (int s = threadIdx.x; s < nsplit; s += blockDim.x) {
+    const float ms = ml[2 * s];
+    const float f = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+    fac[s] = f;
+    den += ml[2 * s + 1] * f;
+  }
+  const float inv = 1.0f / block_sum(den, red);  // its barriers also publish fac
+  const float* acc = part_acc + row * nsplit * D;
+  const float* gate = qg + row * 2 * D + D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.0f;
+    for (int s = 0; s < nsplit; ++s)
+      if (fac[s] != 0.0f) num = fmaf(acc[int64_t(s) * D + d], fac[s], num);  // skipped splits wrote no acc
+    o[row * D + d] = num * inv * sigmoid(gate[d]);
+  }
+}
+
+template <int D>
+constexpr size_t smem_bytes() {
+  return size_t(BM + 4 * BN) * D * 2;
+}
+
+template <int D>
+void set_smem_attr() {
+  FERN_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(smem_bytes<D>())));
+}
+
+template <int D>
+int blocks_per_sm() {
+  set_smem_attr<D>();
+  int n = 0;
+  FERN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_prefill_kernel<D>, kThreads, smem_bytes<D>()));
+  return n < 1 ? 1 : n;
+}
+
+}  // namespace
+
+bool attn_prefill_ok(const AttnShape& sh) {
+  if (sh.Hkv < 1 || sh.Hq % sh.Hkv != 0) return false;
+  const int G = sh.Hq / sh.Hkv;
+  return (sh.D == 64 || sh.D == 128 || sh.D == 256) && (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
+}
+
+int attn_prefill_splits(const AttnShape& sh, int64_t pos, int T, int sms) {
+  if (!attn_prefill_ok(sh) || T <= 0) return 1;
+  const int G = sh.Hq / sh.Hkv;
+  const int64_t tiles_q = (int64_t(T) + BM / G - 1) / (BM / G);
+  const int64_t blocks = tiles_q * sh.Hkv;
+  const int per_sm = sh.D == 256 ? blocks_per_sm<256>() : sh.D == 128 ? blocks_per_sm<128>() : blocks_per_sm<64>();
+  const int64_t slots = int64_t(sms) * per_sm;
+  if (blocks >= slots) return 1;
+  // As many pieces as keep all of them in one wave, each at least four KV tiles long.
+  const int64_t kv_tiles = (pos + T + BN - 1) / BN;
+  int64_t n = slots / blocks;
+  n = n < kv_tiles / 4 ? n : kv_tiles / 4;
+  n = n < kAttnPrefillMaxSplits ? n : kAttnPrefillMaxSplits;
+  return static_cast<int>(n < 1 ? 1 : n);
+}
+
+void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+                  const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int T,
+                  int nsplit) {
+  if (T <= 0) return;
+  if (!attn_prefill_ok(sh))
+    raise_error("attention prefill: unsupported head shape (head_dim " + std::to_string(sh.D) + ", " +
+                std::to_string(sh.Hkv > 0 ? sh.Hq / sh.Hkv : 0) + " query heads per KV head of " +
+                std::to_string(sh.Hkv) + "; supported: head_dim 64/128/256, 1/2/4/8/16 per KV head)");
+  FERN_CU_CHECK(nsplit >= 1 && nsplit <= kAttnPrefillMaxSplits, "attention prefill: split count");
+  FERN_CU_CHECK(nsplit == 1 || (part_ml != nullptr && part_acc != nullptr), "attention prefill: partials scratch");
+  const int G = sh.Hq / sh.Hkv;
+  const int tiles_q = (T + BM / G - 1) / (BM / G);
+  const dim3 grid(tiles_q, sh.Hkv, nsplit);
+  switch (sh.D) {
+    case 256:
+      set_smem_attr<256>();
+      launch(c, "attn_prefill_kernel", attn_prefill_kernel<256>, grid, kThreads, smem_bytes<256>(), sh, d_pos, q, qg,
+             k_cache, v_cache, part_ml, part_acc, o, T, G);
+      break;
+    case 128:
+      set_smem_attr<128>();
+      launch(c, "attn_prefill_kernel", attn_prefill_kernel<128>, grid, kThreads, smem_bytes<128>(), sh, d_pos, q, qg,
+             k_cache, v_cache, part_ml, part_acc, o, T, G);
+      break;
+    default:
+      set_smem_attr<64>();
+      launch(c, "attn_prefill_kernel", attn_prefill_kernel<64>, grid, kThreads, smem_bytes<64>(), sh, d_pos, q, qg,
+             k_cache, v_cache, part_ml, part_acc, o, T, G);
+      break;
+  }
+  FERN_CUDA_LAUNCH_CHECK("attn_prefill_kernel");
+  if (nsplit > 1) {
+    launch(c, "attn_prefill_combine", attn_prefill_combine, dim3(sh.Hq, T), kCombineThreads, 0, sh, nsplit, part_ml,
+           part_acc, qg, o);
+    FERN_CUDA_LAUNCH_CHECK("attn_prefill_combine");
+  }
+}
+
+}  // namespace fern::cuda

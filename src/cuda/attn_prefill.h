@@ -1,0 +1,35 @@
+// Causal GQA attention for a chunk of prompt rows on the tensor cores (flash-attention style; MODEL.md 2.3 steps
+// 6-7). Plain C++ header (no fmt): shared by attn_prefill.cu, the backend glue, the tests and the benchmark.
+// Inputs as for attn_decode (kernels.h): q [T, Hq, D] F32 from attn_prep (normed, roped), qg [T, Hq, 2D] F32 (the
+// gate is its second half per head), the BF16 caches [capacity, Hkv, D] already holding rows [0, d_pos[0] + T).
+#pragma once
+#include <cstdint>
+
+#include "cuda/kernels.h"
+
+namespace fern::cuda {
+
+// Head shapes the kernel handles: head_dim 64, 128 or 256 and 1, 2, 4, 8 or 16 query heads per KV head.
+bool attn_prefill_ok(const AttnShape& sh);
+
+// Query rows (token rows x the query heads of one KV head) per block and KV positions per tile, for scratch and
+// split sizing.
+constexpr int kAttnPrefillRows = 128;
+constexpr int kAttnPrefillKeys = 64;
+
+// Pieces the KV length is split into for T rows at host position pos, so that small T over a long cache still
+// fills the GPU (sms multiprocessors). 1 when the query tiles alone fill it. Never more than kAttnPrefillMaxSplits,
+// and each piece gets at least four KV tiles.
+constexpr int kAttnPrefillMaxSplits = 256;
+int attn_prefill_splits(const AttnShape& sh, int64_t pos, int T, int sms);
+
+// Row t (absolute position d_pos[0] + t) attends to cache rows [0, d_pos[0] + t]; o [T, Hq*D] =
+// softmax(q K^T / sqrt(D)) V * sigmoid(gate). q and the softmax weights are rounded to BF16 for the MMAs
+// (m16n8k16, FP32 accumulation); the softmax itself is FP32. With nsplit > 1 the pieces write unnormalised partial
+// results to part_ml [T, Hq, nsplit, 2] and part_acc [T, Hq, nsplit, D] (scratch) and a second kernel merges them;
+// with nsplit == 1 both may be null.
+void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+                  const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int T,
+                  int nsplit);
+
+}  // namespace fern::cuda

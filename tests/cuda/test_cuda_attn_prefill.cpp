@@ -1,0 +1,212 @@
+// The attention core of CudaBackend for T > 1 rows (prefill) against the CPU backend: the tensor-core flash kernel
+// (attn_prefill.cu) at the real shapes (16 query heads, 2 KV heads, head dim 256, 64 rotary dims, theta 1e7) for
+// first chunks and chunks continuing after earlier ones (non-zero position, earlier rows read from the BF16 cache),
+// small T over a longer cache (the KV-split path), awkward head shapes, and the automatic choice between the flash
+// and the decode kernel. FERN_ATTN_PREFILL forces the kernel (backend_attn_prefill.cpp).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "cuda/attn_prefill.h"
+#include "cuda_test_util.h"
+
+namespace fern {
+namespace {
+
+// Error sources against the F32 CPU reference: K/V stored as BF16 (the decode kernel measured NMSE 3e-6..7e-6 from
+// that alone), q rounded to BF16 for the MMAs and the softmax weights P rounded to BF16 before P V (each a relative
+// rounding of 2^-9 per element, independent across keys, so of the same order). Expected total ~1e-5.
+// A wrong mask (one key too many or too few), a wrong head or a wrong position gives > 1e-3.
+constexpr double kNmse = 1e-4;
+
+struct Case {
+  int Hq = 16, Hkv = 2, D = 256;
+  double rot_factor = 0.25;
+  float norm_scale = 1.0f;  // q/k norm weights: larger values give larger scores and a peakier softmax
+  int64_t capacity = 0;
+  std::vector<int> calls;
+  uint64_t seed = 1;
+};
+
+class ForceKernel {
+ public:
+  explicit ForceKernel(const char* which) {
+    const char* old = std::getenv("FERN_ATTN_PREFILL");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv("FERN_ATTN_PREFILL", which, 1);
+  }
+  ~ForceKernel() {
+    if (had_) setenv("FERN_ATTN_PREFILL", old_.c_str(), 1);
+    else unsetenv("FERN_ATTN_PREFILL");
+  }
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+// Returns the largest NMSE over the calls; each call must stay below `limit`.
+double run(const Case& c, double limit = kNmse) {
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  ModelConfig cfg;
+  cfg.num_hidden_layers = 1;
+  cfg.layer_types = {LayerType::FullAttention};
+  cfg.num_attention_heads = c.Hq;
+  cfg.num_key_value_heads = c.Hkv;
+  cfg.head_dim = c.D;
+  cfg.partial_rotary_factor = c.rot_factor;
+  test::OwnedStorage st;
+  AttnWeights hw;
+  auto vec = [&](int64_t n, uint64_t s) {
+    Tensor t = st.make(DType::F32, {n});
+    auto v = test::randn(size_t(n), s, 0.1f);
+    for (int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = c.norm_scale * (1.0f + v[i]);
+    return t;
+  };
+  hw.q_norm = vec(c.D, c.seed + 1);
+  hw.k_norm = vec(c.D, c.seed + 2);
+  AttnWeights dw;
+  dw.q_norm = gpu->to_device(hw.q_norm);
+  dw.k_norm = gpu->to_device(hw.k_norm);
+  auto cs = cpu->new_state(cfg, c.capacity);
+  auto gs = gpu->new_state(cfg, c.capacity);
+  const int64_t QG = int64_t(2) * c.Hq * c.D, KV = int64_t(c.Hkv) * c.D, O = int64_t(c.Hq) * c.D;
+  double worst = 0.0;
+  int call = 0;
+  for (int T : c.calls) {
+    ++call;
+    auto qg = test::randn(size_t(T * QG), c.seed + 10 * call);
+    auto k = test::randn(size_t(T * KV), c.seed + 10 * call + 1);
+    auto v = test::randn(size_t(T * KV), c.seed + 10 * call + 2);
+    std::vector<float> ref(size_t(T * O));
+    const int64_t pos = cs->pos;
+    cpu->begin_forward();
+    cpu->attn_core(test::host_f32(ref, {T, O}), test::host_f32(qg, {T, QG}), test::host_f32(k, {T, KV}),
+                   test::host_f32(v, {T, KV}), hw, cfg, *cs, 0);
+    cpu->advance(*cs, T);
+    gpu->begin_forward();
+    Tensor dy = gpu->scratch(DType::F32, {T, O});
+    gpu->attn_core(dy, test::upload_f32(*gpu, qg, {T, QG}), test::upload_f32(*gpu, k, {T, KV}),
+                   test::upload_f32(*gpu, v, {T, KV}), dw, cfg, *gs, 0);
+    gpu->advance(*gs, T);
+    auto got = test::download(*gpu, dy);
+    const double e = test::nmse(got.data(), ref.data(), got.size());
+    cuda::AttnShape sh{c.Hq, c.Hkv, c.D, cfg.rotary_dim(), 0.0f, 0.0f, c.capacity};
+    const char* mode = std::getenv("FERN_ATTN_PREFILL");
+    std::printf("attn prefill [%s] Hq=%d Hkv=%d D=%d rot=%d scale=%.1f call %d T=%d pos=%ld splits=%d  NMSE %.3e\n",
+                mode ? mode : "auto", c.Hq, c.Hkv, c.D, cfg.rotary_dim(), c.norm_scale, call, T, long(pos),
+                cuda::attn_prefill_splits(sh, pos, T, gpu->sm_count()), e);
+    EXPECT_LT(e, limit) << "call " << call << " T=" << T << " pos=" << pos;
+    worst = std::max(worst, e);
+  }
+  return worst;
+}
+
+TEST(CudaAttnPrefill, RealShapesShortChunks) {
+  FERN_REQUIRE_GPU();
+  ForceKernel f("flash");
+  Case c;
+  c.capacity = 400;
+  c.calls = {2, 17, 64, 300};  // every call after the first continues from the cache
+  c.seed = 3;
+  run(c);
+}
+
+TEST(CudaAttnPrefill, RealShapesFullChunkThenContinuation) {
+  FERN_REQUIRE_GPU();
+  ForceKernel f("flash");
+  Case c;
+  c.capacity = 2048 + 700;
+  c.calls = {2048, 700};
+  c.seed = 5;
+  run(c);
+}
+
+TEST(CudaAttnPrefill, SmallChunksOverLongCacheSplitKv) {
+  FERN_REQUIRE_GPU();
+  ForceKernel f("flash");
+  auto gpu = test::make_gpu();
+  const cuda::AttnShape sh{16, 2, 256, 64, 0.0f, 0.0f, 2400};
+  ASSERT_GT(cuda::attn_prefill_splits(sh, 2100, 17, gpu->sm_count()), 1) << "this case must take the split path";
+  gpu.reset();
+  Case c;
+  c.capacity = 2100 + 17 + 2 + 5 + 64 + 130;
+  c.calls = {2100, 17, 2, 5, 64, 130};
+  c.seed = 7;
+  run(c);
+}
+
+// Scores ~6x larger (q/k norm weights 2.5): the softmax is peaked and the absolute score error of BF16 operands
+// grows with the score, so the BF16 cache alone already costs the decode kernel more than kNmse. The flash kernel
+// adds the rounding of q (the same size as that of K, so the score error variance about doubles) and of P (the size
+// of V's rounding): expected about 2x the decode kernel's NMSE on the same inputs; 4x allows for the spread.
+TEST(CudaAttnPrefill, PeakedSoftmaxAgainstDecodeKernel) {
+  FERN_REQUIRE_GPU();
+  Case c;
+  c.norm_scale = 2.5f;
+  c.capacity = 600;
+  c.calls = {300, 257};
+  c.seed = 11;
+  double decode = 0, flash = 0;
+  {
+    ForceKernel f("decode");
+    decode = run(c, 1.0);
+  }
+  {
+    ForceKernel f("flash");
+    flash = run(c, 1.0);
+  }
+  std::printf("peaked softmax: worst NMSE decode kernel %.3e, flash %.3e (ratio %.2f)\n", decode, flash, flash / decode);
+  EXPECT_LT(flash, 4.0 * decode);
+}
+
+TEST(CudaAttnPrefill, OtherHeadShapes) {
+  FERN_REQUIRE_GPU();
+  ForceKernel f("flash");
+  auto one = [](int Hq, int Hkv, int D, double rot, std::vector<int> calls, uint64_t seed) {
+    Case c;
+    c.Hq = Hq;
+    c.Hkv = Hkv;
+    c.D = D;
+    c.rot_factor = rot;
+    c.calls = calls;
+    c.capacity = 0;
+    for (int T : calls) c.capacity += T;
+    c.seed = seed;
+    run(c);
+  };
+  one(8, 2, 64, 0.5, {300, 17}, 21);     // head dim 64, GQA 4, half the dims rotated
+  one(4, 4, 128, 0.25, {300, 129}, 23);  // head dim 128, GQA 1 (128 token rows per tile)
+  one(8, 2, 256, 1.0, {130, 3}, 25);     // GQA 4, every dim rotated
+  one(16, 1, 128, 0.25, {77, 40}, 27);   // GQA 16 (8 token rows per tile)
+  one(6, 3, 128, 0.5, {2, 33}, 29);      // GQA 2 over 3 KV heads
+}
+
+TEST(CudaAttnPrefill, AutomaticChoiceAndDecodeKernel) {
+  FERN_REQUIRE_GPU();
+  Case c;
+  c.capacity = 500;
+  c.calls = {2, 3, 64, 1, 130};  // auto: the decode kernel below the switch point, flash above it
+  c.seed = 31;
+  run(c);
+  ForceKernel f("decode");
+  c.seed = 33;
+  run(c);
+}
+
+TEST(CudaAttnPrefill, UnsupportedShapeIsAnError) {
+  FERN_REQUIRE_GPU();
+  ForceKernel f("flash");
+  Case c;
+  c.Hq = 6;
+  c.Hkv = 2;  // 3 query heads per KV head: neither kernel handles it
+  c.D = 128;
+  c.capacity = 40;
+  c.calls = {17};
+  EXPECT_THROW(run(c), Error);
+}
+
+}  // namespace
+}  // namespace fern
