@@ -1,0 +1,339 @@
+// Gated DeltaNet prefill (MODEL.md 2.4 steps 3-9) over T rows in three launches:
+//  1. gdn_conv_prep_kernel: causal conv + SiLU of every channel of every row, the carried conv state read for the
+//     first kernel-1 rows and then replaced by the chunk's last kernel-1 inputs, q and k l2-normalised (q also
+//     scaled by Dk^-1/2), all into the scratch xc [T, conv_dim]. Fully parallel over rows and heads.
+//  2. gdn_scan_kernel: the delta rule, sequential over the T rows. Block (value head h, 32 value columns), 128
+//     threads = 32 columns x 4 slices of the key dimension; each thread holds R = Dk/4 elements of its state column
+//     S[:, j] in registers for the whole call (the state is read once and written once). Rows of q, k, v are
+//     staged through shared memory 16 at a time with cp.async, one batch ahead. One pass over the registers per
+//     row does the decay and rank-1 update, o_j = S[:, j] . q_t and S[:, j] . k_{t+1}, which is what the next row
+//     needs for m = S^T k (times its decay), so a row costs one pass and one 4-lane shuffle reduction.
+//  3. gdn_out_norm_kernel: gated RMSNorm with z, one warp per (row, value head), in place on y.
+#include "cuda/cuda_util.cuh"
+#include "cuda/gdn_prefill.h"
+#include "cuda/launch.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kMaxHeadDim = 256;  // largest Dk / Dv of a head the pre-pass and the norm take
+constexpr int kMaxKernel = 8;     // largest conv kernel
+
+// ---- 1. conv + SiLU + l2 norms ----
+constexpr int kPrepThreads = 128;
+constexpr int kPrepRows = 16;  // rows per block; >= kMaxKernel - 1, so only the first row tile reads the conv state
+static_assert(kPrepRows >= kMaxKernel - 1);
+
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// Grid (row tiles, 2*Hk + Hv segments): segment s < Hk is q head s, then the Hk k heads, then the Hv v heads.
+__global__ void __launch_bounds__(kPrepThreads) gdn_conv_prep_kernel(GdnShape sh, int T,
+                                                                     const float* __restrict__ mixed,
+                                                                     const float* __restrict__ conv_w,
+                                                                     float* __restrict__ conv_state,
+                                                                     float* __restrict__ xc) {
+  __shared__ float buf[kPrepRows][kMaxHeadDim];
+  __shared__ float inv[kPrepRows];
+  const int seg = blockIdx.y, t0 = blockIdx.x * kPrepRows, tid = threadIdx.x;
+  const int rows = min(kPrepRows, T - t0);
+  const int KS = sh.kernel;
+  const int64_t C = sh.conv_dim, key_dim = int64_t(sh.Hk) * sh.Dk;
+  int64_t base;
+  int D;
+  float scale = 1.0f;
+  if (seg < sh.Hk) {
+    base = int64_t(seg) * sh.Dk;
+    D = sh.Dk;
+    scale = rsqrtf(float(sh.Dk));
+  } else if (seg < 2 * sh.Hk) {
+    base = key_dim + int64_t(seg - sh.Hk) * sh.Dk;
+    D = sh.Dk;
+  } else {
+    base = 2 * key_dim + int64_t(seg - 2 * sh.Hk) * sh.Dv;
+    D = sh.Dv;
+  }
+  const bool l2 = seg < 2 * sh.Hk;
+  pdl_wait();
+  pdl_trigger();
+
+  for (int c = tid; c < D; c += kPrepThreads) {
+    const int64_t ch = base + c;
+    float w[kMaxKernel];
+#pragma unroll
+    for (int j = 0; j < kMaxKernel; ++j) w[j] = j < KS ? conv_w[ch * KS + j] : 0.0f;
+    for (int r = 0; r < rows; ++r) {
+      const int t = t0 + r;
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxKernel; ++j) {
+        if (j < KS) {
+          const int p = t - (KS - 1) + j;  // row of the input; negative: carried from the previous call
+          const float x = p >= 0 ? mixed[int64_t(p) * C + ch] : conv_state[int64_t(KS - 1 + p) * C + ch];
+          acc = fmaf(w[j], x, acc);
+        }
+      }
+      buf[r][c] = silu(acc);
+    }
+    if (blockIdx.x == 0) {
+      // The new conv state: the last KS-1 inputs of [old state; mixed]. Only this thread reads or writes these
+      // entries (other row tiles start at row >= KS-1), and it reads every old value before writing any.
+      float next[kMaxKernel];
+#pragma unroll
+      for (int r = 0; r < kMaxKernel - 1; ++r) {
+        if (r < KS - 1) {
+          const int p = T - (KS - 1) + r;
+          next[r] = p >= 0 ? mixed[int64_t(p) * C + ch] : conv_state[int64_t(KS - 1 + p) * C + ch];
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kMaxKernel - 1; ++r)
+        if (r < KS - 1) conv_state[int64_t(r) * C + ch] = next[r];
+    }
+  }
+  if (l2) {  // uniform over the block
+    __syncthreads();
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int r = warp; r < rows; r += kPrepThreads / 32) {
+      float ss = 0.0f;
+      for (int c = lane; c < D; c += 32) ss = fmaf(buf[r][c], buf[r][c], ss);
+      ss = warp_sum(ss);
+      if (lane == 0) inv[r] = rsqrtf(ss + 1e-6f) * scale;  // eps inside the root, on the sum (MODEL.md 2.2)
+    }
+    __syncthreads();
+  }
+  for (int c = tid; c < D; c += kPrepThreads)
+    for (int r = 0; r < rows; ++r) xc[int64_t(t0 + r) * C + base + c] = l2 ? buf[r][c] * inv[r] : buf[r][c];
+}
+
+// ---- 2. the delta-rule scan ----
+constexpr int kScanCols = 32;                       // value columns per block
+constexpr int kSlices = 4;                          // threads per column (adjacent lanes), each R = Dk/4 rows
+constexpr int kScanThreads = kScanCols * kSlices;  // 128
+constexpr int kStage = 16;                          // rows per cp.async batch
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// Grid (Hv, Dv/32). Thread: lane & 3 = slice sl (rows sl*R .. sl*R+R-1 of the key dimension), column
+// j = blockIdx.y*32 + warp*8 + lane/4. In shared memory each staged q/k row is stored as the 4 slices' R floats,
+// each followed by 4 pad floats, so the 4 slices' float4 reads of one step fall in different banks.
+template <int R>
+__global__ void __launch_bounds__(kScanThreads) gdn_scan_kernel(GdnShape sh, int T, const float* __restrict__ xc,
+                                                                const float* __restrict__ bgate,
+                                                                const float* __restrict__ agate,
+                                                                const float* __restrict__ A_log,
+                                                                const float* __restrict__ dt_bias,
+                                                                float* __restrict__ state, float* __restrict__ y) {
+  static_assert(R % 4 == 0 && R <= 32);
+  constexpr int KP = kSlices * (R + 4);  // padded row
+  constexpr int G = R / 4;               // float4s per slice
+  __shared__ __align__(16) float ks[2][kStage + 1][KP];  // k rows t0 .. t0+kStage (one ahead, for S . k_{t+1})
+  __shared__ __align__(16) float qs[2][kStage][KP];
+  __shared__ __align__(16) float vs[2][kStage][kScanCols];
+  __shared__ float decs[2][kStage], betas[2][kStage];
+
+  const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, sl = lane & (kSlices - 1);
+  const int jj = (tid >> 5) * (32 / kSlices) + lane / kSlices;
+  const int Dk = kSlices * R, Dv = sh.Dv, Hv = sh.Hv;
+  const int j = blockIdx.y * kScanCols + jj;
+  const int64_t C = sh.conv_dim, key_dim = int64_t(sh.Hk) * Dk;
+  const int kh = h / (Hv / sh.Hk);
+  const float* qsrc = xc + int64_t(kh) * Dk;
+  const float* ksrc = xc + key_dim + int64_t(kh) * Dk;
+  const float* vsrc = xc + 2 * key_dim + int64_t(h) * Dv + blockIdx.y * kScanCols;
+  const float neg_A = -expf(A_log[h]), dtb = dt_bias[h];  // weights: may be read before the PDL wait
+  pdl_wait();
+  pdl_trigger();
+
+  auto stage = [&](int st, int buf) {
+    const int t0 = st * kStage;
+    for (int idx = tid; idx < (kStage + 1) * R; idx += kScanThreads) {
+      const int r = idx / R, g = idx % R, t = t0 + r;
+      float* dst = &ks[buf][r][(g / G) * (R + 4) + (g % G) * 4];
+      if (t < T) cp_async16(dst, ksrc + int64_t(t) * C + 4 * g);
+      else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    for (int idx = tid; idx < kStage * R; idx += kScanThreads) {
+      const int r = idx / R, g = idx % R, t = t0 + r;
+      float* dst = &qs[buf][r][(g / G) * (R + 4) + (g % G) * 4];
+      if (t < T) cp_async16(dst, qsrc + int64_t(t) * C + 4 * g);
+      else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    for (int idx = tid; idx < kStage * (kScanCols / 4); idx += kScanThreads) {
+      const int r = idx / (kScanCols / 4), g = idx % (kScanCols / 4), t = t0 + r;
+      float* dst = &vs[buf][r][4 * g];
+      if (t < T) cp_async16(dst, vsrc + int64_t(t) * C + 4 * g);
+      else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (tid < kStage) {
+      // Gates: beta = sigmoid(b), decay = exp(g) with g = -exp(A_log) softplus(a + dt_bias). Rows past T: no-ops.
+      const int t = t0 + tid;
+      float beta = 0.0f, dec = 1.0f;
+      if (t < T) {
+        beta = 1.0f / (1.0f + expf(-bgate[int64_t(t) * Hv + h]));
+        dec = expf(neg_A * softplus(agate[int64_t(t) * Hv + h] + dtb));
+      }
+      decs[buf][tid] = dec;
+      betas[buf][tid] = beta;
+    }
+  };
+
+  float* S = state + int64_t(h) * Dk * Dv;
+  float s[R];
+#pragma unroll
+  for (int ii = 0; ii < R; ++ii) s[ii] = S[int64_t(sl * R + ii) * Dv + j];
+
+  const int nst = (T + kStage - 1) / kStage;
+  stage(0, 0);
+  cp_async_commit();
+  float mdot = 0.0f;  // S^T k of the coming row, before that row's decay, reduced over the 4 slices
+  for (int st = 0; st < nst; ++st) {
+    const int buf = st & 1;
+    if (st + 1 < nst) stage(st + 1, buf ^ 1);
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" = this batch
+    cp_async_wait_one();
+    __syncthreads();
+    const float* kb = &ks[buf][0][sl * (R + 4)];
+    const float* qb = &qs[buf][0][sl * (R + 4)];
+    if (st == 0) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int ii = 0; ii < R; ++ii) acc = fmaf(s[ii], kb[ii], acc);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+      mdot = acc;
+    }
+    const int rows = min(kStage, T - st * kStage);
+    for (int r = 0; r < rows; ++r) {
+      const float dec = decs[buf][r];
+      // m = (dec S)^T k_t = dec (S^T k_t); u = beta (v - m); S <- dec S + k_t u^T; o = S^T q_t.
+      const float u = betas[buf][r] * (vs[buf][r][jj] - dec * mdot);
+      const float* kr = kb + r * KP;
+      const float* kn = kr + KP;
+      const float* qr = qb + r * KP;
+      float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f, n0 = 0.0f, n1 = 0.0f, n2 = 0.0f, n3 = 0.0f;
+#pragma unroll
+      for (int ii = 0; ii < R; ii += 4) {
+        const float4 k4 = *reinterpret_cast<const float4*>(kr + ii);
+        const float4 q4 = *reinterpret_cast<const float4*>(qr + ii);
+        const float4 n4 = *reinterpret_cast<const float4*>(kn + ii);
+        s[ii] = fmaf(k4.x, u, s[ii] * dec);
+        s[ii + 1] = fmaf(k4.y, u, s[ii + 1] * dec);
+        s[ii + 2] = fmaf(k4.z, u, s[ii + 2] * dec);
+        s[ii + 3] = fmaf(k4.w, u, s[ii + 3] * dec);
+        o0 = fmaf(s[ii], q4.x, o0);
+        o1 = fmaf(s[ii + 1], q4.y, o1);
+        o2 = fmaf(s[ii + 2], q4.z, o2);
+        o3 = fmaf(s[ii + 3], q4.w, o3);
+        n0 = fmaf(s[ii], n4.x, n0);
+        n1 = fmaf(s[ii + 1], n4.y, n1);
+        n2 = fmaf(s[ii + 2], n4.z, n2);
+        n3 = fmaf(s[ii + 3], n4.w, n3);
+      }
+      float ov = (o0 + o1) + (o2 + o3), mn = (n0 + n1) + (n2 + n3);
+      ov += __shfl_xor_sync(0xffffffffu, ov, 1);
+      mn += __shfl_xor_sync(0xffffffffu, mn, 1);
+      ov += __shfl_xor_sync(0xffffffffu, ov, 2);
+      mn += __shfl_xor_sync(0xffffffffu, mn, 2);
+      if (sl == 0) y[(int64_t(st * kStage + r) * Hv + h) * Dv + j] = ov;  // raw; normalised by kernel 3
+      mdot = mn;
+    }
+    __syncthreads();  // this buffer is refilled by the batch staged in the next iteration
+  }
+#pragma unroll
+  for (int ii = 0; ii < R; ++ii) S[int64_t(sl * R + ii) * Dv + j] = s[ii];
+}
+
+// ---- 3. gated RMSNorm: y = rmsnorm(o) * norm_w * silu(z), per (row, value head) ----
+constexpr int kNormWarps = 8;
+
+__global__ void __launch_bounds__(kNormWarps * 32) gdn_out_norm_kernel(GdnShape sh, int64_t rows,
+                                                                      const float* __restrict__ z,
+                                                                      const float* __restrict__ norm_w,
+                                                                      float* __restrict__ y) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t row = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+  if (row >= rows) return;  // whole warps
+  const int lane = threadIdx.x & 31, Dv = sh.Dv;
+  float* yr = y + row * Dv;
+  const float* zr = z + row * Dv;
+  float o[kMaxHeadDim / 32];
+  float ss = 0.0f;
+#pragma unroll
+  for (int m = 0; m < kMaxHeadDim / 32; ++m) {
+    const int c = lane + 32 * m;
+    o[m] = c < Dv ? yr[c] : 0.0f;
+    ss = fmaf(o[m], o[m], ss);
+  }
+  ss = warp_sum(ss);
+  const float inv = rsqrtf(ss / float(Dv) + sh.eps);
+#pragma unroll
+  for (int m = 0; m < kMaxHeadDim / 32; ++m) {
+    const int c = lane + 32 * m;
+    if (c < Dv) yr[c] = o[m] * inv * norm_w[c] * silu(zr[c]);
+  }
+}
+
+template <int R>
+void launch_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
+                 const float* A_log, const float* dt_bias, float* state, float* y) {
+  launch(c, "gdn_scan_kernel", gdn_scan_kernel<R>, dim3(sh.Hv, sh.Dv / kScanCols), kScanThreads, 0, sh, T, xc, b, a,
+         A_log, dt_bias, state, y);
+  FERN_CUDA_LAUNCH_CHECK("gdn_scan_kernel");
+}
+
+}  // namespace
+
+bool gdn_prefill_ok(const GdnShape& sh) {
+  const bool dk = sh.Dk == 16 || sh.Dk == 32 || sh.Dk == 64 || sh.Dk == 128;
+  return dk && sh.Dv >= kScanCols && sh.Dv % kScanCols == 0 && sh.Dv <= kMaxHeadDim && sh.Hk > 0 &&
+         sh.Hv >= sh.Hk && sh.Hv % sh.Hk == 0 && sh.kernel >= 2 && sh.kernel <= kMaxKernel &&
+         sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv;
+}
+
+int64_t gdn_prefill_scratch_floats(const GdnShape& sh, int T) { return int64_t(T) * sh.conv_dim; }
+
+void gdn_prefill_conv(const Ctx& c, const GdnShape& sh, int T, const float* mixed, const float* conv_w,
+                      float* conv_state, float* xc) {
+  FERN_CU_CHECK(gdn_prefill_ok(sh), "gdn_prefill: unsupported head shape");
+  FERN_CU_CHECK(T >= 1, "gdn_prefill: no rows");
+  const dim3 grid((T + kPrepRows - 1) / kPrepRows, 2 * sh.Hk + sh.Hv);
+  launch(c, "gdn_conv_prep_kernel", gdn_conv_prep_kernel, grid, kPrepThreads, 0, sh, T, mixed, conv_w, conv_state,
+         xc);
+  FERN_CUDA_LAUNCH_CHECK("gdn_conv_prep_kernel");
+}
+
+void gdn_prefill_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
+                      const float* A_log, const float* dt_bias, float* state, float* y) {
+  FERN_CU_CHECK(gdn_prefill_ok(sh), "gdn_prefill: unsupported head shape");
+  FERN_CU_CHECK(T >= 1 && (reinterpret_cast<uintptr_t>(xc) & 15) == 0, "gdn_prefill: no rows or unaligned scratch");
+  switch (sh.Dk) {
+    case 128: launch_scan<32>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    case 64: launch_scan<16>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    case 32: launch_scan<8>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    default: launch_scan<4>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+  }
+}
+
+void gdn_prefill_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, const float* norm_w, float* y) {
+  FERN_CU_CHECK(gdn_prefill_ok(sh), "gdn_prefill: unsupported head shape");
+  const int64_t rows = int64_t(T) * sh.Hv;
+  launch(c, "gdn_out_norm_kernel", gdn_out_norm_kernel, dim3(unsigned((rows + kNormWarps - 1) / kNormWarps)),
+         kNormWarps * 32, 0, sh, rows, z, norm_w, y);
+  FERN_CUDA_LAUNCH_CHECK("gdn_out_norm_kernel");
+}
+
+void gdn_prefill(const Ctx& c, const GdnShape& sh, int T, const float* mixed, const float* z, const float* b,
+                 const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
+                 float* conv_state, float* state, float* y, float* xc) {
+  gdn_prefill_conv(c, sh, T, mixed, conv_w, conv_state, xc);
+  gdn_prefill_scan(c, sh, T, xc, b, a, A_log, dt_bias, state, y);
+  gdn_prefill_norm(c, sh, T, z, norm_w, y);
+}
+
+}  // namespace fern::cuda

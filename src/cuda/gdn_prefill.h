@@ -1,0 +1,34 @@
+// Gated DeltaNet core for a chunk of T token rows (prefill), MODEL.md 2.4 steps 3-9, in three launches instead of
+// one gdn_step launch per row: a parallel pre-pass (causal conv + SiLU with the carried conv state, l2-normalised
+// q and k), the delta rule as one sequential scan over all T rows with the state held in registers, and the gated
+// RMSNorm over all rows. Plain header (no fmt): shared by gdn_prefill.cu, the backend, tests and benchmarks.
+#pragma once
+#include <cstdint>
+
+#include "cuda/kernels.h"
+
+namespace fern::cuda {
+
+// Head shapes the multi-row kernels take: Dk in {16, 32, 64, 128}, Dv a multiple of 32 up to 256, conv kernel
+// 2..8, Hv a multiple of Hk. The caller runs gdn_step row by row for any other shape.
+bool gdn_prefill_ok(const GdnShape& sh);
+
+// Floats of device scratch gdn_prefill needs for T rows: the conv output [T, conv_dim].
+int64_t gdn_prefill_scratch_floats(const GdnShape& sh, int T);
+
+// Rows 0..T-1 of mixed [T, conv_dim], z [T, Hv*Dv], b and a [T, Hv]: conv with conv_state [kernel-1, conv_dim]
+// (F32, oldest first; updated to the chunk's last kernel-1 inputs), the delta rule on state [Hv, Dk, Dv] (F32,
+// updated once at the end), gated RMSNorm with z -> y [T, Hv*Dv]. xc: gdn_prefill_scratch_floats(sh, T) floats,
+// 16-byte aligned. Uses no counters. Launches are asynchronous on c.stream.
+void gdn_prefill(const Ctx& c, const GdnShape& sh, int T, const float* mixed, const float* z, const float* b,
+                 const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
+                 float* conv_state, float* state, float* y, float* xc);
+
+// The three launches of gdn_prefill, one by one (for benchmarks that time them separately).
+void gdn_prefill_conv(const Ctx& c, const GdnShape& sh, int T, const float* mixed, const float* conv_w,
+                      float* conv_state, float* xc);
+void gdn_prefill_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
+                      const float* A_log, const float* dt_bias, float* state, float* y);
+void gdn_prefill_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, const float* norm_w, float* y);
+
+}  // namespace fern::cuda

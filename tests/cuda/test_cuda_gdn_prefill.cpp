@@ -1,0 +1,218 @@
+// CUDA Gated DeltaNet prefill (gdn_prefill.cu through the backend's gdn_core at T > 1) against the CPU backend:
+// the real shapes at T = 2, 17, 64, 300, 2048 from a zero state, a sequence of calls carrying non-zero recurrent
+// and conv states (prefill chunks, then decode rows), awkward head shapes (Dk != Dv, Hv == Hk, small heads, other
+// conv kernels, a shape only the per-row fallback takes), and the same rows in one call or in several.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "cuda/gdn_prefill.h"
+#include "cuda_test_util.h"
+
+namespace fern {
+namespace {
+
+// Outputs and recurrent state against the CPU backend (chunked form, fp32). The GPU scan is the recurrent form in
+// fp32 with another summation order, so the two differ by rounding only.
+// TODO(measured): filled in from the first GPU run.
+constexpr double kNmse = 1e-8;
+
+struct Shape {
+  int Hk, Hv, Dk, Dv, kernel;
+};
+
+cuda::GdnShape to_cuda(const ModelConfig& cfg) {
+  cuda::GdnShape sh{};
+  sh.Hk = cfg.linear_num_key_heads;
+  sh.Hv = cfg.linear_num_value_heads;
+  sh.Dk = cfg.linear_key_head_dim;
+  sh.Dv = cfg.linear_value_head_dim;
+  sh.conv_dim = static_cast<int>(cfg.gdn_conv_dim());
+  sh.kernel = cfg.linear_conv_kernel_dim;
+  sh.eps = static_cast<float>(cfg.rms_norm_eps);
+  return sh;
+}
+
+// One layer's weights and the inputs of a sequence of calls, run on the CPU and the GPU side by side.
+class GdnPair {
+ public:
+  GdnPair(const Shape& s, bool mild_decay, uint64_t seed) : seed_(seed), gpu_(test::make_gpu()), cpu_(make_cpu_backend()) {
+    cfg_.num_hidden_layers = 1;
+    cfg_.layer_types = {LayerType::LinearAttention};
+    cfg_.linear_num_key_heads = s.Hk;
+    cfg_.linear_num_value_heads = s.Hv;
+    cfg_.linear_key_head_dim = s.Dk;
+    cfg_.linear_value_head_dim = s.Dv;
+    cfg_.linear_conv_kernel_dim = s.kernel;
+    const int64_t C = cfg_.gdn_conv_dim();
+    auto vec = [&](int64_t n, float mean, float sd, uint64_t sd_seed) {
+      Tensor t = st_.make(DType::F32, {n});
+      auto v = test::randn(size_t(n), sd_seed, sd);
+      for (int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = mean + v[i];
+      return t;
+    };
+    hw_.conv_w = vec(C * s.kernel, 0.0f, 0.5f, seed + 1).reshape({C, s.kernel});
+    // Mild: exp(A_log) ~ 0.02, decays ~0.99 per row, so the state remembers hundreds of rows and rounding errors
+    // accumulate over the whole call; otherwise decays ~0.5 (the decode test's choice).
+    hw_.A_log = vec(s.Hv, mild_decay ? -4.0f : 0.5f, mild_decay ? 0.5f : 0.8f, seed + 2);
+    hw_.dt_bias = vec(s.Hv, -1.0f, 0.5f, seed + 3);
+    hw_.norm_w = vec(s.Dv, 1.0f, 0.1f, seed + 4);
+    dw_.conv_w = gpu_->to_device(hw_.conv_w);
+    dw_.A_log = gpu_->to_device(hw_.A_log);
+    dw_.dt_bias = gpu_->to_device(hw_.dt_bias);
+    dw_.norm_w = gpu_->to_device(hw_.norm_w);
+    cs_ = cpu_->new_state(cfg_, 1 << 16);
+    gs_ = gpu_->new_state(cfg_, 1 << 16);
+  }
+
+  const ModelConfig& cfg() const { return cfg_; }
+  CudaBackend& gpu() { return *gpu_; }
+  const GdnWeights& device_weights() const { return dw_; }
+
+  // The inputs of call number `call` with T rows; b and a include extreme rows (beta 0 or 1, no decay at all, a
+  // decay that wipes the state).
+  struct Inputs {
+    std::vector<float> mixed, z, b, a;
+  };
+  Inputs inputs(int call, int T) const {
+    const int64_t C = cfg_.gdn_conv_dim(), V = cfg_.gdn_value_dim(), Hv = cfg_.linear_num_value_heads;
+    const uint64_t s = seed_ + 100 * uint64_t(call);
+    Inputs in{test::randn(size_t(T * C), s), test::randn(size_t(T * V), s + 1), test::randn(size_t(T * Hv), s + 2),
+              test::randn(size_t(T * Hv), s + 3)};
+    for (int64_t i = 0; i < T * Hv; ++i) {
+      if (i % 37 == 5) in.b[size_t(i)] = 30.0f;    // beta = 1
+      if (i % 41 == 7) in.b[size_t(i)] = -30.0f;   // beta ~ 1e-13
+      if (i % 43 == 11) in.a[size_t(i)] = -40.0f;  // softplus ~ 4e-18: no decay
+      if (i % 53 == 13) in.a[size_t(i)] = 25.0f;   // g = -25 exp(A_log): (nearly) wipes the state
+    }
+    return in;
+  }
+
+  // Runs call `call` of T rows on both backends; returns the output NMSE.
+  double step(int call, int T) {
+    const Inputs in = inputs(call, T);
+    const int64_t C = cfg_.gdn_conv_dim(), V = cfg_.gdn_value_dim(), Hv = cfg_.linear_num_value_heads;
+    Inputs h = in;
+    std::vector<float> ref(size_t(T * V));
+    cpu_->begin_forward();
+    cpu_->gdn_core(test::host_f32(ref, {T, V}), test::host_f32(h.mixed, {T, C}), test::host_f32(h.z, {T, V}),
+                   test::host_f32(h.b, {T, Hv}), test::host_f32(h.a, {T, Hv}), hw_, cfg_, *cs_, 0);
+    cpu_->advance(*cs_, T);
+    const std::vector<float> got = run_gpu(*gs_, in, T);
+    return test::nmse(got.data(), ref.data(), got.size());
+  }
+
+  // The GPU side alone on a given state (for one-call vs several-calls comparisons).
+  std::vector<float> run_gpu(SequenceState& st, const Inputs& in, int T) {
+    const int64_t C = cfg_.gdn_conv_dim(), V = cfg_.gdn_value_dim(), Hv = cfg_.linear_num_value_heads;
+    gpu_->begin_forward();
+    Tensor dy = gpu_->scratch(DType::F32, {T, V});
+    gpu_->gdn_core(dy, test::upload_f32(*gpu_, in.mixed, {T, C}), test::upload_f32(*gpu_, in.z, {T, V}),
+                   test::upload_f32(*gpu_, in.b, {T, Hv}), test::upload_f32(*gpu_, in.a, {T, Hv}), dw_, cfg_, st, 0);
+    gpu_->advance(st, T);
+    return test::download(*gpu_, dy);
+  }
+
+  double state_nmse() {
+    auto rec = test::download(*gpu_, gs_->recurrent_state[0]);
+    return test::nmse(rec.data(), cs_->recurrent_state[0].ptr<float>(), rec.size());
+  }
+  // Largest |difference| of the conv states: a copy of inputs, so exactly 0.
+  double conv_diff() {
+    auto conv = test::download(*gpu_, gs_->conv_state[0]);
+    return test::max_abs_diff(conv.data(), cs_->conv_state[0].ptr<float>(), conv.size());
+  }
+
+ private:
+  uint64_t seed_;
+  ModelConfig cfg_;
+  test::OwnedStorage st_;
+  GdnWeights hw_, dw_;
+  std::unique_ptr<CudaBackend> gpu_;
+  std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<SequenceState> cs_, gs_;
+};
+
+// Runs the calls in order on one state, checking every output, then the final recurrent and conv states.
+void run_calls(const Shape& s, bool mild, std::initializer_list<int> Ts, uint64_t seed, bool expect_kernels = true) {
+  GdnPair p(s, mild, seed);
+  EXPECT_EQ(cuda::gdn_prefill_ok(to_cuda(p.cfg())), expect_kernels);
+  double worst = 0.0;
+  int call = 0;
+  for (int T : Ts) {
+    const double e = p.step(call++, T);
+    EXPECT_LT(e, kNmse) << "call " << call << " T=" << T;
+    worst = std::max(worst, e);
+  }
+  const double es = p.state_nmse(), ec = p.conv_diff();
+  std::printf("gdn prefill Hk=%d Hv=%d Dk=%d Dv=%d kernel=%d %s, %d calls: worst output NMSE %.3e, state NMSE %.3e, "
+              "conv state max diff %.3g\n",
+              s.Hk, s.Hv, s.Dk, s.Dv, s.kernel, mild ? "mild decay" : "fast decay", call, worst, es, ec);
+  EXPECT_LT(es, kNmse);
+  EXPECT_EQ(ec, 0.0);
+}
+
+constexpr Shape kReal{16, 32, 128, 128, 4};
+
+TEST(CudaGdnPrefill, RealShapesFromZeroState) {
+  FERN_REQUIRE_GPU();
+  for (int T : {2, 17, 64, 300, 2048}) run_calls(kReal, T >= 300, {T}, 1000 + uint64_t(T));
+}
+
+TEST(CudaGdnPrefill, RealShapesCarriedState) {
+  FERN_REQUIRE_GPU();
+  // Prefill chunks (including T = 2 < kernel - 1, where the new conv state keeps old entries), decode rows between.
+  run_calls(kReal, true, {300, 17, 1, 2, 64, 1, 1, 129}, 21);
+  run_calls(kReal, false, {33, 2, 1, 65}, 22);
+}
+
+TEST(CudaGdnPrefill, AwkwardShapes) {
+  FERN_REQUIRE_GPU();
+  run_calls({4, 8, 64, 128, 4}, true, {17, 2, 300, 1, 31}, 31);    // Dk < Dv
+  run_calls({4, 8, 128, 64, 4}, true, {17, 2, 300, 1, 31}, 32);    // Dk > Dv
+  run_calls({4, 4, 128, 128, 4}, false, {64, 3, 129}, 33);         // Hv == Hk
+  run_calls({2, 4, 16, 32, 4}, true, {2, 17, 500, 5}, 34);         // small heads
+  run_calls({3, 12, 32, 96, 2}, true, {5, 1, 70, 3}, 35);          // conv kernel 2, 4 value heads per key head
+  run_calls({2, 4, 64, 256, 7}, false, {3, 2, 40, 1, 19}, 36);     // kernel 7 (T < 6 keeps old conv entries), Dv 256
+  run_calls({2, 4, 48, 64, 4}, true, {17, 2, 40}, 37, false);      // Dk 48: the per-row fallback
+}
+
+// The same rows in one call, or split over several calls, give the same outputs and state on the GPU (the split
+// only changes where the scan reloads its registers and restarts its S . k look-ahead).
+TEST(CudaGdnPrefill, OneCallEqualsSeveral) {
+  FERN_REQUIRE_GPU();
+  GdnPair p(kReal, true, 41);
+  const int64_t C = p.cfg().gdn_conv_dim(), V = p.cfg().gdn_value_dim(), Hv = p.cfg().linear_num_value_heads;
+  const int T = 300;
+  const GdnPair::Inputs all = p.inputs(0, T);
+  auto one_state = p.gpu().new_state(p.cfg(), 1024);
+  const std::vector<float> one = p.run_gpu(*one_state, all, T);
+  auto split_state = p.gpu().new_state(p.cfg(), 1024);
+  std::vector<float> split;
+  int t0 = 0;
+  for (int n : {100, 1, 2, 16, 181}) {
+    GdnPair::Inputs part;
+    part.mixed.assign(all.mixed.begin() + t0 * C, all.mixed.begin() + (t0 + n) * C);
+    part.z.assign(all.z.begin() + t0 * V, all.z.begin() + (t0 + n) * V);
+    part.b.assign(all.b.begin() + t0 * Hv, all.b.begin() + (t0 + n) * Hv);
+    part.a.assign(all.a.begin() + t0 * Hv, all.a.begin() + (t0 + n) * Hv);
+    const std::vector<float> o = p.run_gpu(*split_state, part, n);
+    split.insert(split.end(), o.begin(), o.end());
+    t0 += n;
+  }
+  ASSERT_EQ(t0, T);
+  const double eo = test::nmse(split.data(), one.data(), one.size());
+  auto s1 = test::download(p.gpu(), one_state->recurrent_state[0]);
+  auto s2 = test::download(p.gpu(), split_state->recurrent_state[0]);
+  const double es = test::nmse(s2.data(), s1.data(), s1.size());
+  auto c1 = test::download(p.gpu(), one_state->conv_state[0]);
+  auto c2 = test::download(p.gpu(), split_state->conv_state[0]);
+  std::printf("gdn prefill one call vs 5 calls: output NMSE %.3e, state NMSE %.3e\n", eo, es);
+  EXPECT_LT(eo, kNmse);
+  EXPECT_LT(es, kNmse);
+  EXPECT_EQ(test::max_abs_diff(c2.data(), c1.data(), c1.size()), 0.0);
+}
+
+}  // namespace
+}  // namespace fern
