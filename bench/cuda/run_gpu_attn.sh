@@ -25,7 +25,7 @@ note "attn prefill test: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_attn_prefil
 for t in build/cuda_test_*; do
   [ -x "$t" ] || continue
   [ "$(basename "$t")" = cuda_test_cuda_attn_prefill ] && continue
-  timeout 100 "$t" >>"$OUT/tests.log" 2>&1 || fails+=" $(basename "$t")"
+  timeout 60 "$t" >>"$OUT/tests.log" 2>&1 || fails+=" $(basename "$t")"
 done
 note "CUDA tests: $(grep -c '^\[       OK' "$OUT/tests.log") OK besides attn_prefill, failed:${fails:- none} ($(( $(date +%s) - start )) s)"
 grep -B3 -A8 "FAILED\|Failure" "$OUT/tests.log" | head -40
