@@ -21,8 +21,21 @@ if [ -f .carry/node/node.xz ]; then
 fi
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) commit $(git rev-parse --short=12 HEAD 2>/dev/null) node $(node --version 2>/dev/null || echo none)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-ninja -C build -j16 fern >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+# TESTS=1: also build and run every CUDA test first (the whole tree's check in the same call).
+targets=fern
+[ "${TESTS:-0}" = 1 ] && targets="fern $(ninja -C build -t targets all | grep -o '^cuda_test_[a-z_]*' | sort -u | tr '\n' ' ')"
+ninja -C build -j16 $targets >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
 note "build: $(elapsed) s"
+if [ "${TESTS:-0}" = 1 ]; then
+  fails=""
+  for t in build/cuda_test_*; do
+    [ -x "$t" ] || continue
+    timeout 120 "$t" >>"$OUT/cuda_tests.log" 2>&1 || fails+=" $(basename "$t")"
+  done
+  note "CUDA tests: $(grep -c '^\[       OK' "$OUT/cuda_tests.log") OK, failed:${fails:- none} ($(elapsed) s)"
+  grep -E "^chunk " "$OUT/cuda_tests.log"
+  grep -B3 -A8 "Failure" "$OUT/cuda_tests.log" | head -40
+fi
 if [ "$mode" = shakeout ]; then
   if command -v node >/dev/null; then
     # The suite starts `fern serve` with the demo model and the default backend (auto); this line shows which one.
