@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -147,6 +148,29 @@ void fill_state(CudaBackend& be, CudaState& st, int64_t ctx) {
   st.pos = ctx;
 }
 
+// One 4K decode step captured and replayed `reps` times, nothing else: for a kernel-level profiler (nsys).
+void profile_step(int reps) {
+  const ModelConfig cfg = full_config();
+  CudaBackend be(0);
+  auto w = cuda::random_device_weights(be, cfg, 1);
+  Tensor tok = be.alloc(DType::I32, {1});
+  FERN_CUDA_CHECK(cudaMemset(tok.data, 0, 4));
+  auto st = be.new_state(cfg, 4096 + 256);
+  fill_state(be, static_cast<CudaState&>(*st), 4096);
+  auto step = [&] {
+    be.begin_forward();
+    Tensor lg = be.scratch(DType::F32, {1, cfg.vocab_size});
+    forward(be, *w, *st, tok, lg);
+    be.argmax(tok, lg);
+  };
+  step();
+  be.synchronize();
+  be.capture_step(*st, step);
+  for (int i = 0; i < reps; ++i) be.replay(*st);
+  be.synchronize();
+  std::printf("profiled %d replays of the 4K step\n", reps);
+}
+
 void bench_decode() {
   const ModelConfig cfg = full_config();
   CudaBackend be(0);
@@ -212,6 +236,9 @@ void bench_decode() {
     Tensor pml = be.alloc(DType::F32, {qd / cfg.head_dim, cst.nsplit, 2}), pacc = be.alloc(DType::F32, {qd, cst.nsplit});
     cuda::fill_random_f32(be.stream(), aq.ptr<float>(), qd, 5, -1, 1);
     cuda::fill_random_f32(be.stream(), aqg.ptr<float>(), 2 * qd, 6, -1, 1);
+    const int64_t kvd = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+    Tensor akv = be.alloc(DType::F32, {2 * kvd});  // k then v of the new position (attn_prep)
+    cuda::fill_random_f32(be.stream(), akv.ptr<float>(), 2 * kvd, 7, -1, 1);
     struct Row {
       const char* name;
       std::function<void()> body;
@@ -235,11 +262,12 @@ void bench_decode() {
            for (int l = 0; l < cfg.num_hidden_layers; ++l)
              if (cfg.is_attention_layer(l)) be.attn_core(o, qg, k, v, w->layers[l].attn, cfg, *st, l);
          }},
-        {"40 x MoE block", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe(out, xn, w->layers[l].moe, cfg); }},
-        {"  of which 40 x moe_route (fused router)", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_route(kc, cuda::make_qw(mq(l).router), cuda::make_qw(mq(l).shared_expert_gate), xn.ptr<float>(), ms, 1, topk); }},
-        {"  of which 40 x moe_gate_up", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_gate_up(kc, cuda::make_qw(mq(l).gate), cuda::make_qw(mq(l).up), cuda::make_qw(mq(l).shared_gate), cuda::make_qw(mq(l).shared_up), xn.ptr<float>(), ms, 1, topk); }},
-        {"  of which 40 x moe_down", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_down(kc, cuda::make_qw(mq(l).down), cuda::make_qw(mq(l).shared_down), ms, out.ptr<float>(), 1, topk); }},
+        {"40 x MoE block (one launch each)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe(out, xn, w->layers[l].moe, cfg); }},
+        {"  three-launch path: 40 x moe_route", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_route(kc, cuda::make_qw(mq(l).router), cuda::make_qw(mq(l).shared_expert_gate), xn.ptr<float>(), ms, 1, topk); }},
+        {"  three-launch path: 40 x moe_gate_up", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_gate_up(kc, cuda::make_qw(mq(l).gate), cuda::make_qw(mq(l).up), cuda::make_qw(mq(l).shared_gate), cuda::make_qw(mq(l).shared_up), xn.ptr<float>(), ms, 1, topk); }},
+        {"  three-launch path: 40 x moe_down", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_down(kc, cuda::make_qw(mq(l).down), cuda::make_qw(mq(l).shared_down), ms, out.ptr<float>(), 1, topk); }},
         {"  of which 10 x attn split+combine @4K", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) cuda::attn_decode(kc, ash, cst.d_pos, aq.ptr<float>(), aqg.ptr<float>(), cst.k_cache[l].ptr<uint16_t>(), cst.v_cache[l].ptr<uint16_t>(), pml.ptr<float>(), pacc.ptr<float>(), ao.ptr<float>(), 1, cst.nsplit); }},
+        {"  of which 10 x attn_prep", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) cuda::attn_prep(kc, ash, cst.d_pos, aqg.ptr<float>(), akv.ptr<float>(), akv.ptr<float>() + kvd, w->layers[l].attn.q_norm.ptr<float>(), w->layers[l].attn.k_norm.ptr<float>(), aq.ptr<float>(), cst.k_cache[l].ptr<uint16_t>(), cst.v_cache[l].ptr<uint16_t>(), 1); }},
         {"80 x add_rmsnorm", [&] { for (int l = 0; l < 80; ++l) be.add_rmsnorm(h, out, xn, w->layers[l / 2].post_norm, 1e-6f); }},
         {"lm_head + argmax", [&] { be.begin_forward(); Tensor lg = be.scratch(DType::F32, {1, V}); be.linear(lg, xn, w->lm_head); be.argmax(tok, lg); }},
     };
@@ -330,6 +358,7 @@ int main(int argc, char** argv) {
     }
     if (what == "all" || what == "gemv") bench_gemv();
     if (what == "all" || what == "decode") bench_decode();
+    if (what == "profile") profile_step(argc > 2 ? std::atoi(argv[2]) : 20);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

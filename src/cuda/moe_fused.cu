@@ -135,9 +135,9 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 // Thread 0 counts the block in at *cnt (after the block's writes) and waits until all blocks have; the barrier
 // around makes their writes visible to the whole block.
 __device__ __forceinline__ void grid_handoff(int* cnt, int epoch_next, int* epoch, bool advance_epoch) {
+  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
     const int old = atomicAdd(cnt, 1);
     if (advance_epoch && old == int(gridDim.x) - 1) atomicExch(epoch, epoch_next);
     while (ld_acquire(cnt) < int(gridDim.x)) {
