@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call for the attention prefill work (docs/notes/cuda-prefill-v2-attn.md), from the repository root with
-# carry [".carry/debs"]: build fern, every CUDA test and the attention micro-benchmark from a clean clone of HEAD;
+# carry [".carry/debs", ".carry/attn-head.tar", ".carry/attn-head.commit"]: build fern, every CUDA test and the attention micro-benchmark from a clean clone of HEAD;
 # run the new test first, then every other CUDA test, the micro-benchmark and `fern bench --phase prefill` on the
 # full-size synthetic model. Logs under $OUT, a summary last.
 set -u
@@ -9,9 +9,11 @@ mkdir -p "$OUT"
 start=$(date +%s)
 summary=""
 note() { summary+="$1"$'\n'; echo "== $1"; }
-rm -rf /tmp/w && git clone -q . /tmp/w && cp -r .carry /tmp/w/ && cd /tmp/w || exit 1
+# The git directory there is a snapshot from the start of the session (docs/GPU.md): the commit to test travels as
+# .carry/attn-head.tar (`git archive -o .carry/attn-head.tar HEAD; git rev-parse --short=12 HEAD >.carry/attn-head.commit`).
+rm -rf /tmp/w && mkdir -p /tmp/w && tar -C /tmp/w -xf .carry/attn-head.tar && cp -r .carry /tmp/w/ && cd /tmp/w || exit 1
 source tools/gpu-env.sh
-note "gpu: $(nvidia-smi --query-gpu=name --format=csv,noheader) commit $(git rev-parse --short=12 HEAD)"
+note "gpu: $(nvidia-smi --query-gpu=name --format=csv,noheader) commit $(cat .carry/attn-head.commit)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 targets="fern bench_cuda_attn_prefill $(ninja -C build -t targets all | grep -o '^cuda_test_[a-z_]*' | sort -u | tr '\n' ' ')"
 # -k 0: a target broken by someone else's commit must not stop the others from being built and run.
