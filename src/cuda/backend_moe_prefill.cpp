@@ -1,27 +1,147 @@
 // Sparse MoE block for a chunk of T > 1 prompt rows (prefill). Shapes are checked by moe().
+// Default path (moe_prefill.h): router and top-k on the GPU, the pairs grouped by expert on the GPU, grouped
+// tensor-core GEMMs for gate/up and down (the shared expert as one more group), a deterministic combine.
+// Ablation switches (environment, read on every call so that a benchmark can flip them; default = fast path):
+//   FERN_MOE_PATH=rows        the decode kernels over the rows (the path before the grouped GEMMs)
+//   FERN_MOE_ROUTING=host     the top-k ids copied to the host, the grouping built there and uploaded
+//   FERN_MOE_TILE=fixed|16|32|64|adaptive   token rows per GEMM tile (fixed = 64; adaptive from the mean rows per
+//                             expert, see tile_rows)
+//   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "cuda/backend_internal.h"
+#include "cuda/cuda_check.h"
+#include "cuda/moe_prefill.h"
 
 namespace fern {
 using namespace cuda_backend_detail;
 
+namespace {
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// Token rows per tile. A tile costs its full height in MMAs whatever rows it holds, and each tile stages the
+// expert's weights once, so short tiles waste fewer MMAs on experts with few rows and tall tiles re-stage the
+// weights less often. The row counts are on the GPU (reading them would be a host round trip), so the choice is
+// made from their mean, T k / E.
+int tile_rows(int T, int k, int E) {
+  const char* v = std::getenv("FERN_MOE_TILE");
+  if (v != nullptr && std::strcmp(v, "adaptive") != 0) {
+    if (std::strcmp(v, "fixed") == 0) return 64;
+    const int bm = std::atoi(v);
+    if (!cuda::moe_tile_rows_ok(bm)) fail("FERN_MOE_TILE={}: expected fixed, adaptive, 16, 32 or 64", v);
+    return bm;
+  }
+  const double mean = double(T) * k / E;
+  return mean <= 24 ? 16 : mean <= 48 ? 32 : 64;
+}
+
+// The grouping of moe_prefill.h built on the host from the downloaded top-k ids (ablation: the host round trip).
+// Pairs inside a group keep token order.
+void group_on_host(cudaStream_t stream, const int32_t* d_ids, int T, int k, int E, int bm, const cuda::MoeGroups& g) {
+  const int P = T * k;
+  std::vector<int32_t> ids(size_t(P), 0);
+  FERN_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_ids, sizeof(int32_t) * P, cudaMemcpyDeviceToHost, stream));
+  FERN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<int32_t> counts(size_t(E) + 1, 0), offsets(size_t(E) + 1, 0), tiles;
+  std::vector<int32_t> order(static_cast<size_t>(P), 0);
+  for (int32_t& e : ids) {
+    e = std::clamp(e, 0, E - 1);
+    ++counts[size_t(e)];
+  }
+  for (int e = 1; e < E; ++e) offsets[size_t(e)] = offsets[size_t(e) - 1] + counts[size_t(e) - 1];
+  std::vector<int32_t> fill(offsets.begin(), offsets.end() - 1);
+  for (int p = 0; p < P; ++p) order[size_t(fill[size_t(ids[size_t(p)])]++)] = p;
+  for (int e = 0; e < E; ++e)
+    for (int r = 0; r < counts[size_t(e)]; r += bm) tiles.insert(tiles.end(), {e, r});
+  for (int r = 0; r < T; r += bm) tiles.insert(tiles.end(), {E, r});
+  counts[size_t(E)] = T;
+  const int32_t n_tiles = static_cast<int32_t>(tiles.size() / 2);
+  auto up = [&](int32_t* dst, const void* src, size_t n) {
+    FERN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  };
+  up(g.counts, counts.data(), counts.size());
+  up(g.offsets, offsets.data(), offsets.size());
+  up(g.order, order.data(), order.size());
+  up(g.tiles, tiles.data(), tiles.size());
+  up(g.n_tiles, &n_tiles, 1);
+  FERN_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors die here
+}
+
+}  // namespace
+
 void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
-  // The decode kernels over T rows (each row re-reads its experts' weights).
   const int T = static_cast<int>(x.dim(0));
   const int k = cfg.num_experts_per_tok;
-  const int64_t E = w.router.out, I = w.gate.out, Is = w.shared_gate.out;
+  const int64_t E = w.router.out, H = w.gate.in, I = w.gate.out, Is = w.shared_gate.out;
+  cuda::QW gate = cuda::make_qw(w.gate), up = cuda::make_qw(w.up), down = cuda::make_qw(w.down);
+  cuda::QW sgate = cuda::make_qw(w.shared_gate), sup = cuda::make_qw(w.shared_up), sdown = cuda::make_qw(w.shared_down);
   cuda::MoeScratch s;
   s.router_logits = scratch(DType::F32, {T, E}).ptr<float>();
   s.sgate_logit = scratch(DType::F32, {T}).ptr<float>();
   s.topk_ids = scratch(DType::I32, {T, k}).ptr<int32_t>();
   s.topk_w = scratch(DType::F32, {T, k}).ptr<float>();
   s.sgate = scratch(DType::F32, {T}).ptr<float>();
-  s.h = scratch(DType::F32, {T, k * I + Is}).ptr<float>();
   const float* xp = f32(x, "moe x");
+  float* op = f32(out, "moe out");
+
+  if (env_is("FERN_MOE_PATH", "rows") || !cuda::moe_grouped_ok(gate, up, down, sgate, sup, sdown)) {
+    // The decode kernels over the T rows (each row re-reads its experts' weights).
+    s.h = scratch(DType::F32, {T, k * I + Is}).ptr<float>();
+    cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router),
+                    cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
+    cuda::moe_gate_up(ctx(), gate, up, sgate, sup, xp, s, T, k);
+    cuda::moe_down(ctx(), down, sdown, s, op, T, k);
+    return;
+  }
+
+  s.h = nullptr;  // the grouped path keeps its intermediates in expert order (below)
   cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router),
                   cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
-  cuda::moe_gate_up(ctx(), cuda::make_qw(w.gate), cuda::make_qw(w.up), cuda::make_qw(w.shared_gate),
-                    cuda::make_qw(w.shared_up), xp, s, T, k);
-  cuda::moe_down(ctx(), cuda::make_qw(w.down), cuda::make_qw(w.shared_down), s, f32(out, "moe out"), T, k);
+
+  const int Ei = static_cast<int>(E);
+  const int bm = tile_rows(T, k, Ei);
+  cuda::MoeGroups g;
+  g.counts = scratch(DType::I32, {E + 1}).ptr<int32_t>();
+  g.offsets = scratch(DType::I32, {E + 1}).ptr<int32_t>();
+  g.order = scratch(DType::I32, {int64_t(T) * k}).ptr<int32_t>();
+  g.tiles = scratch(DType::I32, {2 * cuda::moe_max_tiles(T, k, Ei, bm)}).ptr<int32_t>();
+  g.n_tiles = scratch(DType::I32, {1}).ptr<int32_t>();
+  if (env_is("FERN_MOE_ROUTING", "host"))
+    group_on_host(stream(), s.topk_ids, T, k, Ei, bm, g);
+  else
+    cuda::moe_group(ctx(), s.topk_ids, T, k, Ei, bm, g);
+
+  if (env_is("FERN_MOE_DEQUANT", "separate") && gate.bits != 16) {
+    // Every matrix of the block as bf16 in scratch ([experts, out, in], the dense layout), then the bf16 GEMMs.
+    auto to_bf16 = [&](cuda::QW& q) {
+      uint16_t* d = scratch(DType::BF16, {std::max<int64_t>(q.experts, 1), q.out, q.in}).ptr<uint16_t>();
+      cuda::moe_dequant_bf16(ctx(), q, d);
+      q.w = d;
+      q.s = q.b = nullptr;
+      q.bits = 16;
+      q.gs = 0;
+      q.w_expert = q.out * q.in;
+      q.sb_expert = 0;
+    };
+    for (cuda::QW* q : {&gate, &up, &down, &sgate, &sup, &sdown}) to_bf16(*q);
+  }
+
+  float* h_routed = scratch(DType::F32, {int64_t(T) * k, I}).ptr<float>();
+  float* h_shared = scratch(DType::F32, {T, Is}).ptr<float>();
+  float* y_pair = scratch(DType::F32, {int64_t(T) * k, H}).ptr<float>();
+  cuda::moe_grouped_gate_up(ctx(), gate, up, sgate, sup, xp, g, T, k, Ei, bm, h_routed, h_shared);
+  cuda::moe_grouped_down(ctx(), down, sdown, h_routed, h_shared, g, s.topk_w, s.sgate, T, k, Ei, bm, y_pair, op);
+  cuda::moe_combine(ctx(), y_pair, op, T, k, H);
 }
 
 }  // namespace fern

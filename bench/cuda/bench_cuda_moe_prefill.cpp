@@ -1,0 +1,151 @@
+// MoE prefill micro-benchmark (docs/notes/cuda-prefill-v2-moe.md): the backend's moe() for one chunk of T token
+// rows at the real shape (256 experts top-8, H 2048, I 512, shared 512, 4-bit group 64 experts, 8-bit router and
+// shared gate), under each ablation switch of backend_moe_prefill.cpp, and the row-by-row decode kernels (the
+// path before the grouped GEMMs). Weights and activations are random device fills (roughly balanced routing);
+// each figure is the median of 7 timed calls (CUDA events on the backend's stream, after one warm-up), routing
+// included. Effective TFLOP/s counts the useful products only: 2 T (3 k H I + 3 H Is).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_backend_impl.h"
+#include "cuda/cuda_check.h"
+#include "cuda/fill.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+using namespace fern;
+
+namespace {
+
+double median_ms(cudaStream_t s, const std::function<void()>& f) {
+  cudaEvent_t a, b;
+  FERN_CUDA_CHECK(cudaEventCreate(&a));
+  FERN_CUDA_CHECK(cudaEventCreate(&b));
+  f();
+  FERN_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<float> ms;
+  for (int i = 0; i < 7; ++i) {
+    FERN_CUDA_CHECK(cudaEventRecord(a, s));
+    f();
+    FERN_CUDA_CHECK(cudaEventRecord(b, s));
+    FERN_CUDA_CHECK(cudaEventSynchronize(b));
+    float m = 0;
+    FERN_CUDA_CHECK(cudaEventElapsedTime(&m, a, b));
+    ms.push_back(m);
+  }
+  std::sort(ms.begin(), ms.end());
+  FERN_CUDA_CHECK(cudaEventDestroy(a));
+  FERN_CUDA_CHECK(cudaEventDestroy(b));
+  return ms[ms.size() / 2];
+}
+
+// Random affine weight (codes uniform, scales +-U(0.5, 1.5) * 1.7 / (qmax sqrt(in)) so that a row's dot with a
+// unit-size input has about unit size, small biases).
+LinearWeight affine(CudaBackend& be, const char* name, int64_t experts, int64_t out, int64_t in, int bits,
+                    uint64_t& seed) {
+  LinearWeight w;
+  w.name = name;
+  w.kind = LinearWeight::Kind::Affine;
+  w.experts = experts;
+  w.out = out;
+  w.in = in;
+  w.bits = bits;
+  w.group_size = 64;
+  const int64_t E = std::max<int64_t>(experts, 1);
+  auto dims = [&](int64_t last) {
+    return experts > 0 ? std::vector<int64_t>{E, out, last} : std::vector<int64_t>{out, last};
+  };
+  w.w = be.alloc(DType::U32, dims(in * bits / 32));
+  w.scales = be.alloc(DType::BF16, dims(in / 64));
+  w.biases = be.alloc(DType::BF16, dims(in / 64));
+  const float s = 1.7f / (float((1 << bits) - 1) * std::sqrt(float(in)));
+  cuda::fill_random_u32(be.stream(), w.w.ptr<uint32_t>(), w.w.numel(), ++seed);
+  cuda::fill_random_bf16(be.stream(), w.scales.ptr<uint16_t>(), w.scales.numel(), ++seed, 0.5f * s, 1.5f * s, true);
+  cuda::fill_random_bf16(be.stream(), w.biases.ptr<uint16_t>(), w.biases.numel(), ++seed, -0.3f * s, 0.3f * s, true);
+  return w;
+}
+
+void set_env(const char* name, const char* value) {
+  if (value != nullptr)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+}
+
+}  // namespace
+
+int main() {
+  CudaBackend be(0);
+  ModelConfig cfg;
+  cfg.num_experts = 256;
+  cfg.num_experts_per_tok = 8;
+  cfg.hidden_size = 2048;
+  cfg.moe_intermediate_size = 512;
+  cfg.shared_expert_intermediate_size = 512;
+  const int64_t E = cfg.num_experts, H = cfg.hidden_size, I = cfg.moe_intermediate_size,
+                Is = cfg.shared_expert_intermediate_size;
+  const int k = cfg.num_experts_per_tok;
+  uint64_t seed = 1;
+  MoeWeights w;
+  w.router = affine(be, "router", 0, E, H, 8, seed);
+  w.gate = affine(be, "gate", E, I, H, 4, seed);
+  w.up = affine(be, "up", E, I, H, 4, seed);
+  w.down = affine(be, "down", E, H, I, 4, seed);
+  w.shared_gate = affine(be, "shared_gate", 0, Is, H, 4, seed);
+  w.shared_up = affine(be, "shared_up", 0, Is, H, 4, seed);
+  w.shared_down = affine(be, "shared_down", 0, H, Is, 4, seed);
+  w.shared_expert_gate = affine(be, "shared_expert_gate", 0, 1, H, 8, seed);
+
+  struct Variant {
+    const char* name;
+    const char* path;
+    const char* routing;
+    const char* tile;
+    const char* dequant;
+  };
+  const Variant variants[] = {
+      {"row-by-row decode kernels (before)", "rows", nullptr, nullptr, nullptr},
+      {"grouped, default (GPU routing, adaptive tile, fused dequant)", nullptr, nullptr, nullptr, nullptr},
+      {"grouped, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr},
+      {"grouped, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr},
+      {"grouped, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr},
+      {"grouped, FERN_MOE_ROUTING=host", nullptr, "host", nullptr, nullptr},
+      {"grouped, FERN_MOE_DEQUANT=separate", nullptr, nullptr, nullptr, "separate"},
+  };
+  const int Ts[] = {512, 2048};
+  const int maxT = 2048;
+  Tensor x = be.alloc(DType::F32, {maxT, H});
+  Tensor y = be.alloc(DType::F32, {maxT, H});
+  cuda::fill_random_f32(be.stream(), x.ptr<float>(), x.numel(), 99, -1.7f, 1.7f);  // unit variance
+  FERN_CUDA_CHECK(cudaStreamSynchronize(be.stream()));
+
+  std::printf("| T | variant | ms | effective TFLOP/s | speed-up vs row-by-row |\n|---:|---|---:|---:|---:|\n");
+  for (int T : Ts) {
+    const double flops = 2.0 * T * (3.0 * k * H * I + 3.0 * H * Is);
+    Tensor xt(x.data, DType::F32, {T, H}, Device::Cuda);
+    Tensor yt(y.data, DType::F32, {T, H}, Device::Cuda);
+    double base = 0.0;
+    for (const Variant& v : variants) {
+      set_env("FERN_MOE_PATH", v.path);
+      set_env("FERN_MOE_ROUTING", v.routing);
+      set_env("FERN_MOE_TILE", v.tile);
+      set_env("FERN_MOE_DEQUANT", v.dequant);
+      const double ms = median_ms(be.stream(), [&] {
+        be.begin_forward();
+        be.moe(yt, xt, w, cfg);
+      });
+      if (v.path != nullptr) base = ms;
+      std::printf("| %d | %s | %.3f | %.1f | %.1fx |\n", T, v.name, ms, flops / (ms * 1e-3) / 1e12,
+                  base > 0 ? base / ms : 0.0);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

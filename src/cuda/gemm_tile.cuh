@@ -1,0 +1,252 @@
+// The tensor-core tile loop shared by the dense prefill linear (linear_gemm.cu) and the grouped expert GEMMs
+// (moe_prefill.cu): one block of 256 threads computes BM token rows x 128 weight rows of x W^T, walking the input
+// width in tiles of 64. Per tile the block stages into shared memory
+//  - x as two bf16 halves, hi = bf16(x) and lo = bf16(x - hi) (x = hi + lo to ~2^-17 relative), so that two MMAs
+//    per fragment give nearly fp32 products instead of bf16-rounded ones;
+//  - the weight codes q (0..15 or 0..255, exact in bf16) of affine weights, or the bf16 weights themselves, never
+//    dequantized to memory: the affine scale and bias are applied per group to the fp32 partial sums,
+//    sum_k x_k (s q_k + b) = s * sum_k x_k q_k + b * sum_k x_k, with sum_k x_k taken from the fp32 x;
+//  - per 16-wide k segment: the fp32 sums of x and the scale/bias of the group holding the segment.
+// mma.sync m16n8k16 (bf16 in, fp32 accumulate). The 8 warps form WM (token rows) x 8/WM (weight rows); a warp
+// covers MT m16 tiles x NT n8 tiles, so BM = 16 * WM * MT and 8/WM * NT * 8 = 128. Rows of shared memory are padded
+// by 8 bf16 (16 bytes) so that the fragment reads (8 rows x 4 words) hit 32 different banks.
+// The caller decides which x row and which weight row each thread stages (a plain row block for the dense linear,
+// gathered token rows and an expert's matrix for the grouped GEMM), so the loop itself knows nothing of either.
+// The width K must be a multiple of 16 (segments past K are staged as zeros); affine groups a multiple of 16.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_util.cuh"
+#include "cuda/kernels.h"
+
+namespace fern::cuda::gemm {
+
+constexpr int kBN = 128;  // weight rows per block
+constexpr int kBK = 64;   // input width per tile
+constexpr int kSeg = kBK / 16;
+constexpr int kPad = kBK + 8;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+template <int BM>
+struct Smem {
+  __nv_bfloat16 xh[BM][kPad];
+  __nv_bfloat16 xl[BM][kPad];
+  __nv_bfloat16 w[kBN][kPad];
+  float xsum[BM][kSeg];
+  float sc[kBN][kSeg];
+  float bi[kBN][kSeg];
+};
+
+// Warp layout of one configuration.
+template <int WM, int MT, int NT>
+struct Layout {
+  static_assert(kWarps % WM == 0 && (kWarps / WM) * NT * 8 == kBN, "warps must cover the 128 weight rows");
+  static constexpr int kBM = 16 * WM * MT;
+  static constexpr int kWarpCols = NT * 8;
+  __device__ static int row0(int warp) { return (warp % WM) * MT * 16; }  // first token row of the warp
+  __device__ static int col0(int warp) { return (warp / WM) * kWarpCols; }  // first weight row of the warp
+};
+
+// The weight row a thread stages: its values (bf16) or codes (U32 words), and for affine weights its scales and
+// biases. w == nullptr: a padding row (staged as zeros).
+struct RowSrc {
+  const void* w = nullptr;
+  const uint16_t* s = nullptr;
+  const uint16_t* b = nullptr;
+};
+
+// Row `row` of expert `e` of W (e = 0 for a plain matrix).
+template <int BITS>
+__device__ __forceinline__ RowSrc row_src(const QW& W, int64_t e, int64_t row) {
+  RowSrc r;
+  if constexpr (BITS == 16) {
+    r.w = static_cast<const uint16_t*>(W.w) + e * W.w_expert + row * W.in;
+  } else {
+    const int64_t gpr = W.in / W.gs;
+    r.w = static_cast<const uint32_t*>(W.w) + e * W.w_expert + row * (W.in * BITS / 32);
+    r.s = W.s + e * W.sb_expert + row * gpr;
+    r.b = W.b + e * W.sb_expert + row * gpr;
+  }
+  return r;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+  return *reinterpret_cast<uint32_t*>(&p);
+}
+
+__device__ __forceinline__ uint32_t ld_u32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Writes 16 weight values (the k segment starting at k of one row) into shared memory as bf16. Affine: the codes.
+template <int BITS>
+__device__ __forceinline__ void stage_w_seg(const void* row, int k, __nv_bfloat16* dst) {
+  uint32_t out[8];
+  if constexpr (BITS == 16) {
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + k);
+    const uint4 a = __ldg(src), b = __ldg(src + 1);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else if constexpr (BITS == 8) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(row) + k / 4));
+    const uint32_t ws[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = pack_bf16(float(ws[i] & 0xff), float((ws[i] >> 8) & 0xff));
+      out[2 * i + 1] = pack_bf16(float((ws[i] >> 16) & 0xff), float(ws[i] >> 24));
+    }
+  } else {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint32_t*>(row) + k / 8));
+    const uint32_t ws[2] = {v.x, v.y};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        out[4 * i + j] = pack_bf16(float((ws[i] >> (8 * j)) & 0xf), float((ws[i] >> (8 * j + 4)) & 0xf));
+    }
+  }
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  d[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// acc[mt][nt][i] += x[row] . W[col] over the whole width K for the block's tile, where (Layout) row =
+// row0(warp) + mt * 16 + lane / 4 + 8 * (i / 2) and col = col0(warp) + nt * 8 + 2 * (lane % 4) + i % 2.
+// Staging roles: thread tid stages x row tid / 4 (16 values at segment tid % 4; threads past 4 * BM stage none)
+// from `xrow` (nullptr: a padding row), and weight row tid / 2 (segments 2 (tid % 2) and 2 (tid % 2) + 1) from
+// `wsrc`. gs: the affine group size (ignored for BITS == 16). Ends with a barrier, so the caller may reuse `sm`.
+template <int BITS, int WM, int MT, int NT>
+__device__ __forceinline__ void mainloop(Smem<16 * WM * MT>& sm, int K, int gs, const float* __restrict__ xrow,
+                                         const RowSrc& wsrc, float (&acc)[MT][NT][4]) {
+  using L = Layout<WM, MT, NT>;
+  constexpr int BM = L::kBM;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = L::row0(warp), wn = L::col0(warp);
+  const int g = lane >> 2, c = lane & 3;
+
+  float part[MT][NT][4] = {};  // affine: the current group's sum_k x_k q_k
+  float xs[MT][2] = {};        // affine: the current group's sum_k x_k for this thread's token rows
+
+  const int xr = tid >> 2, xseg = tid & 3;
+  const bool x_role = xr < BM;
+  const int wr = tid >> 1, wseg = (tid & 1) * 2;
+
+  for (int k0 = 0; k0 < K; k0 += kBK) {
+    if (x_role) {
+      float v[16];
+      if (xrow != nullptr && k0 + xseg * 16 < K) {
+        const float4* src = reinterpret_cast<const float4*>(xrow + k0 + xseg * 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float4 f = __ldg(src + i);
+          v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = 0.0f;
+      }
+      uint32_t hi[8], lo[8];
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const __nv_bfloat16 h0 = __float2bfloat16_rn(v[2 * i]), h1 = __float2bfloat16_rn(v[2 * i + 1]);
+        __nv_bfloat162 h(h0, h1);
+        hi[i] = *reinterpret_cast<uint32_t*>(&h);
+        lo[i] = pack_bf16(v[2 * i] - __bfloat162float(h0), v[2 * i + 1] - __bfloat162float(h1));
+        s += v[2 * i] + v[2 * i + 1];
+      }
+      uint4* dh = reinterpret_cast<uint4*>(&sm.xh[xr][xseg * 16]);
+      uint4* dl = reinterpret_cast<uint4*>(&sm.xl[xr][xseg * 16]);
+      dh[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      dh[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+      dl[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      dl[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+      sm.xsum[xr][xseg] = s;
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int seg = wseg + u;
+      const int k = k0 + seg * 16;
+      if (wsrc.w != nullptr && k < K) {
+        stage_w_seg<BITS>(wsrc.w, k, &sm.w[wr][seg * 16]);
+        if constexpr (BITS != 16) {
+          sm.sc[wr][seg] = bf16_at(wsrc.s, k / gs);
+          sm.bi[wr][seg] = bf16_at(wsrc.b, k / gs);
+        }
+      } else {
+        uint4* d = reinterpret_cast<uint4*>(&sm.w[wr][seg * 16]);
+        d[0] = d[1] = make_uint4(0, 0, 0, 0);
+        sm.sc[wr][seg] = sm.bi[wr][seg] = 0.0f;
+      }
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int kk = 0; kk < kSeg; ++kk) {
+      const int kb = kk * 16 + 2 * c;
+      uint32_t ah[MT][4], al[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int r = wm + mt * 16 + g;
+        ah[mt][0] = ld_u32(&sm.xh[r][kb]);
+        ah[mt][1] = ld_u32(&sm.xh[r + 8][kb]);
+        ah[mt][2] = ld_u32(&sm.xh[r][kb + 8]);
+        ah[mt][3] = ld_u32(&sm.xh[r + 8][kb + 8]);
+        al[mt][0] = ld_u32(&sm.xl[r][kb]);
+        al[mt][1] = ld_u32(&sm.xl[r + 8][kb]);
+        al[mt][2] = ld_u32(&sm.xl[r][kb + 8]);
+        al[mt][3] = ld_u32(&sm.xl[r + 8][kb + 8]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int n = wn + nt * 8 + g;
+        const uint32_t b0 = ld_u32(&sm.w[n][kb]), b1 = ld_u32(&sm.w[n][kb + 8]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          float(&d)[4] = BITS == 16 ? acc[mt][nt] : part[mt][nt];
+          mma_bf16(d, ah[mt], b0, b1);
+          mma_bf16(d, al[mt], b0, b1);
+        }
+      }
+      if constexpr (BITS != 16) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          xs[mt][0] += sm.xsum[wm + mt * 16 + g][kk];
+          xs[mt][1] += sm.xsum[wm + mt * 16 + g + 8][kk];
+        }
+        if ((k0 + kk * 16 + 16) % gs == 0) {  // end of a group: apply its scale and bias
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const int n = wn + nt * 8 + 2 * c;
+            const float s0 = sm.sc[n][kk], s1 = sm.sc[n + 1][kk];
+            const float b0 = sm.bi[n][kk], b1 = sm.bi[n + 1][kk];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              float* a = acc[mt][nt];
+              float* p = part[mt][nt];
+              a[0] += s0 * p[0] + b0 * xs[mt][0];
+              a[1] += s1 * p[1] + b1 * xs[mt][0];
+              a[2] += s0 * p[2] + b0 * xs[mt][1];
+              a[3] += s1 * p[3] + b1 * xs[mt][1];
+              p[0] = p[1] = p[2] = p[3] = 0.0f;
+            }
+          }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) xs[mt][0] = xs[mt][1] = 0.0f;
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace fern::cuda::gemm

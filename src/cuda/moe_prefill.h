@@ -1,0 +1,55 @@
+// The MoE block for a chunk of T > 1 token rows on the tensor cores (moe_prefill.cu): the (token, slot) pairs chosen
+// by the router are grouped by expert on the GPU, then each expert's gate/up and down matrices are applied to its
+// rows with the tile loop of gemm_tile.cuh (4/8-bit codes dequantized inside the loop, never to memory). The shared
+// expert is one more group (index E) holding every token row. Plain header (no fmt): shared by .cu and .cpp files.
+#pragma once
+#include <cstdint>
+
+#include "cuda/kernels.h"
+
+namespace fern::cuda {
+
+// The grouping of one chunk, in device memory. Group e < E holds the pairs p = t * k + slot with topk_ids[p] == e,
+// at positions [offsets[e], offsets[e] + counts[e]) of `order` (their order inside a group is arbitrary: every row
+// of a GEMM is computed independently of the others, so no result depends on it); group E is the shared expert,
+// counts[E] = T rows, the token rows themselves. Tile i of the grouped GEMMs (i < *n_tiles) covers rows
+// [tiles[2i+1], tiles[2i+1] + BM) of group tiles[2i]; routed tiles come first, in expert order.
+struct MoeGroups {
+  int32_t* counts = nullptr;   // [E + 1]
+  int32_t* offsets = nullptr;  // [E + 1]
+  int32_t* order = nullptr;    // [T * k]
+  int32_t* tiles = nullptr;    // [2 * moe_max_tiles]
+  int32_t* n_tiles = nullptr;  // [1]
+};
+
+// Token rows per tile of the grouped GEMMs that the kernels are built for.
+constexpr int kMoeTileRows[] = {16, 32, 64};
+bool moe_tile_rows_ok(int bm);
+// Upper bound of the tiles of a chunk: sum_e ceil(c_e / BM) <= ceil(T k / BM) + min(E, T k), plus the shared
+// expert's ceil(T / BM). The GEMM grids are sized from it; blocks past *n_tiles exit at once.
+int64_t moe_max_tiles(int T, int k, int E, int bm);
+
+// Whether the grouped path takes these weights: one format (4, 8 or 16 bits) for all six matrices, widths that are
+// multiples of 16, affine groups that are multiples of 16, at most 1024 experts.
+bool moe_grouped_ok(const QW& gate, const QW& up, const QW& down, const QW& sgate, const QW& sup, const QW& sdown);
+
+// Groups the pairs of topk_ids [T, k] (one block, shared-memory histogram, scan and scatter; no host sync).
+void moe_group(const Ctx& c, const int32_t* topk_ids, int T, int k, int E, int bm, const MoeGroups& g);
+
+// h_routed[pos] = SiLU(x[token] G_e^T) * (x[token] U_e^T) for every routed position pos of group e ([T k, I]);
+// h_shared[t] likewise with the shared expert ([T, Is]).
+void moe_grouped_gate_up(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const float* x,
+                         const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared);
+// y_pair[p] = topk_w[p] * (h_routed[pos(p)] D_e^T) for every pair p ([T k, H]); out[t] = sgate[t] * (h_shared[t]
+// SD^T) ([T, H]).
+void moe_grouped_down(const Ctx& c, const QW& down, const QW& sdown, const float* h_routed, const float* h_shared,
+                      const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
+                      float* y_pair, float* out);
+// out[t] += y_pair[t k] + ... + y_pair[t k + k - 1], in slot order (deterministic: no atomics).
+void moe_combine(const Ctx& c, const float* y_pair, float* out, int T, int k, int64_t H);
+
+// Ablation (FERN_MOE_DEQUANT=separate): dst [experts, out, in] = bf16(s q + b) of an affine weight, the layout of
+// a dense bf16 weight, so that the grouped GEMMs can run on it as on bf16 weights.
+void moe_dequant_bf16(const Ctx& c, const QW& w, uint16_t* dst);
+
+}  // namespace fern::cuda
