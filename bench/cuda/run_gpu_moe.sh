@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # One GPU call for the MoE prefill work (docs/notes/cuda-prefill-v2-moe.md), from the repository root with carry
-# [".carry/debs"]: build fern, every CUDA test and the two prefill micro-benchmarks; run every CUDA test (in
-# parallel: they check results, not time); the MoE micro-benchmark; the linear one (the shared tile loop); `fern
-# bench --phase prefill` on the full-size synthetic model. Logs under $OUT, a summary last.
+# [".carry/debs", ".carry/moe-head.tar", ".carry/moe-head.commit"]: build, from the committed tree (the git directory
+# on the GPU machine is a snapshot from the session start, so the commit travels as an archive:
+# `git archive -o .carry/moe-head.tar HEAD; git rev-parse --short=12 HEAD >.carry/moe-head.commit`) fern, every
+# CUDA test and the two prefill micro-benchmarks; run every CUDA test (in parallel: they check results, not time);
+# the MoE micro-benchmark; the linear one (the shared tile loop); `fern bench --phase prefill` on the full-size
+# synthetic model. Logs under $OUT, a summary last.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 start=$(date +%s)
 summary=""
 note() { summary+="$1"$'\n'; echo "== $1"; }
+rm -rf /tmp/w && mkdir -p /tmp/w && tar -C /tmp/w -xf .carry/moe-head.tar && cp -r .carry /tmp/w/ && cd /tmp/w || exit 1
 source tools/gpu-env.sh
-note "gpu: $(nvidia-smi --query-gpu=name --format=csv,noheader) commit $(git rev-parse --short=12 HEAD 2>/dev/null)"
+note "gpu: $(nvidia-smi --query-gpu=name --format=csv,noheader) commit $(cat .carry/moe-head.commit)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 targets="fern bench_cuda_moe_prefill bench_cuda_prefill_linear $(ninja -C build -t targets all | grep -o '^cuda_test_[a-z_0-9]*' | sort -u | tr '\n' ' ')"
-ninja -C build -j16 $targets >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+# -k 0: a target broken by someone else's commit must not stop the others from being built and run.
+ninja -C build -k 0 -j16 $targets >"$OUT/build.log" 2>&1 || grep -E "error|FAILED" "$OUT/build.log" | head -30
 note "build: $(( $(date +%s) - start )) s"
 mkdir -p /tmp/tl
 for t in build/cuda_test_*; do
