@@ -1,7 +1,7 @@
 // Gated DeltaNet prefill micro-benchmark (docs/notes/cuda-prefill-v2-gdn.md): one layer's gdn_core at the real
 // shapes (16 key heads, 32 value heads, 128 dims, conv kernel 4) for T rows, the old path (the one-token kernel
 // launched once per row) against the multi-row kernels (conv pre-pass, register-resident scan, gated norm), with
-// the new path's three launches also timed one by one. Inputs are random device fills (decays ~0.98 per row);
+// the new path's three launches also timed one by one (the scan with 4 and with 8 threads per state column). Inputs are random device fills (decays ~0.98 per row);
 // each figure is the median of 7 timed calls (CUDA events, after one warm-up) on a state that keeps evolving.
 #include <cuda_runtime.h>
 
@@ -84,8 +84,8 @@ int main() {
   float* y = dev_uniform(maxT * V, 11, -1.0f, 1.0f);
   float* xc = dev_uniform(cuda::gdn_prefill_scratch_floats(sh, maxT), 12, -1.0f, 1.0f);
 
-  std::printf("| T | per-row gdn_step (ms) | multi-row (ms) | speed-up | conv pre-pass (ms) | scan (ms) | norm (ms) | "
-              "scan us/row |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf("| T | per-row gdn_step (ms) | multi-row (ms) | speed-up | conv pre-pass (ms) | scan, 4 slices (ms) | "
+              "scan, 8 slices (ms) | norm (ms) | scan us/row |\n|---|---|---|---|---|---|---|---|---|\n");
   for (int T : Ts) {
     const double old_ms = median_ms(
         [&] {
@@ -98,10 +98,12 @@ int main() {
     });
     const double conv_ms = median_ms([&] { cuda::gdn_prefill_conv(ctx, sh, T, mixed, conv_w, conv_state, xc); });
     const double scan_ms =
-        median_ms([&] { cuda::gdn_prefill_scan(ctx, sh, T, xc, b, a, A_log, dt_bias, state, y); });
+        median_ms([&] { cuda::gdn_prefill_scan(ctx, sh, T, xc, b, a, A_log, dt_bias, state, y, 4); });
+    const double scan8_ms =
+        median_ms([&] { cuda::gdn_prefill_scan(ctx, sh, T, xc, b, a, A_log, dt_bias, state, y, 8); });
     const double norm_ms = median_ms([&] { cuda::gdn_prefill_norm(ctx, sh, T, z, norm_w, y); });
-    std::printf("| %d | %.3f | %.3f | %.1fx | %.3f | %.3f | %.3f | %.3f |\n", T, old_ms, new_ms, old_ms / new_ms,
-                conv_ms, scan_ms, norm_ms, scan_ms * 1e3 / T);
+    std::printf("| %d | %.3f | %.3f | %.1fx | %.3f | %.3f | %.3f | %.3f | %.3f |\n", T, old_ms, new_ms, old_ms / new_ms,
+                conv_ms, scan_ms, scan8_ms, norm_ms, std::min(scan_ms, scan8_ms) * 1e3 / T);
     std::fflush(stdout);
   }
   for (float* p : {mixed, z, b, a, conv_w, A_log, dt_bias, norm_w, conv_state, state, y, xc})

@@ -2,12 +2,12 @@
 //  1. gdn_conv_prep_kernel: causal conv + SiLU of every channel of every row, the carried conv state read for the
 //     first kernel-1 rows and then replaced by the chunk's last kernel-1 inputs, q and k l2-normalised (q also
 //     scaled by Dk^-1/2), all into the scratch xc [T, conv_dim]. Fully parallel over rows and heads.
-//  2. gdn_scan_kernel: the delta rule, sequential over the T rows. Block (value head h, 32 value columns), 128
-//     threads = 32 columns x 4 slices of the key dimension; each thread holds R = Dk/4 elements of its state column
-//     S[:, j] in registers for the whole call (the state is read once and written once). Rows of q, k, v are
-//     staged through shared memory 16 at a time with cp.async, one batch ahead. One pass over the registers per
-//     row does the decay and rank-1 update, o_j = S[:, j] . q_t and S[:, j] . k_{t+1}, which is what the next row
-//     needs for m = S^T k (times its decay), so a row costs one pass and one 4-lane shuffle reduction.
+//  2. gdn_scan_kernel: the delta rule, sequential over the T rows. Block (value head h, 32 value columns), 32*P
+//     threads = 32 columns x P slices of the key dimension (P = 4 by default); each thread holds R = Dk/P elements
+//     of its state column S[:, j] in registers for the whole call (the state is read once and written once). Rows
+//     of q, k, v are staged through shared memory 16 at a time with cp.async, one batch ahead. One pass over the
+//     registers per row does the decay and rank-1 update, o_j = S[:, j] . q_t and S[:, j] . k_{t+1}, which is what
+//     the next row needs for m = S^T k (times its decay), so a row costs one pass and one P-lane shuffle reduction.
 //  3. gdn_out_norm_kernel: gated RMSNorm with z, one warp per (row, value head), in place on y.
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
@@ -106,10 +106,9 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_conv_prep_kernel(GdnShape sh
 }
 
 // ---- 2. the delta-rule scan ----
-constexpr int kScanCols = 32;                       // value columns per block
-constexpr int kSlices = 4;                          // threads per column (adjacent lanes), each R = Dk/4 rows
-constexpr int kScanThreads = kScanCols * kSlices;  // 128
-constexpr int kStage = 16;                          // rows per cp.async batch
+constexpr int kScanCols = 32;      // value columns per block
+constexpr int kStage = 16;         // rows per cp.async batch
+constexpr int kDefaultSlices = 4;  // threads per column unless the caller asks for another split
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -118,27 +117,30 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Grid (Hv, Dv/32). Thread: lane & 3 = slice sl (rows sl*R .. sl*R+R-1 of the key dimension), column
-// j = blockIdx.y*32 + warp*8 + lane/4. In shared memory each staged q/k row is stored as the 4 slices' R floats,
-// each followed by 4 pad floats, so the 4 slices' float4 reads of one step fall in different banks.
-template <int R>
-__global__ void __launch_bounds__(kScanThreads) gdn_scan_kernel(GdnShape sh, int T, const float* __restrict__ xc,
-                                                                const float* __restrict__ bgate,
-                                                                const float* __restrict__ agate,
-                                                                const float* __restrict__ A_log,
-                                                                const float* __restrict__ dt_bias,
-                                                                float* __restrict__ state, float* __restrict__ y) {
-  static_assert(R % 4 == 0 && R <= 32);
-  constexpr int KP = kSlices * (R + 4);  // padded row
-  constexpr int G = R / 4;               // float4s per slice
+// Grid (Hv, Dv/32), 32*P threads. Thread: slice sl = lane % P (rows sl*R .. sl*R+R-1 of the key dimension,
+// Dk = P*R), column j = blockIdx.y*32 + warp*(32/P) + lane/P; the P threads of a column are adjacent lanes, so
+// their sums need log2(P) shuffles. In shared memory each staged q/k row is stored as the P slices' R floats,
+// each followed by 4 pad floats, so the P slices' float4 reads of one step fall in different banks.
+template <int P, int R>
+__global__ void __launch_bounds__(32 * P) gdn_scan_kernel(GdnShape sh, int T, const float* __restrict__ xc,
+                                                          const float* __restrict__ bgate,
+                                                          const float* __restrict__ agate,
+                                                          const float* __restrict__ A_log,
+                                                          const float* __restrict__ dt_bias,
+                                                          float* __restrict__ state, float* __restrict__ y) {
+  static_assert((P == 4 || P == 8) && R % 4 == 0 && R <= 32);
+  constexpr int kThreads = 32 * P;
+  constexpr int KP = P * (R + 4);  // padded row
+  constexpr int G = R / 4;         // float4s per slice
+  constexpr int F = P * G;         // float4s per row (Dk / 4)
   __shared__ __align__(16) float ks[2][kStage + 1][KP];  // k rows t0 .. t0+kStage (one ahead, for S . k_{t+1})
   __shared__ __align__(16) float qs[2][kStage][KP];
   __shared__ __align__(16) float vs[2][kStage][kScanCols];
   __shared__ float decs[2][kStage], betas[2][kStage];
 
-  const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, sl = lane & (kSlices - 1);
-  const int jj = (tid >> 5) * (32 / kSlices) + lane / kSlices;
-  const int Dk = kSlices * R, Dv = sh.Dv, Hv = sh.Hv;
+  const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, sl = lane % P;
+  const int jj = (tid >> 5) * (32 / P) + lane / P;
+  const int Dk = P * R, Dv = sh.Dv, Hv = sh.Hv;
   const int j = blockIdx.y * kScanCols + jj;
   const int64_t C = sh.conv_dim, key_dim = int64_t(sh.Hk) * Dk;
   const int kh = h / (Hv / sh.Hk);
@@ -151,19 +153,19 @@ __global__ void __launch_bounds__(kScanThreads) gdn_scan_kernel(GdnShape sh, int
 
   auto stage = [&](int st, int buf) {
     const int t0 = st * kStage;
-    for (int idx = tid; idx < (kStage + 1) * R; idx += kScanThreads) {
-      const int r = idx / R, g = idx % R, t = t0 + r;
+    for (int idx = tid; idx < (kStage + 1) * F; idx += kThreads) {
+      const int r = idx / F, g = idx % F, t = t0 + r;
       float* dst = &ks[buf][r][(g / G) * (R + 4) + (g % G) * 4];
       if (t < T) cp_async16(dst, ksrc + int64_t(t) * C + 4 * g);
       else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int idx = tid; idx < kStage * R; idx += kScanThreads) {
-      const int r = idx / R, g = idx % R, t = t0 + r;
+    for (int idx = tid; idx < kStage * F; idx += kThreads) {
+      const int r = idx / F, g = idx % F, t = t0 + r;
       float* dst = &qs[buf][r][(g / G) * (R + 4) + (g % G) * 4];
       if (t < T) cp_async16(dst, qsrc + int64_t(t) * C + 4 * g);
       else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int idx = tid; idx < kStage * (kScanCols / 4); idx += kScanThreads) {
+    for (int idx = tid; idx < kStage * (kScanCols / 4); idx += kThreads) {
       const int r = idx / (kScanCols / 4), g = idx % (kScanCols / 4), t = t0 + r;
       float* dst = &vs[buf][r][4 * g];
       if (t < T) cp_async16(dst, vsrc + int64_t(t) * C + 4 * g);
@@ -181,6 +183,11 @@ __global__ void __launch_bounds__(kScanThreads) gdn_scan_kernel(GdnShape sh, int
       betas[buf][tid] = beta;
     }
   };
+  auto slice_sum = [](float v) {
+#pragma unroll
+    for (int o = 1; o < P; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+  };
 
   float* S = state + int64_t(h) * Dk * Dv;
   float s[R];
@@ -190,7 +197,7 @@ __global__ void __launch_bounds__(kScanThreads) gdn_scan_kernel(GdnShape sh, int
   const int nst = (T + kStage - 1) / kStage;
   stage(0, 0);
   cp_async_commit();
-  float mdot = 0.0f;  // S^T k of the coming row, before that row's decay, reduced over the 4 slices
+  float mdot = 0.0f;  // S^T k of the coming row, before that row's decay, summed over the P slices
   for (int st = 0; st < nst; ++st) {
     const int buf = st & 1;
     if (st + 1 < nst) stage(st + 1, buf ^ 1);
@@ -203,9 +210,7 @@ __global__ void __launch_bounds__(kScanThreads) gdn_scan_kernel(GdnShape sh, int
       float acc = 0.0f;
 #pragma unroll
       for (int ii = 0; ii < R; ++ii) acc = fmaf(s[ii], kb[ii], acc);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-      mdot = acc;
+      mdot = slice_sum(acc);
     }
     const int rows = min(kStage, T - st * kStage);
     for (int r = 0; r < rows; ++r) {
@@ -234,13 +239,9 @@ __global__ void __launch_bounds__(kScanThreads) gdn_scan_kernel(GdnShape sh, int
         n2 = fmaf(s[ii + 2], n4.z, n2);
         n3 = fmaf(s[ii + 3], n4.w, n3);
       }
-      float ov = (o0 + o1) + (o2 + o3), mn = (n0 + n1) + (n2 + n3);
-      ov += __shfl_xor_sync(0xffffffffu, ov, 1);
-      mn += __shfl_xor_sync(0xffffffffu, mn, 1);
-      ov += __shfl_xor_sync(0xffffffffu, ov, 2);
-      mn += __shfl_xor_sync(0xffffffffu, mn, 2);
+      const float ov = slice_sum((o0 + o1) + (o2 + o3));
+      mdot = slice_sum((n0 + n1) + (n2 + n3));
       if (sl == 0) y[(int64_t(st * kStage + r) * Hv + h) * Dv + j] = ov;  // raw; normalised by kernel 3
-      mdot = mn;
     }
     __syncthreads();  // this buffer is refilled by the batch staged in the next iteration
   }
@@ -279,10 +280,10 @@ __global__ void __launch_bounds__(kNormWarps * 32) gdn_out_norm_kernel(GdnShape 
   }
 }
 
-template <int R>
+template <int P, int R>
 void launch_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
                  const float* A_log, const float* dt_bias, float* state, float* y) {
-  launch(c, "gdn_scan_kernel", gdn_scan_kernel<R>, dim3(sh.Hv, sh.Dv / kScanCols), kScanThreads, 0, sh, T, xc, b, a,
+  launch(c, "gdn_scan_kernel", gdn_scan_kernel<P, R>, dim3(sh.Hv, sh.Dv / kScanCols), 32 * P, 0, sh, T, xc, b, a,
          A_log, dt_bias, state, y);
   FERN_CUDA_LAUNCH_CHECK("gdn_scan_kernel");
 }
@@ -309,14 +310,24 @@ void gdn_prefill_conv(const Ctx& c, const GdnShape& sh, int T, const float* mixe
 }
 
 void gdn_prefill_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
-                      const float* A_log, const float* dt_bias, float* state, float* y) {
+                      const float* A_log, const float* dt_bias, float* state, float* y, int slices) {
   FERN_CU_CHECK(gdn_prefill_ok(sh), "gdn_prefill: unsupported head shape");
   FERN_CU_CHECK(T >= 1 && (reinterpret_cast<uintptr_t>(xc) & 15) == 0, "gdn_prefill: no rows or unaligned scratch");
+  if (slices == 0) slices = kDefaultSlices;
+  FERN_CU_CHECK(slices == 4 || (slices == 8 && sh.Dk >= 32), "gdn_prefill_scan: 4 slices, or 8 when Dk >= 32");
+  if (slices == 8) {
+    switch (sh.Dk) {
+      case 128: launch_scan<8, 16>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+      case 64: launch_scan<8, 8>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+      default: launch_scan<8, 4>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    }
+    return;
+  }
   switch (sh.Dk) {
-    case 128: launch_scan<32>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
-    case 64: launch_scan<16>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
-    case 32: launch_scan<8>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
-    default: launch_scan<4>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    case 128: launch_scan<4, 32>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    case 64: launch_scan<4, 16>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    case 32: launch_scan<4, 8>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    default: launch_scan<4, 4>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
   }
 }
 

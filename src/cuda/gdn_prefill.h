@@ -28,7 +28,9 @@ void gdn_prefill(const Ctx& c, const GdnShape& sh, int T, const float* mixed, co
 void gdn_prefill_conv(const Ctx& c, const GdnShape& sh, int T, const float* mixed, const float* conv_w,
                       float* conv_state, float* xc);
 void gdn_prefill_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
-                      const float* A_log, const float* dt_bias, float* state, float* y);
+                      const float* A_log, const float* dt_bias, float* state, float* y, int slices = 0);
+// slices: threads per state column in the scan, 4 (R = Dk/4 state rows in each thread's registers) or 8 (Dk >= 32;
+// twice the warps, half the registers); 0 = the default, 4.
 void gdn_prefill_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, const float* norm_w, float* y);
 
 }  // namespace fern::cuda

@@ -214,5 +214,47 @@ TEST(CudaGdnPrefill, OneCallEqualsSeveral) {
   EXPECT_EQ(test::max_abs_diff(c2.data(), c1.data(), c1.size()), 0.0);
 }
 
+// The scan with 8 threads per state column (cuda::gdn_prefill_scan's other split, run directly) against the
+// default 4 that the backend runs (itself checked against the CPU above), over two calls carrying the state.
+TEST(CudaGdnPrefill, EightSlicesMatchFour) {
+  FERN_REQUIRE_GPU();
+  GdnPair p(kReal, true, 51);
+  CudaBackend& be = p.gpu();
+  const ModelConfig& cfg = p.cfg();
+  const cuda::GdnShape sh = to_cuda(cfg);
+  const GdnWeights& dw = p.device_weights();
+  const int64_t C = cfg.gdn_conv_dim(), V = cfg.gdn_value_dim(), Hv = cfg.linear_num_value_heads;
+  auto s4 = be.new_state(cfg, 1024);
+  auto s8 = be.new_state(cfg, 1024);
+  auto& st8 = dynamic_cast<CudaState&>(*s8);
+  cuda::Ctx c;
+  c.stream = be.stream();
+  c.sms = be.sm_count();
+  int call = 0;
+  for (int T : {300, 64}) {
+    const GdnPair::Inputs in = p.inputs(call++, T);
+    const std::vector<float> o4 = p.run_gpu(*s4, in, T);
+    Tensor mixed = test::upload_f32(be, in.mixed, {T, C}), z = test::upload_f32(be, in.z, {T, V});
+    Tensor b = test::upload_f32(be, in.b, {T, Hv}), a = test::upload_f32(be, in.a, {T, Hv});
+    Tensor y = be.alloc(DType::F32, {T, V});
+    Tensor xc = be.alloc(DType::F32, {cuda::gdn_prefill_scratch_floats(sh, T)});
+    float* conv = st8.conv_state[0].ptr<float>();
+    float* rec = st8.recurrent_state[0].ptr<float>();
+    cuda::gdn_prefill_conv(c, sh, T, mixed.ptr<float>(), dw.conv_w.ptr<float>(), conv, xc.ptr<float>());
+    cuda::gdn_prefill_scan(c, sh, T, xc.ptr<float>(), b.ptr<float>(), a.ptr<float>(), dw.A_log.ptr<float>(),
+                           dw.dt_bias.ptr<float>(), rec, y.ptr<float>(), 8);
+    cuda::gdn_prefill_norm(c, sh, T, z.ptr<float>(), dw.norm_w.ptr<float>(), y.ptr<float>());
+    const std::vector<float> o8 = test::download(be, y);
+    const double e = test::nmse(o8.data(), o4.data(), o4.size());
+    std::printf("gdn prefill scan 8 vs 4 slices T=%d: output NMSE %.3e\n", T, e);
+    EXPECT_LT(e, kNmse);
+  }
+  auto r4 = test::download(be, s4->recurrent_state[0]);
+  auto r8 = test::download(be, s8->recurrent_state[0]);
+  const double es = test::nmse(r8.data(), r4.data(), r4.size());
+  std::printf("gdn prefill scan 8 vs 4 slices: state NMSE %.3e\n", es);
+  EXPECT_LT(es, kNmse);
+}
+
 }  // namespace
 }  // namespace fern
