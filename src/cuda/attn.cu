@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
   pdl_trigger();
   constexpr int D = DPL * 32;
   __shared__ float wm[kWarps][G];
-  __shared__ float sacc[G][D];
+  __shared__ __align__(16) float sacc[G][D];
   __shared__ float sl[G];
   const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z, nsplit = gridDim.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -171,31 +171,48 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
       m[g] = mn;
     }
   }
-  // Merge the warps: block max, then rescaled sums through shared-memory atomics.
-  for (int i = threadIdx.x; i < G * D; i += kThreads) (&sacc[0][0])[i] = 0.0f;
-  if (threadIdx.x < G) sl[threadIdx.x] = 0.0f;
+  // Merge the warps: block max, then the rescaled sums added warp after warp (one barrier each). Version 3 added
+  // them with shared-memory float atomics from all 8 warps at once: 64 per thread on the same G x D addresses, with
+  // 8-way bank conflicts from the lane * DPL layout (float atomics on shared memory are compare-and-swap loops).
   if (lane == 0) {
 #pragma unroll
     for (int g = 0; g < G; ++g) wm[warp][g] = m[g];
   }
   __syncthreads();
+  float f[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     float M = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w][g]);
-    const float f = m[g] == -INFINITY ? 0.0f : __expf(m[g] - M);
-    if (f != 0.0f) {
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) atomicAdd(&sacc[g][lane * DPL + i], acc[g][i] * f);
-      if (lane == 0) atomicAdd(&sl[g], l[g] * f);
-    }
+    f[g] = m[g] == -INFINITY ? 0.0f : __expf(m[g] - M);
     if (warp == 0 && lane == 0) {
       float* ml = part_ml + ((int64_t(t) * sh.Hq + kvh * G + g) * nsplit + sp) * 2;
       ml[0] = M;
     }
   }
-  __syncthreads();
+  for (int w = 0; w < kWarps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float* dst = &sacc[g][lane * DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; i += 4) {
+          float4 a = make_float4(acc[g][i] * f[g], acc[g][i + 1] * f[g], acc[g][i + 2] * f[g], acc[g][i + 3] * f[g]);
+          if (w > 0) {
+            const float4 o = *reinterpret_cast<const float4*>(dst + i);
+            a.x += o.x;
+            a.y += o.y;
+            a.z += o.z;
+            a.w += o.w;
+          }
+          *reinterpret_cast<float4*>(dst + i) = a;
+        }
+        if (lane == 0) sl[g] = (w > 0 ? sl[g] : 0.0f) + l[g] * f[g];
+      }
+    }
+    __syncthreads();
+  }
   for (int i = threadIdx.x; i < G * D; i += kThreads) {
     const int g = i / D, d = i % D;
     part_acc[((int64_t(t) * sh.Hq + kvh * G + g) * nsplit + sp) * D + d] = sacc[g][d];
@@ -234,6 +251,14 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(AttnShape sh, in
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int s = 0;
+    // 16 independent loads per round (version 3: 4, so 64 splits took 16 dependent L2 round trips).
+    for (; s + 16 <= nsplit; s += 16) {
+      float a[16];
+#pragma unroll
+      for (int u = 0; u < 16; ++u) a[u] = acc[int64_t(s + u) * D + d];
+#pragma unroll
+      for (int u = 0; u < 16; ++u) num[u & 3] = fmaf(a[u], fac[s + u], num[u & 3]);
+    }
     for (; s + 4 <= nsplit; s += 4) {
 #pragma unroll
       for (int u = 0; u < 4; ++u) num[u] = fmaf(acc[int64_t(s + u) * D + d], fac[s + u], num[u]);
