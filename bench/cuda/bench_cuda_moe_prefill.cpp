@@ -17,6 +17,8 @@
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fill.h"
+#include "cuda/moe_prefill.h"
+#include "cuda/qweight.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -144,6 +146,59 @@ int main() {
       if (v.path != nullptr) base = ms;
       std::printf("| %d | %s | %.3f | %.1f | %.1fx |\n", T, v.name, ms, flops / (ms * 1e-3) / 1e12,
                   base > 0 ? base / ms : 0.0);
+      std::fflush(stdout);
+    }
+  }
+
+  // Phase breakdown of the default path (the same launches as moe_prefill_, timed one phase at a time).
+  std::printf("\n| T | tile rows | route | group | gate/up | down | combine | gate/up TFLOP/s | down TFLOP/s |\n"
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  Tensor counters = be.alloc(DType::I32, {maxT});
+  FERN_CUDA_CHECK(cudaMemset(counters.data, 0, size_t(maxT) * 4));
+  cuda::Ctx c;
+  c.stream = be.stream();
+  c.sms = be.sm_count();
+  c.pdl = be.pdl();
+  cuda::Ctx rc = c;
+  rc.counters = counters.ptr<int>();
+  rc.n_counters = maxT;
+  const cuda::QW qg = cuda::make_qw(w.gate), qu = cuda::make_qw(w.up), qd = cuda::make_qw(w.down);
+  const cuda::QW qsg = cuda::make_qw(w.shared_gate), qsu = cuda::make_qw(w.shared_up), qsd = cuda::make_qw(w.shared_down);
+  auto buf = [&](DType t, int64_t n) { return be.alloc(t, {n}).data; };
+  cuda::MoeScratch s;
+  s.router_logits = static_cast<float*>(buf(DType::F32, maxT * E));
+  s.sgate_logit = static_cast<float*>(buf(DType::F32, maxT));
+  s.topk_ids = static_cast<int32_t*>(buf(DType::I32, maxT * k));
+  s.topk_w = static_cast<float*>(buf(DType::F32, maxT * k));
+  s.sgate = static_cast<float*>(buf(DType::F32, maxT));
+  s.h = nullptr;
+  float* h_routed = static_cast<float*>(buf(DType::F32, maxT * k * I));
+  float* h_shared = static_cast<float*>(buf(DType::F32, maxT * Is));
+  float* y_pair = static_cast<float*>(buf(DType::F32, maxT * k * H));
+  for (int T : Ts) {
+    for (int bm : {16, 32, 64}) {
+      cuda::MoeGroups g;
+      g.counts = static_cast<int32_t*>(buf(DType::I32, E + 1));
+      g.offsets = static_cast<int32_t*>(buf(DType::I32, E + 1));
+      g.order = static_cast<int32_t*>(buf(DType::I32, int64_t(T) * k));
+      g.tiles = static_cast<int32_t*>(buf(DType::I32, 2 * cuda::moe_max_tiles(T, k, int(E), bm)));
+      g.n_tiles = static_cast<int32_t*>(buf(DType::I32, 1));
+      const float* xp = x.ptr<float>();
+      float* yp = y.ptr<float>();
+      const double t_route = median_ms(c.stream, [&] {
+        cuda::moe_route(rc, cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
+      });
+      const double t_group = median_ms(c.stream, [&] { cuda::moe_group(c, s.topk_ids, T, k, int(E), bm, g); });
+      const double t_gu = median_ms(c.stream, [&] {
+        cuda::moe_grouped_gate_up(c, qg, qu, qsg, qsu, xp, g, T, k, int(E), bm, h_routed, h_shared);
+      });
+      const double t_down = median_ms(c.stream, [&] {
+        cuda::moe_grouped_down(c, qd, qsd, h_routed, h_shared, g, s.topk_w, s.sgate, T, k, int(E), bm, y_pair, yp);
+      });
+      const double t_comb = median_ms(c.stream, [&] { cuda::moe_combine(c, y_pair, yp, T, k, H); });
+      const double f_gu = 2.0 * T * (2.0 * k * H * I + 2.0 * H * Is), f_down = 2.0 * T * (k * H * I + H * Is);
+      std::printf("| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f |\n", T, bm, t_route, t_group, t_gu,
+                  t_down, t_comb, f_gu / (t_gu * 1e-3) / 1e12, f_down / (t_down * 1e-3) / 1e12);
       std::fflush(stdout);
     }
   }
