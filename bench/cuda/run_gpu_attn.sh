@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call for the attention prefill work (docs/notes/cuda-prefill-v2-attn.md), from the repository root with
-# carry [".carry/debs", ".carry/attn-head.tar", ".carry/attn-head.commit"]: build fern, every CUDA test and the attention micro-benchmark from a clean clone of HEAD;
+# carry [".carry/debs", ".carry/attn-head.tar", ".carry/attn-head.commit"]: build fern, every CUDA test and the attention micro-benchmark from an archive of HEAD;
 # run the new test first, then every other CUDA test, the micro-benchmark and `fern bench --phase prefill` on the
 # full-size synthetic model. Logs under $OUT, a summary last.
 set -u

@@ -1,6 +1,7 @@
 // Gated attention core for a chunk of T > 1 prompt rows (prefill) over the chunk and the KV cache of earlier
 // chunks: attn_prep (norms, RoPE, KV append), then the tensor-core flash kernel (attn_prefill.cu) from
-// kAttnPrefillMinRows rows on, the decode kernel below that. Shapes are checked by attn_core.
+// kAttnPrefillMinRows rows on (the decode kernel below that, or when FERN_ATTN_PREFILL=decode). Shapes are checked
+// by attn_core.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -13,8 +14,9 @@ using namespace cuda_backend_detail;
 
 namespace {
 
-// From this many rows the flash kernel is used (docs/notes/cuda-prefill-v2-attn.md has the measurement).
-constexpr int kAttnPrefillMinRows = 4;
+// From this many rows the flash kernel is used: on the H200 it already beat the decode kernel at T = 2 (0.034 vs
+// 0.087 ms at position 4K, 0.058 vs 0.160 ms at 32K; docs/notes/cuda-prefill-v2-attn.md), so every T > 1.
+constexpr int kAttnPrefillMinRows = 2;
 
 // FERN_ATTN_PREFILL=flash / decode forces one kernel for every T > 1 (tests and benchmarks compare them).
 enum class Choice { Auto, Flash, Decode };

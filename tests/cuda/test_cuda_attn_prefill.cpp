@@ -15,9 +15,11 @@ namespace {
 
 // Error sources against the F32 CPU reference: K/V stored as BF16 (the decode kernel measured NMSE 3e-6..7e-6 from
 // that alone), q rounded to BF16 for the MMAs and the softmax weights P rounded to BF16 before P V (each a relative
-// rounding of 2^-9 per element, independent across keys, so of the same order). Expected total ~1e-5.
-// A wrong mask (one key too many or too few), a wrong head or a wrong position gives > 1e-3.
-constexpr double kNmse = 1e-4;
+// rounding of 2^-9 per element, independent across keys, so of the same order). Expected total ~1e-5; measured on
+// the H200: flash 3.5e-6..1.15e-5 over every case below, the decode kernel 2.8e-6..5.6e-6 (the kernels have no
+// atomics: the same seeds give the same values). A wrong mask (one key too many or too few), a wrong head or a wrong
+// position gives > 1e-3; 4e-5 is 3.5x over the largest value measured.
+constexpr double kNmse = 4e-5;
 
 struct Case {
   int Hq = 16, Hkv = 2, D = 256;
@@ -141,7 +143,8 @@ TEST(CudaAttnPrefill, SmallChunksOverLongCacheSplitKv) {
 // Scores ~6x larger (q/k norm weights 2.5): the softmax is peaked and the absolute score error of BF16 operands
 // grows with the score, so the BF16 cache alone already costs the decode kernel more than kNmse. The flash kernel
 // adds the rounding of q (the same size as that of K, so the score error variance about doubles) and of P (the size
-// of V's rounding): expected about 2x the decode kernel's NMSE on the same inputs; 4x allows for the spread.
+// of V's rounding): expected about 2x the decode kernel's NMSE on the same inputs. Measured on the H200: decode
+// 1.9e-5 / 2.4e-5, flash 3.4e-5 / 4.1e-5 (worst ratio 1.76); the bound is 3x.
 TEST(CudaAttnPrefill, PeakedSoftmaxAgainstDecodeKernel) {
   FERN_REQUIRE_GPU();
   Case c;
@@ -159,7 +162,7 @@ TEST(CudaAttnPrefill, PeakedSoftmaxAgainstDecodeKernel) {
     flash = run(c, 1.0);
   }
   std::printf("peaked softmax: worst NMSE decode kernel %.3e, flash %.3e (ratio %.2f)\n", decode, flash, flash / decode);
-  EXPECT_LT(flash, 4.0 * decode);
+  EXPECT_LT(flash, 3.0 * decode);
 }
 
 TEST(CudaAttnPrefill, OtherHeadShapes) {
@@ -188,7 +191,7 @@ TEST(CudaAttnPrefill, AutomaticChoiceAndDecodeKernel) {
   FERN_REQUIRE_GPU();
   Case c;
   c.capacity = 500;
-  c.calls = {2, 3, 64, 1, 130};  // auto: the decode kernel below the switch point, flash above it
+  c.calls = {2, 3, 64, 1, 130};  // auto: flash for every T > 1 (the switch point is 2), the decode kernel at T = 1
   c.seed = 31;
   run(c);
   ForceKernel f("decode");
