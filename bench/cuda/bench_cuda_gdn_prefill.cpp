@@ -1,7 +1,7 @@
 // Gated DeltaNet prefill micro-benchmark (docs/notes/cuda-prefill-v2-gdn.md): one layer's gdn_core at the real
 // shapes (16 key heads, 32 value heads, 128 dims, conv kernel 4) for T rows, the old path (the one-token kernel
 // launched once per row) against the multi-row kernels (conv pre-pass, register-resident scan, gated norm), with
-// the new path's three launches also timed one by one (the scan with 4 and with 8 threads per state column). Inputs are random device fills (decays ~0.98 per row);
+// the new path's three launches also timed one by one (the scan in each of its variants: 4 or 8 threads per state column, 1 or 2 columns per thread). Inputs are random device fills (decays ~0.98 per row);
 // each figure is the median of 7 timed calls (CUDA events, after one warm-up) on a state that keeps evolving.
 #include <cuda_runtime.h>
 
@@ -84,8 +84,8 @@ int main() {
   float* y = dev_uniform(maxT * V, 11, -1.0f, 1.0f);
   float* xc = dev_uniform(cuda::gdn_prefill_scratch_floats(sh, maxT), 12, -1.0f, 1.0f);
 
-  std::printf("| T | per-row gdn_step (ms) | multi-row (ms) | speed-up | conv pre-pass (ms) | scan, 4 slices (ms) | "
-              "scan, 8 slices (ms) | norm (ms) | scan us/row |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| T | per-row gdn_step (ms) | multi-row (ms) | speed-up | conv pre-pass (ms) | scan: 4 slices | 8 slices | "
+              "8 slices x 2 columns (ms) | norm (ms) | default scan us/row |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (int T : Ts) {
     const double old_ms = median_ms(
         [&] {
@@ -97,13 +97,13 @@ int main() {
       cuda::gdn_prefill(ctx, sh, T, mixed, z, b, a, conv_w, A_log, dt_bias, norm_w, conv_state, state, y, xc);
     });
     const double conv_ms = median_ms([&] { cuda::gdn_prefill_conv(ctx, sh, T, mixed, conv_w, conv_state, xc); });
-    const double scan_ms =
-        median_ms([&] { cuda::gdn_prefill_scan(ctx, sh, T, xc, b, a, A_log, dt_bias, state, y, 4); });
-    const double scan8_ms =
-        median_ms([&] { cuda::gdn_prefill_scan(ctx, sh, T, xc, b, a, A_log, dt_bias, state, y, 8); });
+    double scan_ms[4];
+    for (int v = 0; v < 4; ++v)
+      scan_ms[v] = median_ms(
+          [&] { cuda::gdn_prefill_scan(ctx, sh, T, xc, b, a, A_log, dt_bias, state, y, cuda::GdnScan(v)); });
     const double norm_ms = median_ms([&] { cuda::gdn_prefill_norm(ctx, sh, T, z, norm_w, y); });
-    std::printf("| %d | %.3f | %.3f | %.1fx | %.3f | %.3f | %.3f | %.3f | %.3f |\n", T, old_ms, new_ms, old_ms / new_ms,
-                conv_ms, scan_ms, scan8_ms, norm_ms, std::min(scan_ms, scan8_ms) * 1e3 / T);
+    std::printf("| %d | %.3f | %.3f | %.1fx | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", T, old_ms, new_ms,
+                old_ms / new_ms, conv_ms, scan_ms[1], scan_ms[2], scan_ms[3], norm_ms, scan_ms[0] * 1e3 / T);
     std::fflush(stdout);
   }
   for (float* p : {mixed, z, b, a, conv_w, A_log, dt_bias, norm_w, conv_state, state, y, xc})

@@ -58,21 +58,29 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_conv_prep_kernel(GdnShape sh
 
   for (int c = tid; c < D; c += kPrepThreads) {
     const int64_t ch = base + c;
-    float w[kMaxKernel];
+    // The tile's inputs (rows t0-kMaxKernel+1 .. t0+kPrepRows-1; x[i] is row t0-kMaxKernel+1+i) are loaded once,
+    // all before the arithmetic, and the weights are right-aligned to kMaxKernel taps (zeros in front), so every
+    // index below is a compile-time constant and x stays in registers.
+    float wq[kMaxKernel], x[kPrepRows + kMaxKernel - 1];
 #pragma unroll
-    for (int j = 0; j < kMaxKernel; ++j) w[j] = j < KS ? conv_w[ch * KS + j] : 0.0f;
-    for (int r = 0; r < rows; ++r) {
-      const int t = t0 + r;
+    for (int j = 0; j < kMaxKernel; ++j) {
+      const int tap = j - (kMaxKernel - KS);
+      wq[j] = tap >= 0 ? conv_w[ch * KS + tap] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kPrepRows + kMaxKernel - 1; ++i) {
+      const int p = t0 - (kMaxKernel - 1) + i;  // negative: carried from the previous call
+      float v = 0.0f;
+      if (p >= t0 - (KS - 1) && p < t0 + rows)
+        v = p >= 0 ? mixed[int64_t(p) * C + ch] : conv_state[int64_t(KS - 1 + p) * C + ch];
+      x[i] = v;
+    }
+#pragma unroll
+    for (int r = 0; r < kPrepRows; ++r) {
       float acc = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kMaxKernel; ++j) {
-        if (j < KS) {
-          const int p = t - (KS - 1) + j;  // row of the input; negative: carried from the previous call
-          const float x = p >= 0 ? mixed[int64_t(p) * C + ch] : conv_state[int64_t(KS - 1 + p) * C + ch];
-          acc = fmaf(w[j], x, acc);
-        }
-      }
-      buf[r][c] = silu(acc);
+      for (int j = 0; j < kMaxKernel; ++j) acc = fmaf(wq[j], x[r + j], acc);
+      if (r < rows) buf[r][c] = silu(acc);
     }
     if (blockIdx.x == 0) {
       // The new conv state: the last KS-1 inputs of [old state; mixed]. Only this thread reads or writes these
@@ -106,9 +114,10 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_conv_prep_kernel(GdnShape sh
 }
 
 // ---- 2. the delta-rule scan ----
-constexpr int kScanCols = 32;      // value columns per block
-constexpr int kStage = 16;         // rows per cp.async batch
-constexpr int kDefaultSlices = 4;  // threads per column unless the caller asks for another split
+constexpr int kScanCols = 32;  // value columns per block
+constexpr int kStage = 16;     // rows per cp.async batch
+// The variant the backend runs (Dk >= 32; Dk = 16 takes Slices4). TODO(measured): chosen from the second GPU run.
+constexpr GdnScan kDefaultScan = GdnScan::Slices8Cols2;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -117,31 +126,44 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Grid (Hv, Dv/32), 32*P threads. Thread: slice sl = lane % P (rows sl*R .. sl*R+R-1 of the key dimension,
-// Dk = P*R), column j = blockIdx.y*32 + warp*(32/P) + lane/P; the P threads of a column are adjacent lanes, so
-// their sums need log2(P) shuffles. In shared memory each staged q/k row is stored as the P slices' R floats,
-// each followed by 4 pad floats, so the P slices' float4 reads of one step fall in different banks.
-template <int P, int R>
-__global__ void __launch_bounds__(32 * P) gdn_scan_kernel(GdnShape sh, int T, const float* __restrict__ xc,
-                                                          const float* __restrict__ bgate,
-                                                          const float* __restrict__ agate,
-                                                          const float* __restrict__ A_log,
-                                                          const float* __restrict__ dt_bias,
-                                                          float* __restrict__ state, float* __restrict__ y) {
-  static_assert((P == 4 || P == 8) && R % 4 == 0 && R <= 32);
-  constexpr int kThreads = 32 * P;
+// Grid (Hv, Dv/32), 32*P/NC threads: the block's 32 state columns x P slices of the key dimension, NC columns per
+// thread. Thread: slice sl = lane / L (rows sl*R .. sl*R+R-1, Dk = P*R), column group cg = lane % L, with L = 32/P
+// lanes per slice in a warp; its columns are warp*L*NC + c*L + cg (c < NC) of the block. The lanes of one slice
+// are adjacent and read the same q/k addresses, which lets shared memory pack the returns of two lanes (a float4
+// read costs 2 cycles of the SM's 128 B/cycle return path instead of 4); with NC = 2 each q/k value read serves two
+// columns. That path is what bounded the first version (4 slices interleaved lane by lane: 0.40 us per row, the
+// 96 floats each thread reads per row at 4 cycles per float4 x 4 warps ~ 384 cycles per row and SM). Per row a
+// column's P partial sums are added with log2(P) shuffles (lanes L, 2L, ... apart). In shared memory each staged
+// q/k row is stored as the P slices' R floats, each followed by 4 pad floats, so the P distinct float4 addresses of
+// one read fall in different banks.
+template <int P, int R, int NC>
+__global__ void __launch_bounds__(32 * P / NC) gdn_scan_kernel(GdnShape sh, int T, const float* __restrict__ xc,
+                                                               const float* __restrict__ bgate,
+                                                               const float* __restrict__ agate,
+                                                               const float* __restrict__ A_log,
+                                                               const float* __restrict__ dt_bias,
+                                                               float* __restrict__ state, float* __restrict__ y) {
+  static_assert((P == 4 || P == 8) && (NC == 1 || NC == 2) && R % 4 == 0 && R <= 32);
+  constexpr int kThreads = 32 * P / NC;
+  constexpr int L = 32 / P;
   constexpr int KP = P * (R + 4);  // padded row
   constexpr int G = R / 4;         // float4s per slice
   constexpr int F = P * G;         // float4s per row (Dk / 4)
+  constexpr int A = 4 / NC;        // partial accumulators per column for each dot product
   __shared__ __align__(16) float ks[2][kStage + 1][KP];  // k rows t0 .. t0+kStage (one ahead, for S . k_{t+1})
   __shared__ __align__(16) float qs[2][kStage][KP];
   __shared__ __align__(16) float vs[2][kStage][kScanCols];
   __shared__ float decs[2][kStage], betas[2][kStage];
 
-  const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, sl = lane % P;
-  const int jj = (tid >> 5) * (32 / P) + lane / P;
+  const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int sl = lane / L, cg = lane % L;
   const int Dk = P * R, Dv = sh.Dv, Hv = sh.Hv;
-  const int j = blockIdx.y * kScanCols + jj;
+  int jj[NC], j[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    jj[c] = warp * L * NC + c * L + cg;
+    j[c] = blockIdx.y * kScanCols + jj[c];
+  }
   const int64_t C = sh.conv_dim, key_dim = int64_t(sh.Hk) * Dk;
   const int kh = h / (Hv / sh.Hk);
   const float* qsrc = xc + int64_t(kh) * Dk;
@@ -185,19 +207,21 @@ __global__ void __launch_bounds__(32 * P) gdn_scan_kernel(GdnShape sh, int T, co
   };
   auto slice_sum = [](float v) {
 #pragma unroll
-    for (int o = 1; o < P; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = L; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
   };
 
   float* S = state + int64_t(h) * Dk * Dv;
-  float s[R];
+  float s[NC][R];
 #pragma unroll
-  for (int ii = 0; ii < R; ++ii) s[ii] = S[int64_t(sl * R + ii) * Dv + j];
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int ii = 0; ii < R; ++ii) s[c][ii] = S[int64_t(sl * R + ii) * Dv + j[c]];
 
   const int nst = (T + kStage - 1) / kStage;
   stage(0, 0);
   cp_async_commit();
-  float mdot = 0.0f;  // S^T k of the coming row, before that row's decay, summed over the P slices
+  float mdot[NC];  // S^T k of the coming row, before that row's decay, summed over the P slices
   for (int st = 0; st < nst; ++st) {
     const int buf = st & 1;
     if (st + 1 < nst) stage(st + 1, buf ^ 1);
@@ -207,46 +231,66 @@ __global__ void __launch_bounds__(32 * P) gdn_scan_kernel(GdnShape sh, int T, co
     const float* kb = &ks[buf][0][sl * (R + 4)];
     const float* qb = &qs[buf][0][sl * (R + 4)];
     if (st == 0) {
-      float acc = 0.0f;
 #pragma unroll
-      for (int ii = 0; ii < R; ++ii) acc = fmaf(s[ii], kb[ii], acc);
-      mdot = slice_sum(acc);
+      for (int c = 0; c < NC; ++c) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int ii = 0; ii < R; ++ii) acc = fmaf(s[c][ii], kb[ii], acc);
+        mdot[c] = slice_sum(acc);
+      }
     }
     const int rows = min(kStage, T - st * kStage);
     for (int r = 0; r < rows; ++r) {
-      const float dec = decs[buf][r];
+      const float dec = decs[buf][r], beta = betas[buf][r];
       // m = (dec S)^T k_t = dec (S^T k_t); u = beta (v - m); S <- dec S + k_t u^T; o = S^T q_t.
-      const float u = betas[buf][r] * (vs[buf][r][jj] - dec * mdot);
+      float u[NC], o[NC][A], n[NC][A];
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        u[c] = beta * (vs[buf][r][jj[c]] - dec * mdot[c]);
+#pragma unroll
+        for (int e = 0; e < A; ++e) o[c][e] = n[c][e] = 0.0f;
+      }
       const float* kr = kb + r * KP;
       const float* kn = kr + KP;
       const float* qr = qb + r * KP;
-      float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f, n0 = 0.0f, n1 = 0.0f, n2 = 0.0f, n3 = 0.0f;
 #pragma unroll
       for (int ii = 0; ii < R; ii += 4) {
         const float4 k4 = *reinterpret_cast<const float4*>(kr + ii);
         const float4 q4 = *reinterpret_cast<const float4*>(qr + ii);
         const float4 n4 = *reinterpret_cast<const float4*>(kn + ii);
-        s[ii] = fmaf(k4.x, u, s[ii] * dec);
-        s[ii + 1] = fmaf(k4.y, u, s[ii + 1] * dec);
-        s[ii + 2] = fmaf(k4.z, u, s[ii + 2] * dec);
-        s[ii + 3] = fmaf(k4.w, u, s[ii + 3] * dec);
-        o0 = fmaf(s[ii], q4.x, o0);
-        o1 = fmaf(s[ii + 1], q4.y, o1);
-        o2 = fmaf(s[ii + 2], q4.z, o2);
-        o3 = fmaf(s[ii + 3], q4.w, o3);
-        n0 = fmaf(s[ii], n4.x, n0);
-        n1 = fmaf(s[ii + 1], n4.y, n1);
-        n2 = fmaf(s[ii + 2], n4.z, n2);
-        n3 = fmaf(s[ii + 3], n4.w, n3);
+        const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
+        const float nv[4] = {n4.x, n4.y, n4.z, n4.w};
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float& x = s[c][ii + e];
+            x = fmaf(kv[e], u[c], x * dec);
+            o[c][e % A] = fmaf(x, qv[e], o[c][e % A]);
+            n[c][e % A] = fmaf(x, nv[e], n[c][e % A]);
+          }
+        }
       }
-      const float ov = slice_sum((o0 + o1) + (o2 + o3));
-      mdot = slice_sum((n0 + n1) + (n2 + n3));
-      if (sl == 0) y[(int64_t(st * kStage + r) * Hv + h) * Dv + j] = ov;  // raw; normalised by kernel 3
+      const int64_t yrow = (int64_t(st * kStage + r) * Hv + h) * Dv;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        float ov = o[c][0], mn = n[c][0];
+#pragma unroll
+        for (int e = 1; e < A; ++e) {
+          ov += o[c][e];
+          mn += n[c][e];
+        }
+        ov = slice_sum(ov);
+        mdot[c] = slice_sum(mn);
+        if (sl == 0) y[yrow + j[c]] = ov;  // raw; normalised by kernel 3
+      }
     }
     __syncthreads();  // this buffer is refilled by the batch staged in the next iteration
   }
 #pragma unroll
-  for (int ii = 0; ii < R; ++ii) S[int64_t(sl * R + ii) * Dv + j] = s[ii];
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int ii = 0; ii < R; ++ii) S[int64_t(sl * R + ii) * Dv + j[c]] = s[c][ii];
 }
 
 // ---- 3. gated RMSNorm: y = rmsnorm(o) * norm_w * silu(z), per (row, value head) ----
@@ -280,12 +324,25 @@ __global__ void __launch_bounds__(kNormWarps * 32) gdn_out_norm_kernel(GdnShape 
   }
 }
 
-template <int P, int R>
+template <int P, int R, int NC>
 void launch_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
                  const float* A_log, const float* dt_bias, float* state, float* y) {
-  launch(c, "gdn_scan_kernel", gdn_scan_kernel<P, R>, dim3(sh.Hv, sh.Dv / kScanCols), 32 * P, 0, sh, T, xc, b, a,
-         A_log, dt_bias, state, y);
+  launch(c, "gdn_scan_kernel", gdn_scan_kernel<P, R, NC>, dim3(sh.Hv, sh.Dv / kScanCols), 32 * P / NC, 0, sh, T, xc,
+         b, a, A_log, dt_bias, state, y);
   FERN_CUDA_LAUNCH_CHECK("gdn_scan_kernel");
+}
+
+// The variant (slices, columns per thread) for Dk = P * R; R must be a multiple of 4 up to 32.
+template <int P, int NC>
+void launch_scan_dk(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
+                    const float* A_log, const float* dt_bias, float* state, float* y) {
+  switch (sh.Dk / P) {
+    case 32: if constexpr (P == 4) launch_scan<P, 32, NC>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    case 16: launch_scan<P, 16, NC>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    case 8: launch_scan<P, 8, NC>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    case 4: launch_scan<P, 4, NC>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    default: break;
+  }
 }
 
 }  // namespace
@@ -309,25 +366,25 @@ void gdn_prefill_conv(const Ctx& c, const GdnShape& sh, int T, const float* mixe
   FERN_CUDA_LAUNCH_CHECK("gdn_conv_prep_kernel");
 }
 
-void gdn_prefill_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
-                      const float* A_log, const float* dt_bias, float* state, float* y, int slices) {
-  FERN_CU_CHECK(gdn_prefill_ok(sh), "gdn_prefill: unsupported head shape");
-  FERN_CU_CHECK(T >= 1 && (reinterpret_cast<uintptr_t>(xc) & 15) == 0, "gdn_prefill: no rows or unaligned scratch");
-  if (slices == 0) slices = kDefaultSlices;
-  FERN_CU_CHECK(slices == 4 || (slices == 8 && sh.Dk >= 32), "gdn_prefill_scan: 4 slices, or 8 when Dk >= 32");
-  if (slices == 8) {
-    switch (sh.Dk) {
-      case 128: launch_scan<8, 16>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
-      case 64: launch_scan<8, 8>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
-      default: launch_scan<8, 4>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
-    }
-    return;
+bool gdn_scan_ok(const GdnShape& sh, GdnScan v) {
+  if (!gdn_prefill_ok(sh)) return false;
+  switch (v) {
+    case GdnScan::Default: return true;
+    case GdnScan::Slices4: return true;                       // R = Dk/4 in {4, 8, 16, 32}
+    case GdnScan::Slices8: case GdnScan::Slices8Cols2: return sh.Dk >= 32;  // R = Dk/8 in {4, 8, 16}
   }
-  switch (sh.Dk) {
-    case 128: launch_scan<4, 32>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
-    case 64: launch_scan<4, 16>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
-    case 32: launch_scan<4, 8>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
-    default: launch_scan<4, 4>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+  return false;
+}
+
+void gdn_prefill_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
+                      const float* A_log, const float* dt_bias, float* state, float* y, GdnScan variant) {
+  FERN_CU_CHECK(gdn_scan_ok(sh, variant), "gdn_prefill_scan: unsupported head shape for this variant");
+  FERN_CU_CHECK(T >= 1 && (reinterpret_cast<uintptr_t>(xc) & 15) == 0, "gdn_prefill: no rows or unaligned scratch");
+  if (variant == GdnScan::Default) variant = sh.Dk >= 32 ? kDefaultScan : GdnScan::Slices4;
+  switch (variant) {
+    case GdnScan::Slices8: launch_scan_dk<8, 1>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    case GdnScan::Slices8Cols2: launch_scan_dk<8, 2>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
+    default: launch_scan_dk<4, 1>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
   }
 }
 

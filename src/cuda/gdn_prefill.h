@@ -24,13 +24,18 @@ void gdn_prefill(const Ctx& c, const GdnShape& sh, int T, const float* mixed, co
                  const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
                  float* conv_state, float* state, float* y, float* xc);
 
-// The three launches of gdn_prefill, one by one (for benchmarks that time them separately).
+// How the scan splits a value head's state over threads: P slices of the key dimension per state column (the
+// slices' partial dot products are added with shuffles) and 1 or 2 columns per thread. Default: the measured best
+// for the shape.
+enum class GdnScan { Default, Slices4, Slices8, Slices8Cols2 };
+bool gdn_scan_ok(const GdnShape& sh, GdnScan variant);  // Slices8*: Dk >= 32
+
+// The three launches of gdn_prefill, one by one (for tests and benchmarks of the parts and scan variants).
 void gdn_prefill_conv(const Ctx& c, const GdnShape& sh, int T, const float* mixed, const float* conv_w,
                       float* conv_state, float* xc);
 void gdn_prefill_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
-                      const float* A_log, const float* dt_bias, float* state, float* y, int slices = 0);
-// slices: threads per state column in the scan, 4 (R = Dk/4 state rows in each thread's registers) or 8 (Dk >= 32;
-// twice the warps, half the registers); 0 = the default, 4.
+                      const float* A_log, const float* dt_bias, float* state, float* y,
+                      GdnScan variant = GdnScan::Default);
 void gdn_prefill_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, const float* norm_w, float* y);
 
 }  // namespace fern::cuda
