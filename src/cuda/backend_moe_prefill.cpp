@@ -4,8 +4,8 @@
 // Ablation switches (environment, read on every call so that a benchmark can flip them; default = fast path):
 //   FERN_MOE_PATH=rows        the decode kernels over the rows (the path before the grouped GEMMs)
 //   FERN_MOE_ROUTING=host     the top-k ids copied to the host, the grouping built there and uploaded
-//   FERN_MOE_TILE=fixed|16|32|64|adaptive   token rows per GEMM tile (fixed = 64; adaptive from the mean rows per
-//                             expert, see tile_rows)
+//   FERN_MOE_TILE=fixed|16|32|64|adaptive   token rows per GEMM tile (fixed = 64; adaptive, the default, from the
+//                             mean rows per expert, see tile_rows)
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
 #include <cuda_runtime.h>
 
@@ -32,7 +32,11 @@ bool env_is(const char* name, const char* value) {
 // Token rows per tile. A tile costs its full height in MMAs whatever rows it holds, and each tile stages the
 // expert's weights once, so short tiles waste fewer MMAs on experts with few rows and tall tiles re-stage the
 // weights less often. The row counts are on the GPU (reading them would be a host round trip), so the choice is
-// made from their mean, T k / E.
+// made from their mean m = T k / E. Measured on the H200 at the real shape (docs/notes/cuda-prefill-v2-moe.md):
+// m = 16 (T = 512): 32 rows 1.12 ms, 16 rows 1.24, 64 rows 1.57; m = 64 (T = 2048): 64 rows 2.98 ms, 32 rows 3.16,
+// 16 rows 3.95. Hence 32 up to m = 32 and 64 above (the switch point between the two measured means is a guess);
+// 16 only for m <= 4 (short chunks: most experts hold one or two rows, and 16-row tiles issue half the MMAs of
+// 32-row ones for the same weight reads; not measured).
 int tile_rows(int T, int k, int E) {
   const char* v = std::getenv("FERN_MOE_TILE");
   if (v != nullptr && std::strcmp(v, "adaptive") != 0) {
@@ -42,7 +46,7 @@ int tile_rows(int T, int k, int E) {
     return bm;
   }
   const double mean = double(T) * k / E;
-  return mean <= 24 ? 16 : mean <= 48 ? 32 : 64;
+  return mean <= 4 ? 16 : mean <= 32 ? 32 : 64;
 }
 
 // The grouping of moe_prefill.h built on the host from the downloaded top-k ids (ablation: the host round trip).

@@ -146,17 +146,35 @@ constexpr double kNmse = 1e-8;
 // product ~1e-6 per matrix): 1e-4 still separates it from a wrong expert (> 1e-2).
 constexpr double kNmseBf16Weights = 1e-4;
 
-double check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed, const char* what,
-             double limit = kNmse, float mean = 0.0f) {
+// One GPU run under some switches, compared with the CPU output of the same input.
+struct Variant {
+  std::string what;
+  const char* env = nullptr;  // switch name (nullptr: defaults)
+  const char* value = nullptr;
+  double limit = kNmse;
+};
+
+// Runs every variant on one input against one CPU reference (the CPU side is the slow one at real shapes).
+void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed, const std::vector<Variant>& vs,
+           float mean = 0.0f) {
   auto x = inputs(m, T, seed, mean);
   const auto ref = run_cpu(cpu, m, x, T);
-  const auto got = run_gpu(gpu, m, x, T);
-  const double e = test::nmse(got.data(), ref.data(), got.size());
-  std::printf("moe prefill %-28s E=%ld H=%ld I=%ld Is=%ld k=%d bits=%d T=%-5d NMSE %.3e\n", what,
-              long(m.cfg.num_experts), long(m.cfg.hidden_size), long(m.cfg.moe_intermediate_size),
-              long(m.cfg.shared_expert_intermediate_size), m.cfg.num_experts_per_tok, m.host.gate.bits, T, e);
-  EXPECT_LT(e, limit) << what << " T=" << T;
-  return e;
+  for (const Variant& v : vs) {
+    EnvGuard g(v.env != nullptr ? v.env : "FERN_MOE_UNUSED", v.value);
+    const auto got = run_gpu(gpu, m, x, T);
+    const double e = test::nmse(got.data(), ref.data(), got.size());
+    std::printf("moe prefill %-30s E=%ld H=%ld I=%ld Is=%ld k=%d bits=%d T=%-5d NMSE %.3e\n", v.what.c_str(),
+                long(m.cfg.num_experts), long(m.cfg.hidden_size), long(m.cfg.moe_intermediate_size),
+                long(m.cfg.shared_expert_intermediate_size), m.cfg.num_experts_per_tok, m.host.gate.bits, T, e);
+    EXPECT_LT(e, v.limit) << v.what << " T=" << T;
+  }
+}
+
+std::vector<Variant> tile_variants(const char* what) {
+  std::vector<Variant> vs;
+  for (const char* bm : {"16", "32", "64"})
+    vs.push_back({std::string(what) + ", tile " + bm, "FERN_MOE_TILE", bm});
+  return vs;
 }
 
 const Shape kReal{"real", 256, 2048, 512, 512, 8, 4, 64};
@@ -167,30 +185,26 @@ TEST(CudaMoePrefill, RealShapeAgainstCpu) {
   auto cpu = make_cpu_backend();
   auto m = make_model(*gpu, kReal, 11, false);
   ASSERT_TRUE(grouped_ok(*m));
-  for (int T : {2, 17, 64, 300, 2048}) check(*gpu, *cpu, *m, T, 100 + T, "real, default");
+  for (int T : {2, 17, 64, 300, 2048}) check(*gpu, *cpu, *m, T, 100 + T, {{"real, default"}});
 }
 
-// Every tile height, the host-built grouping and the old row-by-row path at one real-shape chunk. The grouped
+// Every tile height, the old row-by-row path and the separate dequantisation at one real-shape chunk. The grouped
 // results must not depend on the order of the pairs inside a group nor on who built the grouping: host and GPU
-// routing give bit-identical outputs.
+// routing give bit-identical outputs, and so do two runs.
 TEST(CudaMoePrefill, AblationSwitches) {
   FERN_REQUIRE_GPU();
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
   auto m = make_model(*gpu, kReal, 12, false);
   const int T = 300;
-  for (const char* bm : {"16", "32", "64", "fixed", "adaptive"}) {
-    EnvGuard e("FERN_MOE_TILE", bm);
-    check(*gpu, *cpu, *m, T, 7, (std::string("tile ") + bm).c_str());
-  }
-  {
-    EnvGuard e("FERN_MOE_PATH", "rows");
-    check(*gpu, *cpu, *m, T, 7, "rows (decode kernels)");
-  }
-  {
-    EnvGuard e("FERN_MOE_DEQUANT", "separate");
-    check(*gpu, *cpu, *m, T, 7, "dequant separate", kNmseBf16Weights);
-  }
+  auto vs = tile_variants("real");
+  vs.push_back({"real, tile fixed", "FERN_MOE_TILE", "fixed"});
+  vs.push_back({"real, tile adaptive", "FERN_MOE_TILE", "adaptive"});
+  vs.push_back({"real, routing host", "FERN_MOE_ROUTING", "host"});
+  vs.push_back({"real, rows (decode kernels)", "FERN_MOE_PATH", "rows"});
+  vs.push_back({"real, dequant separate", "FERN_MOE_DEQUANT", "separate", kNmseBf16Weights});
+  check(*gpu, *cpu, *m, T, 7, vs);
+
   auto x = inputs(*m, T, 8, 0.0f);
   const auto dev_routed = run_gpu(*gpu, *m, x, T);
   const auto again = run_gpu(*gpu, *m, x, T);
@@ -222,10 +236,7 @@ TEST(CudaMoePrefill, HotAndEmptyExperts) {
         ASSERT_NE(std::find(b, e, 0), e) << "token " << t << " does not pick expert 0";
         ASSERT_EQ(std::find(b, e, int32_t(s.E - 1)), e) << "token " << t << " picks expert E-1";
       }
-      for (const char* bm : {"16", "64"}) {
-        EnvGuard g("FERN_MOE_TILE", bm);
-        check(*gpu, *cpu, *m, T, 200 + T, (std::string("hot/empty, tile ") + bm).c_str(), kNmse, 0.5f);
-      }
+      check(*gpu, *cpu, *m, T, 200 + T, tile_variants((std::string("hot/empty ") + s.name).c_str()), 0.5f);
     }
   }
 }
@@ -245,7 +256,7 @@ TEST(CudaMoePrefill, AwkwardShapesAndFormats) {
     SCOPED_TRACE(s.name);
     auto m = make_model(*gpu, s, 14, false);
     ASSERT_TRUE(grouped_ok(*m));
-    for (int T : {2, 17, 300}) check(*gpu, *cpu, *m, T, 300 + T, s.name);
+    for (int T : {2, 17, 300}) check(*gpu, *cpu, *m, T, 300 + T, tile_variants(s.name));
   }
 }
 
@@ -257,7 +268,7 @@ TEST(CudaMoePrefill, FallbackForUnsupportedWidth) {
   auto cpu = make_cpu_backend();
   auto m = make_model(*gpu, {"bf16 I 40", 8, 256, 40, 64, 2, 16, 0}, 15, false);
   ASSERT_FALSE(grouped_ok(*m));
-  check(*gpu, *cpu, *m, 33, 400, "fallback bf16 I 40");
+  check(*gpu, *cpu, *m, 33, 400, {{"fallback bf16 I 40"}});
 }
 
 }  // namespace
