@@ -57,6 +57,8 @@ class CudaBackend : public Backend {
   void attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
                  SequenceState& state, int layer) override;
   void moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) override;
+  void add_rmsnorm_moe(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
+                       const MoeWeights& w, const ModelConfig& cfg) override;
   void argmax(Tensor ids, Tensor logits) override;
   void advance(SequenceState& state, int64_t n) override;
 
@@ -116,6 +118,9 @@ class CudaBackend : public Backend {
                      SequenceState& state, int layer);
   void moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg);
   void moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg);
+  // The one-launch MoE of one token (backend_moe_decode.cpp); with `norm` it also computes its input. False: not
+  // taken (formats, shapes, FERN_CUDA_MOE_FUSED=0), nothing launched.
+  bool moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg, const cuda::MoeNorm* norm);
 
   int device_ = 0;
   int sms_ = 0;

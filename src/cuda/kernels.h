@@ -96,7 +96,17 @@ struct MoeQW {
   QW sgate, sup, sdown;  // shared expert
 };
 constexpr int kMoeFusedCounters = 5;
-bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk);
+// With `norm`, the input is computed by the kernel: resid += delta; x = rmsnorm(resid) * w (written to xn when
+// non-null); `x` is then unused and `out` may alias delta. Needs H <= 2048.
+struct MoeNorm {
+  float* resid = nullptr;
+  const float* delta = nullptr;
+  const float* w = nullptr;
+  float eps = 0.0f;
+  float* xn = nullptr;
+};
+bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
+               const MoeNorm* norm = nullptr);
 
 // ---- Gated DeltaNet (MODEL.md 2.4), one token row t of a call ----
 struct GdnShape {

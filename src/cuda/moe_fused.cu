@@ -155,7 +155,32 @@ struct FusedArgs {
   float* out;                 // [H]
   int* counters;              // kFusedCounters ints, zero before the first launch
   int topk;
+  MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
 };
+
+// Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
+constexpr int kNormV = 2;
+
+// Writes float4 f of a row into the lane-major staging layout of BITS (qdot.cuh).
+template <int BITS>
+__device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
+  constexpr int F4 = ChunkTraits<BITS>::kF4;
+  xs[x_slot<BITS, 32>(f / F4, f % F4)] = v;
+}
+
+template <int BITS>
+__device__ __forceinline__ void chunk_sums(const float4* xs, int n, float* xc) {
+  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
+  for (int c = threadIdx.x; c < n / E; c += blockDim.x) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < F4; ++k) {
+      const float4 v = xs[x_slot<BITS, 32>(c, k)];
+      s += (v.x + v.y) + (v.z + v.w);
+    }
+    xc[c] = s;
+  }
+}
 
 template <int RB, int B>
 __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
@@ -213,8 +238,45 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
       a.counters[3 + o] = 0;
     }
   }
-  stage_x<RB, 32>(a.x, H, xr, xrc);
-  stage_x<B, 32>(a.x, H, xe, xec);  // (ends with a barrier: epoch_s is visible)
+  float4 rsum[kNormV];  // resid + delta (norm mode), written back by block 0 once every block has read resid
+  if (a.norm.resid == nullptr) {
+    stage_x<RB, 32>(a.x, H, xr, xrc);
+    stage_x<B, 32>(a.x, H, xe, xec);  // (ends with a barrier: epoch_s is visible)
+  } else {
+    // The residual add + RMSNorm that precedes the block (MODEL.md 2.0), computed by every block from L2: one
+    // launch less per layer. Nobody writes resid during this launch until the first handoff.
+    __shared__ float red[32];
+    const float4* r4 = reinterpret_cast<const float4*>(a.norm.resid);
+    const float4* d4 = reinterpret_cast<const float4*>(a.norm.delta);
+    const float4* w4 = reinterpret_cast<const float4*>(a.norm.w);
+    float ss = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kNormV; ++q) {
+      const int f = threadIdx.x + q * kThreads;
+      if (f < H / 4) {
+        const float4 r = __ldcg(r4 + f), d = __ldcg(d4 + f);
+        rsum[q] = make_float4(r.x + d.x, r.y + d.y, r.z + d.z, r.w + d.w);
+        ss += rsum[q].x * rsum[q].x + rsum[q].y * rsum[q].y + rsum[q].z * rsum[q].z + rsum[q].w * rsum[q].w;
+      }
+    }
+    const float inv = rsqrtf(block_sum(ss, red) / float(H) + a.norm.eps);
+#pragma unroll
+    for (int q = 0; q < kNormV; ++q) {
+      const int f = threadIdx.x + q * kThreads;
+      if (f < H / 4) {
+        const float4 w = __ldg(w4 + f);
+        const float4 xv =
+            make_float4(rsum[q].x * inv * w.x, rsum[q].y * inv * w.y, rsum[q].z * inv * w.z, rsum[q].w * inv * w.w);
+        put_x<RB>(xr, f, xv);
+        put_x<B>(xe, f, xv);
+        if (blockIdx.x == 0 && a.norm.xn) reinterpret_cast<float4*>(a.norm.xn)[f] = xv;
+      }
+    }
+    __syncthreads();
+    chunk_sums<RB>(xr, H, xrc);
+    chunk_sums<B>(xe, H, xec);
+    __syncthreads();  // epoch_s is visible too
+  }
   pdl_trigger();
   const int epoch = epoch_s, par = epoch & 1;
   for (int u = v; u < n_p1; u += W) {
@@ -237,6 +299,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     }
   }
   grid_handoff(a.counters + 1 + par, 0, a.counters, false);
+  if (a.norm.resid != nullptr && blockIdx.x == 0) {  // every block has read resid by now
+#pragma unroll
+    for (int q = 0; q < kNormV; ++q) {
+      const int f = threadIdx.x + q * kThreads;
+      if (f < H / 4) reinterpret_cast<float4*>(a.norm.resid)[f] = rsum[q];
+    }
+  }
 
   // ---- top-k in every block, then the expert tables ----
   if (threadIdx.x < 32) topk_warp(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s);
@@ -368,7 +437,8 @@ bool launch_fused(const Ctx& c, const FusedArgs& a) {
 
 }  // namespace
 
-bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk) {
+bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
+               const MoeNorm* norm) {
   const int64_t H = w.router.in, E = w.router.out, I = w.gate.out, Is = w.sgate.out;
   const int RB = w.router.bits, B = w.gate.bits;
   if (c.n_counters < kMoeFusedCounters || topk < 1 || topk > 32 || topk > E || E > 32 * kTopkMaxPerLane) return false;
@@ -384,7 +454,9 @@ bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s
   if (B != 4) return false;
   const int eb = 128 / B, er = 128 / RB;
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
-  FusedArgs a{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk};
+  if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads)) return false;
+  FusedArgs a{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
+              norm != nullptr ? *norm : MoeNorm{}};
   if (RB == 8 && B == 4) return launch_fused<8, 4>(c, a);
   if (RB == 4 && B == 4) return launch_fused<4, 4>(c, a);
   return false;

@@ -85,8 +85,7 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
     else
       attn_mixer(be, L.attn, cfg, st, il, xn, mix, delta);
     dump(fmt::format("L{}.mixer_out", il), delta);
-    be.add_rmsnorm(h, delta, xn, L.post_norm, eps);                      // r = h + a; xn = RMSNorm(r)
-    be.moe(delta, xn, L.moe, cfg);
+    be.add_rmsnorm_moe(h, delta, xn, L.post_norm, eps, delta, L.moe, cfg);  // r = h + a; xn = RMSNorm(r); MoE(xn)
     dump(fmt::format("L{}.moe_out", il), delta);
     // h = r + MoE(..); xn = the next layer's input norm (or the final norm after the last layer).
     const Tensor& next_norm = il + 1 < cfg.num_hidden_layers ? w.layers[il + 1].input_norm : w.final_norm;

@@ -95,6 +95,14 @@ class Backend {
   // Sparse MoE block, MODEL.md 2.5: router softmax -> top-k -> renormalise, the selected experts' SwiGLU, the
   // weighted sum, plus the sigmoid-gated shared expert.  x [T, H] -> out [T, H].
   virtual void moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) = 0;
+  // The post-mixer half of a layer: add_rmsnorm(resid, delta, xn, norm_w, eps), then moe(out, xn, w, cfg). out may
+  // be delta. A backend may fuse the two (the CUDA decode path computes the norm inside its MoE kernel); by default,
+  // one op after the other.
+  virtual void add_rmsnorm_moe(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
+                               const MoeWeights& w, const ModelConfig& cfg) {
+    add_rmsnorm(resid, delta, xn, norm_w, eps);
+    moe(out, xn, w, cfg);
+  }
   // ids[t] = argmax_j logits[t, j] (lowest index on ties). logits [T, V] -> ids I32 [T].
   virtual void argmax(Tensor ids, Tensor logits) = 0;
   // state.pos += n (a backend that keeps a device copy of the position updates it too).

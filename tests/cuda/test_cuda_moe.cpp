@@ -249,3 +249,84 @@ TEST(CudaMoe, FusedDecodeRefusesOtherFormats) {
 
 }  // namespace
 }  // namespace fern
+
+namespace fern {
+namespace {
+
+// The fused kernel computing its own input (add_rmsnorm_moe: resid += delta, x = RMSNorm(resid), MoE(x)), with the
+// output written over delta as the forward pass does, against the CPU backend's add_rmsnorm then moe: the MoE output,
+// the updated residual and the normed row. Twice per case (both counter pairs). The residual and the norm are exact
+// up to fp32 rounding of one sum (NMSE ~1e-14 expected); the MoE output has the threshold of run_case. The first
+// call runs the kernel directly, the second through CudaBackend::add_rmsnorm_moe.
+TEST(CudaMoe, FusedDecodeWithNorm) {
+  FERN_REQUIRE_GPU();
+  const MoeCase cases[] = {
+      {"norm real", 256, 2048, 512, 512, 8, 4, 1},
+      {"norm small odd", 40, 320, 192, 64, 5, 4, 1},
+  };
+  for (const MoeCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto gpu = test::make_gpu();
+    auto cpu = make_cpu_backend();
+    test::OwnedStorage st;
+    const uint64_t seed = uint64_t(c.E * 5 + c.H);
+    MoeWeights hw = make_moe(st, c, seed);
+    MoeWeights dw = to_device(*gpu, hw);
+    const ModelConfig cfg = moe_config(c);
+    const float eps = 1e-6f;
+    auto nw = test::randn(size_t(c.H), seed + 1, 0.3f);
+    for (float& v : nw) v += 1.0f;
+    Tensor dnw = test::upload_f32(*gpu, nw, {c.H});
+    for (int rep = 0; rep < 2; ++rep) {
+      auto resid = test::randn(size_t(c.H), seed + 10 + rep), delta = test::randn(size_t(c.H), seed + 20 + rep, 0.5f);
+      std::vector<float> r_cpu = resid, xn_cpu(size_t(c.H)), out_cpu(size_t(c.H));
+      cpu->begin_forward();
+      cpu->add_rmsnorm(test::host_f32(r_cpu, {1, c.H}), test::host_f32(delta, {1, c.H}), test::host_f32(xn_cpu, {1, c.H}),
+                       test::host_f32(nw, {c.H}), eps);
+      cpu->moe(test::host_f32(out_cpu, {1, c.H}), test::host_f32(xn_cpu, {1, c.H}), hw, cfg);
+      gpu->begin_forward();
+      Tensor dr = test::upload_f32(*gpu, resid, {1, c.H}), dd = test::upload_f32(*gpu, delta, {1, c.H});
+      Tensor dxn = gpu->alloc(DType::F32, {1, c.H});
+      if (rep == 0) {
+        // Directly, so that a fall-back to add_rmsnorm + moe cannot pass for the fused kernel.
+        Tensor counters = gpu->alloc(DType::I32, {8});
+        std::vector<float> zero(8, 0.0f);  // 0.0f has the bit pattern of int 0
+        gpu->copy(counters, test::host_f32(zero, {8}));
+        cuda::Ctx ctx;
+        ctx.stream = gpu->stream();
+        ctx.sms = gpu->sm_count();
+        ctx.pdl = gpu->pdl();
+        ctx.counters = counters.ptr<int>();
+        ctx.n_counters = cuda::kMoeFusedCounters;
+        auto scratch = [&](int64_t n) { return gpu->alloc(DType::F32, {n}); };
+        Tensor logits = scratch(c.E), sgl = scratch(1), w = scratch(c.k), sg = scratch(1), h = scratch(c.k * c.I + c.Is);
+        Tensor ids = gpu->alloc(DType::I32, {c.k});
+        const cuda::MoeScratch s{logits.ptr<float>(), sgl.ptr<float>(), ids.ptr<int32_t>(), w.ptr<float>(),
+                                 sg.ptr<float>(), h.ptr<float>()};
+        cuda::MoeNorm n;
+        n.resid = dr.ptr<float>();
+        n.delta = dd.ptr<float>();
+        n.w = dnw.ptr<float>();
+        n.eps = eps;
+        n.xn = dxn.ptr<float>();
+        ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n));
+      } else {
+        gpu->add_rmsnorm_moe(dr, dd, dxn, dnw, eps, dd, dw, cfg);  // the backend op the forward pass calls
+      }
+      const auto out = test::download(*gpu, dd), r = test::download(*gpu, dr), xn = test::download(*gpu, dxn);
+      const double e_out = test::nmse(out.data(), out_cpu.data(), out.size());
+      const double e_r = test::nmse(r.data(), r_cpu.data(), r.size());
+      const double e_xn = test::nmse(xn.data(), xn_cpu.data(), xn.size());
+      std::printf("moe %-18s call %d  NMSE out %.3e resid %.3e xn %.3e\n", c.name, rep, e_out, e_r, e_xn);
+      EXPECT_LT(e_out, kNmse);
+      // One fp32 add per element (exact same operation order): expected 0; 1e-12 allows a fused multiply-add.
+      EXPECT_LT(e_r, 1e-12);
+      // The sum of squares in another order: relative error ~1e-7 in the scale, NMSE ~1e-14; a wrong weight or
+      // eps gives > 1e-6.
+      EXPECT_LT(e_xn, 1e-10);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fern
