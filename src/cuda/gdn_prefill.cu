@@ -116,7 +116,8 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_conv_prep_kernel(GdnShape sh
 // ---- 2. the delta-rule scan ----
 constexpr int kScanCols = 32;  // value columns per block
 constexpr int kStage = 16;     // rows per cp.async batch
-// The variant the backend runs (Dk >= 32; Dk = 16 takes Slices4). TODO(measured): chosen from the second GPU run.
+// The variant the backend runs (Dk >= 32; Dk = 16 takes Slices4): the fastest of the three at every measured T
+// (64 .. 4096; 1.25-1.5x the 4-slice scan).
 constexpr GdnScan kDefaultScan = GdnScan::Slices8Cols2;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -129,13 +130,14 @@ __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wai
 // Grid (Hv, Dv/32), 32*P/NC threads: the block's 32 state columns x P slices of the key dimension, NC columns per
 // thread. Thread: slice sl = lane / L (rows sl*R .. sl*R+R-1, Dk = P*R), column group cg = lane % L, with L = 32/P
 // lanes per slice in a warp; its columns are warp*L*NC + c*L + cg (c < NC) of the block. The lanes of one slice
-// are adjacent and read the same q/k addresses, which lets shared memory pack the returns of two lanes (a float4
-// read costs 2 cycles of the SM's 128 B/cycle return path instead of 4); with NC = 2 each q/k value read serves two
-// columns. That path is what bounded the first version (4 slices interleaved lane by lane: 0.40 us per row, the
-// 96 floats each thread reads per row at 4 cycles per float4 x 4 warps ~ 384 cycles per row and SM). Per row a
-// column's P partial sums are added with log2(P) shuffles (lanes L, 2L, ... apart). In shared memory each staged
-// q/k row is stored as the P slices' R floats, each followed by 4 pad floats, so the P distinct float4 addresses of
-// one read fall in different banks.
+// are adjacent and read the same q/k addresses (so shared memory may pack two lanes' returns), and with NC = 2 each
+// q/k value read serves two columns. Per row a column's P partial sums are added with log2(P) shuffles (lanes L,
+// 2L, ... apart). In shared memory each staged q/k row is stored as the P slices' R floats, each followed by 4 pad
+// floats, so the P distinct float4 addresses of one read fall in different banks.
+// Measured (H200, T = 2048, docs/notes/cuda-prefill-v2-gdn.md): 4 slices 0.83 ms (the same as with the slices
+// interleaved lane by lane), 8 slices 0.68 ms (0.99 interleaved), 8 slices x 2 columns 0.56 ms = 0.27 us per row,
+// ~520 cycles for ~175 instructions per warp: one warp per scheduler, so the per-row dependency chain (shuffle
+// sums -> u -> update and dot products -> shuffle sums) sets the pace, not issue or bandwidth.
 template <int P, int R, int NC>
 __global__ void __launch_bounds__(32 * P / NC) gdn_scan_kernel(GdnShape sh, int T, const float* __restrict__ xc,
                                                                const float* __restrict__ bgate,
