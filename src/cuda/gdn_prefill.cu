@@ -2,9 +2,10 @@
 //  1. gdn_conv_prep_kernel: causal conv + SiLU of every channel of every row, the carried conv state read for the
 //     first kernel-1 rows and then replaced by the chunk's last kernel-1 inputs, q and k l2-normalised (q also
 //     scaled by Dk^-1/2), all into the scratch xc [T, conv_dim]. Fully parallel over rows and heads.
-//  2. gdn_scan_kernel: the delta rule, sequential over the T rows. Block (value head h, 32 value columns), 32*P
-//     threads = 32 columns x P slices of the key dimension (P = 4 by default); each thread holds R = Dk/P elements
-//     of its state column S[:, j] in registers for the whole call (the state is read once and written once). Rows
+//  2. gdn_scan_kernel: the delta rule, sequential over the T rows. Block (value head h, 32 value columns), 32*P/NC
+//     threads = 32 columns x P slices of the key dimension, NC columns per thread (default P = 8, NC = 2); each
+//     thread holds R = Dk/P elements of each of its state columns S[:, j] in registers for the whole call (the
+//     state is read once and written once). Rows
 //     of q, k, v are staged through shared memory 16 at a time with cp.async, one batch ahead. One pass over the
 //     registers per row does the decay and rank-1 update, o_j = S[:, j] . q_t and S[:, j] . k_{t+1}, which is what
 //     the next row needs for m = S^T k (times its decay), so a row costs one pass and one P-lane shuffle reduction.
