@@ -111,15 +111,20 @@ int main() {
     const char* routing;
     const char* tile;
     const char* dequant;
+    const char* prefetch;
   };
   const Variant variants[] = {
-      {"row-by-row decode kernels (before)", "rows", nullptr, nullptr, nullptr},
-      {"grouped, default (GPU routing, adaptive tile, fused dequant)", nullptr, nullptr, nullptr, nullptr},
-      {"grouped, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr},
-      {"grouped, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr},
-      {"grouped, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr},
-      {"grouped, FERN_MOE_ROUTING=host", nullptr, "host", nullptr, nullptr},
-      {"grouped, FERN_MOE_DEQUANT=separate", nullptr, nullptr, nullptr, "separate"},
+      {"row-by-row decode kernels (before)", "rows", nullptr, nullptr, nullptr, nullptr},
+      {"grouped, default (GPU routing, adaptive tile, fused dequant)", nullptr, nullptr, nullptr, nullptr, nullptr},
+      {"grouped, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr},
+      {"grouped, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
+      {"grouped, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr},
+      {"grouped, FERN_MOE_ROUTING=host", nullptr, "host", nullptr, nullptr, nullptr},
+      {"grouped, FERN_MOE_DEQUANT=separate", nullptr, nullptr, nullptr, "separate", nullptr},
+      {"grouped, FERN_MOE_PREFETCH=1 (adaptive tile)", nullptr, nullptr, nullptr, nullptr, "1"},
+      {"grouped, FERN_MOE_PREFETCH=1, tile 16", nullptr, nullptr, "16", nullptr, "1"},
+      {"grouped, FERN_MOE_PREFETCH=1, tile 32", nullptr, nullptr, "32", nullptr, "1"},
+      {"grouped, FERN_MOE_PREFETCH=1, tile 64", nullptr, nullptr, "64", nullptr, "1"},
   };
   const int Ts[] = {512, 2048};
   const int maxT = 2048;
@@ -139,6 +144,7 @@ int main() {
       set_env("FERN_MOE_ROUTING", v.routing);
       set_env("FERN_MOE_TILE", v.tile);
       set_env("FERN_MOE_DEQUANT", v.dequant);
+      set_env("FERN_MOE_PREFETCH", v.prefetch);
       const double ms = median_ms(be.stream(), [&] {
         be.begin_forward();
         be.moe(yt, xt, w, cfg);
@@ -151,8 +157,9 @@ int main() {
   }
 
   // Phase breakdown of the default path (the same launches as moe_prefill_, timed one phase at a time).
-  std::printf("\n| T | tile rows | route | group | gate/up | down | combine | gate/up TFLOP/s | down TFLOP/s |\n"
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "\n| T | tile rows | prefetch | route | group | gate/up | down | combine | gate/up TFLOP/s | down TFLOP/s |\n"
+      "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
   Tensor counters = be.alloc(DType::I32, {maxT});
   FERN_CUDA_CHECK(cudaMemset(counters.data, 0, size_t(maxT) * 4));
   cuda::Ctx c;
@@ -163,7 +170,8 @@ int main() {
   rc.counters = counters.ptr<int>();
   rc.n_counters = maxT;
   const cuda::QW qg = cuda::make_qw(w.gate), qu = cuda::make_qw(w.up), qd = cuda::make_qw(w.down);
-  const cuda::QW qsg = cuda::make_qw(w.shared_gate), qsu = cuda::make_qw(w.shared_up), qsd = cuda::make_qw(w.shared_down);
+  const cuda::QW qsg = cuda::make_qw(w.shared_gate), qsu = cuda::make_qw(w.shared_up);
+  const cuda::QW qsd = cuda::make_qw(w.shared_down);
   auto buf = [&](DType t, int64_t n) { return be.alloc(t, {n}).data; };
   cuda::MoeScratch s;
   s.router_logits = static_cast<float*>(buf(DType::F32, maxT * E));
@@ -176,7 +184,9 @@ int main() {
   float* h_shared = static_cast<float*>(buf(DType::F32, maxT * Is));
   float* y_pair = static_cast<float*>(buf(DType::F32, maxT * k * H));
   for (int T : Ts) {
-    for (int bm : {16, 32, 64}) {
+    for (int v = 0; v < 6; ++v) {
+      const int bm = 16 << (v / 2);
+      const bool pf = v % 2 == 1;
       cuda::MoeGroups g;
       g.counts = static_cast<int32_t*>(buf(DType::I32, E + 1));
       g.offsets = static_cast<int32_t*>(buf(DType::I32, E + 1));
@@ -190,15 +200,17 @@ int main() {
       });
       const double t_group = median_ms(c.stream, [&] { cuda::moe_group(c, s.topk_ids, T, k, int(E), bm, g); });
       const double t_gu = median_ms(c.stream, [&] {
-        cuda::moe_grouped_gate_up(c, qg, qu, qsg, qsu, xp, g, T, k, int(E), bm, h_routed, h_shared);
+        cuda::moe_grouped_gate_up(c, qg, qu, qsg, qsu, xp, g, T, k, int(E), bm, pf, h_routed, h_shared);
       });
       const double t_down = median_ms(c.stream, [&] {
-        cuda::moe_grouped_down(c, qd, qsd, h_routed, h_shared, g, s.topk_w, s.sgate, T, k, int(E), bm, y_pair, yp);
+        cuda::moe_grouped_down(c, qd, qsd, h_routed, h_shared, g, s.topk_w, s.sgate, T, k, int(E), bm, pf, y_pair,
+                               yp);
       });
       const double t_comb = median_ms(c.stream, [&] { cuda::moe_combine(c, y_pair, yp, T, k, H); });
       const double f_gu = 2.0 * T * (2.0 * k * H * I + 2.0 * H * Is), f_down = 2.0 * T * (k * H * I + H * Is);
-      std::printf("| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f |\n", T, bm, t_route, t_group, t_gu,
-                  t_down, t_comb, f_gu / (t_gu * 1e-3) / 1e12, f_down / (t_down * 1e-3) / 1e12);
+      std::printf("| %d | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f |\n", T, bm, pf ? "yes" : "no",
+                  t_route, t_group, t_gu, t_down, t_comb, f_gu / (t_gu * 1e-3) / 1e12,
+                  f_down / (t_down * 1e-3) / 1e12);
       std::fflush(stdout);
     }
   }

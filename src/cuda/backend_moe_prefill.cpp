@@ -7,6 +7,7 @@
 //   FERN_MOE_TILE=fixed|16|32|64|adaptive   token rows per GEMM tile (fixed = 64; adaptive, the default, from the
 //                             mean rows per expert, see tile_rows)
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
+//   FERN_MOE_PREFETCH=1       the tile loop issues the next k tile's global loads before the current tile's MMAs
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -143,8 +144,10 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   float* h_routed = scratch(DType::F32, {int64_t(T) * k, I}).ptr<float>();
   float* h_shared = scratch(DType::F32, {T, Is}).ptr<float>();
   float* y_pair = scratch(DType::F32, {int64_t(T) * k, H}).ptr<float>();
-  cuda::moe_grouped_gate_up(ctx(), gate, up, sgate, sup, xp, g, T, k, Ei, bm, h_routed, h_shared);
-  cuda::moe_grouped_down(ctx(), down, sdown, h_routed, h_shared, g, s.topk_w, s.sgate, T, k, Ei, bm, y_pair, op);
+  const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");
+  cuda::moe_grouped_gate_up(ctx(), gate, up, sgate, sup, xp, g, T, k, Ei, bm, prefetch, h_routed, h_shared);
+  cuda::moe_grouped_down(ctx(), down, sdown, h_routed, h_shared, g, s.topk_w, s.sgate, T, k, Ei, bm, prefetch, y_pair,
+                         op);
   cuda::moe_combine(ctx(), y_pair, op, T, k, H);
 }
 

@@ -88,30 +88,44 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 __device__ __forceinline__ uint32_t ld_u32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// Writes 16 weight values (the k segment starting at k of one row) into shared memory as bf16. Affine: the codes.
+// Raw words of one 16-value k segment of a weight row: 8 (bf16), 4 (8-bit codes) or 2 (4-bit codes).
 template <int BITS>
-__device__ __forceinline__ void stage_w_seg(const void* row, int k, __nv_bfloat16* dst) {
-  uint32_t out[8];
+constexpr int kSegWords = BITS == 16 ? 8 : BITS == 8 ? 4 : 2;
+
+template <int BITS>
+__device__ __forceinline__ void load_w_seg(const void* row, int k, uint32_t (&w)[kSegWords<BITS>]) {
   if constexpr (BITS == 16) {
     const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + k);
     const uint4 a = __ldg(src), b = __ldg(src + 1);
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
   } else if constexpr (BITS == 8) {
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(row) + k / 4));
-    const uint32_t ws[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      out[2 * i] = pack_bf16(float(ws[i] & 0xff), float((ws[i] >> 8) & 0xff));
-      out[2 * i + 1] = pack_bf16(float((ws[i] >> 16) & 0xff), float(ws[i] >> 24));
-    }
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
   } else {
     const uint2 v = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint32_t*>(row) + k / 8));
-    const uint32_t ws[2] = {v.x, v.y};
+    w[0] = v.x, w[1] = v.y;
+  }
+}
+
+// Writes the 16 values of a loaded segment into shared memory as bf16. Affine: the codes (exact in bf16).
+template <int BITS>
+__device__ __forceinline__ void store_w_seg(const uint32_t (&w)[kSegWords<BITS>], __nv_bfloat16* dst) {
+  uint32_t out[8];
+  if constexpr (BITS == 16) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = w[i];
+  } else if constexpr (BITS == 8) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = pack_bf16(float(w[i] & 0xff), float((w[i] >> 8) & 0xff));
+      out[2 * i + 1] = pack_bf16(float((w[i] >> 16) & 0xff), float(w[i] >> 24));
+    }
+  } else {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        out[4 * i + j] = pack_bf16(float((ws[i] >> (8 * j)) & 0xf), float((ws[i] >> (8 * j + 4)) & 0xf));
+        out[4 * i + j] = pack_bf16(float((w[i] >> (8 * j)) & 0xf), float((w[i] >> (8 * j + 4)) & 0xf));
     }
   }
   uint4* d = reinterpret_cast<uint4*>(dst);
@@ -119,12 +133,23 @@ __device__ __forceinline__ void stage_w_seg(const void* row, int k, __nv_bfloat1
   d[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
+// What one thread stages for one k tile, held in registers between the global loads and the shared-memory stores
+// (so that with PREFETCH the loads of tile i + 1 are in flight while tile i's MMAs run).
+template <int BITS>
+struct Stage {
+  float x[16];                       // x values of the thread's row and segment (zeros for padding)
+  uint32_t w[2][kSegWords<BITS>];    // raw weight words of the thread's two segments
+  float sc[2], bi[2];                // their group's scale and bias (affine)
+};
+
 // acc[mt][nt][i] += x[row] . W[col] over the whole width K for the block's tile, where (Layout) row =
 // row0(warp) + mt * 16 + lane / 4 + 8 * (i / 2) and col = col0(warp) + nt * 8 + 2 * (lane % 4) + i % 2.
 // Staging roles: thread tid stages x row tid / 4 (16 values at segment tid % 4; threads past 4 * BM stage none)
 // from `xrow` (nullptr: a padding row), and weight row tid / 2 (segments 2 (tid % 2) and 2 (tid % 2) + 1) from
-// `wsrc`. gs: the affine group size (ignored for BITS == 16). Ends with a barrier, so the caller may reuse `sm`.
-template <int BITS, int WM, int MT, int NT>
+// `wsrc`. gs: the affine group size (ignored for BITS == 16). PREFETCH: the global loads of the next k tile are
+// issued before the current tile's MMAs (register double buffering; costs the registers of one Stage). Ends with a
+// barrier, so the caller may reuse `sm`.
+template <int BITS, int WM, int MT, int NT, bool PREFETCH = false>
 __device__ __forceinline__ void mainloop(Smem<16 * WM * MT>& sm, int K, int gs, const float* __restrict__ xrow,
                                          const RowSrc& wsrc, float (&acc)[MT][NT][4]) {
   using L = Layout<WM, MT, NT>;
@@ -140,29 +165,50 @@ __device__ __forceinline__ void mainloop(Smem<16 * WM * MT>& sm, int K, int gs, 
   const bool x_role = xr < BM;
   const int wr = tid >> 1, wseg = (tid & 1) * 2;
 
-  for (int k0 = 0; k0 < K; k0 += kBK) {
+  auto load_x = [&](int k0, Stage<BITS>& st) {
     if (x_role) {
-      float v[16];
       if (xrow != nullptr && k0 + xseg * 16 < K) {
         const float4* src = reinterpret_cast<const float4*>(xrow + k0 + xseg * 16);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const float4 f = __ldg(src + i);
-          v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+          st.x[4 * i] = f.x, st.x[4 * i + 1] = f.y, st.x[4 * i + 2] = f.z, st.x[4 * i + 3] = f.w;
         }
       } else {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = 0.0f;
+        for (int i = 0; i < 16; ++i) st.x[i] = 0.0f;
       }
+    }
+  };
+  auto load_w = [&](int k0, Stage<BITS>& st) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int k = k0 + (wseg + u) * 16;
+      if (wsrc.w != nullptr && k < K) {
+        load_w_seg<BITS>(wsrc.w, k, st.w[u]);
+        if constexpr (BITS != 16) {
+          st.sc[u] = bf16_at(wsrc.s, k / gs);
+          st.bi[u] = bf16_at(wsrc.b, k / gs);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kSegWords<BITS>; ++i) st.w[u][i] = 0;
+        st.sc[u] = st.bi[u] = 0.0f;
+      }
+    }
+  };
+  auto store_x = [&](const Stage<BITS>& st) {
+    if (x_role) {
       uint32_t hi[8], lo[8];
       float s = 0.0f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const __nv_bfloat16 h0 = __float2bfloat16_rn(v[2 * i]), h1 = __float2bfloat16_rn(v[2 * i + 1]);
+        const float v0 = st.x[2 * i], v1 = st.x[2 * i + 1];
+        const __nv_bfloat16 h0 = __float2bfloat16_rn(v0), h1 = __float2bfloat16_rn(v1);
         __nv_bfloat162 h(h0, h1);
         hi[i] = *reinterpret_cast<uint32_t*>(&h);
-        lo[i] = pack_bf16(v[2 * i] - __bfloat162float(h0), v[2 * i + 1] - __bfloat162float(h1));
-        s += v[2 * i] + v[2 * i + 1];
+        lo[i] = pack_bf16(v0 - __bfloat162float(h0), v1 - __bfloat162float(h1));
+        s += v0 + v1;
       }
       uint4* dh = reinterpret_cast<uint4*>(&sm.xh[xr][xseg * 16]);
       uint4* dl = reinterpret_cast<uint4*>(&sm.xl[xr][xseg * 16]);
@@ -172,23 +218,40 @@ __device__ __forceinline__ void mainloop(Smem<16 * WM * MT>& sm, int K, int gs, 
       dl[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
       sm.xsum[xr][xseg] = s;
     }
+  };
+  auto store_w = [&](const Stage<BITS>& st) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int seg = wseg + u;
-      const int k = k0 + seg * 16;
-      if (wsrc.w != nullptr && k < K) {
-        stage_w_seg<BITS>(wsrc.w, k, &sm.w[wr][seg * 16]);
-        if constexpr (BITS != 16) {
-          sm.sc[wr][seg] = bf16_at(wsrc.s, k / gs);
-          sm.bi[wr][seg] = bf16_at(wsrc.b, k / gs);
-        }
-      } else {
-        uint4* d = reinterpret_cast<uint4*>(&sm.w[wr][seg * 16]);
-        d[0] = d[1] = make_uint4(0, 0, 0, 0);
-        sm.sc[wr][seg] = sm.bi[wr][seg] = 0.0f;
+      store_w_seg<BITS>(st.w[u], &sm.w[wr][seg * 16]);
+      if constexpr (BITS != 16) {
+        sm.sc[wr][seg] = st.sc[u];
+        sm.bi[wr][seg] = st.bi[u];
       }
     }
-    __syncthreads();
+  };
+
+  Stage<BITS> st;
+  if constexpr (PREFETCH) {
+    load_x(0, st);
+    load_w(0, st);
+  }
+  for (int k0 = 0; k0 < K; k0 += kBK) {
+    if constexpr (PREFETCH) {
+      store_x(st);
+      store_w(st);
+      __syncthreads();
+      if (k0 + kBK < K) {  // in flight during this tile's MMAs
+        load_x(k0 + kBK, st);
+        load_w(k0 + kBK, st);
+      }
+    } else {  // x converted and stored before the weights are loaded: fewer live registers
+      load_x(k0, st);
+      store_x(st);
+      load_w(k0, st);
+      store_w(st);
+      __syncthreads();
+    }
 
 #pragma unroll
     for (int kk = 0; kk < kSeg; ++kk) {

@@ -25,9 +25,10 @@ namespace {
 constexpr int kGroupThreads = 1024;  // one thread per expert in the scans (E <= 1024)
 constexpr int kGateUpCols = gemm::kBN / 2;  // intermediate columns per gate/up block
 // Blocks per SM asked of the register allocator, by m16 tiles per block: 64-row tiles at 128 registers (2 blocks,
-// like linear_gemm; left alone ptxas took 138 and fitted one), 32-row tiles at 85.
-template <int M16>
-constexpr int kMinBlocks = M16 >= 4 ? 2 : M16 == 2 ? 3 : 4;
+// like linear_gemm; left alone ptxas took 138 and fitted one), 32-row tiles at 85, 16-row tiles at 64. With the
+// register prefetch (one more Stage of registers) one block fewer each.
+template <int M16, bool PF>
+constexpr int kMinBlocks = (M16 >= 4 ? 2 : M16 == 2 ? 3 : 4) - (PF ? 1 : 0);
 
 // Exclusive scan over the 1024 threads of the block; `tot` is 33 ints of shared memory (warp totals, then the
 // block total in tot[32]).
@@ -120,11 +121,10 @@ __device__ __forceinline__ bool tile_info(const MoeGroups& g, int BM, TileInfo& 
   return true;
 }
 
-template <int BITS, int WM, int MT, int NT>
-__global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>) gate_up_kernel(QW G, QW U, QW SG, QW SU,
-                                                                 const float* __restrict__ x, MoeGroups gr, int E,
-                                                                 int topk, float* __restrict__ h_routed,
-                                                                 float* __restrict__ h_shared) {
+template <int BITS, int WM, int MT, int NT, bool PF>
+__global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM, PF>)
+    gate_up_kernel(QW G, QW U, QW SG, QW SU, const float* __restrict__ x, MoeGroups gr, int E, int topk,
+                   float* __restrict__ h_routed, float* __restrict__ h_shared) {
   using L = gemm::Layout<WM, MT, NT>;
   constexpr int BM = L::kBM;
   constexpr int kHalf = L::kWarpCols / 2;  // a warp's gate rows, then as many up rows
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>) gate_up_k
   }
 
   float acc[MT][NT][4] = {};
-  gemm::mainloop<BITS, WM, MT, NT>(sm, K, BITS == 16 ? gemm::kBK : G.gs, xrow, wsrc, acc);
+  gemm::mainloop<BITS, WM, MT, NT, PF>(sm, K, BITS == 16 ? gemm::kBK : G.gs, xrow, wsrc, acc);
 
   const int g = lane >> 2, c = lane & 3;
   const int wm = L::row0(warp);
@@ -183,12 +183,11 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>) gate_up_k
   }
 }
 
-template <int BITS, int WM, int MT, int NT>
-__global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>) down_kernel(QW D, QW SD, const float* __restrict__ h_routed,
-                                                              const float* __restrict__ h_shared, MoeGroups gr,
-                                                              const float* __restrict__ topk_w,
-                                                              const float* __restrict__ sgate, int E,
-                                                              float* __restrict__ y_pair, float* __restrict__ out) {
+template <int BITS, int WM, int MT, int NT, bool PF>
+__global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM, PF>)
+    down_kernel(QW D, QW SD, const float* __restrict__ h_routed, const float* __restrict__ h_shared, MoeGroups gr,
+                const float* __restrict__ topk_w, const float* __restrict__ sgate, int E, float* __restrict__ y_pair,
+                float* __restrict__ out) {
   using L = gemm::Layout<WM, MT, NT>;
   constexpr int BM = L::kBM;
   __shared__ __align__(16) gemm::Smem<BM> sm;
@@ -210,7 +209,7 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>) down_kern
   if (n0 + wr < N) wsrc = sh ? gemm::row_src<BITS>(SD, 0, n0 + wr) : gemm::row_src<BITS>(D, ti.group, n0 + wr);
 
   float acc[MT][NT][4] = {};
-  gemm::mainloop<BITS, WM, MT, NT>(sm, K, BITS == 16 ? gemm::kBK : D.gs, xrow, wsrc, acc);
+  gemm::mainloop<BITS, WM, MT, NT, PF>(sm, K, BITS == 16 ? gemm::kBK : D.gs, xrow, wsrc, acc);
 
   const int g = lane >> 2, c = lane & 3;
   const int wm = L::row0(warp), wn = L::col0(warp);
@@ -304,41 +303,50 @@ dim3 tile_grid(int T, int k, int E, int bm, int64_t cols, int cols_per_block) {
 
 template <int BITS, int BM>
 void gate_up_launch(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const float* x,
-                    const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
+                    const MoeGroups& g, int T, int k, int E, bool pf, float* h_routed, float* h_shared) {
   using C = Cfg<BM>;
   const dim3 grid = tile_grid(T, k, E, BM, std::max(gate.out, sgate.out), kGateUpCols);
-  launch(c, "moe gate_up_kernel", gate_up_kernel<BITS, C::WM, C::MT, C::NT>, grid, gemm::kThreads, 0, gate, up,
-         sgate, sup, x, g, E, k, h_routed, h_shared);
+  if (pf)
+    launch(c, "moe gate_up_kernel", gate_up_kernel<BITS, C::WM, C::MT, C::NT, true>, grid, gemm::kThreads, 0, gate,
+           up, sgate, sup, x, g, E, k, h_routed, h_shared);
+  else
+    launch(c, "moe gate_up_kernel", gate_up_kernel<BITS, C::WM, C::MT, C::NT, false>, grid, gemm::kThreads, 0, gate,
+           up, sgate, sup, x, g, E, k, h_routed, h_shared);
 }
 
 template <int BITS, int BM>
 void down_launch(const Ctx& c, const QW& down, const QW& sdown, const float* h_routed, const float* h_shared,
-                 const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair,
-                 float* out) {
+                 const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, bool pf,
+                 float* y_pair, float* out) {
   using C = Cfg<BM>;
   const dim3 grid = tile_grid(T, k, E, BM, down.out, gemm::kBN);
-  launch(c, "moe down_kernel", down_kernel<BITS, C::WM, C::MT, C::NT>, grid, gemm::kThreads, 0, down, sdown,
-         h_routed, h_shared, g, topk_w, sgate, E, y_pair, out);
+  if (pf)
+    launch(c, "moe down_kernel", down_kernel<BITS, C::WM, C::MT, C::NT, true>, grid, gemm::kThreads, 0, down, sdown,
+           h_routed, h_shared, g, topk_w, sgate, E, y_pair, out);
+  else
+    launch(c, "moe down_kernel", down_kernel<BITS, C::WM, C::MT, C::NT, false>, grid, gemm::kThreads, 0, down,
+           sdown, h_routed, h_shared, g, topk_w, sgate, E, y_pair, out);
 }
 
 template <int BITS>
 void gate_up_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const float* x,
-                  const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared) {
+                  const MoeGroups& g, int T, int k, int E, int bm, bool pf, float* h_routed, float* h_shared) {
   switch (bm) {
-    case 16: gate_up_launch<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
-    case 32: gate_up_launch<BITS, 32>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
-    default: gate_up_launch<BITS, 64>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    case 16: gate_up_launch<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, pf, h_routed, h_shared); break;
+    case 32: gate_up_launch<BITS, 32>(c, gate, up, sgate, sup, x, g, T, k, E, pf, h_routed, h_shared); break;
+    default: gate_up_launch<BITS, 64>(c, gate, up, sgate, sup, x, g, T, k, E, pf, h_routed, h_shared); break;
   }
 }
 
 template <int BITS>
 void down_bits(const Ctx& c, const QW& down, const QW& sdown, const float* h_routed, const float* h_shared,
-               const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
+               const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm, bool pf,
                float* y_pair, float* out) {
+  auto run = [&](auto f) { f(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, pf, y_pair, out); };
   switch (bm) {
-    case 16: down_launch<BITS, 16>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, y_pair, out); break;
-    case 32: down_launch<BITS, 32>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, y_pair, out); break;
-    default: down_launch<BITS, 64>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, y_pair, out); break;
+    case 16: run(down_launch<BITS, 16>); break;
+    case 32: run(down_launch<BITS, 32>); break;
+    default: run(down_launch<BITS, 64>); break;
   }
 }
 
@@ -375,23 +383,27 @@ void moe_group(const Ctx& c, const int32_t* topk_ids, int T, int k, int E, int b
 }
 
 void moe_grouped_gate_up(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const float* x,
-                         const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared) {
+                         const MoeGroups& g, int T, int k, int E, int bm, bool prefetch, float* h_routed,
+                         float* h_shared) {
   FERN_CU_CHECK(moe_tile_rows_ok(bm), "moe gate/up: tile rows");
   switch (gate.bits) {
-    case 4: gate_up_bits<4>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared); break;
-    case 8: gate_up_bits<8>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared); break;
-    default: gate_up_bits<16>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared); break;
+    case 4: gate_up_bits<4>(c, gate, up, sgate, sup, x, g, T, k, E, bm, prefetch, h_routed, h_shared); break;
+    case 8: gate_up_bits<8>(c, gate, up, sgate, sup, x, g, T, k, E, bm, prefetch, h_routed, h_shared); break;
+    default: gate_up_bits<16>(c, gate, up, sgate, sup, x, g, T, k, E, bm, prefetch, h_routed, h_shared); break;
   }
 }
 
 void moe_grouped_down(const Ctx& c, const QW& down, const QW& sdown, const float* h_routed, const float* h_shared,
                       const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
-                      float* y_pair, float* out) {
+                      bool prefetch, float* y_pair, float* out) {
   FERN_CU_CHECK(moe_tile_rows_ok(bm), "moe down: tile rows");
+  auto run = [&](auto f) {
+    f(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, prefetch, y_pair, out);
+  };
   switch (down.bits) {
-    case 4: down_bits<4>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out); break;
-    case 8: down_bits<8>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out); break;
-    default: down_bits<16>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out); break;
+    case 4: run(down_bits<4>); break;
+    case 8: run(down_bits<8>); break;
+    default: run(down_bits<16>); break;
   }
 }
 

@@ -37,14 +37,16 @@ bool moe_grouped_ok(const QW& gate, const QW& up, const QW& down, const QW& sgat
 void moe_group(const Ctx& c, const int32_t* topk_ids, int T, int k, int E, int bm, const MoeGroups& g);
 
 // h_routed[pos] = SiLU(x[token] G_e^T) * (x[token] U_e^T) for every routed position pos of group e ([T k, I]);
-// h_shared[t] likewise with the shared expert ([T, Is]).
+// h_shared[t] likewise with the shared expert ([T, Is]). prefetch: the tile loop's register prefetch of the next k
+// tile (gemm_tile.cuh).
 void moe_grouped_gate_up(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const float* x,
-                         const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared);
+                         const MoeGroups& g, int T, int k, int E, int bm, bool prefetch, float* h_routed,
+                         float* h_shared);
 // y_pair[p] = topk_w[p] * (h_routed[pos(p)] D_e^T) for every pair p ([T k, H]); out[t] = sgate[t] * (h_shared[t]
 // SD^T) ([T, H]).
 void moe_grouped_down(const Ctx& c, const QW& down, const QW& sdown, const float* h_routed, const float* h_shared,
                       const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
-                      float* y_pair, float* out);
+                      bool prefetch, float* y_pair, float* out);
 // out[t] += y_pair[t k] + ... + y_pair[t k + k - 1], in slot order (deterministic: no atomics).
 void moe_combine(const Ctx& c, const float* y_pair, float* out, int T, int k, int64_t H);
 

@@ -152,6 +152,7 @@ struct Variant {
   const char* env = nullptr;  // switch name (nullptr: defaults)
   const char* value = nullptr;
   double limit = kNmse;
+  bool prefetch = false;  // FERN_MOE_PREFETCH=1 as well
 };
 
 // Runs every variant on one input against one CPU reference (the CPU side is the slow one at real shapes).
@@ -161,6 +162,7 @@ void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed,
   const auto ref = run_cpu(cpu, m, x, T);
   for (const Variant& v : vs) {
     EnvGuard g(v.env != nullptr ? v.env : "FERN_MOE_UNUSED", v.value);
+    EnvGuard pf("FERN_MOE_PREFETCH", v.prefetch ? "1" : nullptr);
     const auto got = run_gpu(gpu, m, x, T);
     const double e = test::nmse(got.data(), ref.data(), got.size());
     std::printf("moe prefill %-30s E=%ld H=%ld I=%ld Is=%ld k=%d bits=%d T=%-5d NMSE %.3e\n", v.what.c_str(),
@@ -170,10 +172,12 @@ void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed,
   }
 }
 
+// Every tile height, with and without the register prefetch of the tile loop.
 std::vector<Variant> tile_variants(const char* what) {
   std::vector<Variant> vs;
-  for (const char* bm : {"16", "32", "64"})
-    vs.push_back({std::string(what) + ", tile " + bm, "FERN_MOE_TILE", bm});
+  for (bool pf : {false, true})
+    for (const char* bm : {"16", "32", "64"})
+      vs.push_back({std::string(what) + ", tile " + bm + (pf ? " pf" : ""), "FERN_MOE_TILE", bm, kNmse, pf});
   return vs;
 }
 
@@ -190,7 +194,7 @@ TEST(CudaMoePrefill, RealShapeAgainstCpu) {
 
 // Every tile height, the old row-by-row path and the separate dequantisation at one real-shape chunk. The grouped
 // results must not depend on the order of the pairs inside a group nor on who built the grouping: host and GPU
-// routing give bit-identical outputs, and so do two runs.
+// routing give bit-identical outputs, and so do two runs and the loop with and without the register prefetch.
 TEST(CudaMoePrefill, AblationSwitches) {
   FERN_REQUIRE_GPU();
   auto gpu = test::make_gpu();
@@ -209,6 +213,11 @@ TEST(CudaMoePrefill, AblationSwitches) {
   const auto dev_routed = run_gpu(*gpu, *m, x, T);
   const auto again = run_gpu(*gpu, *m, x, T);
   EXPECT_EQ(dev_routed, again) << "two runs of the same chunk differ";
+  {
+    // The prefetch only moves loads earlier: same products in the same order.
+    EnvGuard pf("FERN_MOE_PREFETCH", "1");
+    EXPECT_EQ(dev_routed, run_gpu(*gpu, *m, x, T)) << "the register prefetch changes the result";
+  }
   EnvGuard e("FERN_MOE_ROUTING", "host");
   const auto host_routed = run_gpu(*gpu, *m, x, T);
   EXPECT_EQ(dev_routed, host_routed) << "host and GPU grouping differ";
