@@ -20,6 +20,8 @@ constexpr int kCols = 32;
 constexpr int kSlices = kThreads / kCols;
 constexpr int kMaxDk = 128;
 constexpr int kMaxRows = kMaxDk / kSlices;
+constexpr int kMaxKS = 4;    // conv taps held in registers (the model's kernel is 4)
+constexpr int kConvPer = 2;  // conv channels per thread: 2 * Dk + kCols <= 2 * kThreads
 
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
@@ -31,46 +33,94 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
                                                        const float* __restrict__ dt_bias,
                                                        const float* __restrict__ norm_w, float* conv_state,
                                                        float* state, float* y, int* counters, int early_state) {
-  // The recurrent state of this layer was last written by this layer's kernel of the previous token. When that is
-  // at least two launches back (early_state: the first row of a call), it is complete before this kernel starts:
-  // every kernel calls pdl_trigger() only after its own pdl_wait(), so when kernel N starts, kernel N-2 has
-  // finished. Its loads are then issued before the wait and overlap the launch, the conv and the norms.
+  // The recurrent and conv states of this layer were last written by this layer's kernel of the previous token.
+  // When that is at least two launches back (early_state: the first row of a call), they are complete before this
+  // kernel starts: every kernel calls pdl_trigger() only after its own pdl_wait(), so when kernel N starts, kernel
+  // N-2 has finished. Everything that does not come from the previous kernel is requested before the PDL wait: the conv taps, A_log,
+  // dt_bias and the norm weight (weights), and with early_state the recurrent and conv state; after the wait, the
+  // inputs (mixed, b, a, z) are requested together in one round (version 3 waited for the conv loads, then the gates
+  // after two block reductions, then z in the last block: three dependent round trips more).
   const int jj = threadIdx.x % kCols, sl = threadIdx.x / kCols;
   const int j = blockIdx.y * kCols + jj;
   const int R = sh.Dk / kSlices;
   float* S = state + int64_t(blockIdx.x) * sh.Dk * sh.Dv;
+  const int h = blockIdx.x, cb = blockIdx.y;
+  const int Dk = sh.Dk, Dv = sh.Dv, KS = sh.kernel, C = sh.conv_dim;
+  const int kh = h / (sh.Hv / sh.Hk);
+  const int key_dim = sh.Hk * Dk;
+  const int tid = threadIdx.x;
+  const int nconv = 2 * Dk + kCols;  // q and k channels of the key head, v channels of this block's columns
+  auto channel = [&](int idx) {
+    if (idx < Dk) return kh * Dk + idx;
+    if (idx < 2 * Dk) return key_dim + kh * Dk + (idx - Dk);
+    return 2 * key_dim + h * Dv + cb * kCols + (idx - 2 * Dk);
+  };
   float s[kMaxRows];
   auto load_state = [&] {
 #pragma unroll
     for (int ii = 0; ii < kMaxRows; ++ii)
       if (ii < R) s[ii] = S[int64_t(sl * R + ii) * sh.Dv + j];
   };
-  if (early_state) load_state();
+  float cw[kConvPer][kMaxKS], cs[kConvPer][kMaxKS - 1];
+  auto load_conv_state = [&] {
+#pragma unroll
+    for (int q = 0; q < kConvPer; ++q) {
+      const int idx = tid + q * kThreads;
+#pragma unroll
+      for (int r = 0; r < kMaxKS - 1; ++r)
+        cs[q][r] = idx < nconv && r < KS - 1 ? conv_state[int64_t(r) * C + channel(idx)] : 0.0f;
+    }
+  };
+#pragma unroll
+  for (int q = 0; q < kConvPer; ++q) {
+    const int idx = tid + q * kThreads;
+#pragma unroll
+    for (int r = 0; r < kMaxKS; ++r) cw[q][r] = idx < nconv && r < KS ? __ldg(conv_w + int64_t(channel(idx)) * KS + r) : 0.0f;
+  }
+  const float a_log = __ldg(A_log + h), dtb = __ldg(dt_bias + h);
+  const float nw = tid < Dv ? __ldg(norm_w + tid) : 0.0f;
+  if (early_state) {
+    load_state();
+    load_conv_state();
+  }
   pdl_wait();
   pdl_trigger();
-  if (!early_state) load_state();
+  if (!early_state) {
+    load_state();
+    load_conv_state();
+  }
+  float mx[kConvPer];
+#pragma unroll
+  for (int q = 0; q < kConvPer; ++q) {
+    const int idx = tid + q * kThreads;
+    mx[q] = idx < nconv ? mixed[channel(idx)] : 0.0f;
+  }
+  const float bg = bgate[h], ag = agate[h];
+  const float zv = tid < Dv ? z[int64_t(h) * Dv + tid] : 0.0f;
   __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kCols];
   __shared__ float part[kSlices][kCols];
   __shared__ float red[32];
   __shared__ bool last_v, last_k;
-  const int h = blockIdx.x, cb = blockIdx.y;
-  const int Dk = sh.Dk, Dv = sh.Dv, KS = sh.kernel, C = sh.conv_dim;
-  const int kh = h / (sh.Hv / sh.Hk);
-  const int key_dim = sh.Hk * Dk;
-  const int tid = threadIdx.x;
 
-  // Causal conv + SiLU of the channels this block needs.
-  for (int idx = tid; idx < 2 * Dk + kCols; idx += kThreads) {
-    int ch;
-    if (idx < Dk) ch = kh * Dk + idx;
-    else if (idx < 2 * Dk) ch = key_dim + kh * Dk + (idx - Dk);
-    else ch = 2 * key_dim + h * Dv + cb * kCols + (idx - 2 * Dk);
-    float acc = conv_w[int64_t(ch) * KS + KS - 1] * mixed[ch];
-    for (int j = 0; j < KS - 1; ++j) acc = fmaf(conv_w[int64_t(ch) * KS + j], conv_state[int64_t(j) * C + ch], acc);
-    const float v = silu(acc);
-    if (idx < Dk) qs[idx] = v;
-    else if (idx < 2 * Dk) ks[idx - Dk] = v;
-    else vs[idx - 2 * Dk] = v;
+  // Causal conv + SiLU of the channels this block needs (the newest input has the last tap).
+#pragma unroll
+  for (int q = 0; q < kConvPer; ++q) {
+    const int idx = tid + q * kThreads;
+    if (idx < nconv) {
+      // Version 3's order: the newest input first, then the carried inputs oldest first (register arrays indexed by
+      // compile-time constants only).
+      float acc = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kMaxKS; ++r)
+        if (r == KS - 1) acc = cw[q][r] * mx[q];
+#pragma unroll
+      for (int r = 0; r < kMaxKS - 1; ++r)
+        if (r < KS - 1) acc = fmaf(cw[q][r], cs[q][r], acc);
+      const float v = silu(acc);
+      if (idx < Dk) qs[idx] = v;
+      else if (idx < 2 * Dk) ks[idx - Dk] = v;
+      else vs[idx - 2 * Dk] = v;
+    }
   }
   __syncthreads();
   // l2 norms (eps inside the square root of the sum), q also scaled by Dk^-1/2.
@@ -78,8 +128,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
   const float k2 = block_sum(tid < Dk ? ks[tid] * ks[tid] : 0.0f, red);
   const float qscale = rsqrtf(q2 + 1e-6f) * rsqrtf(float(Dk));
   const float kscale = rsqrtf(k2 + 1e-6f);
-  const float beta = 1.0f / (1.0f + expf(-bgate[h]));
-  const float g = -expf(A_log[h]) * softplus(agate[h] + dt_bias[h]);
+  const float beta = 1.0f / (1.0f + expf(-bg));
+  const float g = -expf(a_log) * softplus(ag + dtb);
   const float decay = expf(g);
 
   float m = 0.0f;
@@ -132,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
     const float ss = block_sum(ov * ov, red);
     if (tid < Dv) {
       const float n = ov * rsqrtf(ss / float(Dv) + sh.eps);
-      yh[tid] = n * norm_w[tid] * silu(z[int64_t(h) * Dv + tid]);
+      yh[tid] = n * nw * silu(zv);
     }
     if (tid == 0) counters[h] = 0;
   }
@@ -158,7 +208,7 @@ void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const
               const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
               float* conv_state, float* state, float* y, bool early_state) {
   FERN_CU_CHECK(sh.Dk % kSlices == 0 && sh.Dk <= kMaxDk && sh.Dv % kCols == 0 && sh.Dv <= kThreads &&
-                    sh.Hk > 0 && sh.Hv % sh.Hk == 0 && sh.kernel >= 2 && sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv,
+                    sh.Hk > 0 && sh.Hv % sh.Hk == 0 && sh.kernel >= 2 && sh.kernel <= kMaxKS && sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv,
                 "gdn: unsupported head shape");
   const int64_t vd = int64_t(sh.Hv) * sh.Dv;
   dim3 grid(sh.Hv, sh.Dv / kCols);
