@@ -112,6 +112,7 @@ int main() {
     const char* tile;
     const char* dequant;
     const char* prefetch;
+    const char* router = nullptr;
   };
   const Variant variants[] = {
       {"row-by-row decode kernels (before)", "rows", nullptr, nullptr, nullptr, nullptr},
@@ -125,6 +126,8 @@ int main() {
       {"grouped, FERN_MOE_PREFETCH=1, tile 16", nullptr, nullptr, "16", nullptr, "1"},
       {"grouped, FERN_MOE_PREFETCH=1, tile 32", nullptr, nullptr, "32", nullptr, "1"},
       {"grouped, FERN_MOE_PREFETCH=1, tile 64", nullptr, nullptr, "64", nullptr, "1"},
+      {"grouped, FERN_MOE_ROUTER=gemm", nullptr, nullptr, nullptr, nullptr, nullptr, "gemm"},
+      {"grouped, FERN_MOE_ROUTER=gemm, FERN_MOE_PREFETCH=1", nullptr, nullptr, nullptr, nullptr, "1", "gemm"},
   };
   const int Ts[] = {512, 2048};
   const int maxT = 2048;
@@ -145,6 +148,7 @@ int main() {
       set_env("FERN_MOE_TILE", v.tile);
       set_env("FERN_MOE_DEQUANT", v.dequant);
       set_env("FERN_MOE_PREFETCH", v.prefetch);
+      set_env("FERN_MOE_ROUTER", v.router);
       const double ms = median_ms(be.stream(), [&] {
         be.begin_forward();
         be.moe(yt, xt, w, cfg);
@@ -158,8 +162,8 @@ int main() {
 
   // Phase breakdown of the default path (the same launches as moe_prefill_, timed one phase at a time).
   std::printf(
-      "\n| T | tile rows | prefetch | route | group | gate/up | down | combine | gate/up TFLOP/s | down TFLOP/s |\n"
-      "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+      "\n| T | tile rows | prefetch | route (GEMV) | route (gemm) | group | gate/up | down | combine | gate/up TFLOP/s "
+      "| down TFLOP/s |\n|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   Tensor counters = be.alloc(DType::I32, {maxT});
   FERN_CUDA_CHECK(cudaMemset(counters.data, 0, size_t(maxT) * 4));
   cuda::Ctx c;
@@ -198,6 +202,9 @@ int main() {
       const double t_route = median_ms(c.stream, [&] {
         cuda::moe_route(rc, cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
       });
+      const double t_route_gemm = median_ms(c.stream, [&] {
+        cuda::moe_route_gemm(c, cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
+      });
       const double t_group = median_ms(c.stream, [&] { cuda::moe_group(c, s.topk_ids, T, k, int(E), bm, g); });
       const double t_gu = median_ms(c.stream, [&] {
         cuda::moe_grouped_gate_up(c, qg, qu, qsg, qsu, xp, g, T, k, int(E), bm, pf, h_routed, h_shared);
@@ -208,8 +215,8 @@ int main() {
       });
       const double t_comb = median_ms(c.stream, [&] { cuda::moe_combine(c, y_pair, yp, T, k, H); });
       const double f_gu = 2.0 * T * (2.0 * k * H * I + 2.0 * H * Is), f_down = 2.0 * T * (k * H * I + H * Is);
-      std::printf("| %d | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f |\n", T, bm, pf ? "yes" : "no",
-                  t_route, t_group, t_gu, t_down, t_comb, f_gu / (t_gu * 1e-3) / 1e12,
+      std::printf("| %d | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f |\n", T, bm,
+                  pf ? "yes" : "no", t_route, t_route_gemm, t_group, t_gu, t_down, t_comb, f_gu / (t_gu * 1e-3) / 1e12,
                   f_down / (t_down * 1e-3) / 1e12);
       std::fflush(stdout);
     }

@@ -8,6 +8,7 @@
 //                             mean rows per expert, see tile_rows)
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
 //   FERN_MOE_PREFETCH=1       the tile loop issues the next k tile's global loads before the current tile's MMAs
+//   FERN_MOE_ROUTER=gemm      router logits on the tensor cores (moe_route_gemm) instead of the fused router GEMV
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -110,8 +111,9 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   }
 
   s.h = nullptr;  // the grouped path keeps its intermediates in expert order (below)
-  cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router),
-                  cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
+  const cuda::QW router = cuda::make_qw(w.router), seg = cuda::make_qw(w.shared_expert_gate);
+  if (!env_is("FERN_MOE_ROUTER", "gemm") || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k))
+    cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);
 
   const int Ei = static_cast<int>(E);
   const int bm = tile_rows(T, k, Ei);

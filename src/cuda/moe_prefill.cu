@@ -18,6 +18,7 @@
 #include "cuda/gemm_tile.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/moe_prefill.h"
+#include "cuda/topk.cuh"
 
 namespace fern::cuda {
 namespace {
@@ -103,6 +104,50 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
     const int e = min(max(ids[p], 0), E - 1);
     g.order[off[e] + atomicAdd(&fill[e], 1)] = p;
   }
+}
+
+// Router logits on the tensor cores: logits [T, E] = x R^T with the 16-row tile layout (16 rows x 128 experts per
+// block: T = 512 and 256 experts make 64 blocks, where the 64-row dense kernel would have 16).
+template <int BITS>
+__global__ void __launch_bounds__(gemm::kThreads, 4) router_kernel(QW R, const float* __restrict__ x,
+                                                                   float* __restrict__ logits, int T) {
+  using L = gemm::Layout<1, 1, 2>;
+  __shared__ __align__(16) gemm::Smem<L::kBM> sm;
+  pdl_wait();
+  pdl_trigger();
+  const int K = static_cast<int>(R.in), N = static_cast<int>(R.out);
+  const int t0 = blockIdx.x * L::kBM, n0 = blockIdx.y * gemm::kBN;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int xr = tid >> 2, wr = tid >> 1;
+  const float* xrow = xr < L::kBM && t0 + xr < T ? x + int64_t(t0 + xr) * K : nullptr;
+  const gemm::RowSrc wsrc = n0 + wr < N ? gemm::row_src<BITS>(R, 0, n0 + wr) : gemm::RowSrc{};
+  float acc[1][2][4] = {};
+  gemm::mainloop<BITS, 1, 1, 2>(sm, K, BITS == 16 ? gemm::kBK : R.gs, xrow, wsrc, acc);
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int t = t0 + g + 8 * h;
+    if (t >= T) continue;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int n = n0 + L::col0(warp) + nt * 8 + 2 * c;
+      if (n < N) logits[int64_t(t) * N + n] = acc[0][nt][2 * h];
+      if (n + 1 < N) logits[int64_t(t) * N + n + 1] = acc[0][nt][2 * h + 1];
+    }
+  }
+}
+
+// Softmax, top-k, renormalisation and sigmoid of the shared gate: one warp per token (topk.cuh, the same code as
+// the decode router's tail).
+constexpr int kTopkWarps = 4;
+__global__ void __launch_bounds__(32 * kTopkWarps)
+    topk_rows_kernel(const float* __restrict__ logits, const float* __restrict__ sg_logit, int E, int k, int T,
+                     int32_t* __restrict__ ids, float* __restrict__ wts, float* __restrict__ sgate) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x * kTopkWarps + (threadIdx.x >> 5);
+  if (t >= T) return;
+  topk_warp(logits + int64_t(t) * E, sg_logit + t, E, k, ids + int64_t(t) * k, wts + int64_t(t) * k, sgate + t);
 }
 
 // The tile of this block: group, first row, rows, and the position in expert order of its first row. False when
@@ -353,6 +398,27 @@ void down_bits(const Ctx& c, const QW& down, const QW& sdown, const float* h_rou
 bool width_ok(int64_t n) { return n > 0 && n % 16 == 0 && n < (int64_t(1) << 30); }
 
 }  // namespace
+
+bool moe_route_gemm(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, const MoeScratch& s,
+                    int T, int k) {
+  if (T <= 0 || k < 1 || k > 32 || router.experts != 0 || router.out < k || router.out > 1024 ||
+      !width_ok(router.in) || (router.bits != 16 && (router.gs < 16 || router.gs % 16 != 0)))
+    return false;
+  const int E = static_cast<int>(router.out);
+  const dim3 grid((T + 15) / 16, (E + gemm::kBN - 1) / gemm::kBN);
+  auto run = [&](auto kernel) {
+    launch(c, "moe router_kernel", kernel, grid, gemm::kThreads, 0, router, x, s.router_logits, T);
+  };
+  switch (router.bits) {
+    case 4: run(router_kernel<4>); break;
+    case 8: run(router_kernel<8>); break;
+    default: run(router_kernel<16>); break;
+  }
+  linear(c, shared_gate, x, s.sgate_logit, T);
+  launch(c, "moe topk_rows_kernel", topk_rows_kernel, (T + kTopkWarps - 1) / kTopkWarps, 32 * kTopkWarps, 0,
+         s.router_logits, s.sgate_logit, E, k, T, s.topk_ids, s.topk_w, s.sgate);
+  return true;
+}
 
 bool moe_tile_rows_ok(int bm) { return bm == 16 || bm == 32 || bm == 64; }
 

@@ -172,12 +172,13 @@ void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed,
   }
 }
 
-// Every tile height, with and without the register prefetch of the tile loop.
+// Every tile height, with and without the register prefetch of the tile loop; the tensor-core router.
 std::vector<Variant> tile_variants(const char* what) {
   std::vector<Variant> vs;
   for (bool pf : {false, true})
     for (const char* bm : {"16", "32", "64"})
       vs.push_back({std::string(what) + ", tile " + bm + (pf ? " pf" : ""), "FERN_MOE_TILE", bm, kNmse, pf});
+  vs.push_back({std::string(what) + ", router gemm pf", "FERN_MOE_ROUTER", "gemm", kNmse, true});
   return vs;
 }
 
