@@ -113,17 +113,31 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
                                                               const uint16_t* __restrict__ v_cache,
                                                               float* __restrict__ part_ml,
                                                               float* __restrict__ part_acc) {
-  pdl_wait();
-  pdl_trigger();
   constexpr int D = DPL * 32;
   __shared__ float wm[kWarps][G];
   __shared__ __align__(16) float sacc[G][D];
   __shared__ float sl[G];
   const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z, nsplit = gridDim.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t L = int64_t(d_pos[0]) + t + 1;
+  // The position and the cache rows before it are not written by the kernel just before this one (attn_prep, which
+  // appends rows [pos, pos + T)): their writers are at least two launches back, finished once this kernel starts
+  // (every kernel triggers its successor only after its own wait). So the warp's first K/V rows are requested before
+  // the PDL wait when they are old rows; q and the new rows after it.
+  const int64_t pos0 = d_pos[0];
+  const int64_t L = pos0 + t + 1;
   const int64_t chunk = (L + nsplit - 1) / nsplit;
   const int64_t lo = sp * chunk, hi = min(L, lo + chunk);
+  const int64_t row_stride = int64_t(sh.Hkv) * D;
+  const uint16_t* kbase = k_cache + kvh * D + lane * DPL;
+  const uint16_t* vbase = v_cache + kvh * D + lane * DPL;
+  RawRow<DPL> kn, vn;  // the warp's next position, requested one iteration ahead
+  const bool early = lo + warp < hi && lo + warp < pos0;
+  if (early) {
+    load_raw_row<DPL>(kbase + (lo + warp) * row_stride, kn);
+    load_raw_row<DPL>(vbase + (lo + warp) * row_stride, vn);
+  }
+  pdl_wait();
+  pdl_trigger();
   const float scale = rsqrtf(float(D));
   float qr[G][DPL];
 #pragma unroll
@@ -140,11 +154,7 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
   }
-  const int64_t row_stride = int64_t(sh.Hkv) * D;
-  const uint16_t* kbase = k_cache + kvh * D + lane * DPL;
-  const uint16_t* vbase = v_cache + kvh * D + lane * DPL;
-  RawRow<DPL> kn, vn;  // the warp's next position, requested one iteration ahead
-  if (lo + warp < hi) {
+  if (!early && lo + warp < hi) {
     load_raw_row<DPL>(kbase + (lo + warp) * row_stride, kn);
     load_raw_row<DPL>(vbase + (lo + warp) * row_stride, vn);
   }
