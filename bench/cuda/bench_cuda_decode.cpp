@@ -184,6 +184,8 @@ void bench_decode() {
     auto st = be.new_state(cfg, 4096 + 256);
     fill_state(be, static_cast<CudaState&>(*st), 4096);
     Tensor xn = be.alloc(DType::F32, {1, H}), out = be.alloc(DType::F32, {1, H}), h = be.alloc(DType::F32, {1, H});
+    Tensor out2 = be.alloc(DType::F32, {1, H});
+    cuda::fill_random_f32(be.stream(), out.ptr<float>(), H, 2, -0.1f, 0.1f);
     cuda::fill_random_f32(be.stream(), xn.ptr<float>(), H, 3, -1, 1);
     cuda::fill_random_f32(be.stream(), h.ptr<float>(), H, 4, -1, 1);
     auto gdn_mixer = [&](int l) {
@@ -191,9 +193,9 @@ void bench_decode() {
       Tensor mixed = be.scratch(DType::F32, {1, cfg.gdn_conv_dim()}), z = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
       Tensor b = be.scratch(DType::F32, {1, cfg.linear_num_value_heads}), a = be.scratch(DType::F32, {1, cfg.linear_num_value_heads});
       Tensor y = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
-      const Tensor po[] = {mixed, z, b, a};  // as forward.cpp: one launch for the four projections
+      const Tensor po[] = {mixed, z, b, a};  // as forward.cpp: the input norm and the four projections in one launch
       const LinearWeight* const pw[] = {&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a};
-      be.linear_multi(po, xn, pw);
+      be.rmsnorm_linear_multi(po, h, w->layers[l].input_norm, 1e-6f, xn, pw);
       be.gdn_core(y, mixed, z, b, a, g, cfg, *st, l);
       be.linear(out, y, g.out_proj);
     };
@@ -202,9 +204,9 @@ void bench_decode() {
       const int64_t qd = int64_t(cfg.num_attention_heads) * cfg.head_dim, kvd = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
       Tensor qg = be.scratch(DType::F32, {1, 2 * qd}), k = be.scratch(DType::F32, {1, kvd}), v = be.scratch(DType::F32, {1, kvd});
       Tensor o = be.scratch(DType::F32, {1, qd});
-      const Tensor po[] = {qg, k, v};  // as forward.cpp: one launch for q/k/v
+      const Tensor po[] = {qg, k, v};  // as forward.cpp: the input norm and q/k/v in one launch
       const LinearWeight* const pw[] = {&at.q_proj, &at.k_proj, &at.v_proj};
-      be.linear_multi(po, xn, pw);
+      be.rmsnorm_linear_multi(po, h, w->layers[l].input_norm, 1e-6f, xn, pw);
       be.attn_core(o, qg, k, v, at, cfg, *st, l);
       be.linear(out, o, at.o_proj);
     };
@@ -262,13 +264,14 @@ void bench_decode() {
            for (int l = 0; l < cfg.num_hidden_layers; ++l)
              if (cfg.is_attention_layer(l)) be.attn_core(o, qg, k, v, w->layers[l].attn, cfg, *st, l);
          }},
-        {"40 x MoE block (one launch each)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe(out, xn, w->layers[l].moe, cfg); }},
+        {"40 x MoE block (with norm + residual)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe_residual(h, out, xn, w->layers[l].post_norm, 1e-6f, out2, w->layers[l].moe, cfg); }},
+        {"  40 x moe alone (one launch each)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe(out, xn, w->layers[l].moe, cfg); }},
         {"  three-launch path: 40 x moe_route", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_route(kc, cuda::make_qw(mq(l).router), cuda::make_qw(mq(l).shared_expert_gate), xn.ptr<float>(), ms, 1, topk); }},
         {"  three-launch path: 40 x moe_gate_up", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_gate_up(kc, cuda::make_qw(mq(l).gate), cuda::make_qw(mq(l).up), cuda::make_qw(mq(l).shared_gate), cuda::make_qw(mq(l).shared_up), xn.ptr<float>(), ms, 1, topk); }},
         {"  three-launch path: 40 x moe_down", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_down(kc, cuda::make_qw(mq(l).down), cuda::make_qw(mq(l).shared_down), ms, out.ptr<float>(), 1, topk); }},
         {"  of which 10 x attn split+combine @4K", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) cuda::attn_decode(kc, ash, cst.d_pos, aq.ptr<float>(), aqg.ptr<float>(), cst.k_cache[l].ptr<uint16_t>(), cst.v_cache[l].ptr<uint16_t>(), pml.ptr<float>(), pacc.ptr<float>(), ao.ptr<float>(), 1, cst.nsplit); }},
         {"  of which 10 x attn_prep", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) cuda::attn_prep(kc, ash, cst.d_pos, aqg.ptr<float>(), akv.ptr<float>(), akv.ptr<float>() + kvd, w->layers[l].attn.q_norm.ptr<float>(), w->layers[l].attn.k_norm.ptr<float>(), aq.ptr<float>(), cst.k_cache[l].ptr<uint16_t>(), cst.v_cache[l].ptr<uint16_t>(), 1); }},
-        {"80 x add_rmsnorm", [&] { for (int l = 0; l < 80; ++l) be.add_rmsnorm(h, out, xn, w->layers[l / 2].post_norm, 1e-6f); }},
+        {"  (v3's 80 x add_rmsnorm, now folded)", [&] { for (int l = 0; l < 80; ++l) be.add_rmsnorm(h, out, xn, w->layers[l / 2].post_norm, 1e-6f); }},
         {"lm_head + argmax", [&] { be.begin_forward(); Tensor lg = be.scratch(DType::F32, {1, V}); be.linear(lg, xn, w->lm_head); be.argmax(tok, lg); }},
     };
     std::printf("\n== one decode step, by block (full-size random model, 4K context, graph replay) ==\n");

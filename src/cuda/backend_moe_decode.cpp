@@ -1,7 +1,7 @@
 // Sparse MoE block for one token (decode): the whole block in one launch (moe_fused.cu) where the formats allow,
 // otherwise fused router + top-k, the selected experts' gate/up with SiLU*up, and down with the routing weights and
-// the gated shared expert (moe.cu). Shapes are checked by moe(). add_rmsnorm_moe hands the preceding residual add
-// + RMSNorm to the same launch.
+// the gated shared expert (moe.cu). Shapes are checked by moe(). moe_residual hands the preceding residual add +
+// RMSNorm and the following residual add to the same launch.
 #include <cstdlib>
 #include <cstring>
 
@@ -68,22 +68,23 @@ void CudaBackend::moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const M
   cuda::moe_down(ctx(), cuda::make_qw(w.down), cuda::make_qw(w.shared_down), s, f32(out, "moe out"), T, k);
 }
 
-void CudaBackend::add_rmsnorm_moe(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
-                                  const MoeWeights& w, const ModelConfig& cfg) {
+void CudaBackend::moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
+                               const MoeWeights& w, const ModelConfig& cfg) {
   const int64_t H = resid.dim(-1);
   const bool one_row = resid.numel() == H && delta.numel() == H && xn.numel() == H && norm_w.numel() == H &&
                        out.numel() == H && moe_shapes_ok(w, H, cfg);
   if (one_row) {
     join_side();
     cuda::MoeNorm n;
-    n.resid = f32(resid, "add_rmsnorm_moe resid");
-    n.delta = f32(delta, "add_rmsnorm_moe delta");
-    n.w = f32(norm_w, "add_rmsnorm_moe norm");
+    n.resid = f32(resid, "moe_residual resid");
+    n.delta = f32(delta, "moe_residual delta");
+    n.w = f32(norm_w, "moe_residual norm");
     n.eps = eps;
-    n.xn = f32(xn, "add_rmsnorm_moe xn");
+    n.xn = f32(xn, "moe_residual xn");
+    n.add_out = true;
     if (moe_fused_(out.reshape({1, H}), nullptr, w, cfg, &n)) return;
   }
-  Backend::add_rmsnorm_moe(resid, delta, xn, norm_w, eps, out, w, cfg);
+  Backend::moe_residual(resid, delta, xn, norm_w, eps, out, w, cfg);
 }
 
 }  // namespace fern

@@ -57,8 +57,10 @@ class CudaBackend : public Backend {
   void attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
                  SequenceState& state, int layer) override;
   void moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) override;
-  void add_rmsnorm_moe(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
-                       const MoeWeights& w, const ModelConfig& cfg) override;
+  void moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out, const MoeWeights& w,
+                    const ModelConfig& cfg) override;
+  void rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, Tensor norm_w, float eps, Tensor xn,
+                            std::span<const LinearWeight* const> ws) override;
   void argmax(Tensor ids, Tensor logits) override;
   void advance(SequenceState& state, int64_t n) override;
 

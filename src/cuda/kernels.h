@@ -41,6 +41,10 @@ void linear(const Ctx& c, const QW& w, const float* x, float* y, int T);
 // share bits, width and group size (linear_multi_ok).
 bool linear_multi_ok(const QW* ws, int n);
 void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T);
+// linear_multi of xn = rmsnorm(x) * norm_w, the norm computed by every block while staging its input (always the
+// GEMV: decode). xn (may be null) receives the normed rows.
+void linear_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
+                       float* const* ys, int n, int T);
 // Prefill: token rows from which linear/linear_multi may use the tensor-core kernel below instead of the GEMV
 // (they do when linear_gemm_wins: a supported shape and a grid large enough to fill the GPU).
 constexpr int kGemmMinRows = 16;
@@ -97,13 +101,15 @@ struct MoeQW {
 };
 constexpr int kMoeFusedCounters = 5;
 // With `norm`, the input is computed by the kernel: resid += delta; x = rmsnorm(resid) * w (written to xn when
-// non-null); `x` is then unused and `out` may alias delta. Needs H <= 2048.
+// non-null); `x` is then unused and `out` may alias delta; with add_out, also resid += out at the end. Needs
+// H <= 2048.
 struct MoeNorm {
   float* resid = nullptr;
   const float* delta = nullptr;
   const float* w = nullptr;
   float eps = 0.0f;
   float* xn = nullptr;
+  bool add_out = false;
 };
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
                const MoeNorm* norm = nullptr);

@@ -40,6 +40,48 @@ struct RouteTail {
   int* counters = nullptr;  // one per token row, zero between launches (the last block resets its own)
 };
 
+// Optional RMSNorm of the input row, computed by every block while staging it (linear_multi_norm: a layer's input
+// norm folded into its mixer projections, one launch less per layer). w == nullptr: x is used as it is.
+struct InNorm {
+  const float* w = nullptr;
+  float eps = 0.0f;
+  float* xn = nullptr;  // the normed rows, written by the blocks of grid column 0 (may be null)
+};
+
+// stage_x (qdot.cuh) of rmsnorm(x) * w: the row is read twice (the sum of squares, then the scaled values; the
+// second read hits L1/L2) and block 0 of the row's grid column also writes it to xn.
+template <int BITS, int LPR>
+__device__ __forceinline__ void stage_x_norm(const float* __restrict__ x, const InNorm& nm, int n, float4* xs,
+                                             float* xc, float* xn) {
+  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
+  __shared__ float red[32];
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const float4* w4 = reinterpret_cast<const float4*>(nm.w);
+  float ss = 0.0f;
+  for (int f = threadIdx.x; f < n / 4; f += blockDim.x) {
+    const float4 v = x4[f];
+    ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+  }
+  const float inv = rsqrtf(block_sum(ss, red) / float(n) + nm.eps);
+  for (int f = threadIdx.x; f < n / 4; f += blockDim.x) {
+    const float4 v = x4[f], g = __ldg(w4 + f);
+    const float4 o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+    xs[x_slot<BITS, LPR>(f / F4, f % F4)] = o;
+    if (xn != nullptr) reinterpret_cast<float4*>(xn)[f] = o;
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < n / E; c += blockDim.x) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < F4; ++k) {
+      const float4 v = xs[x_slot<BITS, LPR>(c, k)];
+      s += (v.x + v.y) + (v.z + v.w);
+    }
+    xc[c] = s;
+  }
+  __syncthreads();
+}
+
 // Up to kMaxMats matrices of one width and format, concatenated by rows: matrix q holds rows [start[q],
 // start[q + 1]) and writes y[q] [T, start[q + 1] - start[q]]. Unused entries have start = INT_MAX.
 struct Mats {
@@ -66,7 +108,7 @@ __device__ __forceinline__ int mat_of(const Mats& M, int row) {
 // as the shared-expert gate logit.
 template <int BITS, int LPR, bool MULTI, bool ROUTE>
 __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows, const float* __restrict__ x,
-                                                          RouteTail tail) {
+                                                          RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
   extern __shared__ float4 smem[];
   constexpr int F4 = ChunkTraits<BITS>::kF4;
@@ -127,7 +169,11 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
   pdl_wait();
   float4* xs = smem;
   float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, LPR>(K));
-  stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
+  if (nm.w == nullptr)
+    stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
+  else
+    stage_x_norm<BITS, LPR>(x + int64_t(t) * K, nm, K, xs, xc,
+                            blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
   pdl_trigger();
   const float4* xl = xs + sub;
   const float* xcl = xc + sub;
@@ -191,7 +237,8 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
 }
 
 template <int BITS, bool MULTI, bool ROUTE>
-void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T) {
+void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
+                 const InNorm& nm) {
   constexpr int E = ChunkTraits<BITS>::kElems;
   const int CPR = static_cast<int>(a.in / E);
   int lpr = 32;
@@ -207,19 +254,20 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * 2));
   dim3 grid(blocks, T);
   switch (lpr) {
-    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail); break;
-    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail); break;
-    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail); break;
-    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail); break;
+    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
   }
 }
 
 template <bool MULTI, bool ROUTE>
-void launch_any(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T) {
+void launch_any(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
+                const InNorm& nm = InNorm{}) {
   switch (a.bits) {
-    case 4: launch_bits<4, MULTI, ROUTE>(c, a, m, rows, x, tail, T); break;
-    case 8: launch_bits<8, MULTI, ROUTE>(c, a, m, rows, x, tail, T); break;
-    default: launch_bits<16, MULTI, ROUTE>(c, a, m, rows, x, tail, T); break;
+    case 4: launch_bits<4, MULTI, ROUTE>(c, a, m, rows, x, tail, T, nm); break;
+    case 8: launch_bits<8, MULTI, ROUTE>(c, a, m, rows, x, tail, T, nm); break;
+    default: launch_bits<16, MULTI, ROUTE>(c, a, m, rows, x, tail, T, nm); break;
   }
 }
 
@@ -283,6 +331,20 @@ void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, 
   int rows = 0;
   for (int i = 0; i < n; ++i) rows += static_cast<int>(ws[i].out);
   launch_any<true, false>(c, ws[0], make_mats(ws, ys, n), rows, x, RouteTail{}, T);
+}
+
+void linear_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
+                       float* const* ys, int n, int T) {
+  FERN_CU_CHECK(linear_multi_ok(ws, n), "linear_multi_norm: matrices of different formats or widths");
+  FERN_CU_CHECK(ws[0].in % 4 == 0 && norm_w != nullptr, "linear_multi_norm: width or norm weight");
+  if (T <= 0) return;
+  int rows = 0;
+  for (int i = 0; i < n; ++i) rows += static_cast<int>(ws[i].out);
+  InNorm nm;
+  nm.w = norm_w;
+  nm.eps = eps;
+  nm.xn = xn;
+  launch_any<true, false>(c, ws[0], make_mats(ws, ys, n), rows, x, RouteTail{}, T, nm);
 }
 
 bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,

@@ -388,7 +388,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
       }
     }
     acc = warp_sum(acc);
-    if (lane == 0) a.out[n] = acc;
+    if (lane == 0) {
+      a.out[n] = acc;
+      // resid + delta was written by block 0 before the second handoff; this warp owns row n.
+      if (a.norm.add_out) a.norm.resid[n] = __ldcg(a.norm.resid + n) + acc;
+    }
   }
 }
 
@@ -454,7 +458,7 @@ bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s
   if (B != 4) return false;
   const int eb = 128 / B, er = 128 / RB;
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
-  if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads)) return false;
+  if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   FusedArgs a{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
               norm != nullptr ? *norm : MoeNorm{}};
   if (RB == 8 && B == 4) return launch_fused<8, 4>(c, a);

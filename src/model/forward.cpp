@@ -33,22 +33,24 @@ struct MixerScratch {
   }
 };
 
+// The mixers take the residual stream h and the layer's input norm: xn = RMSNorm(h) is computed with the
+// projections (rmsnorm_linear_multi; a backend may fold the norm into the projection kernel).
 // Gated DeltaNet mixer (MODEL.md 2.4): projections, then the fused core, then the output projection.
-void gdn_mixer(Backend& be, const GdnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor xn,
-               MixerScratch& s, Tensor out) {
+void gdn_mixer(Backend& be, const GdnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor h,
+               Tensor norm_w, float eps, Tensor xn, MixerScratch& s, Tensor out) {
   const Tensor proj_out[] = {s.mixed, s.z, s.b, s.a};  // four projections of one input: one launch where supported
   const LinearWeight* const proj_w[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
-  be.linear_multi(proj_out, xn, proj_w);
+  be.rmsnorm_linear_multi(proj_out, h, norm_w, eps, xn, proj_w);
   be.gdn_core(s.y, s.mixed, s.z, s.b, s.a, w, cfg, st, layer);         // conv, gates, delta rule, gated norm
   be.linear(out, s.y, w.out_proj);                                        // [T, H]
 }
 
 // Gated attention mixer (MODEL.md 2.3).
-void attn_mixer(Backend& be, const AttnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor xn,
-                MixerScratch& s, Tensor out) {
+void attn_mixer(Backend& be, const AttnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor h,
+                Tensor norm_w, float eps, Tensor xn, MixerScratch& s, Tensor out) {
   const Tensor proj_out[] = {s.qg, s.k, s.v};  // three projections of one input: one launch where supported
   const LinearWeight* const proj_w[] = {&w.q_proj, &w.k_proj, &w.v_proj};
-  be.linear_multi(proj_out, xn, proj_w);
+  be.rmsnorm_linear_multi(proj_out, h, norm_w, eps, xn, proj_w);
   be.attn_core(s.o, s.qg, s.k, s.v, w, cfg, st, layer);                 // q/k norm, RoPE, KV append, attention
   be.linear(out, s.o, w.o_proj);                                          // [T, H]
 }
@@ -77,22 +79,20 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
   be.embed(h, ids, w.embed);
   dump("embed", h);
 
-  be.rmsnorm(xn, h, w.layers[0].input_norm, eps);
   for (int il = 0; il < cfg.num_hidden_layers; ++il) {
     const LayerWeights& L = w.layers[il];
     if (L.type == LayerType::LinearAttention)
-      gdn_mixer(be, L.gdn, cfg, st, il, xn, mix, delta);
+      gdn_mixer(be, L.gdn, cfg, st, il, h, L.input_norm, eps, xn, mix, delta);
     else
-      attn_mixer(be, L.attn, cfg, st, il, xn, mix, delta);
+      attn_mixer(be, L.attn, cfg, st, il, h, L.input_norm, eps, xn, mix, delta);
     dump(fmt::format("L{}.mixer_out", il), delta);
-    be.add_rmsnorm_moe(h, delta, xn, L.post_norm, eps, delta, L.moe, cfg);  // r = h + a; xn = RMSNorm(r); MoE(xn)
+    // r = h + a; xn = RMSNorm(r); delta = MoE(xn); h = r + delta.
+    be.moe_residual(h, delta, xn, L.post_norm, eps, delta, L.moe, cfg);
     dump(fmt::format("L{}.moe_out", il), delta);
-    // h = r + MoE(..); xn = the next layer's input norm (or the final norm after the last layer).
-    const Tensor& next_norm = il + 1 < cfg.num_hidden_layers ? w.layers[il + 1].input_norm : w.final_norm;
-    be.add_rmsnorm(h, delta, xn, next_norm, eps);
     dump(fmt::format("L{}.out", il), h);
   }
-  // xn now holds RMSNorm(h; final_norm) for every row; project the rows whose logits are wanted.
+  be.rmsnorm(xn, h, w.final_norm, eps);
+  // xn holds RMSNorm(h; final_norm) for every row; project the rows whose logits are wanted.
   Tensor rows = opt.all_logits ? xn : xn.slice0(T - 1, 1);
   be.linear(logits, rows, w.lm_head);
   be.advance(st, T);

@@ -79,6 +79,13 @@ class Backend {
     FERN_CHECK(outs.size() == ws.size(), "linear_multi: {} outputs for {} weights", outs.size(), ws.size());
     for (size_t i = 0; i < ws.size(); ++i) linear(outs[i], x, *ws[i]);
   }
+  // A layer's input norm and its mixer projections: xn = rmsnorm(x, norm_w, eps), then linear_multi(outs, xn, ws).
+  // A backend may compute the norm inside the projection kernel; by default, one op after the other.
+  virtual void rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, Tensor norm_w, float eps, Tensor xn,
+                                    std::span<const LinearWeight* const> ws) {
+    rmsnorm(xn, x, norm_w, eps);
+    linear_multi(outs, xn, ws);
+  }
   // Gated DeltaNet core, MODEL.md 2.4 steps 3-9 without the projections: causal conv + SiLU over `mixed`
   // (carrying conv_state), split into q/k/v, gates beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias),
   // l2-normalised q (scaled by Dk^-1/2) and k, the delta rule on recurrent_state (fp32), then the gated RMSNorm
@@ -95,13 +102,14 @@ class Backend {
   // Sparse MoE block, MODEL.md 2.5: router softmax -> top-k -> renormalise, the selected experts' SwiGLU, the
   // weighted sum, plus the sigmoid-gated shared expert.  x [T, H] -> out [T, H].
   virtual void moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) = 0;
-  // The post-mixer half of a layer: add_rmsnorm(resid, delta, xn, norm_w, eps), then moe(out, xn, w, cfg). out may
-  // be delta. A backend may fuse the two (the CUDA decode path computes the norm inside its MoE kernel); by default,
-  // one op after the other.
-  virtual void add_rmsnorm_moe(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
-                               const MoeWeights& w, const ModelConfig& cfg) {
+  // The post-mixer half of a layer (MODEL.md 2.0): resid += delta; xn = rmsnorm(resid, norm_w, eps);
+  // out = moe(xn); resid += out. out may be delta. A backend may fuse these (the CUDA decode path runs them as one
+  // kernel); by default add_rmsnorm, moe, add.
+  virtual void moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
+                            const MoeWeights& w, const ModelConfig& cfg) {
     add_rmsnorm(resid, delta, xn, norm_w, eps);
     moe(out, xn, w, cfg);
+    add(resid, resid, out);
   }
   // ids[t] = argmax_j logits[t, j] (lowest index on ties). logits [T, V] -> ids I32 [T].
   virtual void argmax(Tensor ids, Tensor logits) = 0;

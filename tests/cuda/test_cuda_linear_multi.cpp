@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "cuda/kernels.h"
+#include "cuda/qweight.h"
 #include "cuda_test_util.h"
 
 namespace fern {
@@ -27,7 +29,14 @@ struct Mat {
 // matrix, row offset or output slice (NMSE ~1: independent random weights); an unwritten output is NaN.
 constexpr double kNmse = 1e-9;
 
-void run_table(const char* name, const std::vector<Mat>& mats, int64_t in, int gs, int T) {
+// norm: the table's input is rmsnorm(x) * w computed by the kernel (linear_multi_norm, the layer's input norm
+// folded into the projections), called directly (via_backend false) or through CudaBackend::rmsnorm_linear_multi.
+struct NormMode {
+  bool on = false;
+  bool via_backend = false;
+};
+
+void run_table(const char* name, const std::vector<Mat>& mats, int64_t in, int gs, int T, NormMode nm = {}) {
   SCOPED_TRACE(name);
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
@@ -52,7 +61,42 @@ void run_table(const char* name, const std::vector<Mat>& mats, int64_t in, int g
     outs.push_back(y);
     ws.push_back(&dw[i]);
   }
-  gpu->linear_multi(outs, dx, ws);
+  // Norm weights around 1 (as trained RMSNorm weights are), so that the normed row is not x itself.
+  auto nw = test::randn(size_t(in), 55 + uint64_t(in), 0.3f);
+  for (float& v : nw) v += 1.0f;
+  const float eps = 1e-6f;
+  std::vector<float> xn_ref(size_t(T * in));
+  Tensor dxn;
+  if (!nm.on) {
+    gpu->linear_multi(outs, dx, ws);
+  } else {
+    cpu->rmsnorm(test::host_f32(xn_ref, {T, in}), test::host_f32(x, {T, in}), test::host_f32(nw, {in}), eps);
+    x = xn_ref;  // the CPU reference projects the normed rows
+    Tensor dnw = test::upload_f32(*gpu, nw, {in});
+    dxn = gpu->alloc(DType::F32, {T, in});
+    if (nm.via_backend) {
+      gpu->rmsnorm_linear_multi(outs, dx, dnw, eps, dxn, ws);
+    } else {
+      std::vector<cuda::QW> q;
+      std::vector<float*> ys;
+      for (size_t i = 0; i < mats.size(); ++i) {
+        q.push_back(cuda::make_qw(dw[i]));
+        ys.push_back(outs[i].ptr<float>());
+      }
+      cuda::Ctx ctx;
+      ctx.stream = gpu->stream();
+      ctx.sms = gpu->sm_count();
+      ctx.pdl = gpu->pdl();
+      cuda::linear_multi_norm(ctx, q.data(), dx.ptr<float>(), dnw.ptr<float>(), eps, dxn.ptr<float>(), ys.data(),
+                              static_cast<int>(q.size()), T);
+    }
+    const auto got_xn = test::download(*gpu, dxn);
+    const double e = test::nmse(got_xn.data(), xn_ref.data(), got_xn.size());
+    std::printf("linear_multi %-22s normed input NMSE %.3e\n", name, e);
+    // The same formula with the sum of squares in another order: ~1e-14 expected; a wrong weight, eps or row gives
+    // > 1e-6.
+    EXPECT_LT(e, 1e-10);
+  }
   std::vector<std::vector<float>> refs;
   double table_sq = 0.0;
   size_t table_n = 0;
@@ -91,6 +135,17 @@ TEST(CudaLinearMulti, AwkwardTables) {
   run_table("bf16", {{515, 16}, {33, 16}}, 2048, 0, 2);
   run_table("single matrix", {{129, 4}}, 640, 128, 2);
   run_table("mixed formats", {{64, 4}, {64, 8}, {31, 4}}, 2048, 64, 1);  // falls back to separate launches
+}
+
+// The input norm folded into the projections (decode: one row; the kernel also takes several rows).
+TEST(CudaLinearMulti, WithInputNorm) {
+  FERN_REQUIRE_GPU();
+  run_table("norm gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
+  run_table("norm attn q|k|v backend", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, {true, true});
+  run_table("norm odd rows T=3", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 3, {true, false});
+  run_table("norm 8-bit", {{300, 8}, {19, 8}}, 4096, 32, 1, {true, false});
+  run_table("norm bf16", {{515, 16}, {33, 16}}, 2048, 0, 1, {true, false});
+  run_table("norm mixed backend", {{64, 4}, {64, 8}, {31, 4}}, 2048, 64, 1, {true, true});  // rmsnorm + fall-back
 }
 
 }  // namespace
