@@ -22,12 +22,15 @@ source tools/gpu-env.sh
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) commit $(cat decode-head.commit) mode $MODE"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA=ON -DFERN_CUDA_ARCHS=90a-real >"$L/cmake.log" 2>&1 ||
   { tail -20 "$L/cmake.log"; exit 1; }
+mine="cuda_test_cuda_linear cuda_test_cuda_linear_multi cuda_test_cuda_misc cuda_test_cuda_gdn cuda_test_cuda_attn cuda_test_cuda_moe cuda_test_cuda_forward"
 if [ "$MODE" = quick ]; then
   tests="cuda_test_cuda_moe cuda_test_cuda_attn cuda_test_cuda_forward"
+  others=""
   targets="$tests bench_cuda_decode"
 else
-  tests=$(ninja -C build -t targets all | grep -o '^cuda_test_[a-z_0-9]*' | sort -u | tr '\n' ' ')
-  targets="$tests bench_cuda_decode fern"
+  tests=$mine
+  others=$(ninja -C build -t targets all | grep -o '^cuda_test_[a-z_0-9]*' | sort -u | grep -vxF -f <(tr ' ' '\n' <<<"$mine") | tr '\n' ' ')
+  targets="$tests $others bench_cuda_decode fern"
 fi
 # -k 0: a target broken by someone else's commit must not stop the others.
 ninja -C build -k 0 -j16 $targets >"$L/build.log" 2>&1 || { grep -E "error|FAILED" "$L/build.log" | head -30; note "BUILD FAILED (some targets)"; }
@@ -37,13 +40,14 @@ for t in $tests; do
   FERN_CUDA_PDL=1 timeout 100 ./build/$t >"$L/$t.pdl1.log" 2>&1 || fails+=" $t"
 done
 if [ "$MODE" = full ]; then
-  for t in cuda_test_cuda_moe cuda_test_cuda_attn cuda_test_cuda_forward; do
+  for t in cuda_test_cuda_moe cuda_test_cuda_forward; do
     FERN_CUDA_PDL=0 timeout 100 ./build/$t >"$L/$t.pdl0.log" 2>&1 || fails+=" $t(PDL off)"
   done
 fi
-note "CUDA tests: $(cat $L/*.pdl1.log | grep -c '^\[       OK') OK with PDL, $(cat $L/*.pdl0.log 2>/dev/null | grep -c '^\[       OK') OK without; failed:${fails:- none} ($(( $(date +%s) - start )) s)"
-grep -hE "^moe |NMSE|top-1|graph replay" "$L"/cuda_test_cuda_moe.pdl1.log "$L"/cuda_test_cuda_attn.pdl1.log \
-  "$L"/cuda_test_cuda_forward.pdl1.log | cut -c1-150 | head -60
+note "decode CUDA tests: $(cat $L/*.pdl1.log | grep -c '^\[       OK') OK with PDL, $(cat $L/*.pdl0.log 2>/dev/null | grep -c '^\[       OK') OK without; failed:${fails:- none} ($(( $(date +%s) - start )) s)"
+grep -hE "^moe |^linear_multi norm|NMSE|top-1|graph replay" "$L"/cuda_test_cuda_moe.pdl1.log "$L"/cuda_test_cuda_attn.pdl1.log \
+  "$L"/cuda_test_cuda_linear_multi.pdl1.log "$L"/cuda_test_cuda_gdn.pdl1.log "$L"/cuda_test_cuda_forward.pdl1.log 2>/dev/null |
+  grep -vE "^linear_multi (gdn|attn|one|odd|group|8-bit|bf16|single|mixed)" | cut -c1-150 | head -70
 grep -hB3 -A10 "Failure\|FAILED  \]" "$L"/*.log | head -60
 if [ "$MODE" = full ] && command -v compute-sanitizer >/dev/null; then
   FERN_CUDA_PDL=1 timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/cuda_test_cuda_forward \
@@ -53,13 +57,22 @@ fi
 # If the fused MoE failed its own tests, measure everything else with the three-launch MoE.
 case "$fails" in *cuda_test_cuda_moe*) export FERN_CUDA_MOE_FUSED=0; note "fused MoE off for the benchmarks";; esac
 what=$([ "$MODE" = quick ] && echo decode || echo all)
-FERN_CUDA_PDL=1 timeout 150 ./build/bench/bench_cuda_decode $what 2>&1 | tee "$OUT/bench_decode.log"
-note "bench_cuda_decode $what rc=${PIPESTATUS[0]}"
+FERN_CUDA_PDL=1 timeout 100 ./build/bench/bench_cuda_decode $what 2>&1 | tee "$OUT/bench_decode.log"
+note "bench_cuda_decode $what rc=${PIPESTATUS[0]} ($(( $(date +%s) - start )) s)"
 if [ "$MODE" = full ]; then
-  timeout 150 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
+  timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
     >"$OUT/fern_bench.log" 2>&1
-  note "fern bench rc=$?"
+  note "fern bench rc=$? ($(( $(date +%s) - start )) s)"
   tail -8 "$OUT/fern_bench.log"
+  # The other helpers' CUDA tests (prefill paths) last, within what is left of the call.
+  ofails=""
+  for t in $others; do
+    left=$(( start + 185 - $(date +%s) ))
+    [ $left -lt 10 ] && { ofails+=" $t(not run: time)"; continue; }
+    timeout $left ./build/$t >"$L/$t.other.log" 2>&1 || ofails+=" $t"
+  done
+  note "other CUDA tests: $(cat $L/*.other.log 2>/dev/null | grep -c '^\[       OK') OK; failed or not run:${ofails:- none}"
+  grep -hB2 -A6 "Failure" "$L"/*.other.log 2>/dev/null | head -30
 fi
 note "total $(( $(date +%s) - start )) s"
 tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$L"
