@@ -261,13 +261,13 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(AttnShape sh, in
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int s = 0;
-    // 16 independent loads per round (version 3: 4, so 64 splits took 16 dependent L2 round trips).
-    for (; s + 16 <= nsplit; s += 16) {
-      float a[16];
+    // 32 independent loads per round (version 3: 4, so the default 64 splits took 16 dependent L2 round trips).
+    for (; s + 32 <= nsplit; s += 32) {
+      float a[32];
 #pragma unroll
-      for (int u = 0; u < 16; ++u) a[u] = acc[int64_t(s + u) * D + d];
+      for (int u = 0; u < 32; ++u) a[u] = acc[int64_t(s + u) * D + d];
 #pragma unroll
-      for (int u = 0; u < 16; ++u) num[u & 3] = fmaf(a[u], fac[s + u], num[u & 3]);
+      for (int u = 0; u < 32; ++u) num[u & 3] = fmaf(a[u], fac[s + u], num[u & 3]);
     }
     for (; s + 4 <= nsplit; s += 4) {
 #pragma unroll
