@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) attn_prep_kernel(AttnShape sh, const
   }
 }
 
-// The split kernel walks one KV position per warp iteration. A version that kept 4 positions in flight per warp
+// The split kernel walks one KV position per warp iteration (version 4: the next two positions' rows in flight). A version that kept 4 positions in flight per warp
 // (raw BF16 rows in registers, 252 registers) measured 27-29% slower on the H200 with nsplit = 1 (4K: 6.0 vs
 // 4.7 ms for 10 layers; 128K: 180 vs 139 ms): the loop is bound by the dependent shuffle reductions at 8 warps per
 // SM, not by load latency (docs/notes/cuda-decode-v2.md). Version 3 keeps the one-position structure and only
@@ -130,11 +130,19 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
   const int64_t row_stride = int64_t(sh.Hkv) * D;
   const uint16_t* kbase = k_cache + kvh * D + lane * DPL;
   const uint16_t* vbase = v_cache + kvh * D + lane * DPL;
-  RawRow<DPL> kn, vn;  // the warp's next position, requested one iteration ahead
-  const bool early = lo + warp < hi && lo + warp < pos0;
-  if (early) {
-    load_raw_row<DPL>(kbase + (lo + warp) * row_stride, kn);
-    load_raw_row<DPL>(vbase + (lo + warp) * row_stride, vn);
+  // The warp's next two positions, requested two iterations ahead: buffer A holds positions lo + warp + 2j kWarps,
+  // buffer B the ones in between (two buffers alternate rather than shift: moving a register whose load is in
+  // flight would wait for it).
+  RawRow<DPL> ka, va, kb, vb;
+  const int64_t p0 = lo + warp, p1 = p0 + kWarps;
+  const bool early0 = p0 < hi && p0 < pos0, early1 = p1 < hi && p1 < pos0;
+  if (early0) {
+    load_raw_row<DPL>(kbase + p0 * row_stride, ka);
+    load_raw_row<DPL>(vbase + p0 * row_stride, va);
+  }
+  if (early1) {
+    load_raw_row<DPL>(kbase + p1 * row_stride, kb);
+    load_raw_row<DPL>(vbase + p1 * row_stride, vb);
   }
   pdl_wait();
   pdl_trigger();
@@ -154,18 +162,16 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
   }
-  if (!early && lo + warp < hi) {
-    load_raw_row<DPL>(kbase + (lo + warp) * row_stride, kn);
-    load_raw_row<DPL>(vbase + (lo + warp) * row_stride, vn);
+  if (!early0 && p0 < hi) {
+    load_raw_row<DPL>(kbase + p0 * row_stride, ka);
+    load_raw_row<DPL>(vbase + p0 * row_stride, va);
   }
-  for (int64_t p = lo + warp; p < hi; p += kWarps) {
-    float kv[DPL], vv[DPL];
-    unpack_row<DPL>(kn, kv);
-    unpack_row<DPL>(vn, vv);
-    if (p + kWarps < hi) {
-      load_raw_row<DPL>(kbase + (p + kWarps) * row_stride, kn);
-      load_raw_row<DPL>(vbase + (p + kWarps) * row_stride, vn);
-    }
+  if (!early1 && p1 < hi) {
+    load_raw_row<DPL>(kbase + p1 * row_stride, kb);
+    load_raw_row<DPL>(vbase + p1 * row_stride, vb);
+  }
+  // One position: scores of the G heads, online-softmax update of their sums.
+  auto position = [&](const float (&kv)[DPL], const float (&vv)[DPL]) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float s = 0.0f;
@@ -179,6 +185,28 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
 #pragma unroll
       for (int i = 0; i < DPL; ++i) acc[g][i] = fmaf(acc[g][i], corr, e * vv[i]);
       m[g] = mn;
+    }
+  };
+  for (int64_t p = p0; p < hi; p += 2 * kWarps) {
+    {
+      float kv[DPL], vv[DPL];
+      unpack_row<DPL>(ka, kv);
+      unpack_row<DPL>(va, vv);
+      if (p + 2 * kWarps < hi) {
+        load_raw_row<DPL>(kbase + (p + 2 * kWarps) * row_stride, ka);
+        load_raw_row<DPL>(vbase + (p + 2 * kWarps) * row_stride, va);
+      }
+      position(kv, vv);
+    }
+    if (p + kWarps < hi) {
+      float kv[DPL], vv[DPL];
+      unpack_row<DPL>(kb, kv);
+      unpack_row<DPL>(vb, vv);
+      if (p + 3 * kWarps < hi) {
+        load_raw_row<DPL>(kbase + (p + 3 * kWarps) * row_stride, kb);
+        load_raw_row<DPL>(vbase + (p + 3 * kWarps) * row_stride, vb);
+      }
+      position(kv, vv);
     }
   }
   // Merge the warps: block max, then the rescaled sums added warp after warp (one barrier each). Version 3 added
