@@ -284,9 +284,10 @@ void bench_decode() {
     std::printf("%-40s %9.1f us\n", "sum of blocks", sum * 1e6);
   }
 
-  // Split-K choice: 10 attention cores at several contexts and split counts.
-  {
-    std::printf("\n== attention split-K: us for 10 x attn_core (graph replay) ==\n%8s", "context");
+  // Split-K choice: 10 attention cores at several contexts and split counts, for each head grouping.
+  for (const char* hg : {"2", "1"}) {
+    setenv("FERN_CUDA_ATTN_HG", hg, 1);
+    std::printf("\n== attention split-K, query heads of a KV head over %s block(s): us for 10 x attn_core (graph replay) ==\n%8s", hg, "context");
     const int splits[] = {1, 4, 16, 32, 64, 128};
     for (int n : splits) std::printf(" %8s%-3d", "nsplit=", n);
     std::printf("\n");
@@ -310,6 +311,7 @@ void bench_decode() {
       std::printf("   (default nsplit %d)\n", cuda::attn_splits(ctx + 256));
     }
   }
+  unsetenv("FERN_CUDA_ATTN_HG");  // the decode steps below use the default grouping
 
   std::printf("\n== decode steps (graph replay, 64 steps per run, median of 3 runs) ==\n");
   std::printf("%8s %10s %10s %12s %9s %8s\n", "context", "us/token", "tok/s", "bytes/token", "GB/s", "%roof");

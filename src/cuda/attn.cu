@@ -1,10 +1,13 @@
 // Gated attention for T query rows (MODEL.md 2.3 steps 3-7):
 //  attn_prep:   q/k RMSNorm + partial RoPE (NeoX rotate-half on the first `rot` dims) + KV append (BF16), one
 //               block per head; the position comes from device memory.
-//  attn_decode: GQA-packed split-K attention. A block owns one KV head and one slice of the KV length; each of
-//               its warps walks positions of the slice, every lane holding D/32 dims of the G query heads that
-//               share the KV head, so one coalesced read of a K row and a V row serves all G heads. Partial
+//  attn_decode: GQA-packed split-K attention. A block owns one KV head (or a group of its query heads, see
+//               attn_head_groups) and one slice of the KV length; each of its warps walks positions of the slice,
+//               every lane holding D/32 dims of the block's query heads, so one coalesced read of a K row and a V
+//               row serves all of them. Partial
 //               (max, sum, acc) per split are merged by a second kernel that also applies sigmoid(gate).
+#include <cstdlib>
+
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/cuda_util.cuh"
@@ -106,8 +109,9 @@ __device__ __forceinline__ void unpack_row(const RawRow<DPL>& r, float (&out)[DP
   }
 }
 
+// G query heads per block: all heads of one KV head, or a part of them (head groups, gridDim.x = Hkv * groups).
 template <int G, int DPL>
-__global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, const int32_t* __restrict__ d_pos,
+__global__ void __launch_bounds__(kThreads, G <= 4 ? 2 : 1) attn_split_kernel(AttnShape sh, const int32_t* __restrict__ d_pos,
                                                               const float* __restrict__ q,
                                                               const uint16_t* __restrict__ k_cache,
                                                               const uint16_t* __restrict__ v_cache,
@@ -117,7 +121,9 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
   __shared__ float wm[kWarps][G];
   __shared__ __align__(16) float sacc[G][D];
   __shared__ float sl[G];
-  const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z, nsplit = gridDim.y;
+  const int groups = gridDim.x / sh.Hkv;
+  const int kvh = blockIdx.x / groups, sp = blockIdx.y, t = blockIdx.z, nsplit = gridDim.y;
+  const int hb = kvh * (G * groups) + (blockIdx.x % groups) * G;  // the block's first query head
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // The position and the cache rows before it are not written by the kernel just before this one (attn_prep, which
   // appends rows [pos, pos + T)): their writers are at least two launches back, finished once this kernel starts
@@ -150,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
   float qr[G][DPL];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    const float* qp = q + (int64_t(t) * sh.Hq + kvh * G + g) * D + lane * DPL;
+    const float* qp = q + (int64_t(t) * sh.Hq + hb + g) * D + lane * DPL;
 #pragma unroll
     for (int i = 0; i < DPL; ++i) qr[g][i] = qp[i] * scale;
   }
@@ -225,7 +231,7 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w][g]);
     f[g] = m[g] == -INFINITY ? 0.0f : __expf(m[g] - M);
     if (warp == 0 && lane == 0) {
-      float* ml = part_ml + ((int64_t(t) * sh.Hq + kvh * G + g) * nsplit + sp) * 2;
+      float* ml = part_ml + ((int64_t(t) * sh.Hq + hb + g) * nsplit + sp) * 2;
       ml[0] = M;
     }
   }
@@ -253,9 +259,9 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(AttnShape sh, cons
   }
   for (int i = threadIdx.x; i < G * D; i += kThreads) {
     const int g = i / D, d = i % D;
-    part_acc[((int64_t(t) * sh.Hq + kvh * G + g) * nsplit + sp) * D + d] = sacc[g][d];
+    part_acc[((int64_t(t) * sh.Hq + hb + g) * nsplit + sp) * D + d] = sacc[g][d];
   }
-  if (threadIdx.x < G) part_ml[((int64_t(t) * sh.Hq + kvh * G + threadIdx.x) * nsplit + sp) * 2 + 1] = sl[threadIdx.x];
+  if (threadIdx.x < G) part_ml[((int64_t(t) * sh.Hq + hb + threadIdx.x) * nsplit + sp) * 2 + 1] = sl[threadIdx.x];
 }
 
 // One block per (head, row). The splits' (max, sum) pairs are read once, in parallel, into shared memory and turned
@@ -315,6 +321,15 @@ void launch_split(const Ctx& c, const AttnShape& sh, dim3 grid, const int32_t* d
     launch(c, "attn_split_kernel", attn_split_kernel<G, 4>, grid, kThreads, 0, sh, d_pos, q, kc, vc, pml, pacc);
 }
 
+// Query heads of one KV head split over `groups` blocks. 8 heads per block need 218 registers (one block per SM, 8
+// warps); 4 heads fit two blocks per SM, at the price of each K/V row being read by two blocks (the second read
+// mostly from L2). FERN_CUDA_ATTN_HG=1/2/4 overrides the default (read at every call, for the benchmark).
+int attn_head_groups(int G) {
+  const char* e = std::getenv("FERN_CUDA_ATTN_HG");
+  const int want = e != nullptr ? std::atoi(e) : (G == 8 ? 2 : 1);
+  return want >= 1 && want <= G && G % want == 0 ? want : 1;
+}
+
 }  // namespace
 
 int attn_splits(int64_t capacity) {
@@ -342,8 +357,9 @@ void attn_decode(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const 
     raise_error("attention: unsupported head shape (head_dim " + std::to_string(sh.D) + ", " + std::to_string(G) +
                 " query heads per KV head; supported: head_dim 128/256, 1/2/4/8 per KV head)");
   FERN_CU_CHECK(nsplit >= 1 && nsplit <= kMaxSplits, "attention: split count");
-  dim3 grid(sh.Hkv, nsplit, T);
-  switch (G) {
+  const int groups = attn_head_groups(G);
+  dim3 grid(sh.Hkv * groups, nsplit, T);
+  switch (G / groups) {
     case 1: launch_split<1>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;
     case 2: launch_split<2>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;
     case 4: launch_split<4>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;

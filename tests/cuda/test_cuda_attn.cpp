@@ -3,6 +3,8 @@
 // theta 1e7): a multi-row prefill then decode steps, at a short capacity (one split) and a long one (many splits).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "cuda_test_util.h"
 
 namespace fern {
@@ -69,6 +71,19 @@ TEST(CudaAttn, ShortContextOneSplit) {
 TEST(CudaAttn, LongContextSplitK) {
   FERN_REQUIRE_GPU();
   run(16, 2, 256, 4096, {1, 1500, 1, 1, 333, 1, 1}, 5);
+}
+
+// The decode kernel with each head grouping (FERN_CUDA_ATTN_HG, read at every call): all 8 query heads of a KV
+// head in one block (218 registers), 4 per block (the default for 8), 2 per block.
+TEST(CudaAttn, DecodeHeadGroups) {
+  FERN_REQUIRE_GPU();
+  for (const char* hg : {"1", "2", "4"}) {
+    SCOPED_TRACE(hg);
+    setenv("FERN_CUDA_ATTN_HG", hg, 1);
+    std::printf("FERN_CUDA_ATTN_HG=%s\n", hg);
+    run(16, 2, 256, 4096, {300, 1, 1, 1}, 21);
+  }
+  unsetenv("FERN_CUDA_ATTN_HG");
 }
 
 TEST(CudaAttn, OtherHeadShapes) {
