@@ -116,7 +116,9 @@ int main() {
   };
   const Variant variants[] = {
       {"row-by-row decode kernels (before)", "rows", nullptr, nullptr, nullptr, nullptr},
-      {"grouped, default (GPU routing, adaptive tile, fused dequant)", nullptr, nullptr, nullptr, nullptr, nullptr},
+      {"grouped, default (tensor-core router, GPU grouping, adaptive tile, fused dequant)", nullptr, nullptr, nullptr,
+       nullptr, nullptr},
+      {"grouped, FERN_MOE_ROUTER=fused (router GEMV)", nullptr, nullptr, nullptr, nullptr, nullptr, "fused"},
       {"grouped, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr},
       {"grouped, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
       {"grouped, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr},
@@ -126,8 +128,6 @@ int main() {
       {"grouped, FERN_MOE_PREFETCH=1, tile 16", nullptr, nullptr, "16", nullptr, "1"},
       {"grouped, FERN_MOE_PREFETCH=1, tile 32", nullptr, nullptr, "32", nullptr, "1"},
       {"grouped, FERN_MOE_PREFETCH=1, tile 64", nullptr, nullptr, "64", nullptr, "1"},
-      {"grouped, FERN_MOE_ROUTER=gemm", nullptr, nullptr, nullptr, nullptr, nullptr, "gemm"},
-      {"grouped, FERN_MOE_ROUTER=gemm, FERN_MOE_PREFETCH=1", nullptr, nullptr, nullptr, nullptr, "1", "gemm"},
   };
   const int Ts[] = {512, 2048};
   const int maxT = 2048;

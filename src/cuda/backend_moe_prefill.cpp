@@ -1,14 +1,16 @@
 // Sparse MoE block for a chunk of T > 1 prompt rows (prefill). Shapes are checked by moe().
-// Default path (moe_prefill.h): router and top-k on the GPU, the pairs grouped by expert on the GPU, grouped
-// tensor-core GEMMs for gate/up and down (the shared expert as one more group), a deterministic combine.
+// Default path (moe_prefill.h): router logits on the tensor cores and top-k on the GPU, the pairs grouped by expert
+// on the GPU, grouped tensor-core GEMMs for gate/up and down (the shared expert as one more group), a deterministic
+// combine.
 // Ablation switches (environment, read on every call so that a benchmark can flip them; default = fast path):
 //   FERN_MOE_PATH=rows        the decode kernels over the rows (the path before the grouped GEMMs)
+//   FERN_MOE_ROUTER=fused     the fused router GEMV of the decode path (cuda::moe_route) instead of the tensor cores
 //   FERN_MOE_ROUTING=host     the top-k ids copied to the host, the grouping built there and uploaded
 //   FERN_MOE_TILE=fixed|16|32|64|adaptive   token rows per GEMM tile (fixed = 64; adaptive, the default, from the
 //                             mean rows per expert, see tile_rows)
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
 //   FERN_MOE_PREFETCH=1       the tile loop issues the next k tile's global loads before the current tile's MMAs
-//   FERN_MOE_ROUTER=gemm      router logits on the tensor cores (moe_route_gemm) instead of the fused router GEMV
+//                             (measured slower at every tile height: docs/notes/cuda-prefill-v2-moe.md)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -112,7 +114,9 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
 
   s.h = nullptr;  // the grouped path keeps its intermediates in expert order (below)
   const cuda::QW router = cuda::make_qw(w.router), seg = cuda::make_qw(w.shared_expert_gate);
-  if (!env_is("FERN_MOE_ROUTER", "gemm") || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k))
+  // The tensor-core router measured 0.064 vs 0.166 ms at T = 512 and 0.088 vs 0.636 ms at 2048 (the GEMV re-reads
+  // the router for every row).
+  if (env_is("FERN_MOE_ROUTER", "fused") || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k))
     cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);
 
   const int Ei = static_cast<int>(E);
