@@ -322,11 +322,14 @@ void launch_split(const Ctx& c, const AttnShape& sh, dim3 grid, const int32_t* d
 }
 
 // Query heads of one KV head split over `groups` blocks. 8 heads per block need 218 registers (one block per SM, 8
-// warps); 4 heads fit two blocks per SM, at the price of each K/V row being read by two blocks (the second read
-// mostly from L2). FERN_CUDA_ATTN_HG=1/2/4 overrides the default (read at every call, for the benchmark).
-int attn_head_groups(int G) {
+// warps); 4 heads fit two blocks per SM, at the price of each K/V row being read by two blocks. Measured on the H200
+// (docs/notes/cuda-decode-v4.md, 10 cores, 64 splits): 2 groups 191.8 vs 226.1 us at 4K, 565 vs 571 at 32K, but
+// 1,830 vs 1,730 at 128K, where the second read of each row costs more than the occupancy gains. So 2 groups for 8
+// heads per KV head below 64K positions of capacity, else 1. FERN_CUDA_ATTN_HG=1/2/4 overrides (read at every
+// call, for the benchmark).
+int attn_head_groups(int G, int64_t capacity) {
   const char* e = std::getenv("FERN_CUDA_ATTN_HG");
-  const int want = e != nullptr ? std::atoi(e) : (G == 8 ? 2 : 1);
+  const int want = e != nullptr ? std::atoi(e) : (G == 8 && capacity < 65536 ? 2 : 1);
   return want >= 1 && want <= G && G % want == 0 ? want : 1;
 }
 
@@ -357,7 +360,7 @@ void attn_decode(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const 
     raise_error("attention: unsupported head shape (head_dim " + std::to_string(sh.D) + ", " + std::to_string(G) +
                 " query heads per KV head; supported: head_dim 128/256, 1/2/4/8 per KV head)");
   FERN_CU_CHECK(nsplit >= 1 && nsplit <= kMaxSplits, "attention: split count");
-  const int groups = attn_head_groups(G);
+  const int groups = attn_head_groups(G, sh.capacity);
   dim3 grid(sh.Hkv * groups, nsplit, T);
   switch (G / groups) {
     case 1: launch_split<1>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;

@@ -20,11 +20,13 @@ constexpr int kCols = 32;
 constexpr int kSlices = kThreads / kCols;
 constexpr int kMaxDk = 128;
 constexpr int kMaxRows = kMaxDk / kSlices;
-constexpr int kMaxKS = 4;    // conv taps held in registers (the model's kernel is 4)
+constexpr int kMaxKS = 8;    // conv taps supported (the model's kernel is 4; the tests also use 2 and 7)
 constexpr int kConvPer = 2;  // conv channels per thread: 2 * Dk + kCols <= 2 * kThreads
 
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+// MAXKS: conv taps held in registers (4 for the model: the variant measured on the H200; 8 for longer kernels).
+template <int MAXKS>
 __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const float* __restrict__ mixed,
                                                        const float* __restrict__ z, const float* __restrict__ bgate,
                                                        const float* __restrict__ agate,
@@ -61,13 +63,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
     for (int ii = 0; ii < kMaxRows; ++ii)
       if (ii < R) s[ii] = S[int64_t(sl * R + ii) * sh.Dv + j];
   };
-  float cw[kConvPer][kMaxKS], cs[kConvPer][kMaxKS - 1];
+  float cw[kConvPer][MAXKS], cs[kConvPer][MAXKS - 1];
   auto load_conv_state = [&] {
 #pragma unroll
     for (int q = 0; q < kConvPer; ++q) {
       const int idx = tid + q * kThreads;
 #pragma unroll
-      for (int r = 0; r < kMaxKS - 1; ++r)
+      for (int r = 0; r < MAXKS - 1; ++r)
         cs[q][r] = idx < nconv && r < KS - 1 ? conv_state[int64_t(r) * C + channel(idx)] : 0.0f;
     }
   };
@@ -75,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
   for (int q = 0; q < kConvPer; ++q) {
     const int idx = tid + q * kThreads;
 #pragma unroll
-    for (int r = 0; r < kMaxKS; ++r) cw[q][r] = idx < nconv && r < KS ? __ldg(conv_w + int64_t(channel(idx)) * KS + r) : 0.0f;
+    for (int r = 0; r < MAXKS; ++r) cw[q][r] = idx < nconv && r < KS ? __ldg(conv_w + int64_t(channel(idx)) * KS + r) : 0.0f;
   }
   const float a_log = __ldg(A_log + h), dtb = __ldg(dt_bias + h);
   const float nw = tid < Dv ? __ldg(norm_w + tid) : 0.0f;
@@ -111,10 +113,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
       // compile-time constants only).
       float acc = 0.0f;
 #pragma unroll
-      for (int r = 0; r < kMaxKS; ++r)
+      for (int r = 0; r < MAXKS; ++r)
         if (r == KS - 1) acc = cw[q][r] * mx[q];
 #pragma unroll
-      for (int r = 0; r < kMaxKS - 1; ++r)
+      for (int r = 0; r < MAXKS - 1; ++r)
         if (r < KS - 1) acc = fmaf(cw[q][r], cs[q][r], acc);
       const float v = silu(acc);
       if (idx < Dk) qs[idx] = v;
@@ -212,7 +214,7 @@ void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const
                 "gdn: unsupported head shape");
   const int64_t vd = int64_t(sh.Hv) * sh.Dv;
   dim3 grid(sh.Hv, sh.Dv / kCols);
-  launch(c, "gdn_kernel", gdn_kernel, grid, kThreads, 0, sh, mixed + int64_t(t) * sh.conv_dim, z + t * vd, b + int64_t(t) * sh.Hv,
+  launch(c, "gdn_kernel", sh.kernel <= 4 ? gdn_kernel<4> : gdn_kernel<kMaxKS>, grid, kThreads, 0, sh, mixed + int64_t(t) * sh.conv_dim, z + t * vd, b + int64_t(t) * sh.Hv,
                                               a + int64_t(t) * sh.Hv, conv_w, A_log, dt_bias, norm_w, conv_state,
                                               state, y + t * vd, c.counters, early_state && t == 0 ? 1 : 0);
   FERN_CUDA_LAUNCH_CHECK("gdn_kernel");
