@@ -12,7 +12,7 @@ void CudaBackend::rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, T
   const int64_t D = x.dim(-1);
   std::vector<cuda::QW> q;
   for (const LinearWeight* w : ws) q.push_back(cuda::make_qw(*w));
-  const bool fold = x.numel() == D && !ws.empty() && norm_w.numel() == D && xn.numel() == D && D % 4 == 0 &&
+  const bool fold = x.numel() == D && !ws.empty() && norm_w.numel() == D && xn.numel() == D && D % 4 == 0 && D <= 4096 &&
                     cuda::linear_multi_ok(q.data(), static_cast<int>(q.size())) && ws[0]->in == D;
   if (!fold) {
     Backend::rmsnorm_linear_multi(outs, x, norm_w, eps, xn, ws);

@@ -42,7 +42,7 @@ void linear(const Ctx& c, const QW& w, const float* x, float* y, int T);
 bool linear_multi_ok(const QW* ws, int n);
 void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T);
 // linear_multi of xn = rmsnorm(x) * norm_w, the norm computed by every block while staging its input (always the
-// GEMV: decode). xn (may be null) receives the normed rows.
+// GEMV: decode; width <= 4096). xn (may be null) receives the normed rows.
 void linear_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
                        float* const* ys, int n, int T);
 // Prefill: token rows from which linear/linear_multi may use the tensor-core kernel below instead of the GEMV

@@ -228,6 +228,14 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     }
   };
   if (v < n_p1) load_p1(v);  // weights only: before waiting on the previous kernel
+  float4 wn[kNormV];  // the norm weight (norm mode), also a weight: requested before the wait
+  if (a.norm.resid != nullptr) {
+#pragma unroll
+    for (int q = 0; q < kNormV; ++q) {
+      const int f = threadIdx.x + q * kThreads;
+      wn[q] = f < H / 4 ? __ldg(reinterpret_cast<const float4*>(a.norm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   pdl_wait();
   if (threadIdx.x == 0) {
     const int ep = __ldcg(a.counters);
@@ -248,7 +256,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     __shared__ float red[32];
     const float4* r4 = reinterpret_cast<const float4*>(a.norm.resid);
     const float4* d4 = reinterpret_cast<const float4*>(a.norm.delta);
-    const float4* w4 = reinterpret_cast<const float4*>(a.norm.w);
     float ss = 0.0f;
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
@@ -264,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     for (int q = 0; q < kNormV; ++q) {
       const int f = threadIdx.x + q * kThreads;
       if (f < H / 4) {
-        const float4 w = __ldg(w4 + f);
+        const float4 w = wn[q];
         const float4 xv =
             make_float4(rsum[q].x * inv * w.x, rsum[q].y * inv * w.y, rsum[q].z * inv * w.z, rsum[q].w * inv * w.w);
         put_x<RB>(xr, f, xv);
