@@ -11,8 +11,12 @@
 //     will need (they depend only on the chosen experts) and computes its share of the routed gate/up rows while
 //     those loads are in flight. Count in, wait for all blocks.
 //  3. Each warp finishes its down row(s) from the already loaded weights and the complete intermediate h.
+// With a MoeNorm (moe_residual) the kernel also computes its input, resid += delta and RMSNorm, in every block, and
+// adds its output to resid (block 0 writes resid + delta after the first handoff; the warp of down row n adds row n
+// after the second). Measured on the H200 (docs/notes/cuda-decode-v4.md): 22.4 us per layer against 25.5 for the
+// three launches, far from the 11-13 predicted; the phases have not been timed separately yet.
 //
-// Handoff counters (ctx.counters[0, kFusedCounters)): [0] an epoch, [1..2] arrivals at the router handoff, [3..4]
+// Handoff counters (ctx.counters[0, kMoeFusedCounters)): [0] an epoch, [1..2] arrivals at the router handoff, [3..4]
 // arrivals at the h handoff, one of each pair per epoch parity. A launch reads the epoch after its PDL wait (the
 // previous launch has then finished), uses the pair of its parity, zeroes the other pair for the next launch, and
 // the last block to arrive at the h handoff (every block has read the epoch by then) advances the epoch. Nothing
