@@ -323,6 +323,14 @@ void CudaBackend::linear_multi(std::span<const Tensor> outs, Tensor x, std::span
                      static_cast<int>(T));
 }
 
+// Runs a multi-row block op and releases the scratch it took (arena_mark says why that is safe).
+template <class F>
+void CudaBackend::with_released_scratch(F&& op) {
+  const ArenaMark m = arena_mark();
+  op();
+  arena_release(m);
+}
+
 void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
                            const ModelConfig& cfg, SequenceState& state, int layer) {
   join_side();
@@ -335,7 +343,7 @@ void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a,
   if (mixed.dim(0) == 1)
     gdn_decode_(y, mixed, z, b, a, w, cfg, state, layer);
   else
-    gdn_prefill_(y, mixed, z, b, a, w, cfg, state, layer);
+    with_released_scratch([&] { gdn_prefill_(y, mixed, z, b, a, w, cfg, state, layer); });
 }
 
 void CudaBackend::attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
@@ -351,7 +359,7 @@ void CudaBackend::attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnW
   if (T == 1)
     attn_decode_(o, qg, k, v, w, cfg, state, layer);
   else
-    attn_prefill_(o, qg, k, v, w, cfg, state, layer);
+    with_released_scratch([&] { attn_prefill_(o, qg, k, v, w, cfg, state, layer); });
 }
 
 void CudaBackend::moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
@@ -364,7 +372,7 @@ void CudaBackend::moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConf
   if (x.dim(0) == 1)
     moe_decode_(out, x, w, cfg);
   else
-    moe_prefill_(out, x, w, cfg);
+    with_released_scratch([&] { moe_prefill_(out, x, w, cfg); });
 }
 
 void CudaBackend::argmax(Tensor ids, Tensor logits) {

@@ -108,6 +108,20 @@ class CudaBackend : public Backend {
     size_t n;
   };
   void* arena_alloc(size_t bytes);
+  // A position in the scratch arena, and a return to it: the temporaries of one multi-row block op (the MoE's
+  // per-pair buffers, the GDN pre-pass, attention partials) are released when the op has been enqueued, so that a
+  // prefill chunk's scratch is one layer's worth, not forty. Safe because every later kernel on the stream runs after
+  // the op's kernels (stream order; with PDL each kernel waits for its predecessor before touching memory).
+  struct ArenaMark {
+    size_t block, off;
+  };
+  ArenaMark arena_mark() const { return {arena_block_, arena_off_}; }
+  void arena_release(ArenaMark m) {
+    arena_block_ = m.block;
+    arena_off_ = m.off;
+  }
+  template <class F>
+  void with_released_scratch(F&& op);
   // The one-token (decode, T == 1) and multi-row (prefill) paths of the blocks, each in its own file
   // (backend_{gdn,attn,moe}_{decode,prefill}.cpp); the public ops check shapes and dispatch on T.
   void gdn_decode_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
