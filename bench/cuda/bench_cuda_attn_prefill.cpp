@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/attn_prefill.h"
+#include "bench_timing.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fill.h"
 #include "cuda/kernels.h"
@@ -21,28 +22,8 @@
 using namespace fern;
 
 namespace {
-
-double median_ms(const std::function<void()>& f, int reps) {
-  cudaEvent_t a, b;
-  FERN_CUDA_CHECK(cudaEventCreate(&a));
-  FERN_CUDA_CHECK(cudaEventCreate(&b));
-  f();
-  FERN_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    FERN_CUDA_CHECK(cudaEventRecord(a));
-    f();
-    FERN_CUDA_CHECK(cudaEventRecord(b));
-    FERN_CUDA_CHECK(cudaEventSynchronize(b));
-    float m = 0;
-    FERN_CUDA_CHECK(cudaEventElapsedTime(&m, a, b));
-    ms.push_back(m);
-  }
-  std::sort(ms.begin(), ms.end());
-  FERN_CUDA_CHECK(cudaEventDestroy(a));
-  FERN_CUDA_CHECK(cudaEventDestroy(b));
-  return ms[ms.size() / 2];
-}
+// The kernels run on the legacy default stream (a default cuda::Ctx).
+double median_ms(const std::function<void()>& f, int reps = 7) { return bench::median_ms(nullptr, f, reps); }
 
 std::vector<float> download(const float* d, size_t n) {
   std::vector<float> h(n);

@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include "bench_timing.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fill.h"
 #include "cuda/gdn_prefill.h"
@@ -18,28 +19,8 @@
 using namespace fern;
 
 namespace {
-
-double median_ms(const std::function<void()>& f, int runs = 7) {
-  cudaEvent_t a, b;
-  FERN_CUDA_CHECK(cudaEventCreate(&a));
-  FERN_CUDA_CHECK(cudaEventCreate(&b));
-  f();
-  FERN_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> ms;
-  for (int i = 0; i < runs; ++i) {
-    FERN_CUDA_CHECK(cudaEventRecord(a));
-    f();
-    FERN_CUDA_CHECK(cudaEventRecord(b));
-    FERN_CUDA_CHECK(cudaEventSynchronize(b));
-    float m = 0;
-    FERN_CUDA_CHECK(cudaEventElapsedTime(&m, a, b));
-    ms.push_back(m);
-  }
-  std::sort(ms.begin(), ms.end());
-  FERN_CUDA_CHECK(cudaEventDestroy(a));
-  FERN_CUDA_CHECK(cudaEventDestroy(b));
-  return ms[ms.size() / 2];
-}
+// The kernels run on the legacy default stream (a default cuda::Ctx).
+double median_ms(const std::function<void()>& f, int reps = 7) { return bench::median_ms(nullptr, f, reps); }
 
 float* dev_uniform(int64_t n, uint64_t seed, float lo, float hi) {
   float* p = nullptr;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend_impl.h"
+#include "bench_timing.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fill.h"
 #include "cuda/moe_prefill.h"
@@ -23,30 +24,9 @@
 #include "model/weights.h"
 
 using namespace fern;
+using bench::median_ms;
 
 namespace {
-
-double median_ms(cudaStream_t s, const std::function<void()>& f) {
-  cudaEvent_t a, b;
-  FERN_CUDA_CHECK(cudaEventCreate(&a));
-  FERN_CUDA_CHECK(cudaEventCreate(&b));
-  f();
-  FERN_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<float> ms;
-  for (int i = 0; i < 7; ++i) {
-    FERN_CUDA_CHECK(cudaEventRecord(a, s));
-    f();
-    FERN_CUDA_CHECK(cudaEventRecord(b, s));
-    FERN_CUDA_CHECK(cudaEventSynchronize(b));
-    float m = 0;
-    FERN_CUDA_CHECK(cudaEventElapsedTime(&m, a, b));
-    ms.push_back(m);
-  }
-  std::sort(ms.begin(), ms.end());
-  FERN_CUDA_CHECK(cudaEventDestroy(a));
-  FERN_CUDA_CHECK(cudaEventDestroy(b));
-  return ms[ms.size() / 2];
-}
 
 // Random affine weight (codes uniform, scales +-U(0.5, 1.5) * 1.7 / (qmax sqrt(in)) so that a row's dot with a
 // unit-size input has about unit size, small biases).

@@ -3,6 +3,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -15,6 +17,28 @@
 namespace fern::test {
 
 inline std::unique_ptr<CudaBackend> make_gpu() { return std::make_unique<CudaBackend>(0); }
+
+// Two sets of logits rows [rows, V] (row-major, rows = size / V): NMSE over all values, the fraction of rows with
+// the same argmax, and whether every value of `got` is finite.
+struct LogitAgreement {
+  double nmse = 0;
+  double top1 = 0;
+  bool finite = true;
+};
+inline LogitAgreement logit_agreement(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
+  LogitAgreement a;
+  a.nmse = nmse(got.data(), ref.data(), got.size());
+  const int64_t rows = static_cast<int64_t>(ref.size()) / V;
+  int same = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = got.data() + r * V;
+    const float* f = ref.data() + r * V;
+    same += (std::max_element(g, g + V) - g) == (std::max_element(f, f + V) - f);
+  }
+  for (float v : got) a.finite = a.finite && std::isfinite(v);
+  a.top1 = rows > 0 ? double(same) / double(rows) : 0.0;
+  return a;
+}
 
 inline Tensor host_f32(std::vector<float>& v, std::initializer_list<int64_t> shape) {
   Tensor t(v.data(), DType::F32, shape);

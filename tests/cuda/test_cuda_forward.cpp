@@ -14,25 +14,7 @@
 namespace fern {
 namespace {
 
-struct Compare {
-  double nmse = 0;
-  double top1 = 0;
-  bool finite = true;
-};
-
-Compare compare_rows(const std::vector<float>& got, const std::vector<float>& ref, int64_t rows, int64_t V) {
-  Compare c;
-  c.nmse = test::nmse(got.data(), ref.data(), got.size());
-  int agree = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = got.data() + r * V;
-    const float* f = ref.data() + r * V;
-    agree += (std::max_element(g, g + V) - g) == (std::max_element(f, f + V) - f);
-  }
-  for (float v : got) c.finite = c.finite && std::isfinite(v);
-  c.top1 = double(agree) / double(rows);
-  return c;
-}
+using Compare = test::LogitAgreement;
 
 // Teacher-forced prefill of `n` tokens (all logits) on both backends, then `steps` decode steps that feed both
 // sides the CPU's greedy token. Returns the prefill comparison and the decode comparison.
@@ -58,7 +40,7 @@ std::pair<Compare, Compare> run_model(const std::shared_ptr<ModelWeights>& hw, i
   Tensor dl = gpu->scratch(DType::F32, {n, V});
   forward(*gpu, *dw, *gs, did, dl, all);
   auto got = test::download(*gpu, dl);
-  const Compare pre = compare_rows(got, ref, n, V);
+  const Compare pre = test::logit_agreement(got, ref, V);
 
   std::vector<float> ref_steps, got_steps;
   int32_t tok = int32_t(std::max_element(ref.end() - V, ref.end()) - (ref.end() - V));
@@ -76,7 +58,7 @@ std::pair<Compare, Compare> run_model(const std::shared_ptr<ModelWeights>& hw, i
     got_steps.insert(got_steps.end(), g1.begin(), g1.end());
     tok = int32_t(std::max_element(one.begin(), one.end()) - one.begin());
   }
-  const Compare dec = compare_rows(got_steps, ref_steps, steps, V);
+  const Compare dec = test::logit_agreement(got_steps, ref_steps, V);
   return {pre, dec};
 }
 

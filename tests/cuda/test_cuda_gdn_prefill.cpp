@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "cuda/backend_internal.h"
 #include "cuda/gdn_prefill.h"
 #include "cuda_test_util.h"
 
@@ -23,18 +24,6 @@ constexpr double kNmse = 1e-10;
 struct Shape {
   int Hk, Hv, Dk, Dv, kernel;
 };
-
-cuda::GdnShape to_cuda(const ModelConfig& cfg) {
-  cuda::GdnShape sh{};
-  sh.Hk = cfg.linear_num_key_heads;
-  sh.Hv = cfg.linear_num_value_heads;
-  sh.Dk = cfg.linear_key_head_dim;
-  sh.Dv = cfg.linear_value_head_dim;
-  sh.conv_dim = static_cast<int>(cfg.gdn_conv_dim());
-  sh.kernel = cfg.linear_conv_kernel_dim;
-  sh.eps = static_cast<float>(cfg.rms_norm_eps);
-  return sh;
-}
 
 // One layer's weights and the inputs of a sequence of calls, run on the CPU and the GPU side by side.
 class GdnPair {
@@ -145,7 +134,7 @@ class GdnPair {
 // Runs the calls in order on one state, checking every output, then the final recurrent and conv states.
 void run_calls(const Shape& s, bool mild, std::initializer_list<int> Ts, uint64_t seed, bool expect_kernels = true) {
   GdnPair p(s, mild, seed);
-  EXPECT_EQ(cuda::gdn_prefill_ok(to_cuda(p.cfg())), expect_kernels);
+  EXPECT_EQ(cuda::gdn_prefill_ok(cuda_backend_detail::gdn_shape(p.cfg())), expect_kernels);
   double worst = 0.0;
   int call = 0;
   for (int T : Ts) {
@@ -228,7 +217,7 @@ void check_scan_variants(const Shape& shape, uint64_t seed) {
   GdnPair p(shape, true, seed);
   CudaBackend& be = p.gpu();
   const ModelConfig& cfg = p.cfg();
-  const cuda::GdnShape sh = to_cuda(cfg);
+  const cuda::GdnShape sh = cuda_backend_detail::gdn_shape(cfg);
   const GdnWeights& dw = p.device_weights();
   const int64_t C = cfg.gdn_conv_dim(), V = cfg.gdn_value_dim(), Hv = cfg.linear_num_value_heads;
   cuda::Ctx c;

@@ -20,27 +20,6 @@
 namespace fern {
 namespace {
 
-struct Agreement {
-  double nmse = 0;
-  double top1 = 0;
-  bool finite = true;
-};
-
-Agreement agree(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
-  Agreement a;
-  a.nmse = test::nmse(got.data(), ref.data(), got.size());
-  const int64_t rows = static_cast<int64_t>(ref.size()) / V;
-  int same = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = got.data() + r * V;
-    const float* f = ref.data() + r * V;
-    same += (std::max_element(g, g + V) - g) == (std::max_element(f, f + V) - f);
-  }
-  for (float v : got) a.finite = a.finite && std::isfinite(v);
-  a.top1 = double(same) / double(rows);
-  return a;
-}
-
 std::unique_ptr<Engine> make_engine(std::unique_ptr<Backend> be, std::shared_ptr<const ModelWeights> w, int64_t chunk) {
   EngineOptions eo;
   eo.prefill_chunk = chunk;
@@ -82,12 +61,12 @@ TEST(CudaPrefillChunks, ChunkedPrefillMatchesOneCallAndCpu) {
     auto st = gpu->new_state(kPrompt + kSteps + 1);
     std::vector<float> got;
     gpu->logits_all(*st, prompt, got);
-    const Agreement vs_cpu = agree(got, ref, V);
-    Agreement vs_one;
+    const test::LogitAgreement vs_cpu = test::logit_agreement(got, ref, V);
+    test::LogitAgreement vs_one;
     if (one_call.empty()) {
       one_call = got;
     } else {
-      vs_one = agree(got, one_call, V);
+      vs_one = test::logit_agreement(got, one_call, V);
     }
     // Decode after the chunked prefill, fed the CPU's greedy tokens so both sides see the same inputs.
     std::vector<float> steps;
@@ -95,7 +74,7 @@ TEST(CudaPrefillChunks, ChunkedPrefillMatchesOneCallAndCpu) {
       gpu->decode(*st, greedy[size_t(i)], logits);
       steps.insert(steps.end(), logits.begin(), logits.end());
     }
-    const Agreement dec = agree(steps, ref_steps, V);
+    const test::LogitAgreement dec = test::logit_agreement(steps, ref_steps, V);
     std::printf("chunk %4lld: prefill %d vs CPU NMSE %.3e top-1 %.4f | vs one call NMSE %.3e top-1 %.4f | "
                 "decode %d vs CPU NMSE %.3e top-1 %.4f\n",
                 static_cast<long long>(chunk), kPrompt, vs_cpu.nmse, vs_cpu.top1, vs_one.nmse, vs_one.top1, kSteps,
