@@ -1,42 +1,46 @@
 #!/usr/bin/env bash
-# The whole-engine check on the GPU machine, in one call (from the repository root, carry [".carry"]):
-#   1. full build (sm_90a), 2. CUDA tests, 3. the server's Node suite on the CUDA backend,
-#   4. fern eval of the CUDA backend against HF transformers on a `small` synthetic checkpoint with peaked logits,
-#   5. fern bench decode on the full-size synthetic model at the ten lengths of PERF.md, then a short prefill run.
-# Everything is logged under $OUT; a summary is printed last. Steps are skipped once the time budget is spent.
+# The whole-engine check on the GPU machine in one call, from the repository root, with carry [".carry/debs",
+# ".carry/node", ".carry/all-head.tar", ".carry/all-head.commit"] (bench/gpu_prelude.sh says how to make the
+# archive; docs/GPU.md how to make .carry/node):
+#   1. build (sm_90a), 2. every CUDA test, 3. the prefill-accuracy bisect (bench/cuda/bisect_prefill_accuracy.sh),
+#   4. the Node server suite on the CUDA backend, 5. fern bench decode at 4K and 128K (3 runs) and prefill at 4K,
+#   32K and 128K (2 runs, with the scratch it held), 6. fern eval of the CUDA backend against HF transformers on a
+#   `small` synthetic checkpoint with peaked logits.
+# Logs under $OUT; a summary last. Steps are skipped once the time budget (BUDGET seconds) is spent.
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
 BUDGET=${BUDGET:-560}
-start=$(date +%s)
-left() { echo $(( BUDGET - ($(date +%s) - start) )); }
-summary=""
-note() { summary+="$1"$'\n'; echo "== $1"; }
-source tools/gpu-env.sh
+source bench/gpu_prelude.sh
+left() { echo $(( BUDGET - ($(date +%s) - gpu_start) )); }
 export PYTHONUNBUFFERED=1
-note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) commit $(git rev-parse --short=12 HEAD 2>/dev/null)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-ninja -C build -j16 >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-note "build: $(( $(date +%s) - start )) s"
-
-timeout $(( $(left) / 4 )) ctest --test-dir build -L cuda -j4 >"$OUT/ctest_cuda.log" 2>&1
-note "ctest -L cuda: $(grep -E 'tests passed|tests failed' "$OUT/ctest_cuda.log")"
-timeout $(( $(left) / 3 )) ctest --test-dir build -L node -j2 --output-on-failure >"$OUT/ctest_node.log" 2>&1
-note "ctest -L node (CUDA backend): $(grep -E 'tests passed|tests failed' "$OUT/ctest_node.log")"
-
-if [ "$(left)" -gt 240 ]; then
+gpu_unpack_head all-head
+gpu_configure
+gpu_build fern $(gpu_cuda_test_targets)
+gpu_run_cuda_tests
+grep -E "^(synth small|chunk )" "$OUT/cuda_tests.log"
+timeout 200 bash bench/cuda/bisect_prefill_accuracy.sh build >"$OUT/bisect.log" 2>&1
+note "prefill-accuracy bisect ($(elapsed)):"$'\n'"$(cat "$OUT/bisect.log")"
+if command -v node >/dev/null && [ "$(left)" -gt 300 ]; then
+  FERN_BIN=$PWD/build/fern timeout 150 node --test tests/server/*.test.mjs >"$OUT/node_suite.log" 2>&1
+  note "Node server suite on the CUDA backend (rc $?): $(grep -E '^# (tests|pass|fail)' "$OUT/node_suite.log" | tr '\n' ' ')"
+  grep -B2 -A12 "^not ok" "$OUT/node_suite.log" | head -30
+fi
+if [ "$(left)" -gt 200 ]; then
+  timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
+    --json "$OUT/decode.json" >"$OUT/bench_decode.log" 2>&1
+  note "decode: $(grep -oE "decode ctx [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode.log" | tr "\n" " ") ($(elapsed))"
+fi
+if [ "$(left)" -gt 120 ]; then
+  timeout $(( $(left) - 60 )) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
+    --lengths 4096,32768,131072 --runs 2 --json "$OUT/prefill.json" >"$OUT/bench_prefill.log" 2>&1
+  grep -E "^\|" "$OUT/bench_prefill.log" | tail -5
+  note "prefill: $(grep -oE "prefill [0-9]+: [0-9.]+ tok/s" "$OUT/bench_prefill.log" | tr "\n" " ") ($(elapsed))"
+fi
+if [ "$(left)" -gt 90 ]; then
   ./build/fern synth --preset small --format mlx4 --seed 3 --logit-scale 8 --out /tmp/small >"$OUT/synth_small.log" 2>&1
-  timeout 150 python3 tools/golden/hf_golden.py --ckpt /tmp/small --format mlx4 --out /tmp/hf_small \
+  timeout 60 python3 tools/golden/hf_golden.py --ckpt /tmp/small --format mlx4 --out /tmp/hf_small \
     --lengths 64,128 --decode-steps 8 >"$OUT/hf_small.log" 2>&1
   ./build/fern eval --model /tmp/small --backend cuda --reference /tmp/hf_small --json "$OUT/eval_small.json" \
     >"$OUT/eval_small.log" 2>&1
   note "eval small (cuda vs HF transformers fp32): $(tail -1 "$OUT/eval_small.log")"
 fi
-if [ "$(left)" -gt 120 ]; then
-  timeout $(( $(left) - 60 )) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --runs 3 \
-    --steps 64 --json "$OUT/decode.json" --md "$OUT/decode.md" >"$OUT/bench_decode.log" 2>&1
-  note "decode bench: $(grep -c '^| [0-9]' "$OUT/decode.md" 2>/dev/null) lengths"
-  cat "$OUT/decode.md" 2>/dev/null
-fi
-echo
-echo "$summary"
+gpu_summary

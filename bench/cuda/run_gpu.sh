@@ -10,18 +10,12 @@
 #   bash bench/cuda/run_gpu.sh quick   the MoE, attention and whole-model tests and `bench_cuda_decode decode`.
 set -u
 MODE=${1:-full}
-OUT=${OUT:-/tmp/out}
+source bench/gpu_prelude.sh
 mkdir -p "$OUT/logs"
 L="$OUT/logs"
-start=$(date +%s)
-summary=""
-note() { summary+="$1"$'\n'; echo "== $1"; }
-rm -rf /tmp/w && mkdir -p /tmp/w/.carry && tar -C /tmp/w -xf .carry/decode-head.tar && cp -r .carry/debs /tmp/w/.carry/ &&
-  cp .carry/decode-head.commit /tmp/w/ && cd /tmp/w || exit 1
-source tools/gpu-env.sh
-note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) commit $(cat decode-head.commit) mode $MODE"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA=ON -DFERN_CUDA_ARCHS=90a-real >"$L/cmake.log" 2>&1 ||
-  { tail -20 "$L/cmake.log"; exit 1; }
+gpu_unpack_head decode-head
+gpu_configure
+note "mode $MODE"
 mine="cuda_test_cuda_linear cuda_test_cuda_linear_multi cuda_test_cuda_misc cuda_test_cuda_gdn cuda_test_cuda_attn cuda_test_cuda_moe cuda_test_cuda_forward"
 if [ "$MODE" = quick ]; then
   tests="cuda_test_cuda_moe cuda_test_cuda_attn cuda_test_cuda_forward"
@@ -29,12 +23,10 @@ if [ "$MODE" = quick ]; then
   targets="$tests bench_cuda_decode"
 else
   tests=$mine
-  others=$(ninja -C build -t targets all | grep -o '^cuda_test_[a-z_0-9]*' | sort -u | grep -vxF -f <(tr ' ' '\n' <<<"$mine") | tr '\n' ' ')
+  others=$(gpu_cuda_test_targets | tr ' ' '\n' | grep -vxF -f <(tr ' ' '\n' <<<"$mine") | tr '\n' ' ')
   targets="$tests $others bench_cuda_decode fern"
 fi
-# -k 0: a target broken by someone else's commit must not stop the others.
-ninja -C build -k 0 -j16 $targets >"$L/build.log" 2>&1 || { grep -E "error|FAILED" "$L/build.log" | head -30; note "BUILD FAILED (some targets)"; }
-note "build: $(( $(date +%s) - start )) s"
+gpu_build $targets
 fails=""
 for t in $tests; do
   FERN_CUDA_PDL=1 timeout 100 ./build/$t >"$L/$t.pdl1.log" 2>&1 || fails+=" $t"
@@ -44,7 +36,7 @@ if [ "$MODE" = full ]; then
     FERN_CUDA_PDL=0 timeout 100 ./build/$t >"$L/$t.pdl0.log" 2>&1 || fails+=" $t(PDL off)"
   done
 fi
-note "decode CUDA tests: $(cat $L/*.pdl1.log | grep -c '^\[       OK') OK with PDL, $(cat $L/*.pdl0.log 2>/dev/null | grep -c '^\[       OK') OK without; failed:${fails:- none} ($(( $(date +%s) - start )) s)"
+note "decode CUDA tests: $(cat $L/*.pdl1.log | grep -c '^\[       OK') OK with PDL, $(cat $L/*.pdl0.log 2>/dev/null | grep -c '^\[       OK') OK without; failed:${fails:- none} ($(elapsed))"
 grep -hE "^moe |^linear_multi norm|NMSE|top-1|graph replay" "$L"/cuda_test_cuda_moe.pdl1.log "$L"/cuda_test_cuda_attn.pdl1.log \
   "$L"/cuda_test_cuda_linear_multi.pdl1.log "$L"/cuda_test_cuda_gdn.pdl1.log "$L"/cuda_test_cuda_forward.pdl1.log 2>/dev/null |
   grep -vE "^linear_multi (gdn|attn|one|odd|group|8-bit|bf16|single|mixed)" | cut -c1-150 | head -70
@@ -58,22 +50,22 @@ fi
 case "$fails" in *cuda_test_cuda_moe*) export FERN_CUDA_MOE_FUSED=0; note "fused MoE off for the benchmarks";; esac
 what=$([ "$MODE" = quick ] && echo decode || echo all)
 FERN_CUDA_PDL=1 timeout 100 ./build/bench/bench_cuda_decode $what 2>&1 | tee "$OUT/bench_decode.log"
-note "bench_cuda_decode $what rc=${PIPESTATUS[0]} ($(( $(date +%s) - start )) s)"
+note "bench_cuda_decode $what rc=${PIPESTATUS[0]} ($(elapsed))"
 if [ "$MODE" = full ]; then
   timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
     >"$OUT/fern_bench.log" 2>&1
-  note "fern bench rc=$? ($(( $(date +%s) - start )) s)"
+  note "fern bench rc=$? ($(elapsed))"
   tail -8 "$OUT/fern_bench.log"
   # The other helpers' CUDA tests (prefill paths) last, within what is left of the call.
   ofails=""
   for t in $others; do
-    left=$(( start + 185 - $(date +%s) ))
+    left=$(( gpu_start + 185 - $(date +%s) ))
     [ $left -lt 10 ] && { ofails+=" $t(not run: time)"; continue; }
     timeout $left ./build/$t >"$L/$t.other.log" 2>&1 || ofails+=" $t"
   done
   note "other CUDA tests: $(cat $L/*.other.log 2>/dev/null | grep -c '^\[       OK') OK; failed or not run:${ofails:- none}"
   grep -hB2 -A6 "Failure" "$L"/*.other.log 2>/dev/null | head -30
 fi
-note "total $(( $(date +%s) - start )) s"
+note "total $(elapsed)"
 tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$L"
-echo "== SUMMARY"; printf "%s" "$summary"
+gpu_summary

@@ -1,0 +1,57 @@
+# Sourced by the GPU-machine scripts (bench/run_gpu_all.sh, bench/compare/run_gpu_compare.sh, bench/cuda/run_gpu*.sh):
+# the summary helpers, the exact commit to build, the environment and the CMake configure step, and the CUDA test
+# loop. From the repository root. Functions:
+#   gpu_unpack_head NAME   if .carry/NAME.tar exists, build from that archive of a commit in /tmp/w (the git
+#                          directory on the GPU machine is a snapshot from the session start, docs/GPU.md; make it
+#                          with `git archive -o .carry/NAME.tar HEAD; git rev-parse --short=12 HEAD >.carry/NAME.commit`)
+#   gpu_configure          tools/gpu-env.sh, Node.js from .carry/node when carried, cmake into build/
+#   gpu_build TARGETS...   ninja -k 0 (a target broken by someone else's commit does not stop the others)
+#   gpu_cuda_test_targets  the names of all CUDA test executables
+#   gpu_run_cuda_tests     every CUDA test, one after the other (their CPU references use all cores), into
+#                          $OUT/cuda_tests.log; sets GPU_TEST_FAILS
+#   note TEXT / elapsed / gpu_summary
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+gpu_start=$(date +%s)
+summary=""
+GPU_COMMIT=unknown
+note() { summary+="$1"$'\n'; echo "== $1"; }
+elapsed() { echo "$(( $(date +%s) - gpu_start )) s"; }
+gpu_summary() { echo "== SUMMARY"; printf "%s" "$summary"; }
+
+gpu_unpack_head() {
+  local name=$1
+  [ -f ".carry/$name.tar" ] || return 0
+  [ -f ".carry/$name.commit" ] && GPU_COMMIT=$(cat ".carry/$name.commit")
+  rm -rf /tmp/w && mkdir -p /tmp/w && tar -C /tmp/w -xf ".carry/$name.tar" && cp -r .carry /tmp/w/ && cd /tmp/w || exit 1
+}
+
+gpu_configure() {
+  source tools/gpu-env.sh
+  if [ -f .carry/node/node.xz ] && ! command -v node >/dev/null; then
+    mkdir -p /tmp/nodebin && xz -dc .carry/node/node.xz >/tmp/nodebin/node && chmod +x /tmp/nodebin/node
+    export PATH=/tmp/nodebin:$PATH
+    mkdir -p third_party/npm && tar -C third_party/npm -xJf .carry/node/npm-min.tar.xz
+  fi
+  note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) commit $GPU_COMMIT node $(node --version 2>/dev/null || echo none)"
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real >"$OUT/cmake.log" 2>&1 ||
+    { tail -30 "$OUT/cmake.log"; exit 1; }
+}
+
+gpu_cuda_test_targets() { ninja -C build -t targets all | grep -o '^cuda_test_[a-z_0-9]*' | sort -u | tr '\n' ' '; }
+
+gpu_build() {
+  ninja -C build -k 0 -j16 "$@" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; note "build: some targets FAILED"; }
+  note "build: $(elapsed)"
+}
+
+gpu_run_cuda_tests() {
+  GPU_TEST_FAILS=""
+  local t
+  for t in build/cuda_test_*; do
+    [ -x "$t" ] || continue
+    timeout "${TEST_TIMEOUT:-150}" "$t" >>"$OUT/cuda_tests.log" 2>&1 || GPU_TEST_FAILS+=" $(basename "$t")"
+  done
+  note "CUDA tests: $(grep -c '^\[       OK' "$OUT/cuda_tests.log") OK, failed:${GPU_TEST_FAILS:- none} ($(elapsed))"
+  grep -B3 -A8 "Failure" "$OUT/cuda_tests.log" | head -40
+}
