@@ -20,6 +20,7 @@
 #include "cuda/fill.h"
 #include "cuda/moe_prefill.h"
 #include "cuda/qweight.h"
+#include "cuda/random_weights.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -28,30 +29,9 @@ using bench::median_ms;
 
 namespace {
 
-// Random affine weight (codes uniform, scales +-U(0.5, 1.5) * 1.7 / (qmax sqrt(in)) so that a row's dot with a
-// unit-size input has about unit size, small biases).
 LinearWeight affine(CudaBackend& be, const char* name, int64_t experts, int64_t out, int64_t in, int bits,
                     uint64_t& seed) {
-  LinearWeight w;
-  w.name = name;
-  w.kind = LinearWeight::Kind::Affine;
-  w.experts = experts;
-  w.out = out;
-  w.in = in;
-  w.bits = bits;
-  w.group_size = 64;
-  const int64_t E = std::max<int64_t>(experts, 1);
-  auto dims = [&](int64_t last) {
-    return experts > 0 ? std::vector<int64_t>{E, out, last} : std::vector<int64_t>{out, last};
-  };
-  w.w = be.alloc(DType::U32, dims(in * bits / 32));
-  w.scales = be.alloc(DType::BF16, dims(in / 64));
-  w.biases = be.alloc(DType::BF16, dims(in / 64));
-  const float s = 1.7f / (float((1 << bits) - 1) * std::sqrt(float(in)));
-  cuda::fill_random_u32(be.stream(), w.w.ptr<uint32_t>(), w.w.numel(), ++seed);
-  cuda::fill_random_bf16(be.stream(), w.scales.ptr<uint16_t>(), w.scales.numel(), ++seed, 0.5f * s, 1.5f * s, true);
-  cuda::fill_random_bf16(be.stream(), w.biases.ptr<uint16_t>(), w.biases.numel(), ++seed, -0.3f * s, 0.3f * s, true);
-  return w;
+  return cuda::random_device_affine(be, name, experts, out, in, bits, seed);
 }
 
 void set_env(const char* name, const char* value) {

@@ -6,35 +6,35 @@
 #include "cuda/fill.h"
 
 namespace fern::cuda {
+
+LinearWeight random_device_affine(CudaBackend& be, const std::string& name, int64_t experts, int64_t out, int64_t in,
+                                  int bits, uint64_t& seed) {
+  LinearWeight w;
+  w.name = name;
+  w.kind = LinearWeight::Kind::Affine;
+  w.experts = experts;
+  w.out = out;
+  w.in = in;
+  w.bits = bits;
+  w.group_size = 64;
+  w.w = be.alloc(DType::U32, w.shape_of(in * bits / 32));
+  w.scales = be.alloc(DType::BF16, w.shape_of(in / 64));
+  w.biases = be.alloc(DType::BF16, w.shape_of(in / 64));
+  const float s = 1.7f / (float((1 << bits) - 1) * std::sqrt(float(in)));
+  fill_random_u32(be.stream(), w.w.ptr<uint32_t>(), w.w.numel(), ++seed);
+  fill_random_bf16(be.stream(), w.scales.ptr<uint16_t>(), w.scales.numel(), ++seed, 0.5f * s, 1.5f * s, true);
+  fill_random_bf16(be.stream(), w.biases.ptr<uint16_t>(), w.biases.numel(), ++seed, -0.3f * s, 0.3f * s, true);
+  return w;
+}
+
 namespace {
 
 struct Builder {
   CudaBackend& be;
   uint64_t seed;
 
-  // Codes uniform; scales ~ +-U(0.5, 1.5) * 2.5 / (8 sqrt(in)) so that a row's dot with a unit-RMS input has
-  // about unit size; biases centre the codes (-7.5 * scale on average, with noise).
   LinearWeight affine(const std::string& name, int64_t experts, int64_t out, int64_t in, int bits) {
-    LinearWeight w;
-    w.name = name;
-    w.kind = LinearWeight::Kind::Affine;
-    w.experts = experts;
-    w.out = out;
-    w.in = in;
-    w.bits = bits;
-    w.group_size = 64;
-    const int64_t E = std::max<int64_t>(experts, 1);
-    auto dims = [&](int64_t last) {
-      return experts > 0 ? std::vector<int64_t>{E, out, last} : std::vector<int64_t>{out, last};
-    };
-    w.w = be.alloc(DType::U32, dims(in * bits / 32));
-    w.scales = be.alloc(DType::BF16, dims(in / 64));
-    w.biases = be.alloc(DType::BF16, dims(in / 64));
-    const float s = 1.7f / (float((1 << bits) - 1) * std::sqrt(float(in)));
-    fill_random_u32(be.stream(), w.w.ptr<uint32_t>(), w.w.numel(), ++seed);
-    fill_random_bf16(be.stream(), w.scales.ptr<uint16_t>(), w.scales.numel(), ++seed, 0.5f * s, 1.5f * s, true);
-    fill_random_bf16(be.stream(), w.biases.ptr<uint16_t>(), w.biases.numel(), ++seed, -0.3f * s, 0.3f * s, true);
-    return w;
+    return random_device_affine(be, name, experts, out, in, bits, seed);
   }
   Tensor vec(int64_t n, float lo, float hi) {
     Tensor t = be.alloc(DType::F32, {n});

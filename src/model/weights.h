@@ -40,6 +40,11 @@ struct LinearWeight {
   }
   // The matrix of expert e as a plain LinearWeight view.
   LinearWeight expert(int64_t e) const;
+  // Shape of a tensor of this weight whose last dimension is `last` (in for dense values, words for affine codes,
+  // groups for scales and biases): [experts, out, last] for a stack, [out, last] for a plain matrix.
+  std::vector<int64_t> shape_of(int64_t last) const {
+    return experts > 0 ? std::vector<int64_t>{experts, out, last} : std::vector<int64_t>{out, last};
+  }
 };
 
 struct GdnWeights {                      // Gated DeltaNet mixer (MODEL.md 2.4)

@@ -102,9 +102,7 @@ inline LinearWeight make_linear(OwnedStorage& st, const std::string& name, const
   w.out = out;
   w.in = in;
   const int64_t E = std::max<int64_t>(experts, 1);
-  auto dims = [&](int64_t last) {
-    return experts > 0 ? std::vector<int64_t>{E, out, last} : std::vector<int64_t>{out, last};
-  };
+  auto dims = [&](int64_t last) { return w.shape_of(last); };
   auto make = [&](DType t, const std::vector<int64_t>& d) {
     Tensor probe(nullptr, t, d);
     st.bufs.emplace_back(probe.nbytes());

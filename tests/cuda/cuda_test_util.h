@@ -70,10 +70,7 @@ inline LinearWeight raw_affine(OwnedStorage& st, const std::string& name, int64_
   w.in = in;
   w.bits = bits;
   w.group_size = gs;
-  const int64_t E = std::max<int64_t>(experts, 1);
-  auto dims = [&](int64_t last) {
-    return experts > 0 ? std::vector<int64_t>{E, out, last} : std::vector<int64_t>{out, last};
-  };
+  auto dims = [&](int64_t last) { return w.shape_of(last); };
   auto make = [&](DType t, const std::vector<int64_t>& d) {
     Tensor probe(nullptr, t, d);
     st.bufs.emplace_back(probe.nbytes());
