@@ -158,11 +158,21 @@ TEST(CudaMoe, FusedRouterMatchesThreeLaunches) {
   }
 }
 
-}  // namespace
-}  // namespace fern
 
-namespace fern {
-namespace {
+// A launch context for calling the fused decode MoE directly: the backend's stream and settings, and its own
+// zeroed handoff counters (persistent device memory of the backend).
+cuda::Ctx fused_ctx(CudaBackend& gpu) {
+  Tensor counters = gpu.alloc(DType::I32, {8});
+  std::vector<float> zero(8, 0.0f);  // 0.0f has the bit pattern of int 0
+  gpu.copy(counters, test::host_f32(zero, {8}));
+  cuda::Ctx ctx;
+  ctx.stream = gpu.stream();
+  ctx.sms = gpu.sm_count();
+  ctx.pdl = gpu.pdl();
+  ctx.counters = counters.ptr<int>();
+  ctx.n_counters = cuda::kMoeFusedCounters;
+  return ctx;
+}
 
 // The one-launch decode MoE (moe_fused.cu) called directly, so that a silent fall-back to the three launches
 // cannot pass for it: per case, four tokens one after another on the same counters (the handoff counters alternate
@@ -189,15 +199,7 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
     MoeWeights hw = make_moe(st, c, seed);
     MoeWeights dw = to_device(*gpu, hw);
     const ModelConfig cfg = moe_config(c);
-    Tensor counters = gpu->alloc(DType::I32, {8});
-    std::vector<float> zero(8, 0.0f);  // 0.0f has the bit pattern of int 0
-    gpu->copy(counters, test::host_f32(zero, {8}));
-    cuda::Ctx ctx;
-    ctx.stream = gpu->stream();
-    ctx.sms = gpu->sm_count();
-    ctx.pdl = gpu->pdl();
-    ctx.counters = counters.ptr<int>();
-    ctx.n_counters = cuda::kMoeFusedCounters;
+    const cuda::Ctx ctx = fused_ctx(*gpu);
     auto scratch = [&](int64_t n) { return gpu->alloc(DType::F32, {n}); };
     Tensor logits = scratch(c.E), sgl = scratch(1), w = scratch(c.k), sg = scratch(1), h = scratch(c.k * c.I + c.Is);
     Tensor ids = gpu->alloc(DType::I32, {c.k}), ids3 = gpu->alloc(DType::I32, {c.k});
@@ -247,11 +249,6 @@ TEST(CudaMoe, FusedDecodeRefusesOtherFormats) {
   }
 }
 
-}  // namespace
-}  // namespace fern
-
-namespace fern {
-namespace {
 
 // The fused kernel with the residual stream (moe_residual: resid += delta, x = RMSNorm(resid), out = MoE(x),
 // resid += out), the output written over delta as the forward pass does, against the CPU backend's add_rmsnorm,
@@ -291,15 +288,7 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
       Tensor dxn = gpu->alloc(DType::F32, {1, c.H});
       if (rep == 0) {
         // Directly, so that a fall-back to add_rmsnorm + moe cannot pass for the fused kernel.
-        Tensor counters = gpu->alloc(DType::I32, {8});
-        std::vector<float> zero(8, 0.0f);  // 0.0f has the bit pattern of int 0
-        gpu->copy(counters, test::host_f32(zero, {8}));
-        cuda::Ctx ctx;
-        ctx.stream = gpu->stream();
-        ctx.sms = gpu->sm_count();
-        ctx.pdl = gpu->pdl();
-        ctx.counters = counters.ptr<int>();
-        ctx.n_counters = cuda::kMoeFusedCounters;
+        const cuda::Ctx ctx = fused_ctx(*gpu);
         auto scratch = [&](int64_t n) { return gpu->alloc(DType::F32, {n}); };
         Tensor logits = scratch(c.E), sgl = scratch(1), w = scratch(c.k), sg = scratch(1), h = scratch(c.k * c.I + c.Is);
         Tensor ids = gpu->alloc(DType::I32, {c.k});
