@@ -59,6 +59,15 @@ inline Tensor upload_f32(CudaBackend& be, const std::vector<float>& v, const std
   return d;
 }
 
+// A [T, out] F32 output in persistent device memory filled with NaN, so that an output a kernel fails to write
+// makes the NMSE NaN (and the test fail) instead of passing on stale values.
+inline Tensor nan_filled(CudaBackend& be, int64_t T, int64_t out) {
+  Tensor y = be.alloc(DType::F32, {T, out});
+  std::vector<float> poison(size_t(T * out), std::nanf(""));
+  be.copy(y, host_f32(poison, {T, out}));
+  return y;
+}
+
 // Affine weight with uniformly random codes, scales ~ N(0, sd_s) (half of them negative) and biases ~ N(0, sd_b).
 inline LinearWeight raw_affine(OwnedStorage& st, const std::string& name, int64_t experts, int64_t out, int64_t in,
                                int bits, int gs, uint64_t seed, float sd_s = 0.02f, float sd_b = 0.05f) {

@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-#include "cuda_test_util.h"
+#include "attn_test_util.h"
 
 namespace fern {
 namespace {
@@ -38,25 +38,10 @@ void run(int Hq, int Hkv, int D, int64_t capacity, std::vector<int> calls, uint6
   dw.k_norm = gpu->to_device(hw.k_norm);
   auto cs = cpu->new_state(cfg, capacity);
   auto gs = gpu->new_state(cfg, capacity);
-  const int64_t QG = int64_t(2) * Hq * D, KV = int64_t(Hkv) * D, O = int64_t(Hq) * D;
   int call = 0;
   for (int T : calls) {
     ++call;
-    auto qg = test::randn(size_t(T * QG), seed + 10 * call);
-    auto k = test::randn(size_t(T * KV), seed + 10 * call + 1);
-    auto v = test::randn(size_t(T * KV), seed + 10 * call + 2);
-    std::vector<float> ref(size_t(T * O));
-    cpu->begin_forward();
-    cpu->attn_core(test::host_f32(ref, {T, O}), test::host_f32(qg, {T, QG}), test::host_f32(k, {T, KV}),
-                   test::host_f32(v, {T, KV}), hw, cfg, *cs, 0);
-    cpu->advance(*cs, T);
-    gpu->begin_forward();
-    Tensor dy = gpu->scratch(DType::F32, {T, O});
-    gpu->attn_core(dy, test::upload_f32(*gpu, qg, {T, QG}), test::upload_f32(*gpu, k, {T, KV}),
-                   test::upload_f32(*gpu, v, {T, KV}), dw, cfg, *gs, 0);
-    gpu->advance(*gs, T);
-    auto got = test::download(*gpu, dy);
-    const double e = test::nmse(got.data(), ref.data(), got.size());
+    const double e = test::attn_call_nmse(*cpu, *gpu, hw, dw, cfg, *cs, *gs, T, seed + 10 * call);
     std::printf("attn Hq=%d Hkv=%d D=%d cap=%ld call %d T=%d pos=%ld  NMSE %.3e\n", Hq, Hkv, D, long(capacity), call,
                 T, long(cs->pos), e);
     EXPECT_LT(e, kNmse) << "call " << call;

@@ -8,7 +8,7 @@
 #include <cstdlib>
 
 #include "cuda/attn_prefill.h"
-#include "cuda_test_util.h"
+#include "attn_test_util.h"
 
 namespace fern {
 namespace {
@@ -74,27 +74,12 @@ double run(const Case& c, double limit = kNmse) {
   dw.k_norm = gpu->to_device(hw.k_norm);
   auto cs = cpu->new_state(cfg, c.capacity);
   auto gs = gpu->new_state(cfg, c.capacity);
-  const int64_t QG = int64_t(2) * c.Hq * c.D, KV = int64_t(c.Hkv) * c.D, O = int64_t(c.Hq) * c.D;
   double worst = 0.0;
   int call = 0;
   for (int T : c.calls) {
     ++call;
-    auto qg = test::randn(size_t(T * QG), c.seed + 10 * call);
-    auto k = test::randn(size_t(T * KV), c.seed + 10 * call + 1);
-    auto v = test::randn(size_t(T * KV), c.seed + 10 * call + 2);
-    std::vector<float> ref(size_t(T * O));
     const int64_t pos = cs->pos;
-    cpu->begin_forward();
-    cpu->attn_core(test::host_f32(ref, {T, O}), test::host_f32(qg, {T, QG}), test::host_f32(k, {T, KV}),
-                   test::host_f32(v, {T, KV}), hw, cfg, *cs, 0);
-    cpu->advance(*cs, T);
-    gpu->begin_forward();
-    Tensor dy = gpu->scratch(DType::F32, {T, O});
-    gpu->attn_core(dy, test::upload_f32(*gpu, qg, {T, QG}), test::upload_f32(*gpu, k, {T, KV}),
-                   test::upload_f32(*gpu, v, {T, KV}), dw, cfg, *gs, 0);
-    gpu->advance(*gs, T);
-    auto got = test::download(*gpu, dy);
-    const double e = test::nmse(got.data(), ref.data(), got.size());
+    const double e = test::attn_call_nmse(*cpu, *gpu, hw, dw, cfg, *cs, *gs, T, c.seed + 10 * call);
     cuda::AttnShape sh{c.Hq, c.Hkv, c.D, cfg.rotary_dim(), 0.0f, 0.0f, c.capacity};
     const char* mode = std::getenv("FERN_ATTN_PREFILL");
     std::printf("attn prefill [%s] Hq=%d Hkv=%d D=%d rot=%d scale=%.1f call %d T=%d pos=%ld splits=%d  NMSE %.3e\n",

@@ -33,9 +33,7 @@ void run_case(const Case& c) {
   std::vector<float> ref(size_t(c.T * c.out), 0.0f);
   cpu->linear(test::host_f32(ref, {c.T, c.out}), test::host_f32(x, {c.T, c.in}), hw);
   Tensor dx = test::upload_f32(*gpu, x, {c.T, c.in});
-  Tensor dy = gpu->alloc(DType::F32, {c.T, c.out});
-  std::vector<float> poison(size_t(c.T * c.out), std::nanf(""));
-  gpu->copy(dy, test::host_f32(poison, {c.T, c.out}));
+  Tensor dy = test::nan_filled(*gpu, c.T, c.out);
   gpu->linear(dy, dx, dw);
   auto got = test::download(*gpu, dy);
   const double e = test::nmse(got.data(), ref.data(), got.size());

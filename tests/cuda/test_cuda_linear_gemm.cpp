@@ -45,13 +45,6 @@ std::vector<float> cpu_ref(Fixture& s, const LinearWeight& hw, const std::vector
   return ref;
 }
 
-Tensor poisoned(Fixture& s, int T, int64_t out) {
-  Tensor dy = s.gpu->alloc(DType::F32, {T, out});
-  std::vector<float> poison(size_t(T * out), std::nanf(""));
-  s.gpu->copy(dy, test::host_f32(poison, {T, out}));
-  return dy;
-}
-
 void run_direct(const Case& c) {
   SCOPED_TRACE(c.name);
   Fixture s;
@@ -62,7 +55,7 @@ void run_direct(const Case& c) {
   auto x = test::randn(size_t(c.T * c.in), uint64_t(c.out + c.T));
   const auto ref = cpu_ref(s, hw, x, c.T);
   Tensor dx = test::upload_f32(*s.gpu, x, {c.T, c.in});
-  Tensor dy = poisoned(s, c.T, c.out);
+  Tensor dy = test::nan_filled(*s.gpu, c.T, c.out);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cuda::Ctx ctx;  // default stream, no PDL
   cuda::linear_gemm(ctx, q, dx.ptr<float>(), dy.ptr<float>(), c.T);
@@ -106,7 +99,7 @@ TEST(CudaLinearGemm, BackendDispatch) {
     auto x = test::randn(size_t(c.T * c.in), uint64_t(c.out + c.T));
     const auto ref = cpu_ref(s, hw, x, c.T);
     Tensor dx = test::upload_f32(*s.gpu, x, {c.T, c.in});
-    Tensor dy = poisoned(s, c.T, c.out);
+    Tensor dy = test::nan_filled(*s.gpu, c.T, c.out);
     s.gpu->linear(dy, dx, dw);
     auto got = test::download(*s.gpu, dy);
     const double e = test::nmse(got.data(), ref.data(), got.size());
@@ -132,7 +125,7 @@ TEST(CudaLinearGemm, BackendMulti) {
   std::vector<Tensor> dys;
   std::vector<const LinearWeight*> wp;
   for (int i = 0; i < 4; ++i) {
-    dys.push_back(poisoned(s, T, outs[i]));
+    dys.push_back(test::nan_filled(*s.gpu, T, outs[i]));
     wp.push_back(&dw[size_t(i)]);
   }
   s.gpu->linear_multi(dys, dx, wp);

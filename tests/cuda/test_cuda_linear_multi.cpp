@@ -55,10 +55,7 @@ void run_table(const char* name, const std::vector<Mat>& mats, int64_t in, int g
   std::vector<Tensor> outs;
   std::vector<const LinearWeight*> ws;
   for (size_t i = 0; i < mats.size(); ++i) {
-    Tensor y = gpu->alloc(DType::F32, {T, mats[i].out});
-    std::vector<float> poison(size_t(T * mats[i].out), std::nanf(""));
-    gpu->copy(y, test::host_f32(poison, {T, mats[i].out}));
-    outs.push_back(y);
+    outs.push_back(test::nan_filled(*gpu, T, mats[i].out));
     ws.push_back(&dw[i]);
   }
   // Norm weights around 1 (as trained RMSNorm weights are), so that the normed row is not x itself.

@@ -158,7 +158,6 @@ TEST(CudaMoe, FusedRouterMatchesThreeLaunches) {
   }
 }
 
-
 // A launch context for calling the fused decode MoE directly: the backend's stream and settings, and its own
 // zeroed handoff counters (persistent device memory of the backend).
 cuda::Ctx fused_ctx(CudaBackend& gpu) {
@@ -172,6 +171,14 @@ cuda::Ctx fused_ctx(CudaBackend& gpu) {
   ctx.counters = counters.ptr<int>();
   ctx.n_counters = cuda::kMoeFusedCounters;
   return ctx;
+}
+
+// The scratch of one token's MoE call (router logits, shared-gate logit, top-k ids and weights, shared gate,
+// SiLU(gate)*up of every slot) for a direct call of the fused decode kernel, in persistent backend memory.
+cuda::MoeScratch fused_scratch(CudaBackend& gpu, const MoeCase& c) {
+  auto f32 = [&](int64_t n) { return gpu.alloc(DType::F32, {n}).ptr<float>(); };
+  return cuda::MoeScratch{f32(c.E), f32(1), gpu.alloc(DType::I32, {c.k}).ptr<int32_t>(), f32(c.k), f32(1),
+                          f32(c.k * c.I + c.Is)};
 }
 
 // The one-launch decode MoE (moe_fused.cu) called directly, so that a silent fall-back to the three launches
@@ -200,11 +207,8 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
     MoeWeights dw = to_device(*gpu, hw);
     const ModelConfig cfg = moe_config(c);
     const cuda::Ctx ctx = fused_ctx(*gpu);
-    auto scratch = [&](int64_t n) { return gpu->alloc(DType::F32, {n}); };
-    Tensor logits = scratch(c.E), sgl = scratch(1), w = scratch(c.k), sg = scratch(1), h = scratch(c.k * c.I + c.Is);
-    Tensor ids = gpu->alloc(DType::I32, {c.k}), ids3 = gpu->alloc(DType::I32, {c.k});
-    const cuda::MoeScratch s{logits.ptr<float>(), sgl.ptr<float>(), ids.ptr<int32_t>(), w.ptr<float>(),
-                             sg.ptr<float>(), h.ptr<float>()};
+    const cuda::MoeScratch s = fused_scratch(*gpu, c);
+    Tensor ids(s.topk_ids, DType::I32, {c.k}, Device::Cuda), ids3 = gpu->alloc(DType::I32, {c.k});
     cuda::MoeScratch s3 = s;
     s3.topk_ids = ids3.ptr<int32_t>();
     cuda::Ctx ctx3 = ctx;
@@ -238,17 +242,11 @@ TEST(CudaMoe, FusedDecodeRefusesOtherFormats) {
   test::OwnedStorage st;
   for (const MoeCase& c : {MoeCase{"bf16", 32, 512, 128, 128, 8, 16, 1}, MoeCase{"8-bit experts", 32, 512, 128, 128, 8, 8, 1}}) {
     MoeWeights dw = to_device(*gpu, make_moe(st, c, 5));
-    Tensor counters = gpu->alloc(DType::I32, {8});
-    cuda::Ctx ctx;
-    ctx.stream = gpu->stream();
-    ctx.sms = gpu->sm_count();
-    ctx.counters = counters.ptr<int>();
-    ctx.n_counters = cuda::kMoeFusedCounters;
+    const cuda::Ctx ctx = fused_ctx(*gpu);
     const cuda::MoeScratch s{};
     EXPECT_FALSE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, nullptr, c.k)) << c.name;
   }
 }
-
 
 // The fused kernel with the residual stream (moe_residual: resid += delta, x = RMSNorm(resid), out = MoE(x),
 // resid += out), the output written over delta as the forward pass does, against the CPU backend's add_rmsnorm,
@@ -289,11 +287,7 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
       if (rep == 0) {
         // Directly, so that a fall-back to add_rmsnorm + moe cannot pass for the fused kernel.
         const cuda::Ctx ctx = fused_ctx(*gpu);
-        auto scratch = [&](int64_t n) { return gpu->alloc(DType::F32, {n}); };
-        Tensor logits = scratch(c.E), sgl = scratch(1), w = scratch(c.k), sg = scratch(1), h = scratch(c.k * c.I + c.Is);
-        Tensor ids = gpu->alloc(DType::I32, {c.k});
-        const cuda::MoeScratch s{logits.ptr<float>(), sgl.ptr<float>(), ids.ptr<int32_t>(), w.ptr<float>(),
-                                 sg.ptr<float>(), h.ptr<float>()};
+        const cuda::MoeScratch s = fused_scratch(*gpu, c);
         cuda::MoeNorm n;
         n.resid = dr.ptr<float>();
         n.delta = dd.ptr<float>();
