@@ -9,6 +9,8 @@
 #   gpu_cuda_test_targets  the names of all CUDA test executables
 #   gpu_run_cuda_tests     every CUDA test, one after the other (their CPU references use all cores), into
 #                          $OUT/cuda_tests.log; sets GPU_TEST_FAILS
+#   gpu_run_node_suite [SECONDS]  the Node server suite (official openai client) against build/fern, whose default
+#                          backend is CUDA where a GPU is present; into $OUT/node_suite.log (skipped without node)
 #   note TEXT / elapsed / gpu_summary
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -54,4 +56,11 @@ gpu_run_cuda_tests() {
   done
   note "CUDA tests: $(grep -c '^\[       OK' "$OUT/cuda_tests.log") OK, failed:${GPU_TEST_FAILS:- none} ($(elapsed))"
   grep -B3 -A8 "Failure" "$OUT/cuda_tests.log" | head -40
+}
+
+gpu_run_node_suite() {
+  command -v node >/dev/null || { note "Node server suite: skipped (no node; carry .carry/node)"; return 0; }
+  FERN_BIN=$PWD/build/fern timeout "${1:-300}" node --test tests/server/*.test.mjs >"$OUT/node_suite.log" 2>&1
+  note "Node server suite (rc $?): $(grep -E '^# (tests|pass|fail)' "$OUT/node_suite.log" | tr '\n' ' ') ($(elapsed))"
+  grep -B2 -A12 "^not ok" "$OUT/node_suite.log" | head -40
 }

@@ -19,11 +19,7 @@ gpu_run_cuda_tests
 grep -E "^(synth small|chunk )" "$OUT/cuda_tests.log"
 timeout 200 bash bench/cuda/bisect_prefill_accuracy.sh build >"$OUT/bisect.log" 2>&1
 note "prefill-accuracy bisect ($(elapsed)):"$'\n'"$(cat "$OUT/bisect.log")"
-if command -v node >/dev/null && [ "$(left)" -gt 300 ]; then
-  FERN_BIN=$PWD/build/fern timeout 150 node --test tests/server/*.test.mjs >"$OUT/node_suite.log" 2>&1
-  note "Node server suite on the CUDA backend (rc $?): $(grep -E '^# (tests|pass|fail)' "$OUT/node_suite.log" | tr '\n' ' ')"
-  grep -B2 -A12 "^not ok" "$OUT/node_suite.log" | head -30
-fi
+[ "$(left)" -gt 300 ] && gpu_run_node_suite 150
 if [ "$(left)" -gt 200 ]; then
   timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
     --json "$OUT/decode.json" >"$OUT/bench_decode.log" 2>&1

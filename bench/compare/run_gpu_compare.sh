@@ -26,9 +26,7 @@ if [ "$mode" = shakeout ]; then
     for i in $(seq 60); do grep -q serving /tmp/serve.txt && break; sleep 0.5; done
     kill $pid; wait $pid 2>/dev/null
     note "fern serve says: $(grep -m1 serving /tmp/serve.txt)"
-    FERN_BIN=$PWD/build/fern timeout 300 node --test tests/server/*.test.mjs >"$OUT/node_suite.log" 2>&1
-    note "Node server suite on the GPU (rc $?): $(grep -E '^# (tests|pass|fail)' "$OUT/node_suite.log" | tr '\n' ' ') ($(elapsed))"
-    grep -B2 -A12 "^not ok" "$OUT/node_suite.log" | head -40
+    gpu_run_node_suite 300
   fi
   ./build/fern synth --preset small --format mlx4 --out /tmp/ck >"$OUT/synth.log" 2>&1 || { tail "$OUT/synth.log"; exit 1; }
   python3 bench/compare/compare.py --fern build/fern --ckpt /tmp/ck --lengths 256,1024 --hf-lengths 256,1024 \
