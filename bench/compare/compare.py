@@ -180,6 +180,8 @@ def main():
     ap.add_argument("--hf-steps", type=int, default=16)
     ap.add_argument("--out", required=True)
     ap.add_argument("--md", required=True)
+    ap.add_argument("--budget-s", type=float, default=0,
+                    help="stop before a round that would end past this many seconds from the start (0: no limit)")
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
     prefill_lengths = [int(x) for x in a.prefill_lengths.split(",")] if a.prefill_lengths else lengths
@@ -190,36 +192,52 @@ def main():
           f"({torch.cuda.memory_allocated() / 1e9:.1f} GB on the GPU)", flush=True)
     runs = {"fern": [], "hf": []}
     commit = "?"
+
+    def write_table():
+        """The table so far (medians over the rounds done), written after every round so that a run cut short by a
+        time limit still leaves its results."""
+        def med(eng, phase, L):
+            v = [x["tok_s"] for rr in runs[eng] for x in rr if x["phase"] == phase and x["length"] == L]
+            return statistics.median(v) if v else None
+
+        table = {"fern": [], "hf": [], "commit": commit, "gpu": torch.cuda.get_device_name(),
+                 "rounds": {eng: len(runs[eng]) for eng in runs},
+                 "transformers": __import__("transformers").__version__, "torch": torch.__version__,
+                 # Without the fla package HF's Gated DeltaNet runs its PyTorch fallback (slower prefill).
+                 "fla": importlib.util.find_spec("fla") is not None}
+        md = ["| length | fern decode | HF decode | ratio | fern prefill | HF prefill | ratio |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
+        fmt = lambda v: "-" if v is None else f"{v:,.1f}"
+        ratio = lambda x, y: "-" if x is None or y is None else f"{x / y:.1f}x"
+        for L in lengths:
+            fd, hd, fp, hp = med("fern", "decode", L), med("hf", "decode", L), med("fern", "prefill", L), med("hf", "prefill", L)
+            for eng, ph, v in (("fern", "decode", fd), ("hf", "decode", hd), ("fern", "prefill", fp), ("hf", "prefill", hp)):
+                if v is not None:
+                    table[eng].append({"phase": ph, "length": L, "tok_s_median": v})
+            md.append(f"| {L} | {fmt(fd)} | {fmt(hd)} | {ratio(fd, hd)} | {fmt(fp)} | {fmt(hp)} | {ratio(fp, hp)} |")
+        json.dump(table, open(a.out, "w"), indent=1)
+        open(a.md, "w").write("\n".join(md) + "\n")
+        return md
+
+    md = []
+    round_s = 0.0
     for r in range(a.rounds):
+        if a.budget_s > 0 and r > 0 and time.perf_counter() - t0 + round_s > a.budget_s:
+            print(f"stopping after {r} rounds: another would pass the {a.budget_s:.0f} s budget", flush=True)
+            break
+        t_round = time.perf_counter()
         order = ["fern", "hf"] if r % 2 == 0 else ["hf", "fern"]
         for eng in order:
+            t = time.perf_counter()
             if eng == "fern":
                 res, commit = fern_run(a.fern, a.ckpt, lengths, prefill_lengths, a.steps)
             else:
                 res = hf_run(model, cfg, hf_lengths, a.hf_steps)
             runs[eng].append(res)
-            print(f"round {r} {eng}: " + ", ".join(f"{x['phase'][0]}{x['length']}={x['tok_s']:.1f}" for x in res), flush=True)
-
-    def med(eng, phase, L):
-        v = [x["tok_s"] for rr in runs[eng] for x in rr if x["phase"] == phase and x["length"] == L]
-        return statistics.median(v) if v else None
-
-    table = {"fern": [], "hf": [], "commit": commit, "gpu": torch.cuda.get_device_name(),
-             "transformers": __import__("transformers").__version__, "torch": torch.__version__,
-             # Without the fla package HF's Gated DeltaNet runs its PyTorch fallback (slower prefill).
-             "fla": importlib.util.find_spec("fla") is not None}
-    md = ["| length | fern decode | HF decode | ratio | fern prefill | HF prefill | ratio |",
-          "|---:|---:|---:|---:|---:|---:|---:|"]
-    fmt = lambda v: "-" if v is None else f"{v:,.1f}"
-    for L in lengths:
-        fd, hd, fp, hp = med("fern", "decode", L), med("hf", "decode", L), med("fern", "prefill", L), med("hf", "prefill", L)
-        for eng, ph, v in (("fern", "decode", fd), ("hf", "decode", hd), ("fern", "prefill", fp), ("hf", "prefill", hp)):
-            if v is not None:
-                table[eng].append({"phase": ph, "length": L, "tok_s_median": v})
-        ratio = lambda x, y: "-" if x is None or y is None else f"{x / y:.1f}x"
-        md.append(f"| {L} | {fmt(fd)} | {fmt(hd)} | {ratio(fd, hd)} | {fmt(fp)} | {fmt(hp)} | {ratio(fp, hp)} |")
-    json.dump(table, open(a.out, "w"), indent=1)
-    open(a.md, "w").write("\n".join(md) + "\n")
+            print(f"round {r} {eng} ({time.perf_counter() - t:.0f} s): "
+                  + ", ".join(f"{x['phase'][0]}{x['length']}={x['tok_s']:.1f}" for x in res), flush=True)
+        md = write_table()
+        round_s = time.perf_counter() - t_round
     print("\n".join(md))
 
 

@@ -4,7 +4,10 @@
 # ".carry/compare-head.tar" and ".carry/compare-head.commit" (bench/gpu_prelude.sh says how):
 #   bash bench/compare/run_gpu_compare.sh shakeout   # small checkpoint, one round, + the Node suite on the GPU
 #   bash bench/compare/run_gpu_compare.sh full       # full-size checkpoint, the ten lengths, three rounds
-# .carry/node holds node.xz and npm-min.tar.xz (docs/GPU.md). TESTS=1 also builds and runs every CUDA test first.
+# .carry/node holds node.xz and npm-min.tar.xz (docs/GPU.md). TESTS=1 also builds and runs every CUDA test first;
+# TESTS=whole only the whole-model ones (cuda_test_cuda_forward, cuda_test_cuda_prefill_chunks: ~40 s).
+# COMPARE_BUDGET (seconds, default 380) stops compare.py before a round that would pass it (each round's table is
+# written as it ends), so that the call stays inside the device's 10-minute limit.
 # Results and logs under $OUT, a summary last; the chart: tools/plot_bench.sh compare.png $OUT/compare.json.
 set -u
 mode=${1:-shakeout}
@@ -15,6 +18,10 @@ if [ "${TESTS:-0}" = 1 ]; then
   gpu_build fern $(gpu_cuda_test_targets)
   gpu_run_cuda_tests
   grep -E "^chunk " "$OUT/cuda_tests.log"
+elif [ "${TESTS:-0}" = whole ]; then
+  gpu_build fern cuda_test_cuda_forward cuda_test_cuda_prefill_chunks
+  gpu_run_cuda_tests
+  grep -E "^(synth small|chunk )" "$OUT/cuda_tests.log"
 else
   gpu_build fern
 fi
@@ -41,7 +48,7 @@ else
     --lengths ${LENGTHS:-256,512,1024,2048,4096,8192,16384,32768,65536,131072} \
     --prefill-lengths ${PREFILL_LENGTHS:-256,512,1024,2048,4096,8192,16384,32768} \
     --hf-lengths ${HF_LENGTHS:-256,512,1024,2048,4096} \
-    --out "$OUT/compare.json" --md "$OUT/compare.md" 2>&1 | tee "$OUT/compare.log" | tail -16
+    --budget-s ${COMPARE_BUDGET:-380} --out "$OUT/compare.json" --md "$OUT/compare.md" 2>&1 | tee "$OUT/compare.log" | tail -16
   note "compare (full) rc ${PIPESTATUS[0]} ($(elapsed))"
 fi
 gpu_summary
