@@ -36,7 +36,9 @@ gpu_configure() {
     mkdir -p third_party/npm && tar -C third_party/npm -xJf .carry/node/npm-min.tar.xz
   fi
   note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) commit $GPU_COMMIT node $(node --version 2>/dev/null || echo none)"
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real >"$OUT/cmake.log" 2>&1 ||
+  local commit_def=()
+  [ "$GPU_COMMIT" != unknown ] && commit_def=(-DFERN_GIT_COMMIT="$GPU_COMMIT")
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real "${commit_def[@]}" >"$OUT/cmake.log" 2>&1 ||
     { tail -30 "$OUT/cmake.log"; exit 1; }
 }
 
