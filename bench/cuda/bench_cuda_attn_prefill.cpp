@@ -96,8 +96,9 @@ int main() {
   for (int64_t pos : {int64_t(4096), int64_t(32 * 1024)})
     for (int T : {2, 3, 4, 8, 16, 32, 64, 256}) pts.push_back({pos, T});
 
-  std::printf("| pos | T | prep (ms) | decode kernel (ms) | flash (ms) | flash splits | speed-up | flash TFLOP/s | NMSE flash vs decode |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| pos | T | prep (ms) | decode kernel (ms) | flash (ms) | flash splits | speed-up | flash TFLOP/s | "
+              "NMSE flash vs decode | flash bf16 (ms) | NMSE bf16 vs decode |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Point& p : pts) {
     const int T = p.T;
     const int32_t pos32 = static_cast<int32_t>(p.pos);
@@ -116,12 +117,18 @@ int main() {
     const double t_new = median_ms(
         [&] { cuda::attn_prefill(ctx, sh, d_pos, q, qg, kc, vc, pml, pacc, o_new, T, ns_new); }, reps);
     FERN_CUDA_CHECK(cudaDeviceSynchronize());
-    const double e = nmse(download(o_new, size_t(T * O)), download(o_old, size_t(T * O)));
+    const std::vector<float> ref = download(o_old, size_t(T * O));
+    const double e = nmse(download(o_new, size_t(T * O)), ref);
+    // The previous operand precision (bf16 q and softmax weights), for the notes' comparison.
+    const double t_bf = median_ms(
+        [&] { cuda::attn_prefill(ctx, sh, d_pos, q, qg, kc, vc, pml, pacc, o_new, T, ns_new, false); }, reps);
+    FERN_CUDA_CHECK(cudaDeviceSynchronize());
+    const double e_bf = nmse(download(o_new, size_t(T * O)), ref);
     double pairs = 0;
     for (int t = 0; t < T; ++t) pairs += double(p.pos + t + 1);
     const double flops = 4.0 * sh.D * sh.Hq * pairs;
-    std::printf("| %ld | %d | %.3f | %.3f | %.3f | %d | %.1fx | %.1f | %.2e |\n", long(p.pos), T, t_prep, t_old,
-                t_new, ns_new, t_old / t_new, flops / (t_new * 1e-3) / 1e12, e);
+    std::printf("| %ld | %d | %.3f | %.3f | %.3f | %d | %.1fx | %.1f | %.2e | %.3f | %.2e |\n", long(p.pos), T, t_prep,
+                t_old, t_new, ns_new, t_old / t_new, flops / (t_new * 1e-3) / 1e12, e, t_bf, e_bf);
     std::fflush(stdout);
   }
   for (void* ptr : {static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(qg), static_cast<void*>(k),

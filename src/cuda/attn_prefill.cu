@@ -3,13 +3,20 @@
 // A block owns one KV head and a tile of 128 query rows: 128 / G consecutive token rows times the G query heads that
 // share the KV head (row r = token r / G, head r % G), so every K/V tile staged in shared memory serves all G heads.
 // It walks the KV positions in tiles of 64 (cp.async, double buffered): each of the 8 warps computes the 16 x 64
-// scores of its 16 rows (S = Q K^T, mma.sync m16n8k16 bf16 with fp32 accumulation), applies the causal mask (only
+// scores of its 16 rows (S = Q K^T, mma.sync m16n8k16 with fp32 accumulation), applies the causal mask (only
 // on tiles that reach past the tile's first token), updates its rows' running max and sum in fp32 (exp2 domain),
-// rescales its 16 x D output accumulator and adds P V with P rounded to bf16 straight from the score registers.
+// rescales its 16 x D output accumulator and adds P V with P rounded straight from the score registers.
+// MMA operands (F16 = true, the default): q and P rounded to fp16 (11 significant bits), and the BF16 cache rows
+// converted to fp16 in shared memory by the thread that copied them, right after its copies land (exact: 8 bits fit
+// in 11; values past the fp16 range saturate at +-65504 instead of becoming infinite). The whole-model bisect
+// (docs/PERF.md, third session) found bf16 q and P (F16 = false, FERN_ATTN_PREFILL=flash-bf16) to be the largest
+// difference of the GPU prefill from the fp32 CPU backend (NMSE 4e-5 against 1e-7 with the fp32 decode kernel);
+// fp16 cuts each of those two roundings by 4x in size.
 // Shared-memory rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads hit distinct banks.
 // With nsplit > 1 (small T over a long cache) each block covers one slice of the KV tiles and writes unnormalised
 // partials that attn_prefill_combine merges (and gates).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <string>
 
@@ -42,13 +49,22 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                : "r"(smem_addr(p)));
 }
 
-// c += a b for one m16n8k16 tile (a: 4 registers of bf16 pairs, b: 2, c: 4 fp32).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// c += a b for one m16n8k16 tile (a: 4 registers of 16-bit pairs, b: 2, c: 4 fp32), fp16 or bf16 operands.
+template <bool F16>
+__device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (F16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
 
 // 16-byte global -> shared copy; zero-fills the destination when !valid (rows past the written cache).
@@ -68,9 +84,28 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
+constexpr float kHalfMax = 65504.0f;
+
+// Two floats as one register of 16-bit operands (.x, the low half, = lo). fp16 saturates at +-65504.
+template <bool F16>
+__device__ __forceinline__ uint32_t pack16(float lo, float hi) {
+  if constexpr (F16) {
+    const __half2 v = __floats2half2_rn(fminf(fmaxf(lo, -kHalfMax), kHalfMax), fminf(fmaxf(hi, -kHalfMax), kHalfMax));
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// Eight bf16 values (one 16-byte chunk) to fp16 in place: the bf16 -> fp32 step is exact, then pack16 rounds.
+__device__ __forceinline__ void chunk_bf16_to_f16(uint16_t* p) {
+  uint4* c = reinterpret_cast<uint4*>(p);
+  uint4 v = *c;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = pack16<true>(__uint_as_float(w[i] << 16), __uint_as_float(w[i] & 0xffff0000u));
+  *c = v;
 }
 
 // Element offset of 16-byte chunk `ch` of row `row` in a [rows, D] bf16 tile: chunks XOR-swizzled by row % 8, so
@@ -80,7 +115,7 @@ __device__ __forceinline__ int swz(int row, int ch) {
   return row * D + ((ch ^ (row & 7)) << 3);
 }
 
-template <int D>
+template <int D, bool F16>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_prefill_kernel(AttnShape sh, const int32_t* __restrict__ d_pos, const float* __restrict__ q,
                         const float* __restrict__ qg, const uint16_t* __restrict__ k_cache,
@@ -132,9 +167,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp_async16(vs + swz<D>(r, ch), v_cache + off, ok);
       }
     };
+    // F16: the chunks this thread copied for tile j, converted in place once they have landed (a thread sees its own
+    // cp.async writes after cp.async.wait_group, so no barrier is needed before the conversion; the barrier after it
+    // publishes the converted tile to the other warps).
+    auto convert_kv = [&](int buf) {
+      uint16_t* ks = Ks + buf * BN * D;
+      uint16_t* vs = Vs + buf * BN * D;
+      for (int c = tid; c < BN * CH; c += kThreads) {
+        const int r = c / CH, ch = c % CH;
+        chunk_bf16_to_f16(ks + swz<D>(r, ch));
+        chunk_bf16_to_f16(vs + swz<D>(r, ch));
+      }
+    };
     load_kv(j_begin, 0);
     cp_async_commit();
-    // Q tile: fp32 -> bf16 (round to nearest), padding rows zero.
+    // Q tile: fp32 -> fp16 / bf16 (round to nearest), padding rows zero.
     for (int c = tid; c < BM * CH; c += kThreads) {
       const int r = c / CH, ch = c % CH;
       const int t = t0 + r / G;
@@ -143,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float4* src =
             reinterpret_cast<const float4*>(q + (int64_t(t) * sh.Hq + kvh * G + r % G) * D + ch * 8);
         const float4 a = src[0], b = src[1];
-        pk = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+        pk = make_uint4(pack16<F16>(a.x, a.y), pack16<F16>(a.z, a.w), pack16<F16>(b.x, b.y), pack16<F16>(b.z, b.w));
       }
       *reinterpret_cast<uint4*>(Qs + swz<D>(r, ch)) = pk;
     }
@@ -158,6 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         cp_async_wait<0>();
       }
+      if constexpr (F16) convert_kv(buf);
       __syncthreads();
       const uint16_t* ks = Ks + buf * BN * D;
       const uint16_t* vs = Vs + buf * BN * D;
@@ -174,8 +222,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int np = 0; np < BN / 16; ++np) {
           uint32_t b[4];
           ldsm_x4(b, ks + swz<D>(np * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
-          mma_bf16(s[2 * np], a, b[0], b[1]);
-          mma_bf16(s[2 * np + 1], a, b[2], b[3]);
+          mma16<F16>(s[2 * np], a, b[0], b[1]);
+          mma16<F16>(s[2 * np + 1], a, b[2], b[3]);
         }
       }
 
@@ -227,16 +275,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         uint32_t a[4];
-        a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        a[0] = pack16<F16>(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = pack16<F16>(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = pack16<F16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = pack16<F16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
           ldsm_x4_trans(b, vs + swz<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
-          mma_bf16(oacc[2 * dp], a, b[0], b[1]);
-          mma_bf16(oacc[2 * dp + 1], a, b[2], b[3]);
+          mma16<F16>(oacc[2 * dp], a, b[0], b[1]);
+          mma16<F16>(oacc[2 * dp + 1], a, b[2], b[3]);
         }
       }
       __syncthreads();
@@ -317,18 +365,36 @@ constexpr size_t smem_bytes() {
   return size_t(BM + 4 * BN) * D * 2;
 }
 
-template <int D>
+template <int D, bool F16>
 void set_smem_attr() {
-  FERN_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  FERN_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<D, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(smem_bytes<D>())));
 }
 
 template <int D>
 int blocks_per_sm() {
-  set_smem_attr<D>();
+  set_smem_attr<D, true>();
   int n = 0;
-  FERN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_prefill_kernel<D>, kThreads, smem_bytes<D>()));
+  FERN_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_prefill_kernel<D, true>, kThreads, smem_bytes<D>()));
   return n < 1 ? 1 : n;
+}
+
+template <int D, bool F16>
+void launch_flash(const Ctx& c, dim3 grid, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+                  const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int T,
+                  int G) {
+  set_smem_attr<D, F16>();
+  launch(c, "attn_prefill_kernel", attn_prefill_kernel<D, F16>, grid, kThreads, smem_bytes<D>(), sh, d_pos, q, qg,
+         k_cache, v_cache, part_ml, part_acc, o, T, G);
+}
+
+template <int D>
+void launch_flash(const Ctx& c, bool f16, dim3 grid, const AttnShape& sh, const int32_t* d_pos, const float* q,
+                  const float* qg, const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc,
+                  float* o, int T, int G) {
+  if (f16) launch_flash<D, true>(c, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
+  else launch_flash<D, false>(c, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
 }
 
 }  // namespace
@@ -357,7 +423,7 @@ int attn_prefill_splits(const AttnShape& sh, int64_t pos, int T, int sms) {
 
 void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                   const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int T,
-                  int nsplit) {
+                  int nsplit, bool f16) {
   if (T <= 0) return;
   if (!attn_prefill_ok(sh))
     raise_error("attention prefill: unsupported head shape (head_dim " + std::to_string(sh.D) + ", " +
@@ -369,21 +435,9 @@ void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const
   const int tiles_q = (T + BM / G - 1) / (BM / G);
   const dim3 grid(tiles_q, sh.Hkv, nsplit);
   switch (sh.D) {
-    case 256:
-      set_smem_attr<256>();
-      launch(c, "attn_prefill_kernel", attn_prefill_kernel<256>, grid, kThreads, smem_bytes<256>(), sh, d_pos, q, qg,
-             k_cache, v_cache, part_ml, part_acc, o, T, G);
-      break;
-    case 128:
-      set_smem_attr<128>();
-      launch(c, "attn_prefill_kernel", attn_prefill_kernel<128>, grid, kThreads, smem_bytes<128>(), sh, d_pos, q, qg,
-             k_cache, v_cache, part_ml, part_acc, o, T, G);
-      break;
-    default:
-      set_smem_attr<64>();
-      launch(c, "attn_prefill_kernel", attn_prefill_kernel<64>, grid, kThreads, smem_bytes<64>(), sh, d_pos, q, qg,
-             k_cache, v_cache, part_ml, part_acc, o, T, G);
-      break;
+    case 256: launch_flash<256>(c, f16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
+    case 128: launch_flash<128>(c, f16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
+    default: launch_flash<64>(c, f16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
   }
   FERN_CUDA_LAUNCH_CHECK("attn_prefill_kernel");
   if (nsplit > 1) {

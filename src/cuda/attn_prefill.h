@@ -24,12 +24,13 @@ constexpr int kAttnPrefillMaxSplits = 256;
 int attn_prefill_splits(const AttnShape& sh, int64_t pos, int T, int sms);
 
 // Row t (absolute position d_pos[0] + t) attends to cache rows [0, d_pos[0] + t]; o [T, Hq*D] =
-// softmax(q K^T / sqrt(D)) V * sigmoid(gate). q and the softmax weights are rounded to BF16 for the MMAs
-// (m16n8k16, FP32 accumulation); the softmax itself is FP32. With nsplit > 1 the pieces write unnormalised partial
+// softmax(q K^T / sqrt(D)) V * sigmoid(gate). q, the softmax weights and the cache rows are FP16 operands of the
+// MMAs (m16n8k16, FP32 accumulation; f16 = false: BF16 q and weights, the previous variant, kept for comparison);
+// the softmax itself is FP32. With nsplit > 1 the pieces write unnormalised partial
 // results to part_ml [T, Hq, nsplit, 2] and part_acc [T, Hq, nsplit, D] (scratch) and a second kernel merges them;
 // with nsplit == 1 both may be null.
 void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                   const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int T,
-                  int nsplit);
+                  int nsplit, bool f16 = true);
 
 }  // namespace fern::cuda

@@ -18,14 +18,16 @@ namespace {
 // 0.087 ms at position 4K, 0.058 vs 0.160 ms at 32K; docs/notes/cuda-prefill-v2-attn.md), so every T > 1.
 constexpr int kAttnPrefillMinRows = 2;
 
-// FERN_ATTN_PREFILL=flash / decode forces one kernel for every T > 1 (tests and benchmarks compare them).
-enum class Choice { Auto, Flash, Decode };
+// FERN_ATTN_PREFILL=flash / decode forces one kernel for every T > 1 (tests and benchmarks compare them);
+// flash-bf16 forces the flash kernel with its previous BF16 operands (attn_prefill.cu says why FP16 is the default).
+enum class Choice { Auto, Flash, FlashBf16, Decode };
 Choice forced_choice() {
   const char* e = std::getenv("FERN_ATTN_PREFILL");
   if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return Choice::Auto;
   if (std::strcmp(e, "flash") == 0) return Choice::Flash;
+  if (std::strcmp(e, "flash-bf16") == 0) return Choice::FlashBf16;
   if (std::strcmp(e, "decode") == 0) return Choice::Decode;
-  fail("FERN_ATTN_PREFILL={}: expected auto, flash or decode", e);
+  fail("FERN_ATTN_PREFILL={}: expected auto, flash, flash-bf16 or decode", e);
 }
 
 bool decode_kernel_ok(const cuda::AttnShape& sh) {
@@ -42,7 +44,7 @@ void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const A
   const cuda::AttnShape sh = attn_shape(cfg, st.capacity);
   const Choice choice = forced_choice();
   bool flash = cuda::attn_prefill_ok(sh) && (T >= kAttnPrefillMinRows || !decode_kernel_ok(sh));
-  if (choice != Choice::Auto) flash = choice == Choice::Flash;
+  if (choice != Choice::Auto) flash = choice == Choice::Flash || choice == Choice::FlashBf16;
   Tensor q = scratch(DType::F32, {T, sh.Hq, sh.D});
   Tensor kc = st.k_cache.at(layer), vc = st.v_cache.at(layer);
   cuda::attn_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"), f32(w.q_norm, "q_norm"),
@@ -61,7 +63,7 @@ void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const A
       pacc = scratch(DType::F32, {T, sh.Hq, nsplit, sh.D}).ptr<float>();
     }
     cuda::attn_prefill(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(),
-                       pml, pacc, f32(o, "attn o"), T, nsplit);
+                       pml, pacc, f32(o, "attn o"), T, nsplit, choice != Choice::FlashBf16);
     return;
   }
   // The decode kernel over T query rows: they already give T-fold parallelism, so the split count is capped to keep
