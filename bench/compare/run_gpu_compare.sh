@@ -5,7 +5,8 @@
 #   bash bench/compare/run_gpu_compare.sh shakeout   # small checkpoint, one round, + the Node suite on the GPU
 #   bash bench/compare/run_gpu_compare.sh full       # full-size checkpoint, the ten lengths, three rounds
 # .carry/node holds node.xz and npm-min.tar.xz (docs/GPU.md). TESTS=1 also builds and runs every CUDA test first;
-# TESTS=whole only the whole-model ones (cuda_test_cuda_forward, cuda_test_cuda_prefill_chunks: ~40 s).
+# TESTS=whole only the whole-model ones and the attention prefill's (cuda_test_cuda_forward,
+# cuda_test_cuda_prefill_chunks, cuda_test_cuda_attn_prefill: ~100 s).
 # COMPARE_BUDGET (seconds, default 380) stops compare.py before a round that would pass it (each round's table is
 # written as it ends), so that the call stays inside the device's 10-minute limit.
 # Results and logs under $OUT, a summary last; the chart: tools/plot_bench.sh compare.png $OUT/compare.json.
@@ -19,9 +20,9 @@ if [ "${TESTS:-0}" = 1 ]; then
   gpu_run_cuda_tests
   grep -E "^chunk " "$OUT/cuda_tests.log"
 elif [ "${TESTS:-0}" = whole ]; then
-  gpu_build fern cuda_test_cuda_forward cuda_test_cuda_prefill_chunks
+  gpu_build fern cuda_test_cuda_forward cuda_test_cuda_prefill_chunks cuda_test_cuda_attn_prefill
   gpu_run_cuda_tests
-  grep -E "^(synth small|chunk )" "$OUT/cuda_tests.log"
+  grep -E "^(synth small|chunk |peaked softmax)" "$OUT/cuda_tests.log"
 else
   gpu_build fern
 fi

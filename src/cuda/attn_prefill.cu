@@ -84,14 +84,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-constexpr float kHalfMax = 65504.0f;
-
-// Two floats as one register of 16-bit operands (.x, the low half, = lo). fp16 saturates at +-65504.
+// Two floats as one register of 16-bit operands (.x, the low half, = lo). fp16: one cvt with .satfinite (finite
+// values past the range become +-65504, NaN stays NaN; sm_80+), cheaper than clamping each value first.
 template <bool F16>
 __device__ __forceinline__ uint32_t pack16(float lo, float hi) {
   if constexpr (F16) {
-    const __half2 v = __floats2half2_rn(fminf(fmaxf(lo, -kHalfMax), kHalfMax), fminf(fmaxf(hi, -kHalfMax), kHalfMax));
-    return *reinterpret_cast<const uint32_t*>(&v);
+    uint32_t r;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source -> upper half
+    return r;
   } else {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
