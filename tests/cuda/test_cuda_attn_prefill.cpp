@@ -50,30 +50,38 @@ class ForceKernel {
   std::string old_;
 };
 
+// One attention layer of the case's shape: its config and random q/k norm weights on the host and on the GPU.
+struct Layer {
+  ModelConfig cfg;
+  test::OwnedStorage st;
+  AttnWeights hw, dw;
+  Layer(const Case& c, CudaBackend& gpu) {
+    cfg.num_hidden_layers = 1;
+    cfg.layer_types = {LayerType::FullAttention};
+    cfg.num_attention_heads = c.Hq;
+    cfg.num_key_value_heads = c.Hkv;
+    cfg.head_dim = c.D;
+    cfg.partial_rotary_factor = c.rot_factor;
+    auto vec = [&](int64_t n, uint64_t s) {
+      Tensor t = st.make(DType::F32, {n});
+      auto v = test::randn(size_t(n), s, 0.1f);
+      for (int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = c.norm_scale * (1.0f + v[i]);
+      return t;
+    };
+    hw.q_norm = vec(c.D, c.seed + 1);
+    hw.k_norm = vec(c.D, c.seed + 2);
+    dw.q_norm = gpu.to_device(hw.q_norm);
+    dw.k_norm = gpu.to_device(hw.k_norm);
+  }
+};
+
 // Returns the largest NMSE over the calls; each call must stay below `limit`.
 double run(const Case& c, double limit = kNmse) {
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
-  ModelConfig cfg;
-  cfg.num_hidden_layers = 1;
-  cfg.layer_types = {LayerType::FullAttention};
-  cfg.num_attention_heads = c.Hq;
-  cfg.num_key_value_heads = c.Hkv;
-  cfg.head_dim = c.D;
-  cfg.partial_rotary_factor = c.rot_factor;
-  test::OwnedStorage st;
-  AttnWeights hw;
-  auto vec = [&](int64_t n, uint64_t s) {
-    Tensor t = st.make(DType::F32, {n});
-    auto v = test::randn(size_t(n), s, 0.1f);
-    for (int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = c.norm_scale * (1.0f + v[i]);
-    return t;
-  };
-  hw.q_norm = vec(c.D, c.seed + 1);
-  hw.k_norm = vec(c.D, c.seed + 2);
-  AttnWeights dw;
-  dw.q_norm = gpu->to_device(hw.q_norm);
-  dw.k_norm = gpu->to_device(hw.k_norm);
+  Layer layer(c, *gpu);
+  const ModelConfig& cfg = layer.cfg;
+  const AttnWeights &hw = layer.hw, &dw = layer.dw;
   auto cs = cpu->new_state(cfg, c.capacity);
   auto gs = gpu->new_state(cfg, c.capacity);
   double worst = 0.0;
@@ -178,23 +186,10 @@ TEST(CudaAttnPrefill, HugeValuesStayFinite) {
   FERN_REQUIRE_GPU();
   ForceKernel f("flash");
   auto gpu = test::make_gpu();
-  ModelConfig cfg;
-  cfg.num_hidden_layers = 1;
-  cfg.layer_types = {LayerType::FullAttention};
-  cfg.num_attention_heads = 16;
-  cfg.num_key_value_heads = 2;
-  cfg.head_dim = 256;
-  cfg.partial_rotary_factor = 0.25;
-  test::OwnedStorage st;
-  AttnWeights hw;
-  hw.q_norm = st.make(DType::F32, {256});
-  hw.k_norm = st.make(DType::F32, {256});
-  for (int i = 0; i < 256; ++i) hw.q_norm.ptr<float>()[i] = hw.k_norm.ptr<float>()[i] = 1.0f + 0.001f * i;
-  AttnWeights dw;
-  dw.q_norm = gpu->to_device(hw.q_norm);
-  dw.k_norm = gpu->to_device(hw.k_norm);
+  const Case c;  // the real shape
+  Layer layer(c, *gpu);
   const int T = 70;
-  auto gs = gpu->new_state(cfg, T);
+  auto gs = gpu->new_state(layer.cfg, T);
   const int64_t QG = 2 * 16 * 256, KV = 2 * 256, O = 16 * 256;
   auto qg = test::randn(size_t(T * QG), 41);
   auto k = test::randn(size_t(T * KV), 42);
@@ -203,7 +198,7 @@ TEST(CudaAttnPrefill, HugeValuesStayFinite) {
   gpu->begin_forward();
   Tensor dy = gpu->scratch(DType::F32, {T, O});
   gpu->attn_core(dy, test::upload_f32(*gpu, qg, {T, QG}), test::upload_f32(*gpu, k, {T, KV}),
-                 test::upload_f32(*gpu, v, {T, KV}), dw, cfg, *gs, 0);
+                 test::upload_f32(*gpu, v, {T, KV}), layer.dw, layer.cfg, *gs, 0);
   auto got = test::download(*gpu, dy);
   size_t bad = 0;
   for (float x : got) bad += !std::isfinite(x);
