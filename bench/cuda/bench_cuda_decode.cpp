@@ -83,13 +83,15 @@ void bench_gemv() {
     const char* name;
     int64_t out, in;
     int bits;
+    const char* nb = nullptr;  // FERN_CUDA_GEMV_NB for this row (pipeline depth, linear.cu); null: the default
   };
   std::printf("\n== GEMV, cold L2 (graph of launches rotating over >= 256 MB of copies) ==\n");
   std::printf("%-22s %14s %8s %10s %9s %7s\n", "shape", "[out x in]", "bits", "MB/matrix", "us/launch", "%BW");
   for (const Shape& s : {Shape{"in_proj_qkv / q_proj", 8192, 2048, 4}, Shape{"in_proj_z", 4096, 2048, 4},
                          Shape{"expert gate/up", 512, 2048, 4}, Shape{"expert down", 2048, 512, 4},
                          Shape{"out_proj / o_proj", 2048, 4096, 4}, Shape{"router", 256, 2048, 8},
-                         Shape{"lm_head", 248320, 2048, 4}}) {
+                         Shape{"lm_head", 248320, 2048, 4}, Shape{"lm_head, depth 2", 248320, 2048, 4, "2"}}) {
+    if (s.nb != nullptr) setenv("FERN_CUDA_GEMV_NB", s.nb, 1);
     CudaBackend be(0);
     const LinearWeight probe = rand_affine(be, s.out, s.in, s.bits, 1);
     const double bytes = double(probe.nbytes());
@@ -105,6 +107,7 @@ void bench_gemv() {
     const double per = t / launches;
     std::printf("%-22s %7ld x %5ld %8d %10.2f %9.2f %6.1f%%\n", s.name, long(s.out), long(s.in), s.bits, bytes / 1e6,
                 per * 1e6, 100.0 * bytes / per / kCopyBw);
+    unsetenv("FERN_CUDA_GEMV_NB");
   }
   // The whole-model sweep: 1.67 GB of 8192 x 2048 4-bit matrices, each read once.
   CudaBackend be(0);
@@ -171,7 +174,7 @@ void profile_step(int reps) {
   std::printf("profiled %d replays of the 4K step\n", reps);
 }
 
-void bench_decode() {
+void bench_decode(bool splitk) {
   const ModelConfig cfg = full_config();
   CudaBackend be(0);
   auto w = cuda::random_device_weights(be, cfg, 1);
@@ -282,10 +285,86 @@ void bench_decode() {
       std::printf("%-40s %9.1f us\n", r.name, t * 1e6);
     }
     std::printf("%-40s %9.1f us\n", "sum of blocks", sum * 1e6);
+
+    // Phase timing of the fused MoE (a build with -DFERN_MOE_PHASE_TIMING only): the "40 x MoE block" row three
+    // times over, each launch with its own %globaltimer stamps, replayed as a graph; means over the 120 launches.
+    const int L = cfg.num_hidden_layers, R = 3;
+    unsigned long long* dst = nullptr;
+    const size_t sbytes = size_t(R) * L * cuda::kMoeStamps * sizeof(unsigned long long);
+    FERN_CUDA_CHECK(cudaMalloc(&dst, sbytes));
+    cuda::Ctx tc = kc;
+    tc.counters = cnt.ptr<int>() + 64;  // its own counters (the epoch protocol), apart from the three-launch rows'
+    tc.n_counters = cuda::kMoeFusedCounters;
+    cuda::MoeNorm nm;
+    nm.resid = h.ptr<float>();
+    nm.delta = out.ptr<float>();
+    nm.eps = 1e-6f;
+    nm.xn = xn.ptr<float>();
+    nm.add_out = true;
+    auto moe_qw = [&](int l) {
+      const MoeWeights& m = mq(l);
+      return cuda::MoeQW{cuda::make_qw(m.router), cuda::make_qw(m.shared_expert_gate), cuda::make_qw(m.gate),
+                         cuda::make_qw(m.up),     cuda::make_qw(m.down),               cuda::make_qw(m.shared_gate),
+                         cuda::make_qw(m.shared_up), cuda::make_qw(m.shared_down)};
+    };
+    bool timed = true;
+    const double tt = time_graph(be, [&] {
+      FERN_CUDA_CHECK(cudaMemsetAsync(dst, 0, sbytes, be.stream()));
+      for (int r = 0; r < R && timed; ++r)
+        for (int l = 0; l < L && timed; ++l) {
+          nm.w = w->layers[l].post_norm.ptr<float>();
+          timed = cuda::moe_fused_timed(tc, moe_qw(l), nullptr, ms, out2.ptr<float>(), topk, &nm,
+                                        dst + (size_t(r) * L + l) * cuda::kMoeStamps);
+        }
+    });
+    if (!timed) {
+      std::printf("\n(fused MoE phase timing: not compiled in; build with CUDAFLAGS=-DFERN_MOE_PHASE_TIMING)\n");
+    } else {
+      std::vector<unsigned long long> hs(sbytes / sizeof(unsigned long long));
+      FERN_CUDA_CHECK(cudaMemcpy(hs.data(), dst, sbytes, cudaMemcpyDeviceToHost));
+      const int n = R * L;
+      auto at = [&](int i, int k) { return hs[size_t(i) * cuda::kMoeStamps + k]; };
+      auto first = [&](int i) { return ~at(i, cuda::kMoeStampFirstStart); };
+      std::printf("\n== fused MoE phases (moe_residual, %d launches, graph replay %.2f us per launch): us from the "
+                  "launch's first block start ==\n", n, tt * 1e6 / n);
+      std::printf("%-44s %8s %8s %8s\n", "point", "mean", "min", "max");
+      const struct {
+        const char* name;
+        int k;
+      } pts[] = {{"last block start", cuda::kMoeStampLastStart},
+                 {"block 0: start", cuda::kMoeStampStart},
+                 {"block 0: past the PDL wait", cuda::kMoeStampWaited},
+                 {"block 0: input (norm) staged", cuda::kMoeStampStaged},
+                 {"block 0: router/shared rows done (arrive 1)", cuda::kMoeStampArrive1},
+                 {"last block arrives at handoff 1", cuda::kMoeStampLastArrive1},
+                 {"block 0: past handoff 1", cuda::kMoeStampPass1},
+                 {"block 0: top-k + expert tables done", cuda::kMoeStampRouted},
+                 {"block 0: gate/up rows done (arrive 2)", cuda::kMoeStampArrive2},
+                 {"last block arrives at handoff 2", cuda::kMoeStampLastArrive2},
+                 {"block 0: past handoff 2", cuda::kMoeStampPass2},
+                 {"block 0: h staged", cuda::kMoeStampHStaged},
+                 {"block 0: end", cuda::kMoeStampEnd},
+                 {"last block end", cuda::kMoeStampLastEnd}};
+      for (const auto& pt : pts) {
+        double sum = 0, mn = 1e30, mx = -1e30;
+        for (int i = 0; i < n; ++i) {
+          const double v = (double(at(i, pt.k)) - double(first(i))) * 1e-3;
+          sum += v;
+          mn = std::min(mn, v);
+          mx = std::max(mx, v);
+        }
+        std::printf("%-44s %8.2f %8.2f %8.2f\n", pt.name, sum / n, mn, mx);
+      }
+      double gap = 0;
+      for (int i = 1; i < n; ++i) gap += (double(first(i)) - double(at(i - 1, cuda::kMoeStampLastEnd))) * 1e-3;
+      std::printf("%-44s %8.2f\n", "gap: previous launch's last end -> first start", gap / (n - 1));
+    }
+    FERN_CUDA_CHECK(cudaFree(dst));
   }
 
   // Split-K choice: 10 attention cores at several contexts and split counts, for each head grouping.
   for (const char* hg : {"2", "1"}) {
+    if (!splitk) break;
     setenv("FERN_CUDA_ATTN_HG", hg, 1);
     std::printf("\n== attention split-K, query heads of a KV head over %s block(s): us for 10 x attn_core (graph replay) ==\n%8s", hg, "context");
     const int splits[] = {1, 4, 16, 32, 64, 128};
@@ -361,8 +440,9 @@ int main(int argc, char** argv) {
       CudaBackend probe(0);
       std::printf("programmatic dependent launch: %s\n", probe.pdl() ? "on" : "off");
     }
-    if (what == "all" || what == "gemv") bench_gemv();
-    if (what == "all" || what == "decode") bench_decode();
+    // "steps": the GEMV table, the breakdown and the decode steps without the split-K tables (a shorter GPU call).
+    if (what == "all" || what == "gemv" || what == "steps") bench_gemv();
+    if (what == "all" || what == "decode" || what == "steps") bench_decode(what != "steps");
     if (what == "profile") profile_step(argc > 2 ? std::atoi(argv[2]) : 20);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

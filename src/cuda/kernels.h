@@ -113,6 +113,17 @@ struct MoeNorm {
 };
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
                const MoeNorm* norm = nullptr);
+// Phase timing of moe_fused (docs/notes/cuda-decode-v5.md): the same launch with %globaltimer stamps (ns) written
+// to stamps[kMoeStamps] (zero before the launch): block 0's thread 0 at each point, and the latest (or, stored
+// inverted, the earliest) block at a few. Compiled only with -DFERN_MOE_PHASE_TIMING (a separate instantiation;
+// moe_fused itself is unchanged); otherwise it returns false and launches nothing.
+enum MoeStamp {
+  kMoeStampStart, kMoeStampWaited, kMoeStampStaged, kMoeStampArrive1, kMoeStampPass1, kMoeStampRouted,
+  kMoeStampArrive2, kMoeStampPass2, kMoeStampHStaged, kMoeStampEnd,
+  kMoeStampFirstStart, kMoeStampLastStart, kMoeStampLastArrive1, kMoeStampLastArrive2, kMoeStampLastEnd, kMoeStamps
+};
+bool moe_fused_timed(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
+                     const MoeNorm* norm, unsigned long long* stamps);
 
 // ---- Gated DeltaNet (MODEL.md 2.4), one token row t of a call ----
 struct GdnShape {
