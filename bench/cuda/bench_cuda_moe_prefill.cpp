@@ -1,7 +1,8 @@
-// MoE prefill micro-benchmark (docs/notes/cuda-prefill-v2-moe.md): the backend's moe() for one chunk of T token
-// rows at the real shape (256 experts top-8, H 2048, I 512, shared 512, 4-bit group 64 experts, 8-bit router and
-// shared gate), under each ablation switch of backend_moe_prefill.cpp, and the row-by-row decode kernels (the
-// path before the grouped GEMMs). Weights and activations are random device fills (roughly balanced routing);
+// MoE prefill micro-benchmark (docs/notes/cuda-prefill-v2-moe.md, cuda-prefill-v3-gemm.md): the backend's moe()
+// for one chunk of T token rows at the real shape (256 experts top-8, H 2048, I 512, shared 512, 4-bit group 64
+// experts, 8-bit router and shared gate), under each ablation switch of backend_moe_prefill.cpp (FERN_GEMM=split:
+// the precise tile loop instead of the fp16 one), and the row-by-row decode kernels (the path before the grouped
+// GEMMs); then the phases one at a time, for both tile loops. Weights and activations are random device fills (roughly balanced routing);
 // each figure is the median of 7 timed calls (CUDA events on the backend's stream, after one warm-up), routing
 // included. Effective TFLOP/s counts the useful products only: 2 T (3 k H I + 3 H Is).
 #include <cuda_runtime.h>
@@ -73,21 +74,23 @@ int main() {
     const char* dequant;
     const char* prefetch;
     const char* router = nullptr;
+    const char* gemm = nullptr;
   };
   const Variant variants[] = {
       {"row-by-row decode kernels (before)", "rows", nullptr, nullptr, nullptr, nullptr},
-      {"grouped, default (tensor-core router, GPU grouping, adaptive tile, fused dequant)", nullptr, nullptr, nullptr,
-       nullptr, nullptr},
+      {"grouped, default (tensor-core router, GPU grouping, adaptive tile, fp16 tile loop)", nullptr, nullptr,
+       nullptr, nullptr, nullptr},
+      {"grouped, FERN_GEMM=split (the precise tile loop)", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+       "split"},
+      {"grouped, fp16, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr},
+      {"grouped, fp16, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
+      {"grouped, fp16, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr},
       {"grouped, FERN_MOE_ROUTER=fused (router GEMV)", nullptr, nullptr, nullptr, nullptr, nullptr, "fused"},
-      {"grouped, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr},
-      {"grouped, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
-      {"grouped, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr},
+      {"grouped, split, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr, nullptr, "split"},
+      {"grouped, split, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr, nullptr, "split"},
       {"grouped, FERN_MOE_ROUTING=host", nullptr, "host", nullptr, nullptr, nullptr},
-      {"grouped, FERN_MOE_DEQUANT=separate", nullptr, nullptr, nullptr, "separate", nullptr},
-      {"grouped, FERN_MOE_PREFETCH=1 (adaptive tile)", nullptr, nullptr, nullptr, nullptr, "1"},
-      {"grouped, FERN_MOE_PREFETCH=1, tile 16", nullptr, nullptr, "16", nullptr, "1"},
-      {"grouped, FERN_MOE_PREFETCH=1, tile 32", nullptr, nullptr, "32", nullptr, "1"},
-      {"grouped, FERN_MOE_PREFETCH=1, tile 64", nullptr, nullptr, "64", nullptr, "1"},
+      {"grouped, FERN_MOE_DEQUANT=separate (split loop on bf16)", nullptr, nullptr, nullptr, "separate", nullptr},
+      {"grouped, FERN_MOE_PREFETCH=1 (split loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr, "1"},
   };
   const int Ts[] = {512, 2048};
   const int maxT = 2048;
@@ -109,6 +112,7 @@ int main() {
       set_env("FERN_MOE_DEQUANT", v.dequant);
       set_env("FERN_MOE_PREFETCH", v.prefetch);
       set_env("FERN_MOE_ROUTER", v.router);
+      set_env("FERN_GEMM", v.gemm);
       const double ms = median_ms(be.stream(), [&] {
         be.begin_forward();
         be.moe(yt, xt, w, cfg);
@@ -120,10 +124,11 @@ int main() {
     }
   }
 
-  // Phase breakdown of the default path (the same launches as moe_prefill_, timed one phase at a time).
+  // Phase breakdown (the same launches as moe_prefill_, timed one phase at a time), for both tile loops; the fp16
+  // loop's two conversions (x before gate/up, h before down) have their own columns.
   std::printf(
-      "\n| T | tile rows | prefetch | route (GEMV) | route (gemm) | group | gate/up | down | combine | gate/up TFLOP/s "
-      "| down TFLOP/s |\n|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "\n| T | tile rows | loop | route (GEMV) | route (gemm) | group | x to fp16 | gate/up | h to fp16 | down | combine "
+      "| gate/up TFLOP/s | down TFLOP/s |\n|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   Tensor counters = be.alloc(DType::I32, {maxT});
   FERN_CUDA_CHECK(cudaMemset(counters.data, 0, size_t(maxT) * 4));
   cuda::Ctx c;
@@ -147,10 +152,13 @@ int main() {
   float* h_routed = static_cast<float*>(buf(DType::F32, maxT * k * I));
   float* h_shared = static_cast<float*>(buf(DType::F32, maxT * Is));
   float* y_pair = static_cast<float*>(buf(DType::F32, maxT * k * H));
+  const cuda::X16 xs = cuda::x16_carve(buf(DType::F32, int64_t(cuda::x16_bytes(maxT, H) / 4 + 1)), maxT, H);
+  const cuda::X16 hrs = cuda::x16_carve(buf(DType::F32, int64_t(cuda::x16_bytes(maxT * k, I) / 4 + 1)), maxT * k, I);
+  const cuda::X16 hss = cuda::x16_carve(buf(DType::F32, int64_t(cuda::x16_bytes(maxT, Is) / 4 + 1)), maxT, Is);
   for (int T : Ts) {
     for (int v = 0; v < 6; ++v) {
       const int bm = 16 << (v / 2);
-      const bool pf = v % 2 == 1;
+      const bool f16 = v % 2 == 1;
       cuda::MoeGroups g;
       g.counts = static_cast<int32_t*>(buf(DType::I32, E + 1));
       g.offsets = static_cast<int32_t*>(buf(DType::I32, E + 1));
@@ -166,18 +174,33 @@ int main() {
         cuda::moe_route_gemm(c, cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
       });
       const double t_group = median_ms(c.stream, [&] { cuda::moe_group(c, s.topk_ids, T, k, int(E), bm, g); });
-      const double t_gu = median_ms(c.stream, [&] {
-        cuda::moe_grouped_gate_up(c, qg, qu, qsg, qsu, xp, g, T, k, int(E), bm, pf, h_routed, h_shared);
-      });
-      const double t_down = median_ms(c.stream, [&] {
-        cuda::moe_grouped_down(c, qd, qsd, h_routed, h_shared, g, s.topk_w, s.sgate, T, k, int(E), bm, pf, y_pair,
-                               yp);
-      });
+      double t_cx = 0.0, t_ch = 0.0, t_gu, t_down;
+      if (f16) {
+        t_cx = median_ms(c.stream, [&] { cuda::to_x16(c, xp, T, H, xs); });
+        t_gu = median_ms(c.stream, [&] {
+          cuda::moe_grouped_gate_up_f16(c, qg, qu, qsg, qsu, xs, g, T, k, int(E), bm, h_routed, h_shared);
+        });
+        t_ch = median_ms(c.stream, [&] {
+          cuda::to_x16(c, h_routed, int64_t(T) * k, I, hrs);
+          cuda::to_x16(c, h_shared, T, Is, hss);
+        });
+        t_down = median_ms(c.stream, [&] {
+          cuda::moe_grouped_down_f16(c, qd, qsd, hrs, hss, g, s.topk_w, s.sgate, T, k, int(E), bm, y_pair, yp);
+        });
+      } else {
+        t_gu = median_ms(c.stream, [&] {
+          cuda::moe_grouped_gate_up(c, qg, qu, qsg, qsu, xp, g, T, k, int(E), bm, false, h_routed, h_shared);
+        });
+        t_down = median_ms(c.stream, [&] {
+          cuda::moe_grouped_down(c, qd, qsd, h_routed, h_shared, g, s.topk_w, s.sgate, T, k, int(E), bm, false,
+                                 y_pair, yp);
+        });
+      }
       const double t_comb = median_ms(c.stream, [&] { cuda::moe_combine(c, y_pair, yp, T, k, H); });
       const double f_gu = 2.0 * T * (2.0 * k * H * I + 2.0 * H * Is), f_down = 2.0 * T * (k * H * I + H * Is);
-      std::printf("| %d | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f |\n", T, bm,
-                  pf ? "yes" : "no", t_route, t_route_gemm, t_group, t_gu, t_down, t_comb, f_gu / (t_gu * 1e-3) / 1e12,
-                  f_down / (t_down * 1e-3) / 1e12);
+      std::printf("| %d | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f |\n", T, bm,
+                  f16 ? "fp16" : "split", t_route, t_route_gemm, t_group, t_cx, t_gu, t_ch, t_down, t_comb,
+                  f_gu / (t_gu * 1e-3) / 1e12, f_down / (t_down * 1e-3) / 1e12);
       std::fflush(stdout);
     }
   }

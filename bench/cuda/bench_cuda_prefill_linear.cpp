@@ -1,10 +1,13 @@
-// Prefill linear micro-benchmark (docs/notes/cuda-prefill-v1.md): the tensor-core multi-row kernel (linear_gemm)
-// against the row-by-row GEMV (the T > 1 path before it) at the real 4-bit shapes, for several token counts.
-// Weights and activations are random device fills; each figure is the median of 7 timed launches (CUDA events,
-// after one warm-up). Effective TFLOP/s counts 2 * T * out * in.
+// Prefill linear micro-benchmark (docs/notes/cuda-prefill-v1.md, cuda-prefill-v3-gemm.md): the tensor-core
+// multi-row kernel (linear_gemm) on its two tile loops, the precise split loop (no workspace, = FERN_GEMM=split) and
+// the fp16 loop (x converted once to fp16 rows, then the pipelined kernel; timed with the conversion, and at both
+// tile heights through FERN_GEMM_TILE), against the row-by-row GEMV (the T > 1 path before the GEMM), at the real
+// 4-bit shapes, for several token counts. Weights and activations are random device fills; each figure is the
+// median of 7 timed launches (CUDA events, after one warm-up). Effective TFLOP/s counts 2 * T * out * in.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <vector>
@@ -12,6 +15,7 @@
 #include "bench_timing.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fill.h"
+#include "cuda/gemm_f16.h"
 #include "cuda/kernels.h"
 
 using namespace fern;
@@ -33,7 +37,15 @@ int main() {
   int dev = 0;
   FERN_CUDA_CHECK(cudaGetDevice(&dev));
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sms, cudaDevAttrMultiProcessorCount, dev));
-  std::printf("| shape | T | GEMV row by row (ms) | tensor-core GEMM (ms) | speed-up | GEMM TFLOP/s |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "| shape | T | GEMV row by row (ms) | split GEMM (ms) | fp16 GEMM (ms) | fp16 tile 64 | fp16 tile 128 | x to fp16 "
+      "alone | speed-up fp16 vs split | split TFLOP/s | fp16 TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  void* ws = nullptr;
+  const size_t ws_bytes = cuda::x16_bytes(4096, 4096);
+  FERN_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+  cuda::Ctx fctx = ctx;
+  fctx.gemm_ws = ws;
+  fctx.gemm_ws_bytes = ws_bytes;
   for (const Shape& s : shapes) {
     void *w, *sc, *bi, *x, *y;
     const int64_t words = s.out * s.in / 8, groups = s.out * s.in / 64;
@@ -61,10 +73,22 @@ int main() {
       float* yp = static_cast<float*>(y);
       const double gemv = median_ms([&] { cuda::linear_gemv(ctx, q, xp, yp, T); });
       const double gemm = median_ms([&] { cuda::linear_gemm(ctx, q, xp, yp, T); });
-      std::printf("| %s %ldx%ld | %d | %.3f | %.3f | %.1fx | %.1f |\n", s.name, long(s.out), long(s.in), T, gemv, gemm,
-                  gemv / gemm, 2.0 * T * s.out * s.in / (gemm * 1e-3) / 1e12);
+      const double f16 = median_ms([&] { cuda::linear_gemm(fctx, q, xp, yp, T); });
+      setenv("FERN_GEMM_TILE", "64", 1);
+      const double f64 = median_ms([&] { cuda::linear_gemm(fctx, q, xp, yp, T); });
+      setenv("FERN_GEMM_TILE", "128", 1);
+      const double f128 = median_ms([&] { cuda::linear_gemm(fctx, q, xp, yp, T); });
+      unsetenv("FERN_GEMM_TILE");
+      const cuda::X16 xs = cuda::x16_carve(ws, T, s.in);
+      const double conv = median_ms([&] { cuda::to_x16(ctx, xp, T, s.in, xs); });
+      const double fl = 2.0 * T * s.out * s.in;
+      std::printf("| %s %ldx%ld | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.1f | %.1f |\n", s.name,
+                  long(s.out), long(s.in), T, gemv, gemm, f16, f64, f128, conv, gemm / f16, fl / (gemm * 1e-3) / 1e12,
+                  fl / (f16 * 1e-3) / 1e12);
+      std::fflush(stdout);
     }
     for (void* p : {w, sc, bi, x, y}) FERN_CUDA_CHECK(cudaFree(p));
   }
+  FERN_CUDA_CHECK(cudaFree(ws));
   return 0;
 }

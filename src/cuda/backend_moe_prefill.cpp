@@ -11,6 +11,9 @@
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
 //   FERN_MOE_PREFETCH=1       the tile loop issues the next k tile's global loads before the current tile's MMAs
 //                             (measured slower at every tile height: docs/notes/cuda-prefill-v2-moe.md)
+//   FERN_GEMM=split           the precise tile loop (x as bf16 hi + lo, gemm_tile.cuh) instead of the fp16 one
+//                             (gemm_tile_f16.cuh: x and h converted once per chunk to fp16 rows; 4/8-bit experts);
+//                             FERN_MOE_DEQUANT=separate and FERN_MOE_PREFETCH=1 imply the split loop too
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -151,6 +154,21 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   float* h_shared = scratch(DType::F32, {T, Is}).ptr<float>();
   float* y_pair = scratch(DType::F32, {int64_t(T) * k, H}).ptr<float>();
   const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");
+  if (cuda::gemm_f16_format_ok(gate) && !prefetch && !env_is("FERN_GEMM", "split")) {
+    // x once to fp16 rows, gate/up, h once to fp16 rows, down (docs/notes/cuda-prefill-v3-gemm.md).
+    auto x16 = [&](int64_t rows, int64_t K) {
+      const size_t bytes = cuda::x16_bytes(rows, K);
+      return cuda::x16_carve(scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data, rows, K);
+    };
+    const cuda::X16 xs = x16(T, H), hrs = x16(int64_t(T) * k, I), hss = x16(T, Is);
+    cuda::to_x16(ctx(), xp, T, H, xs);
+    cuda::moe_grouped_gate_up_f16(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei, bm, h_routed, h_shared);
+    cuda::to_x16(ctx(), h_routed, int64_t(T) * k, I, hrs);
+    cuda::to_x16(ctx(), h_shared, T, Is, hss);
+    cuda::moe_grouped_down_f16(ctx(), down, sdown, hrs, hss, g, s.topk_w, s.sgate, T, k, Ei, bm, y_pair, op);
+    cuda::moe_combine(ctx(), y_pair, op, T, k, H);
+    return;
+  }
   cuda::moe_grouped_gate_up(ctx(), gate, up, sgate, sup, xp, g, T, k, Ei, bm, prefetch, h_routed, h_shared);
   cuda::moe_grouped_down(ctx(), down, sdown, h_routed, h_shared, g, s.topk_w, s.sgate, T, k, Ei, bm, prefetch, y_pair,
                          op);

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "cuda/backend_internal.h"
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/cuda_check.h"
+#include "cuda/gemm_f16.h"
 #include "cuda/qweight.h"
 
 namespace fern {
@@ -297,7 +299,29 @@ void CudaBackend::linear(Tensor out, Tensor x, const LinearWeight& w) {
     }
   }
   group_out_.push_back(o);
-  cuda::linear(c, cuda::make_qw(w), f32(x, "linear x"), f32(out, "linear out"), static_cast<int>(x.numel() / w.in));
+  const cuda::QW q = cuda::make_qw(w);
+  const int T = static_cast<int>(x.numel() / w.in);
+  with_gemm_ws(c, q, T, [&] { cuda::linear(c, q, f32(x, "linear x"), f32(out, "linear out"), T); });
+}
+
+// Multi-row linears on the tensor cores take their input as fp16 rows (gemm_f16.h) converted into a scratch
+// workspace; FERN_GEMM=split keeps the precise bf16 hi/lo tile loop (no workspace: linear_gemm falls back). The
+// workspace is released after the launches unless parallel branches are on (a side-stream linear may then run
+// concurrently with this one and must not get the same memory).
+template <class F>
+void CudaBackend::with_gemm_ws(cuda::Ctx& c, const cuda::QW& q, int T, F&& op) {
+  const char* mode = std::getenv("FERN_GEMM");
+  if (T < cuda::kGemmMinRows || !cuda::gemm_f16_format_ok(q) || !cuda::linear_gemm_wins(q, T) ||
+      (mode != nullptr && std::strcmp(mode, "split") == 0)) {
+    op();
+    return;
+  }
+  const ArenaMark m = arena_mark();
+  const size_t bytes = cuda::x16_bytes(T, q.in);
+  c.gemm_ws = scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data;
+  c.gemm_ws_bytes = bytes;
+  op();
+  if (!branches_) arena_release(m);
 }
 
 // One launch over the concatenated rows when the weights share a format and width (the GDN input projections,
@@ -319,8 +343,13 @@ void CudaBackend::linear_multi(std::span<const Tensor> outs, Tensor x, std::span
     ys.push_back(f32(outs[i], "linear_multi out"));
   }
   join_side();
-  cuda::linear_multi(ctx(), q.data(), f32(x, "linear_multi x"), ys.data(), static_cast<int>(q.size()),
-                     static_cast<int>(T));
+  cuda::Ctx c = ctx();
+  size_t wi = 0;  // a matrix that takes the tensor-core kernel, if any (they share the input width)
+  while (wi + 1 < q.size() && !cuda::linear_gemm_wins(q[wi], static_cast<int>(T))) ++wi;
+  with_gemm_ws(c, q[wi], static_cast<int>(T), [&] {
+    cuda::linear_multi(c, q.data(), f32(x, "linear_multi x"), ys.data(), static_cast<int>(q.size()),
+                       static_cast<int>(T));
+  });
 }
 
 // Runs a multi-row block op and releases the scratch it took (arena_mark says why that is safe).

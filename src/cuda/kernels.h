@@ -33,6 +33,10 @@ struct Ctx {
   int* counters = nullptr;  // zeroed device ints for "last block" reductions; each user owns a disjoint slice
   int n_counters = 0;       // ints in that slice (users that need one per token row fall back when T exceeds it)
   bool pdl = false;         // launch with programmatic dependent launch (sm_90+)
+  // Prefill GEMMs (linear_gemm): device workspace for the input converted to fp16 rows (gemm_f16.h, x16_bytes);
+  // without it, or too small, they take the precise split path (gemm_tile.cuh).
+  void* gemm_ws = nullptr;
+  size_t gemm_ws_bytes = 0;
 };
 
 // y[t] = x[t] W^T for t < T. x [T, in], y [T, out] (F32).

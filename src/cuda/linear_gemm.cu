@@ -4,12 +4,20 @@
 // and lo halves, weight codes staged as exact bf16, scale and bias applied per group to fp32 partial sums) is
 // gemm_tile.cuh, shared with the grouped expert GEMMs of moe_prefill.cu; here a block computes 64 token rows x 128
 // weight rows (8 warps as 2 x 4, 32 x 32 outputs each).
+// The fast path (4/8-bit weights, when the context carries a workspace: Ctx::gemm_ws) converts x once to fp16 rows
+// (gemm_f16.h) and runs the pipelined fp16 tile loop of gemm_tile_f16.cuh; 128 token rows per block from
+// kTallRows rows up (docs/notes/cuda-prefill-v3-gemm.md).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdlib>
 
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/cuda_util.cuh"
+#include "cuda/gemm_f16.h"
 #include "cuda/gemm_tile.cuh"
+#include "cuda/gemm_tile_f16.cuh"
 
 namespace fern::cuda {
 namespace {
@@ -60,6 +68,82 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(QW W, const float* _
   }
 }
 
+// The fp16 path: BM token rows (Layout<WM, MT, NT>) x 128 weight rows per block, S pipeline stages.
+template <int BITS, int WM, int MT, int NT, int S>
+__global__ void __launch_bounds__(kGemmThreads, 2) gemm16_kernel(QW W, X16 x, float* __restrict__ y, int T) {
+  using L = gemm::Layout<WM, MT, NT>;
+  constexpr int BM = L::kBM;
+  extern __shared__ __align__(16) unsigned char gemm16_smem[];
+  auto& sm = *reinterpret_cast<gemm16::Smem<BM, BITS, S>*>(gemm16_smem);
+  const int K = static_cast<int>(W.in);
+  const int N = static_cast<int>(W.out);
+  const int t0 = blockIdx.x * BM;
+  const int n0 = blockIdx.y * kBN;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+
+  pdl_wait();
+  pdl_trigger();
+
+  const int wr = tid >> 1;
+  const gemm::RowSrc wsrc = n0 + wr < N ? gemm::row_src<BITS>(W, 0, n0 + wr) : gemm::RowSrc{};
+  float acc[MT][NT][4] = {};
+  gemm16::mainloop<BITS, WM, MT, NT, S>(
+      sm, K, W.gs, reinterpret_cast<const __half*>(x.x), [&](int r) { return t0 + r < T ? t0 + r : -1; }, wsrc, acc);
+
+  const int wm = L::row0(warp), wn = L::col0(warp);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = t0 + wm + mt * 16 + g + 8 * h;
+      if (t >= T) continue;
+      const float f = x.scale[t];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int n = n0 + wn + nt * 8 + 2 * c;
+        float* dst = y + int64_t(t) * N + n;
+        if (n + 1 < N && (N & 1) == 0) {  // 8-byte aligned pair
+          *reinterpret_cast<float2*>(dst) = make_float2(f * acc[mt][nt][2 * h], f * acc[mt][nt][2 * h + 1]);
+        } else {
+          if (n < N) dst[0] = f * acc[mt][nt][2 * h];
+          if (n + 1 < N) dst[1] = f * acc[mt][nt][2 * h + 1];
+        }
+      }
+    }
+  }
+}
+
+// From this many token rows the fp16 path uses 128-row tiles (each weight tile staged once per 128 rows); below,
+// 64-row tiles keep more blocks for the SMs.
+constexpr int kTallRows = 1024;
+
+template <int BITS, int WM, int MT, int NT, int S>
+void launch16(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
+  constexpr int BM = 16 * WM * MT;
+  constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, S>;
+  auto kernel = gemm16_kernel<BITS, WM, MT, NT, S>;
+  static const bool attr_set = [&] {  // once per instantiation (opt-in above 48 KB of shared memory)
+    FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return true;
+  }();
+  (void)attr_set;
+  const dim3 grid((T + BM - 1) / BM, static_cast<unsigned>((w.out + kBN - 1) / kBN));
+  launch(c, "gemm16_kernel", kernel, grid, kGemmThreads, smem, w, x, y, T);
+}
+
+template <int BITS>
+void gemm16_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
+  constexpr int S = BITS == 4 ? 4 : 3;  // 8-bit code rows are twice as long: 3 stages keep 2 blocks per SM
+  // FERN_GEMM_TILE=64|128 forces a tile height (for the micro-benchmark's comparison).
+  const char* force = std::getenv("FERN_GEMM_TILE");
+  const int bm = force != nullptr ? std::atoi(force) : T >= kTallRows ? 128 : 64;
+  if (bm == 128)
+    launch16<BITS, 2, 4, 4, S>(c, w, x, y, T);
+  else
+    launch16<BITS, 2, 2, 4, S>(c, w, x, y, T);
+}
+
 }  // namespace
 
 bool linear_gemm_ok(const QW& w) {
@@ -85,6 +169,15 @@ void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   if (T <= 0) return;
   const int64_t nb = (w.out + kBN - 1) / kBN;
   FERN_CU_CHECK(nb <= 65535, "linear_gemm: too many output rows");
+  if (gemm_f16_format_ok(w) && c.gemm_ws != nullptr && c.gemm_ws_bytes >= x16_bytes(T, w.in)) {
+    const X16 xs = x16_carve(c.gemm_ws, T, w.in);
+    to_x16(c, x, T, w.in, xs);
+    if (w.bits == 4)
+      gemm16_bits<4>(c, w, xs, y, T);
+    else
+      gemm16_bits<8>(c, w, xs, y, T);
+    return;
+  }
   dim3 grid((T + kBM - 1) / kBM, static_cast<unsigned>(nb));
   switch (w.bits) {
     case 4: launch(c, "gemm_kernel", gemm_kernel<4>, grid, kGemmThreads, 0, w, x, y, T); break;

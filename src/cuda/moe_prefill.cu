@@ -18,6 +18,7 @@
 #include "cuda/gemm_tile.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/moe_prefill.h"
+#include "cuda/moe_tile.cuh"
 #include "cuda/topk.cuh"
 
 namespace fern::cuda {
@@ -150,21 +151,6 @@ __global__ void __launch_bounds__(32 * kTopkWarps)
   topk_warp(logits + int64_t(t) * E, sg_logit + t, E, k, ids + int64_t(t) * k, wts + int64_t(t) * k, sgate + t);
 }
 
-// The tile of this block: group, first row, rows, and the position in expert order of its first row. False when
-// the block is past the real tile count.
-struct TileInfo {
-  int group, row0, rows, base;
-};
-
-__device__ __forceinline__ bool tile_info(const MoeGroups& g, int BM, TileInfo& ti) {
-  const int tile = blockIdx.x;
-  if (tile >= *g.n_tiles) return false;
-  ti.group = g.tiles[2 * tile];
-  ti.row0 = g.tiles[2 * tile + 1];
-  ti.rows = min(BM, g.counts[ti.group] - ti.row0);
-  ti.base = g.offsets[ti.group] + ti.row0;
-  return true;
-}
 
 template <int BITS, int WM, int MT, int NT, bool PF>
 __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM, PF>)
@@ -433,6 +419,7 @@ bool moe_grouped_ok(const QW& gate, const QW& up, const QW& down, const QW& sgat
     if (w->bits != gate.bits || !width_ok(w->in) || w->out <= 0 || w->out >= (int64_t(1) << 30)) return false;
     if (w->bits != 16 && (w->bits != 4 && w->bits != 8)) return false;
     if (w->bits != 16 && (w->gs < 16 || w->gs % 16 != 0 || w->in % w->gs != 0)) return false;
+    if (w->bits != 16 && w->gs != gate.gs) return false;  // the kernels take one group size for the whole block
   }
   const int64_t H = gate.in, I = gate.out, Is = sgate.out;
   return gate.experts >= 1 && gate.experts <= 1024 && up.experts == gate.experts && down.experts == gate.experts &&

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/gemm_f16.h"
 #include "cuda/kernels.h"
 
 namespace fern::cuda {
@@ -29,8 +30,8 @@ bool moe_tile_rows_ok(int bm);
 // expert's ceil(T / BM). The GEMM grids are sized from it; blocks past *n_tiles exit at once.
 int64_t moe_max_tiles(int T, int k, int E, int bm);
 
-// Whether the grouped path takes these weights: one format (4, 8 or 16 bits) for all six matrices, widths that are
-// multiples of 16, affine groups that are multiples of 16, at most 1024 experts.
+// Whether the grouped path takes these weights: one format (4, 8 or 16 bits) and one group size for all six
+// matrices, widths that are multiples of 16, affine groups that are multiples of 16, at most 1024 experts.
 bool moe_grouped_ok(const QW& gate, const QW& up, const QW& down, const QW& sgate, const QW& sup, const QW& sdown);
 
 // Router for T rows with the logits on the tensor cores (16-row tiles), the shared-expert gate logit by linear(),
@@ -53,6 +54,15 @@ void moe_grouped_gate_up(const Ctx& c, const QW& gate, const QW& up, const QW& s
 void moe_grouped_down(const Ctx& c, const QW& down, const QW& sdown, const float* h_routed, const float* h_shared,
                       const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
                       bool prefetch, float* y_pair, float* out);
+// The same two GEMMs on the fast tile loop (moe_prefill_f16.cu, gemm_tile_f16.cuh) for 4/8-bit experts
+// (gemm_f16_format_ok): the inputs are fp16 rows (gemm_f16.h): x [T, H] for gate/up; for down the fp16 rows of
+// h_routed [T k, I] and h_shared [T, Is] as written by gate/up.
+void moe_grouped_gate_up_f16(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup,
+                             const X16& x, const MoeGroups& g, int T, int k, int E, int bm, float* h_routed,
+                             float* h_shared);
+void moe_grouped_down_f16(const Ctx& c, const QW& down, const QW& sdown, const X16& h_routed, const X16& h_shared,
+                          const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
+                          float* y_pair, float* out);
 // out[t] += y_pair[t k] + ... + y_pair[t k + k - 1], in slot order (deterministic: no atomics).
 void moe_combine(const Ctx& c, const float* y_pair, float* out, int T, int k, int64_t H);
 

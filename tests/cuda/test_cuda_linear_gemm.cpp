@@ -1,10 +1,17 @@
 // The tensor-core multi-row linear (linear_gemm.cu, the prefill path) against the CPU backend's linear(): called
 // directly at the real shapes of Qwen3.6-35B-A3B (8192x2048 qkv, 2048x4096 out_proj, 512x2048 and 2048x512
 // experts, 8-bit router, the 248320-row lm_head) and at awkward ones (row counts that are not a multiple of the
-// 128-row tile, token counts that are not a multiple of the 64-row tile, T = 2, group 32 and 128, bf16), then
-// through the backend's linear()/linear_multi() dispatch (linear_gemm_wins), and the widths it must refuse.
+// 128-row tile, token counts that are not a multiple of the 64- or 128-row tile, T = 2, group 32 and 128, bf16),
+// on both tile loops: the precise split loop (no workspace) and the fp16 loop (a workspace in the context:
+// gemm_f16.h, gemm_tile_f16.cuh); rows of very different magnitudes (the per-row fp16 scaling); then through the
+// backend's linear()/linear_multi() dispatch (linear_gemm_wins; the fp16 loop unless FERN_GEMM=split), and the
+// widths it must refuse.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
+
+#include "cuda/gemm_f16.h"
 #include "cuda/qweight.h"
 #include "cuda_test_util.h"
 
@@ -25,6 +32,11 @@ struct Case {
 // still catches a wrong nibble, group, scale, row or token tile (NMSE > 1e-3) and a plain bf16 rounding of x
 // (~3e-6); an unwritten output is NaN and fails too.
 constexpr double kNmse = 1e-9;
+// The fp16 loop rounds x (per-row scaled) and every dequantized weight s q + b once to fp16 (11 significant bits,
+// relative error up to 2^-11; uniform rounding gives an NMSE of about 2 * (2^-11)^2 / 12 = 4e-8 for the pair).
+// 1e-6 leaves room over that estimate and still catches a wrong nibble, group, scale, row or tile (NMSE > 1e-3);
+// docs/notes/cuda-prefill-v3-gemm.md has the values measured on the H200.
+constexpr double kNmseF16 = 1e-6;
 
 struct Fixture {
   std::unique_ptr<CudaBackend> gpu = test::make_gpu();
@@ -45,8 +57,20 @@ std::vector<float> cpu_ref(Fixture& s, const LinearWeight& hw, const std::vector
   return ref;
 }
 
-void run_direct(const Case& c) {
-  SCOPED_TRACE(c.name);
+// A device workspace for the fp16 loop (large enough for every case here), in a context on the default stream.
+struct Workspace {
+  Tensor buf;
+  cuda::Ctx ctx;
+  Workspace(CudaBackend& gpu, int64_t rows, int64_t K) {
+    const size_t bytes = cuda::x16_bytes(rows, K);
+    buf = gpu.alloc(DType::F32, {int64_t((bytes + 3) / 4)});
+    ctx.gemm_ws = buf.data;
+    ctx.gemm_ws_bytes = bytes;
+  }
+};
+
+void run_direct(const Case& c, bool f16) {
+  SCOPED_TRACE(std::string(c.name) + (f16 ? " fp16" : " split"));
   Fixture s;
   LinearWeight hw = make_weight(s, c);
   LinearWeight dw = s.gpu->to_device(hw);
@@ -57,14 +81,25 @@ void run_direct(const Case& c) {
   Tensor dx = test::upload_f32(*s.gpu, x, {c.T, c.in});
   Tensor dy = test::nan_filled(*s.gpu, c.T, c.out);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cuda::Ctx ctx;  // default stream, no PDL
+  cuda::Ctx ctx;  // default stream, no PDL, no workspace: the split loop
+  std::unique_ptr<Workspace> ws;
+  if (f16) {
+    ws = std::make_unique<Workspace>(*s.gpu, c.T, c.in);
+    ctx = ws->ctx;
+  }
   cuda::linear_gemm(ctx, q, dx.ptr<float>(), dy.ptr<float>(), c.T);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   auto got = test::download(*s.gpu, dy);
   const double e = test::nmse(got.data(), ref.data(), got.size());
-  std::printf("gemm %-22s [%6ld x %5ld] %2d-bit g%-3d T=%-4d NMSE %.3e\n", c.name, long(c.out), long(c.in), c.bits,
-              c.gs, c.T, e);
-  EXPECT_LT(e, kNmse);
+  const bool took_f16 = f16 && c.bits != 16;  // bf16 weights stay on the split loop
+  std::printf("gemm %-5s %-22s [%6ld x %5ld] %2d-bit g%-3d T=%-4d NMSE %.3e\n", took_f16 ? "fp16" : "split", c.name,
+              long(c.out), long(c.in), c.bits, c.gs, c.T, e);
+  EXPECT_LT(e, took_f16 ? kNmseF16 : kNmse);
+}
+
+void run_direct(const Case& c) {
+  run_direct(c, false);
+  run_direct(c, true);
 }
 
 TEST(CudaLinearGemm, RealShapes) {
@@ -72,8 +107,47 @@ TEST(CudaLinearGemm, RealShapes) {
   for (const Case& c : {Case{"in_proj_qkv", 8192, 2048, 4, 64, 300}, Case{"out_proj", 2048, 4096, 4, 64, 64},
                         Case{"expert gate", 512, 2048, 4, 64, 2048}, Case{"expert down", 2048, 512, 4, 64, 17},
                         Case{"router 8-bit", 256, 2048, 8, 64, 300}, Case{"in_proj_qkv T=2", 8192, 2048, 4, 64, 2},
-                        Case{"lm_head", 248320, 2048, 4, 64, 17}})
+                        Case{"lm_head", 248320, 2048, 4, 64, 17}, Case{"qkv-width T=1100 tall", 2048, 2048, 4, 64, 1100},
+                        Case{"8-bit T=1024 tall", 640, 1024, 8, 64, 1024}})
     run_direct(c);
+}
+
+// Rows of very different magnitudes in one call: |x| ~ 1e5 (fp16 overflows at 65504 without the per-row scale),
+// ~1e-5 (fp16 subnormals without it: 3 significant bits left) and ~1. Each row is compared with its own CPU row, so
+// a small row cannot hide behind the large ones; the limit is the fp16 loop's (kNmseF16).
+TEST(CudaLinearGemm, RowsOfVeryDifferentMagnitude) {
+  FERN_REQUIRE_GPU();
+  for (const int T : {300, 1030}) {
+    const Case c{"magnitudes", 1024, 2048, 4, 64, T};
+    Fixture s;
+    LinearWeight hw = make_weight(s, c);
+    LinearWeight dw = s.gpu->to_device(hw);
+    const cuda::QW q = cuda::make_qw(dw);
+    auto x = test::randn(size_t(c.T * c.in), 91);
+    for (int t = 0; t < c.T; ++t) {
+      const float f = t % 3 == 0 ? 1e5f : t % 3 == 1 ? 1e-5f : 1.0f;
+      for (int64_t i = 0; i < c.in; ++i) x[size_t(t * c.in + i)] *= f;
+    }
+    const auto ref = cpu_ref(s, hw, x, c.T);
+    Tensor dx = test::upload_f32(*s.gpu, x, {c.T, c.in});
+    for (const bool f16 : {false, true}) {
+      Tensor dy = test::nan_filled(*s.gpu, c.T, c.out);
+      Workspace ws(*s.gpu, c.T, c.in);
+      cuda::Ctx ctx = f16 ? ws.ctx : cuda::Ctx{};
+      cuda::linear_gemm(ctx, q, dx.ptr<float>(), dy.ptr<float>(), c.T);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      auto got = test::download(*s.gpu, dy);
+      double worst[3] = {0, 0, 0};
+      for (int t = 0; t < c.T; ++t) {
+        const size_t o = size_t(t) * size_t(c.out);
+        const double e = test::nmse(got.data() + o, ref.data() + o, size_t(c.out));
+        worst[t % 3] = std::isnan(e) ? INFINITY : std::max(worst[t % 3], e);
+      }
+      std::printf("gemm %-5s magnitudes T=%-4d worst row NMSE: |x|~1e5 %.3e, ~1e-5 %.3e, ~1 %.3e\n",
+                  f16 ? "fp16" : "split", T, worst[0], worst[1], worst[2]);
+      for (double w : worst) EXPECT_LT(w, f16 ? kNmseF16 : kNmse) << (f16 ? "fp16" : "split") << " T=" << T;
+    }
+  }
 }
 
 TEST(CudaLinearGemm, AwkwardShapes) {
@@ -104,7 +178,20 @@ TEST(CudaLinearGemm, BackendDispatch) {
     auto got = test::download(*s.gpu, dy);
     const double e = test::nmse(got.data(), ref.data(), got.size());
     std::printf("backend linear %-22s T=%-4d NMSE %.3e\n", c.name, c.T, e);
-    EXPECT_LT(e, kNmse);
+    EXPECT_LT(e, kNmseF16);
+    if (cuda::linear_gemm_wins(cuda::make_qw(dw), c.T)) {
+      // FERN_GEMM=split keeps the precise loop; the default took the fp16 one (its rounding is visible: the split
+      // loop measured ~5e-12, the fp16 one ~1e-8 or more).
+      setenv("FERN_GEMM", "split", 1);
+      Tensor dy2 = test::nan_filled(*s.gpu, c.T, c.out);
+      s.gpu->linear(dy2, dx, dw);
+      unsetenv("FERN_GEMM");
+      auto got2 = test::download(*s.gpu, dy2);
+      const double e2 = test::nmse(got2.data(), ref.data(), got2.size());
+      std::printf("backend linear %-22s T=%-4d FERN_GEMM=split NMSE %.3e\n", c.name, c.T, e2);
+      EXPECT_LT(e2, kNmse);
+      EXPECT_GT(e, 1e-10) << "the default dispatch did not take the fp16 loop";
+    }
   }
 }
 
@@ -134,7 +221,7 @@ TEST(CudaLinearGemm, BackendMulti) {
     auto got = test::download(*s.gpu, dys[size_t(i)]);
     const double e = test::nmse(got.data(), ref.data(), got.size());
     std::printf("backend linear_multi gdn.%d [%5ld x %ld] T=%d NMSE %.3e\n", i, long(outs[i]), long(in), T, e);
-    EXPECT_LT(e, kNmse) << "matrix " << i;
+    EXPECT_LT(e, kNmseF16) << "matrix " << i;
   }
 }
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One GPU call for the fp16 prefill tile loop (docs/notes/cuda-prefill-v3-gemm.md), from the repository root with
+# carry [".carry/debs", ".carry/gemm-head.tar", ".carry/gemm-head.commit"] (the archive of the commit to test,
+# bench/gpu_prelude.sh says how): build fern, the two GEMM micro-benchmarks and the tests that cover the GEMMs and
+# the whole model; confirm the instructions (cuobjdump); run the tests, the micro-benchmarks (both tile loops) and
+# `fern bench --phase prefill` on the full-size synthetic model. Every step continues past a failure; logs under
+# $OUT, a summary last.
+set -u
+source bench/gpu_prelude.sh
+gpu_unpack_head gemm-head
+gpu_configure
+TESTS="cuda_test_cuda_linear_gemm cuda_test_cuda_moe_prefill cuda_test_cuda_forward cuda_test_cuda_prefill_chunks"
+gpu_build fern bench_cuda_prefill_linear bench_cuda_moe_prefill $TESTS
+
+# The instructions of the tile loops: fp16 HMMA (mma.sync f16) in the new kernels, spills per kernel.
+for o in linear_gemm moe_prefill_f16; do
+  obj=build/CMakeFiles/fern_cuda.dir/src/cuda/$o.cu.o
+  cuobjdump -sass "$obj" >"$OUT/sass_$o.txt" 2>&1
+  note "sass $o: $(grep -c 'HMMA.16816.F32 ' "$OUT/sass_$o.txt") HMMA.16816.F32 (f16), $(grep -c 'HMMA.16816.F32.BF16' "$OUT/sass_$o.txt") HMMA.16816.F32.BF16, $(grep -c 'LDSM' "$OUT/sass_$o.txt") LDSM, $(grep -c 'LDGSTS' "$OUT/sass_$o.txt") LDGSTS, $(grep -c 'HGMMA' "$OUT/sass_$o.txt") HGMMA"
+  cuobjdump --dump-resource-usage "$obj" 2>&1 | grep -E "REG|Function" | paste - - | grep -E "16_kernel" |
+    sed -E 's/.*Function ([^:]*):.*REG:([0-9]+).*STACK:([0-9]+).*/\1 REG \2 STACK \3/' | cut -c1-140 >>"$OUT/regs.txt"
+done
+cat "$OUT/regs.txt"
+
+GPU_TEST_FAILS=""
+for t in $TESTS; do
+  timeout 150 "build/$t" >"$OUT/$t.log" 2>&1 || GPU_TEST_FAILS+=" $t"
+  note "$t: $(grep -c '^\[       OK' "$OUT/$t.log") OK, $(grep -c '^\[  FAILED' "$OUT/$t.log") FAILED lines ($(elapsed))"
+  grep -B2 -A6 "Failure" "$OUT/$t.log" | head -30
+done
+note "tests failed:${GPU_TEST_FAILS:- none}"
+grep -hE "^(gemm|backend linear|moe prefill .*(default|split|tile 64,|tile 16,)|peaked|chunk)" "$OUT"/cuda_test_*.log |
+  cut -c1-150 | head -90
+
+for b in prefill_linear moe_prefill; do
+  timeout 90 build/bench/bench_cuda_$b >"$OUT/bench_$b.md" 2>&1
+  note "bench_cuda_$b rc $? ($(elapsed))"
+  cat "$OUT/bench_$b.md"
+done
+
+timeout 150 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
+  --lengths "${PREFILL_LENGTHS:-4096,32768}" --runs 2 --json "$OUT/prefill.json" >"$OUT/bench_prefill.log" 2>&1
+note "fern bench prefill rc $?: $(grep -oE "prefill [0-9]+: [0-9.]+ tok/s" "$OUT/bench_prefill.log" | tr "\n" " ")"
+grep -E "^\|" "$OUT/bench_prefill.log" | tail -6
+note "total $(elapsed)"
+# The table last: dense qkv at 4096 rows and the MoE block at T = 2048, both loops.
+grep -E "gdn in_proj_qkv 8192x2048 \| 4096|out_proj 2048x4096 \| 4096" "$OUT/bench_prefill_linear.md"
+grep -E "^\| 2048 \| grouped, (default|FERN_GEMM=split)" "$OUT/bench_moe_prefill.md"
+gpu_summary
