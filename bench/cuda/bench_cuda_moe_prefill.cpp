@@ -1,7 +1,7 @@
 // MoE prefill micro-benchmark (docs/notes/cuda-prefill-v2-moe.md, cuda-prefill-v3-gemm.md): the backend's moe()
 // for one chunk of T token rows at the real shape (256 experts top-8, H 2048, I 512, shared 512, 4-bit group 64
-// experts, 8-bit router and shared gate), under each ablation switch of backend_moe_prefill.cpp (FERN_GEMM=split:
-// the precise tile loop instead of the fp16 one), and the row-by-row decode kernels (the path before the grouped
+// experts, 8-bit router and shared gate), under each ablation switch of backend_moe_prefill.cpp (FERN_GEMM=fp16:
+// the fp16 tile loop instead of the precise one), and the row-by-row decode kernels (the path before the grouped
 // GEMMs); then the phases one at a time, for both tile loops. Weights and activations are random device fills (roughly balanced routing);
 // each figure is the median of 7 timed calls (CUDA events on the backend's stream, after one warm-up), routing
 // included. Effective TFLOP/s counts the useful products only: 2 T (3 k H I + 3 H Is).
@@ -78,19 +78,19 @@ int main() {
   };
   const Variant variants[] = {
       {"row-by-row decode kernels (before)", "rows", nullptr, nullptr, nullptr, nullptr},
-      {"grouped, default (tensor-core router, GPU grouping, adaptive tile, fp16 tile loop)", nullptr, nullptr,
+      {"grouped, default (tensor-core router, GPU grouping, adaptive tile, precise tile loop)", nullptr, nullptr,
        nullptr, nullptr, nullptr},
-      {"grouped, FERN_GEMM=split (the precise tile loop)", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-       "split"},
-      {"grouped, fp16, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr},
-      {"grouped, fp16, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
-      {"grouped, fp16, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr},
+      {"grouped, FERN_GEMM=fp16 (the fp16 tile loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr, nullptr,
+       nullptr, "fp16"},
+      {"grouped, fp16, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr, nullptr, "fp16"},
+      {"grouped, fp16, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr, nullptr, "fp16"},
+      {"grouped, fp16, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr, nullptr, "fp16"},
       {"grouped, FERN_MOE_ROUTER=fused (router GEMV)", nullptr, nullptr, nullptr, nullptr, nullptr, "fused"},
-      {"grouped, split, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr, nullptr, "split"},
-      {"grouped, split, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr, nullptr, "split"},
+      {"grouped, precise, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
+      {"grouped, precise, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr},
       {"grouped, FERN_MOE_ROUTING=host", nullptr, "host", nullptr, nullptr, nullptr},
-      {"grouped, FERN_MOE_DEQUANT=separate (split loop on bf16)", nullptr, nullptr, nullptr, "separate", nullptr},
-      {"grouped, FERN_MOE_PREFETCH=1 (split loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr, "1"},
+      {"grouped, FERN_MOE_DEQUANT=separate (precise loop on bf16)", nullptr, nullptr, nullptr, "separate", nullptr},
+      {"grouped, FERN_MOE_PREFETCH=1 (precise loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr, "1"},
   };
   const int Ts[] = {512, 2048};
   const int maxT = 2048;

@@ -3,14 +3,16 @@
 # carry [".carry/debs", ".carry/gemm-head.tar", ".carry/gemm-head.commit"] (the archive of the commit to test,
 # bench/gpu_prelude.sh says how): build fern, the two GEMM micro-benchmarks and the tests that cover the GEMMs and
 # the whole model; confirm the instructions (cuobjdump); run the tests, the micro-benchmarks (both tile loops) and
-# `fern bench --phase prefill` on the full-size synthetic model. Every step continues past a failure; logs under
-# $OUT, a summary last.
+# `fern bench --phase prefill` on the full-size synthetic model. The whole-model tests run twice: on the default
+# (precise) tile loop and with FERN_GEMM=fp16. GEMM_STEPS=tests: build and run the tests only. Every step continues
+# past a failure; logs under $OUT, a summary last.
 set -u
 source bench/gpu_prelude.sh
 gpu_unpack_head gemm-head
 gpu_configure
 TESTS="cuda_test_cuda_linear_gemm cuda_test_cuda_moe_prefill cuda_test_cuda_forward cuda_test_cuda_prefill_chunks"
-gpu_build fern bench_cuda_prefill_linear bench_cuda_moe_prefill $TESTS
+STEPS=${GEMM_STEPS:-full}
+if [ "$STEPS" = tests ]; then gpu_build $TESTS; else gpu_build fern bench_cuda_prefill_linear bench_cuda_moe_prefill $TESTS; fi
 
 # The instructions of the tile loops: fp16 HMMA (mma.sync f16) in the new kernels, spills per kernel.
 for o in linear_gemm moe_prefill_f16; do
@@ -28,9 +30,15 @@ for t in $TESTS; do
   note "$t: $(grep -c '^\[       OK' "$OUT/$t.log") OK, $(grep -c '^\[  FAILED' "$OUT/$t.log") FAILED lines ($(elapsed))"
   grep -B2 -A6 "Failure" "$OUT/$t.log" | head -30
 done
+for t in cuda_test_cuda_forward cuda_test_cuda_prefill_chunks; do
+  FERN_GEMM=fp16 timeout 150 "build/$t" >"$OUT/${t}_fp16.log" 2>&1 || GPU_TEST_FAILS+=" ${t}(FERN_GEMM=fp16)"
+  note "$t FERN_GEMM=fp16: $(grep -c '^\[       OK' "$OUT/${t}_fp16.log") OK, $(grep -c '^\[  FAILED' "$OUT/${t}_fp16.log") FAILED lines"
+  grep -hE "^(random|bf16 model|synth|chunk)" "$OUT/${t}_fp16.log" | sed 's/^/fp16: /' | cut -c1-170
+done
 note "tests failed:${GPU_TEST_FAILS:- none}"
-grep -hE "^(gemm|backend linear|moe prefill .*(default|split|tile 64,|tile 16,)|peaked|chunk)" "$OUT"/cuda_test_*.log |
-  cut -c1-150 | head -90
+grep -hE "^(gemm|backend linear|moe prefill .*(default|fp16|tile 64,|tile 16,)|random|bf16 model|synth|chunk)" \
+  "$OUT"/cuda_test_cuda_{linear_gemm,moe_prefill,forward,prefill_chunks}.log | cut -c1-170 | head -120
+[ "$STEPS" = tests ] && { note "total $(elapsed)"; gpu_summary; exit 0; }
 
 for b in prefill_linear moe_prefill; do
   timeout 90 build/bench/bench_cuda_$b >"$OUT/bench_$b.md" 2>&1
@@ -45,5 +53,5 @@ grep -E "^\|" "$OUT/bench_prefill.log" | tail -6
 note "total $(elapsed)"
 # The table last: dense qkv at 4096 rows and the MoE block at T = 2048, both loops.
 grep -E "gdn in_proj_qkv 8192x2048 \| 4096|out_proj 2048x4096 \| 4096" "$OUT/bench_prefill_linear.md"
-grep -E "^\| 2048 \| grouped, (default|FERN_GEMM=split)" "$OUT/bench_moe_prefill.md"
+grep -E "^\| 2048 \| grouped, (default|FERN_GEMM=fp16)" "$OUT/bench_moe_prefill.md"
 gpu_summary
