@@ -119,7 +119,7 @@ __device__ __forceinline__ int mat_of(const Mats& M, int row) {
 // as the shared-expert gate logit.
 template <int BITS, int LPR, bool MULTI, bool ROUTE, bool NORM, int NB>
 __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows, const float* __restrict__ x,
-                                                          RouteTail tail, InNorm nm) {
+                                                          RouteTail tail, InNorm nm, int pro) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
   extern __shared__ float4 smem[];
   constexpr int F4 = ChunkTraits<BITS>::kF4;
@@ -176,10 +176,12 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
 
   // Weights do not depend on the previous kernel: the first NB steps' loads are issued before waiting for it (the
   // 8192 x 2048 projections take two steps per warp, so all their weights are requested here).
+  // pro < NB (FERN_CUDA_GEMV_PRO, for comparisons): only the first `pro` steps before the wait, the others right
+  // after staging (version 4's timing for pro = 1, NB = 2).
   StepBuf buf[NB];
 #pragma unroll
   for (int i = 0; i < NB; ++i)
-    if (i < S) load_step(buf[i]);
+    if (i < S && i < pro) load_step(buf[i]);
   float4 wn[kNormV];  // NORM: the norm weight, also constant during a step
   if constexpr (NORM) {
 #pragma unroll
@@ -197,6 +199,9 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
   else
     stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
   pdl_trigger();
+#pragma unroll
+  for (int i = 0; i < NB; ++i)
+    if (i < S && i >= pro) load_step(buf[i]);
   const float4* xl = xs + sub;
   const float* xcl = xc + sub;
 
@@ -260,14 +265,19 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
   }
 }
 
-// Pipeline steps in flight per warp (NB) for a plain GEMV of `rows` rows: 3 for the lm_head-sized matrices, whose
-// warps walk ~60 steps and stream at a steady state where more bytes in flight per SM help (a third buffer is 24
-// registers more; the grid is two blocks per SM either way); 2 otherwise. FERN_CUDA_GEMV_NB=2|3 overrides it (read at
-// every call, for the benchmark's comparison).
-int gemv_depth(int rows) {
-  if (const char* e = std::getenv("FERN_CUDA_GEMV_NB"); e != nullptr && (e[0] == '2' || e[0] == '3') && e[1] == 0)
-    return e[0] - '0';
-  return rows >= 32768 ? 3 : 2;
+// Pipeline steps in flight per warp (NB) for a plain GEMV: 2. FERN_CUDA_GEMV_NB=3 selects a third buffer for the
+// plain GEMVs with 32 lanes per row (read at every call, for comparisons). Measured on the H200
+// (docs/notes/cuda-decode-v5.md, cold L2): lm_head 104.8 us with 3 against 96.9 with 2, so 2 is the default.
+int gemv_depth() {
+  if (const char* e = std::getenv("FERN_CUDA_GEMV_NB"); e != nullptr && e[0] == '3' && e[1] == 0) return 3;
+  return 2;
+}
+
+// Steps requested before the PDL wait: all NB (default), or FERN_CUDA_GEMV_PRO=1 for version 4's single step (read
+// at every call, for comparisons).
+int gemv_prologue() {
+  const char* e = std::getenv("FERN_CUDA_GEMV_PRO");
+  return e != nullptr && e[0] == '1' && e[1] == 0 ? 1 : 3;
 }
 
 template <int BITS, bool MULTI, bool ROUTE, bool NORM>
@@ -287,18 +297,19 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // under PDL) and each warp walks several row groups, overlapping the next group's loads with this one's math.
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * 2));
   dim3 grid(blocks, T);
+  const int pro = gemv_prologue();
   if constexpr (!MULTI && !ROUTE && !NORM) {
-    if (lpr == 32 && gemv_depth(rows) == 3) {
+    if (lpr == 32 && gemv_depth() == 3) {
       launch(c, "linear_kernel", linear_kernel<BITS, 32, false, false, false, 3>, grid, kThreads, smem, a, m, rows, x,
-             tail, nm);
+             tail, nm, pro);
       return;
     }
   }
   switch (lpr) {
-    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
-    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
-    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
-    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
   }
 }
 

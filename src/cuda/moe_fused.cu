@@ -28,6 +28,7 @@
 // Deadlock freedom: the grid is at most the number of blocks that fit on the GPU at once, so every block becomes
 // resident; a PDL successor launches only once every block has passed pdl_trigger(), i.e. is resident already.
 #include <climits>
+#include <cstdlib>
 
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -152,7 +153,9 @@ struct Stamps {
 // fenced on all 256 threads, each waiting for its own outstanding stores.)
 template <bool TIMED>
 __device__ __forceinline__ void grid_handoff(int* cnt, int epoch_next, int* epoch, bool advance_epoch,
-                                             const Stamps<TIMED>& st, int s_arrive, int s_last, int s_pass) {
+                                             const Stamps<TIMED>& st, int s_arrive, int s_last, int s_pass,
+                                             bool fence_all) {
+  if (fence_all) __threadfence();  // version 4: every thread (kMoeFenceAll)
   __syncthreads();
   if (threadIdx.x == 0) {
     st.at(s_arrive);
@@ -255,7 +258,13 @@ struct FusedArgs {
   int topk;
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
+  int variant;                 // kMoe* bits: version 4's way of a step (FERN_CUDA_MOE_V4, for comparisons)
 };
+
+// Version 4's way of individual steps, selected at run time by FERN_CUDA_MOE_V4 (a sum of these bits; read at every
+// call), so that one build can compare or rule out each change: every thread fences at a handoff; the residual
+// row is read after the dot; the top-k of topk.cuh (softmax first, shuffle rounds).
+constexpr int kMoeFenceAll = 1, kMoeResidLate = 2, kMoeTopkShuffle = 4;
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
 constexpr int kNormV = 2;
@@ -401,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     }
   }
   grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
-               kMoeStampPass1);
+               kMoeStampPass1, a.variant & kMoeFenceAll);
   if (a.norm.resid != nullptr && blockIdx.x == 0) {  // every block has read resid by now
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
@@ -411,7 +420,12 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
   }
 
   // ---- top-k in every block, then the expert tables ----
-  if (threadIdx.x < 32) topk_fused(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s);
+  if (threadIdx.x < 32) {
+    if (a.variant & kMoeTopkShuffle)
+      topk_warp(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s);
+    else
+      topk_fused(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s);
+  }
   __syncthreads();
   if (threadIdx.x <= k) {
     const int sl = threadIdx.x;
@@ -473,11 +487,12 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     }
   }
   grid_handoff(a.counters + 3 + par, epoch + 1, a.counters, true, st, kMoeStampArrive2, kMoeStampLastArrive2,
-               kMoeStampPass2);
+               kMoeStampPass2, a.variant & kMoeFenceAll);
 
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----
   // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
-  const float resid_v = a.norm.add_out && lane == 0 && v < H ? __ldcg(a.norm.resid + v) : 0.0f;
+  const bool resid_early = a.norm.add_out && !(a.variant & kMoeResidLate);
+  const float resid_v = resid_early && lane == 0 && v < H ? __ldcg(a.norm.resid + v) : 0.0f;
   stage_x<B, 32, true>(a.s.h, nx, xh, xhc);
   st.at(kMoeStampHStaged);
   for (int n = v; n < H; n += W) {
@@ -499,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     if (lane == 0) {
       a.out[n] = acc;
       // resid + delta was written by block 0 before the second handoff; this warp owns row n.
-      if (a.norm.add_out) a.norm.resid[n] = (n == v ? resid_v : __ldcg(a.norm.resid + n)) + acc;
+      if (a.norm.add_out) a.norm.resid[n] = (n == v && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + acc;
     }
   }
   st.at(kMoeStampEnd);
@@ -570,7 +585,8 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0};
+  if (const char* e = std::getenv("FERN_CUDA_MOE_V4"); e != nullptr) a.variant = std::atoi(e) & 7;
   return true;
 }
 
