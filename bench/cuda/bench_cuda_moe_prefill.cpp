@@ -85,6 +85,10 @@ int main() {
       {"grouped, fp16, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr, nullptr, "fp16"},
       {"grouped, fp16, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr, nullptr, "fp16"},
       {"grouped, fp16, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr, nullptr, "fp16"},
+      {"grouped, FERN_GEMM=fp16x2 (precise pipelined loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr,
+       nullptr, nullptr, "fp16x2"},
+      {"grouped, fp16x2, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr, nullptr, "fp16x2"},
+      {"grouped, fp16x2, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr, nullptr, "fp16x2"},
       {"grouped, FERN_MOE_ROUTER=fused (router GEMV)", nullptr, nullptr, nullptr, nullptr, nullptr, "fused"},
       {"grouped, precise, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
       {"grouped, precise, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr},
@@ -152,13 +156,20 @@ int main() {
   float* h_routed = static_cast<float*>(buf(DType::F32, maxT * k * I));
   float* h_shared = static_cast<float*>(buf(DType::F32, maxT * Is));
   float* y_pair = static_cast<float*>(buf(DType::F32, maxT * k * H));
-  const cuda::X16 xs = cuda::x16_carve(buf(DType::F32, int64_t(cuda::x16_bytes(maxT, H) / 4 + 1)), maxT, H);
-  const cuda::X16 hrs = cuda::x16_carve(buf(DType::F32, int64_t(cuda::x16_bytes(maxT * k, I) / 4 + 1)), maxT * k, I);
-  const cuda::X16 hss = cuda::x16_carve(buf(DType::F32, int64_t(cuda::x16_bytes(maxT, Is) / 4 + 1)), maxT, Is);
+  auto carve = [&](int64_t rows, int64_t K, bool precise) {
+    return cuda::x16_carve(buf(DType::F32, int64_t(cuda::x16_bytes(rows, K, precise) / 4 + 1)), rows, K, precise);
+  };
+  const cuda::X16 xsf[2] = {carve(maxT, H, false), carve(maxT, H, true)};
+  const cuda::X16 hrsf[2] = {carve(maxT * k, I, false), carve(maxT * k, I, true)};
+  const cuda::X16 hssf[2] = {carve(maxT, Is, false), carve(maxT, Is, true)};
   for (int T : Ts) {
-    for (int v = 0; v < 6; ++v) {
-      const int bm = 16 << (v / 2);
-      const bool f16 = v % 2 == 1;
+    for (int v = 0; v < 9; ++v) {
+      const int bm = 16 << (v / 3);
+      const int loop = v % 3;  // split, fp16, fp16x2
+      const bool f16 = loop != 0;
+      const cuda::X16& xs = xsf[loop == 2];
+      const cuda::X16& hrs = hrsf[loop == 2];
+      const cuda::X16& hss = hssf[loop == 2];
       cuda::MoeGroups g;
       g.counts = static_cast<int32_t*>(buf(DType::I32, E + 1));
       g.offsets = static_cast<int32_t*>(buf(DType::I32, E + 1));
@@ -199,7 +210,7 @@ int main() {
       const double t_comb = median_ms(c.stream, [&] { cuda::moe_combine(c, y_pair, yp, T, k, H); });
       const double f_gu = 2.0 * T * (2.0 * k * H * I + 2.0 * H * Is), f_down = 2.0 * T * (k * H * I + H * Is);
       std::printf("| %d | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f |\n", T, bm,
-                  f16 ? "fp16" : "split", t_route, t_route_gemm, t_group, t_cx, t_gu, t_ch, t_down, t_comb,
+                  loop == 0 ? "split" : loop == 1 ? "fp16" : "fp16x2", t_route, t_route_gemm, t_group, t_cx, t_gu, t_ch, t_down, t_comb,
                   f_gu / (t_gu * 1e-3) / 1e12, f_down / (t_down * 1e-3) / 1e12);
       std::fflush(stdout);
     }

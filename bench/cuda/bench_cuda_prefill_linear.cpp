@@ -1,7 +1,7 @@
 // Prefill linear micro-benchmark (docs/notes/cuda-prefill-v1.md, cuda-prefill-v3-gemm.md): the tensor-core
 // multi-row kernel (linear_gemm) on its two tile loops, the precise split loop (no workspace, = FERN_GEMM=split) and
 // the fp16 loop (x converted once to fp16 rows, then the pipelined kernel; timed with the conversion, and at both
-// tile heights through FERN_GEMM_TILE), against the row-by-row GEMV (the T > 1 path before the GEMM), at the real
+// tile heights through FERN_GEMM_TILE) and the precise fp16x2 loop (hi + lo rows, exact codes), against the row-by-row GEMV (the T > 1 path before the GEMM), at the real
 // 4-bit shapes, for several token counts. Weights and activations are random device fills; each figure is the
 // median of 7 timed launches (CUDA events, after one warm-up). Effective TFLOP/s counts 2 * T * out * in.
 #include <cuda_runtime.h>
@@ -39,13 +39,16 @@ int main() {
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sms, cudaDevAttrMultiProcessorCount, dev));
   std::printf(
       "| shape | T | GEMV row by row (ms) | split GEMM (ms) | fp16 GEMM (ms) | fp16 tile 64 | fp16 tile 128 | x to fp16 "
-      "alone | speed-up fp16 vs split | split TFLOP/s | fp16 TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "alone | fp16x2 GEMM (ms) | speed-up fp16 vs split | speed-up fp16x2 vs split | split TFLOP/s | fp16 TFLOP/s | "
+      "fp16x2 TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   void* ws = nullptr;
-  const size_t ws_bytes = cuda::x16_bytes(4096, 4096);
+  const size_t ws_bytes = cuda::x16_bytes(4096, 4096, true);
   FERN_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   cuda::Ctx fctx = ctx;
   fctx.gemm_ws = ws;
   fctx.gemm_ws_bytes = ws_bytes;
+  cuda::Ctx pctx = fctx;
+  pctx.gemm_precise = true;
   for (const Shape& s : shapes) {
     void *w, *sc, *bi, *x, *y;
     const int64_t words = s.out * s.in / 8, groups = s.out * s.in / 64;
@@ -81,10 +84,11 @@ int main() {
       unsetenv("FERN_GEMM_TILE");
       const cuda::X16 xs = cuda::x16_carve(ws, T, s.in);
       const double conv = median_ms([&] { cuda::to_x16(ctx, xp, T, s.in, xs); });
+      const double x2 = median_ms([&] { cuda::linear_gemm(pctx, q, xp, yp, T); });
       const double fl = 2.0 * T * s.out * s.in;
-      std::printf("| %s %ldx%ld | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.1f | %.1f |\n", s.name,
-                  long(s.out), long(s.in), T, gemv, gemm, f16, f64, f128, conv, gemm / f16, fl / (gemm * 1e-3) / 1e12,
-                  fl / (f16 * 1e-3) / 1e12);
+      std::printf("| %s %ldx%ld | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %.1f | %.1f | %.1f |\n",
+                  s.name, long(s.out), long(s.in), T, gemv, gemm, f16, f64, f128, conv, x2, gemm / f16, gemm / x2,
+                  fl / (gemm * 1e-3) / 1e12, fl / (f16 * 1e-3) / 1e12, fl / (x2 * 1e-3) / 1e12);
       std::fflush(stdout);
     }
     for (void* p : {w, sc, bi, x, y}) FERN_CUDA_CHECK(cudaFree(p));

@@ -4,25 +4,28 @@
 # bench/gpu_prelude.sh says how): build fern, the two GEMM micro-benchmarks and the tests that cover the GEMMs and
 # the whole model; confirm the instructions (cuobjdump); run the tests, the micro-benchmarks (both tile loops) and
 # `fern bench --phase prefill` on the full-size synthetic model. The whole-model tests run twice: on the default
-# (precise) tile loop and with FERN_GEMM=fp16. GEMM_STEPS=tests: build and run the tests only. Every step continues
-# past a failure; logs under $OUT, a summary last.
+# tile loop and with FERN_GEMM=$GEMM_ALT (default fp16x2). GEMM_STEPS=short: no fern CLI and no `fern bench`.
+# Every step continues past a failure; logs under $OUT, a summary last.
 set -u
 source bench/gpu_prelude.sh
 gpu_unpack_head gemm-head
 gpu_configure
 TESTS="cuda_test_cuda_linear_gemm cuda_test_cuda_moe_prefill cuda_test_cuda_forward cuda_test_cuda_prefill_chunks"
 STEPS=${GEMM_STEPS:-full}
-if [ "$STEPS" = tests ]; then gpu_build $TESTS; else gpu_build fern bench_cuda_prefill_linear bench_cuda_moe_prefill $TESTS; fi
+ALT=${GEMM_ALT:-fp16x2}
+if [ "$STEPS" = short ]; then gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill $TESTS
+else gpu_build fern bench_cuda_prefill_linear bench_cuda_moe_prefill $TESTS; fi
 
 # The instructions of the tile loops: fp16 HMMA (mma.sync f16) in the new kernels, spills per kernel.
 for o in linear_gemm moe_prefill_f16; do
   obj=build/CMakeFiles/fern_cuda.dir/src/cuda/$o.cu.o
-  cuobjdump -sass "$obj" >"$OUT/sass_$o.txt" 2>&1
-  note "sass $o: $(grep -c 'HMMA.16816.F32 ' "$OUT/sass_$o.txt") HMMA.16816.F32 (f16), $(grep -c 'HMMA.16816.F32.BF16' "$OUT/sass_$o.txt") HMMA.16816.F32.BF16, $(grep -c 'LDSM' "$OUT/sass_$o.txt") LDSM, $(grep -c 'LDGSTS' "$OUT/sass_$o.txt") LDGSTS, $(grep -c 'HGMMA' "$OUT/sass_$o.txt") HGMMA"
+  sass=/tmp/sass_$o.txt  # not under $OUT: only a few files come back
+  cuobjdump -sass "$obj" >"$sass" 2>&1
+  note "sass $o: $(grep -c 'HMMA.16816.F32 ' "$sass") HMMA.16816.F32 (f16), $(grep -c 'HMMA.16816.F32.BF16' "$sass") HMMA.16816.F32.BF16, $(grep -c 'LDSM' "$sass") LDSM, $(grep -c 'LDGSTS' "$sass") LDGSTS, $(grep -c 'HGMMA' "$sass") HGMMA"
   cuobjdump --dump-resource-usage "$obj" 2>&1 | grep -E "REG|Function" | paste - - | grep -E "16_kernel" |
-    sed -E 's/.*Function ([^:]*):.*REG:([0-9]+).*STACK:([0-9]+).*/\1 REG \2 STACK \3/' | cut -c1-140 >>"$OUT/regs.txt"
+    sed -E 's/.*Function ([^:]*):.*REG:([0-9]+).*STACK:([0-9]+).*/\1 REG \2 STACK \3/' | cut -c1-140 >>/tmp/regs.txt
 done
-cat "$OUT/regs.txt"
+cat /tmp/regs.txt
 
 GPU_TEST_FAILS=""
 for t in $TESTS; do
@@ -31,21 +34,26 @@ for t in $TESTS; do
   grep -B2 -A6 "Failure" "$OUT/$t.log" | head -30
 done
 for t in cuda_test_cuda_forward cuda_test_cuda_prefill_chunks; do
-  FERN_GEMM=fp16 timeout 150 "build/$t" >"$OUT/${t}_fp16.log" 2>&1 || GPU_TEST_FAILS+=" ${t}(FERN_GEMM=fp16)"
-  note "$t FERN_GEMM=fp16: $(grep -c '^\[       OK' "$OUT/${t}_fp16.log") OK, $(grep -c '^\[  FAILED' "$OUT/${t}_fp16.log") FAILED lines"
-  grep -hE "^(random|bf16 model|synth|chunk)" "$OUT/${t}_fp16.log" | sed 's/^/fp16: /' | cut -c1-170
+  log=/tmp/${t}_$ALT.log
+  FERN_GEMM=$ALT timeout 150 "build/$t" >"$log" 2>&1 || GPU_TEST_FAILS+=" ${t}(FERN_GEMM=$ALT)"
+  note "$t FERN_GEMM=$ALT: $(grep -c '^\[       OK' "$log") OK, $(grep -c '^\[  FAILED' "$log") FAILED lines"
+  grep -hE "^(random|bf16 model|synth|chunk)" "$log" | sed "s/^/$ALT: /" | cut -c1-170
 done
 note "tests failed:${GPU_TEST_FAILS:- none}"
 grep -hE "^(gemm|backend linear|moe prefill .*(default|fp16|tile 64,|tile 16,)|random|bf16 model|synth|chunk)" \
-  "$OUT"/cuda_test_cuda_{linear_gemm,moe_prefill,forward,prefill_chunks}.log | cut -c1-170 | head -120
-[ "$STEPS" = tests ] && { note "total $(elapsed)"; gpu_summary; exit 0; }
+  "$OUT"/cuda_test_cuda_{linear_gemm,moe_prefill,forward,prefill_chunks}.log | cut -c1-170 | head -120 \
+  >/tmp/test_lines.txt
+grep -E "^(gemm (split|fp16x2) (in_proj|magn)|backend linear dispatch qkv|moe prefill real, (split|fp16|default)|synth|chunk)" \
+  /tmp/test_lines.txt | cut -c1-150
 
 for b in prefill_linear moe_prefill; do
   timeout 90 build/bench/bench_cuda_$b >"$OUT/bench_$b.md" 2>&1
   note "bench_cuda_$b rc $? ($(elapsed))"
-  cat "$OUT/bench_$b.md"
 done
+grep -E "^\| (shape|gdn|out_proj)" "$OUT/bench_prefill_linear.md"
+grep -E "^\| (T \||2048)" "$OUT/bench_moe_prefill.md"
 
+[ "$STEPS" = short ] && { note "total $(elapsed)"; gpu_summary; exit 0; }
 timeout 150 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
   --lengths "${PREFILL_LENGTHS:-4096,32768}" --runs 2 --json "$OUT/prefill.json" >"$OUT/bench_prefill.log" 2>&1
 note "fern bench prefill rc $?: $(grep -oE "prefill [0-9]+: [0-9.]+ tok/s" "$OUT/bench_prefill.log" | tr "\n" " ")"

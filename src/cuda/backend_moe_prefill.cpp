@@ -11,11 +11,11 @@
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
 //   FERN_MOE_PREFETCH=1       the tile loop issues the next k tile's global loads before the current tile's MMAs
 //                             (measured slower at every tile height: docs/notes/cuda-prefill-v2-moe.md)
-//   FERN_GEMM=fp16            opt-in: the fp16 tile loop (gemm_tile_f16.cuh: x and h converted once per chunk to
-//                             fp16 rows; 4/8-bit experts) instead of the precise one (x as bf16 hi + lo,
-//                             gemm_tile.cuh): 1.55x faster at T = 2048, NMSE ~2-4e-7 for the block, but the
-//                             whole-model checks lose top-1 agreement (docs/notes/cuda-prefill-v3-gemm.md);
-//                             FERN_MOE_DEQUANT=separate and FERN_MOE_PREFETCH=1 keep the precise loop
+//   FERN_GEMM=split|fp16|fp16x2  the tile loop of the grouped GEMMs (cuda::gemm_mode, gemm_f16.h): split the bf16
+//                             hi/lo loop of gemm_tile.cuh; fp16 and fp16x2 the pipelined loop of gemm_tile_f16.cuh
+//                             on x and h converted once per chunk to fp16 rows (4/8-bit experts; fp16 rounds x
+//                             and the weights to fp16, fp16x2 keeps split's precision); docs/notes/
+//                             cuda-prefill-v3-gemm.md. FERN_MOE_DEQUANT=separate and FERN_MOE_PREFETCH=1 take split.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -156,11 +156,13 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   float* h_shared = scratch(DType::F32, {T, Is}).ptr<float>();
   float* y_pair = scratch(DType::F32, {int64_t(T) * k, H}).ptr<float>();
   const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");
-  if (cuda::gemm_f16_format_ok(gate) && !prefetch && env_is("FERN_GEMM", "fp16")) {
+  const cuda::GemmMode mode = cuda::gemm_mode();
+  if (cuda::gemm_f16_format_ok(gate) && !prefetch && mode != cuda::GemmMode::Split) {
     // x once to fp16 rows, gate/up, h once to fp16 rows, down (docs/notes/cuda-prefill-v3-gemm.md).
+    const bool precise = mode == cuda::GemmMode::Fp16x2;
     auto x16 = [&](int64_t rows, int64_t K) {
-      const size_t bytes = cuda::x16_bytes(rows, K);
-      return cuda::x16_carve(scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data, rows, K);
+      const size_t bytes = cuda::x16_bytes(rows, K, precise);
+      return cuda::x16_carve(scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data, rows, K, precise);
     };
     const cuda::X16 xs = x16(T, H), hrs = x16(int64_t(T) * k, I), hss = x16(T, Is);
     cuda::to_x16(ctx(), xp, T, H, xs);

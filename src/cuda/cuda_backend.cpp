@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
 #include "cuda/backend_internal.h"
@@ -304,21 +303,22 @@ void CudaBackend::linear(Tensor out, Tensor x, const LinearWeight& w) {
   with_gemm_ws(c, q, T, [&] { cuda::linear(c, q, f32(x, "linear x"), f32(out, "linear out"), T); });
 }
 
-// FERN_GEMM=fp16 (opt-in): multi-row linears on the tensor cores take their input as fp16 rows (gemm_f16.h)
-// converted into a scratch workspace and run the fp16 tile loop (2.1-2.5x faster, NMSE ~1e-7 per op, but the
-// whole-model checks lose top-1 agreement: docs/notes/cuda-prefill-v3-gemm.md). Default: no workspace, so
-// linear_gemm keeps the precise bf16 hi/lo loop. The workspace is released after the launches unless parallel
-// branches are on (a side-stream linear may then run concurrently with this one and must not get the same memory).
+// The tile loop of multi-row linears on the tensor cores (cuda::gemm_mode, FERN_GEMM): with fp16 or fp16x2 their
+// input is converted to fp16 rows (gemm_f16.h) in a scratch workspace; split passes none, so linear_gemm keeps the
+// bf16 hi/lo loop. docs/notes/cuda-prefill-v3-gemm.md compares them. The workspace is released after the launches
+// unless parallel branches are on (a side-stream linear may then run concurrently with this one and must not get
+// the same memory).
 template <class F>
 void CudaBackend::with_gemm_ws(cuda::Ctx& c, const cuda::QW& q, int T, F&& op) {
-  const char* mode = std::getenv("FERN_GEMM");
-  if (T < cuda::kGemmMinRows || !cuda::gemm_f16_format_ok(q) || !cuda::linear_gemm_wins(q, T) || mode == nullptr ||
-      std::strcmp(mode, "fp16") != 0) {
+  const cuda::GemmMode mode = cuda::gemm_mode();
+  if (mode == cuda::GemmMode::Split || T < cuda::kGemmMinRows || !cuda::gemm_f16_format_ok(q) ||
+      !cuda::linear_gemm_wins(q, T)) {
     op();
     return;
   }
   const ArenaMark m = arena_mark();
-  const size_t bytes = cuda::x16_bytes(T, q.in);
+  c.gemm_precise = mode == cuda::GemmMode::Fp16x2;
+  const size_t bytes = cuda::x16_bytes(T, q.in, c.gemm_precise);
   c.gemm_ws = scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data;
   c.gemm_ws_bytes = bytes;
   op();

@@ -1,6 +1,10 @@
 // The per-op conversion of F32 activation rows to the fp16 rows of gemm_f16.h: one warp per row, two passes (the
-// row's largest magnitude, then the scaled conversion; the second pass re-reads the row from L1/L2).
+// row's largest magnitude, then the scaled conversion; the second pass re-reads the row from L1/L2). Also the
+// FERN_GEMM switch.
 #include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_f16.h"
@@ -33,31 +37,78 @@ __global__ void __launch_bounds__(32 * kWarps) to_x16_kernel(const float* __rest
   const int e = m > 0.0f && m <= 3.0e38f ? max(-100, min(100, ex - 14)) : 0;
   const float down = ldexpf(1.0f, -e);
   __half2* dst = reinterpret_cast<__half2*>(out.x + row * K);
-  for (int i = lane; i < n4; i += 32) {
-    const float4 v = src[i];
-    dst[2 * i] = __floats2half2_rn(v.x * down, v.y * down);
-    dst[2 * i + 1] = __floats2half2_rn(v.z * down, v.w * down);
+  if (out.lo == nullptr) {
+    for (int i = lane; i < n4; i += 32) {
+      const float4 v = src[i];
+      dst[2 * i] = __floats2half2_rn(v.x * down, v.y * down);
+      dst[2 * i + 1] = __floats2half2_rn(v.z * down, v.w * down);
+    }
+  } else {
+    // hi, lo = fp16(x' - hi), and per 16-wide segment (4 float4s: 4 neighbouring lanes) the fp32 sum of x'.
+    __half2* dlo = reinterpret_cast<__half2*>(out.lo + row * K);
+    float* sums = out.sums + row * out.ks;
+    for (int i0 = 0; i0 < n4; i0 += 32) {  // n4 is a multiple of 4: a segment's lanes are all in or all out
+      const int i = i0 + lane;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (i < n4) v = src[i];
+      v.x *= down, v.y *= down, v.z *= down, v.w *= down;
+      float sum = (v.x + v.y) + (v.z + v.w);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (i < n4) {
+        const __half2 h0 = __floats2half2_rn(v.x, v.y), h1 = __floats2half2_rn(v.z, v.w);
+        dst[2 * i] = h0;
+        dst[2 * i + 1] = h1;
+        const float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
+        dlo[2 * i] = __floats2half2_rn(v.x - f0.x, v.y - f0.y);
+        dlo[2 * i + 1] = __floats2half2_rn(v.z - f1.x, v.w - f1.y);
+        if ((lane & 3) == 0) sums[i / 4] = sum;
+      }
+    }
+    for (int j = K / 16 + lane; j < out.ks; j += 32) sums[j] = 0.0f;
   }
   if (lane == 0) out.scale[row] = ldexpf(1.0f, e);
 }
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+int64_t sum_stride(int64_t K) { return 4 * ((K + 63) / 64); }
+
 }  // namespace
 
-size_t x16_bytes(int64_t rows, int64_t K) {
-  return align256(size_t(rows) * size_t(K) * 2) + align256(size_t(rows) * 4);
+size_t x16_bytes(int64_t rows, int64_t K, bool precise) {
+  const size_t half_rows = align256(size_t(rows) * size_t(K) * 2), scales = align256(size_t(rows) * 4);
+  if (!precise) return half_rows + scales;
+  return 2 * half_rows + scales + align256(size_t(rows) * size_t(sum_stride(K)) * 4);
 }
 
-X16 x16_carve(void* ws, int64_t rows, int64_t K) {
+X16 x16_carve(void* ws, int64_t rows, int64_t K, bool precise) {
+  char* p = static_cast<char*>(ws);
+  const size_t half_rows = align256(size_t(rows) * size_t(K) * 2), scales = align256(size_t(rows) * 4);
   X16 r;
-  r.x = static_cast<uint16_t*>(ws);
-  r.scale = reinterpret_cast<float*>(static_cast<char*>(ws) + align256(size_t(rows) * size_t(K) * 2));
+  r.x = reinterpret_cast<uint16_t*>(p);
+  r.scale = reinterpret_cast<float*>(p + half_rows);
+  if (precise) {
+    r.lo = reinterpret_cast<uint16_t*>(p + half_rows + scales);
+    r.sums = reinterpret_cast<float*>(p + 2 * half_rows + scales);
+    r.ks = sum_stride(K);
+  }
   return r;
 }
 
+GemmMode gemm_mode() {
+  const char* v = std::getenv("FERN_GEMM");
+  if (v == nullptr) return kDefaultGemmMode;
+  if (std::strcmp(v, "split") == 0) return GemmMode::Split;
+  if (std::strcmp(v, "fp16") == 0) return GemmMode::Fp16;
+  if (std::strcmp(v, "fp16x2") == 0) return GemmMode::Fp16x2;
+  FERN_CU_CHECK(false, "FERN_GEMM: expected split, fp16 or fp16x2");
+  return kDefaultGemmMode;
+}
+
 void to_x16(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out) {
-  FERN_CU_CHECK(K > 0 && K % 4 == 0 && K < (int64_t(1) << 30), "to_x16: width must be a positive multiple of 4");
+  FERN_CU_CHECK(K > 0 && K % (out.lo != nullptr ? 16 : 4) == 0 && K < (int64_t(1) << 30),
+                "to_x16: width must be a positive multiple of 4 (16 for the precise form)");
   if (rows <= 0) return;
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   FERN_CU_CHECK(blocks < (int64_t(1) << 31), "to_x16: too many rows");

@@ -12,17 +12,33 @@
 namespace fern::cuda {
 
 // Rows of fp16 activations in device memory: x [rows, K] (fp16 bits), scale [rows] (powers of two, F32).
+// Precise form (lo != nullptr): x holds hi = fp16(x') and lo = fp16(x' - hi) of the scaled row x' (together ~22
+// significant bits), and sums [rows, ks] the fp32 sums of x' over each 16-wide segment (zero past K; ks =
+// 4 ceil(K / 64), so that a 64-wide tile's four sums are one aligned 16-byte copy).
 struct X16 {
   uint16_t* x = nullptr;
   float* scale = nullptr;
+  uint16_t* lo = nullptr;
+  float* sums = nullptr;
+  int64_t ks = 0;
 };
 
-// Bytes of workspace for `rows` rows of width K (the fp16 rows, then the scales, each 256-byte aligned).
-size_t x16_bytes(int64_t rows, int64_t K);
-// Lays an X16 of rows x K out in `ws` (at least x16_bytes(rows, K) bytes).
-X16 x16_carve(void* ws, int64_t rows, int64_t K);
-// out = the fp16 rows of x [rows, K] (F32). K a multiple of 4.
+// Bytes of workspace for `rows` rows of width K (the arrays, each 256-byte aligned).
+size_t x16_bytes(int64_t rows, int64_t K, bool precise = false);
+// Lays an X16 of rows x K out in `ws` (at least x16_bytes(rows, K, precise) bytes).
+X16 x16_carve(void* ws, int64_t rows, int64_t K, bool precise = false);
+// out = the fp16 rows of x [rows, K] (F32), with lo and sums when out.lo is set (K a multiple of 16), else K a
+// multiple of 4.
 void to_x16(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
+
+// The tile loops of the prefill GEMMs, chosen by FERN_GEMM (read on every call):
+//   split   the bf16 hi/lo loop of gemm_tile.cuh (x converted per tile and block, two bf16 MMAs per fragment);
+//   fp16    gemm_tile_f16.cuh on fp16 rows and weights dequantized to fp16: one MMA per fragment, NMSE ~1e-7;
+//   fp16x2  gemm_tile_f16.cuh on precise fp16 rows (hi and lo: two MMAs per fragment) and exact codes, the scale and
+//           bias applied per group to fp32 partial sums: the split loop's numerics in the pipelined loop.
+enum class GemmMode { Split, Fp16, Fp16x2 };
+constexpr GemmMode kDefaultGemmMode = GemmMode::Split;
+GemmMode gemm_mode();  // from FERN_GEMM (unset: kDefaultGemmMode; an unknown value throws)
 
 // Whether the fp16 path takes a weight format: 4- or 8-bit affine codes (bf16 weights stay on the split path).
 inline bool gemm_f16_format_ok(const QW& w) { return w.bits == 4 || w.bits == 8; }

@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_tile.cuh"
@@ -34,18 +35,22 @@ constexpr int kXPad = kBK + 8;  // halfs per shared x row (144 bytes)
 template <int BITS>
 constexpr int kWRow = BITS == 4 ? 48 : 80;  // bytes per shared code row: 32 / 64 of codes + 16 of padding
 
-template <int BM, int BITS>
+// One pipeline stage. P (precise, gemm_f16.h): also the lo rows, the segment sums of x, and fp32 scale/bias.
+template <int BM, int BITS, bool P>
 struct Stage {
   __half x[BM][kXPad];
+  __half xl[P ? BM : 1][kXPad];
   uint8_t w[kBN][kWRow<BITS>];
-  __half2 sb[kBN][kSeg];  // (scale, bias) of the group holding each 16-wide segment of the tile
+  __half2 sb[P ? 1 : kBN][kSeg];  // fast: (scale, bias) of the group holding each 16-wide segment of the tile
+  float2 sbf[P ? kBN : 1][kSeg];  // precise: the same in fp32
+  float xs[P ? BM : 1][kSeg];     // precise: sums of x over each segment
 };
-template <int BM, int BITS, int S>
+template <int BM, int BITS, int S, bool P = false>
 struct Smem {
-  Stage<BM, BITS> st[S];
+  Stage<BM, BITS, P> st[S];
 };
-template <int BM, int BITS, int S>
-constexpr size_t kSmemBytes = sizeof(Smem<BM, BITS, S>);
+template <int BM, int BITS, int S, bool P = false>
+constexpr size_t kSmemBytes = sizeof(Smem<BM, BITS, S, P>);
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -91,6 +96,12 @@ __device__ __forceinline__ uint32_t magic_pair(uint32_t w, int c) {
   }
 }
 
+// The codes themselves as an fp16 pair (exact).
+__device__ __forceinline__ uint32_t code_pair(uint32_t magic) {
+  const __half2 q = __hsub2(*reinterpret_cast<const __half2*>(&magic), __float2half2_rn(1024.0f));
+  return *reinterpret_cast<const uint32_t*>(&q);
+}
+
 // w = s q + b as an fp16 pair from the magic pair (q exact after the subtraction, one rounding in the HFMA2).
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t magic, __half2 s2, __half2 b2) {
   const __half2 q = __hsub2(*reinterpret_cast<const __half2*>(&magic), __float2half2_rn(1024.0f));
@@ -103,9 +114,14 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t magic, __half2 s2, __h
 // i % 2 (gemm::Layout). x16: the fp16 rows (row stride K); row_of(r) the global row of tile row r (< 0: padding);
 // wsrc: this thread's weight row (tid / 2; w == nullptr: padding); gs the group size (a multiple of 16). Ends with
 // a barrier, so the caller may reuse `sm`.
-template <int BITS, int WM, int MT, int NT, int S, class RowOf>
-__device__ __forceinline__ void mainloop(Smem<16 * WM * MT, BITS, S>& sm, int K, int gs, const __half* __restrict__ x16,
-                                         RowOf row_of, const gemm::RowSrc& wsrc, float (&acc)[MT][NT][4]) {
+// P (precise): x16 holds hi rows, xlo the lo rows and xsums the segment sums (gemm_f16.h, stride ks); two MMAs per
+// fragment on the exact codes into per-group partial sums, the scale and bias applied per group in fp32
+// (acc += s * sum x q + b * sum x), as gemm_tile.cuh does.
+template <int BITS, int WM, int MT, int NT, int S, bool P = false, class RowOf>
+__device__ __forceinline__ void mainloop(Smem<16 * WM * MT, BITS, S, P>& sm, int K, int gs,
+                                         const __half* __restrict__ x16, RowOf row_of, const gemm::RowSrc& wsrc,
+                                         float (&acc)[MT][NT][4], const __half* __restrict__ xlo = nullptr,
+                                         const float* __restrict__ xsums = nullptr, int ks = 0) {
   static_assert(BITS == 4 || BITS == 8, "affine codes only");
   static_assert(S >= 2, "at least double buffering");
   using L = gemm::Layout<WM, MT, NT>;
@@ -126,15 +142,21 @@ __device__ __forceinline__ void mainloop(Smem<16 * WM * MT, BITS, S>& sm, int K,
   }
   const int wr = tid >> 1, wseg = (tid & 1) * 2;
   const char* wbase = static_cast<const char*>(wsrc.w);
+  const int srow = P && tid < BM ? row_of(tid) : -1;  // precise: the row whose segment sums this thread copies
 
-  auto issue = [&](int kt, Stage<BM, BITS>& st) {
+  auto issue = [&](int kt, Stage<BM, BITS, P>& st) {
     const int k0 = kt * kBK;
 #pragma unroll
     for (int j = 0; j < kXPer; ++j) {
       if (tid + kThreads * j < kXChunks) {
         const bool ok = xrow[j] >= 0 && k0 + 8 * xch < K;
-        cp_async16(&st.x[(tid >> 3) + 32 * j][8 * xch], ok ? x16 + int64_t(xrow[j]) * K + k0 + 8 * xch : x16, ok);
+        const int64_t off = ok ? int64_t(xrow[j]) * K + k0 + 8 * xch : 0;
+        cp_async16(&st.x[(tid >> 3) + 32 * j][8 * xch], x16 + off, ok);
+        if constexpr (P) cp_async16(&st.xl[(tid >> 3) + 32 * j][8 * xch], xlo + off, ok);
       }
+    }
+    if constexpr (P) {
+      if (tid < BM) cp_async16(&st.xs[tid][0], xsums + (srow >= 0 ? int64_t(srow) * ks + 4 * kt : 0), srow >= 0);
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -146,8 +168,9 @@ __device__ __forceinline__ void mainloop(Smem<16 * WM * MT, BITS, S>& sm, int K,
         cp_async16(&st.w[wr][16 * seg], ok ? static_cast<const void*>(wbase + k) : x16, ok);
     }
   };
-  // Scale and bias of this thread's two segments of tile kt, as (s, b) fp16 pairs.
-  auto load_sb = [&](int kt, __half2 (&sb)[2]) {
+  // Scale and bias of this thread's two segments of tile kt (held as fp16 pairs by the fast loop: fewer registers).
+  using SbReg = std::conditional_t<P, float2, __half2>;
+  auto load_sb = [&](int kt, SbReg (&sb)[2]) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int k = kt * kBK + 16 * (wseg + u);
@@ -156,20 +179,30 @@ __device__ __forceinline__ void mainloop(Smem<16 * WM * MT, BITS, S>& sm, int K,
         s = bf16_at(wsrc.s, k / gs);
         b = bf16_at(wsrc.b, k / gs);
       }
-      sb[u] = __floats2half2_rn(s, b);
+      if constexpr (P)
+        sb[u] = make_float2(s, b);
+      else
+        sb[u] = __floats2half2_rn(s, b);
     }
   };
-  auto store_sb = [&](const __half2 (&sb)[2], Stage<BM, BITS>& st) {
-    st.sb[wr][wseg] = sb[0];
-    st.sb[wr][wseg + 1] = sb[1];
+  auto store_sb = [&](const SbReg (&sb)[2], Stage<BM, BITS, P>& st) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if constexpr (P)
+        st.sbf[wr][wseg + u] = sb[u];
+      else
+        st.sb[wr][wseg + u] = sb[u];
+    }
   };
+  float part[P ? MT : 1][P ? NT : 1][4] = {};  // precise: the current group's sum_k x_k q_k
+  float xsr[P ? MT : 1][2] = {};               // precise: the current group's sum_k x_k of this thread's rows
 
   const int nk = (K + kBK - 1) / kBK;
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
     if (s < nk) {
       issue(s, sm.st[s]);
-      __half2 sb[2];
+      SbReg sb[2];
       load_sb(s, sb);
       store_sb(sb, sm.st[s]);
     }
@@ -180,14 +213,14 @@ __device__ __forceinline__ void mainloop(Smem<16 * WM * MT, BITS, S>& sm, int K,
     cp_wait<S - 2>();
     __syncthreads();  // tile kt is in shared memory; every thread is done with tile kt - 1's stage
     const int nxt = kt + S - 1;
-    __half2 sbn[2];
+    SbReg sbn[2];
     if (nxt < nk) {
       issue(nxt, sm.st[nxt % S]);
       load_sb(nxt, sbn);
     }
     cp_commit();
 
-    const Stage<BM, BITS>& st = sm.st[kt % S];
+    const Stage<BM, BITS, P>& st = sm.st[kt % S];
 #pragma unroll
     for (int kk = 0; kk < kSeg; ++kk) {
       // The weight fragments of the warp's NT column tiles first, then one x fragment at a time (fewer live
@@ -196,8 +229,6 @@ __device__ __forceinline__ void mainloop(Smem<16 * WM * MT, BITS, S>& sm, int K,
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int n = wn + nt * 8 + g;
-        const __half2 sb = st.sb[n][kk];
-        const __half2 s2 = __low2half2(sb), b2 = __high2half2(sb);
         uint32_t w0, w1;
         if constexpr (BITS == 4) {
           const uint2 v = *reinterpret_cast<const uint2*>(&st.w[n][8 * kk]);
@@ -206,15 +237,56 @@ __device__ __forceinline__ void mainloop(Smem<16 * WM * MT, BITS, S>& sm, int K,
           w0 = *reinterpret_cast<const uint32_t*>(&st.w[n][16 * kk + 4 * (c >> 1)]);
           w1 = *reinterpret_cast<const uint32_t*>(&st.w[n][16 * kk + 8 + 4 * (c >> 1)]);
         }
-        b[nt][0] = dequant_pair(magic_pair<BITS>(w0, c), s2, b2);
-        b[nt][1] = dequant_pair(magic_pair<BITS>(w1, c), s2, b2);
+        if constexpr (P) {  // the exact codes
+          b[nt][0] = code_pair(magic_pair<BITS>(w0, c));
+          b[nt][1] = code_pair(magic_pair<BITS>(w1, c));
+        } else {
+          const __half2 sb = st.sb[n][kk];
+          const __half2 s2 = __low2half2(sb), b2 = __high2half2(sb);
+          b[nt][0] = dequant_pair(magic_pair<BITS>(w0, c), s2, b2);
+          b[nt][1] = dequant_pair(magic_pair<BITS>(w1, c), s2, b2);
+        }
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         uint32_t a[4];
         ldmatrix_x4(a, &st.x[wm + mt * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
+        if constexpr (P) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma_f16(acc[mt][nt], a, b[nt][0], b[nt][1]);
+          for (int nt = 0; nt < NT; ++nt) mma_f16(part[mt][nt], a, b[nt][0], b[nt][1]);
+          ldmatrix_x4(a, &st.xl[wm + mt * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_f16(part[mt][nt], a, b[nt][0], b[nt][1]);
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_f16(acc[mt][nt], a, b[nt][0], b[nt][1]);
+        }
+      }
+      if constexpr (P) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          xsr[mt][0] += st.xs[wm + mt * 16 + g][kk];
+          xsr[mt][1] += st.xs[wm + mt * 16 + g + 8][kk];
+        }
+        if ((kt * kBK + kk * 16 + 16) % gs == 0) {  // end of a group: apply its scale and bias
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const int n = wn + nt * 8 + 2 * c;
+            const float2 sb0 = st.sbf[n][kk], sb1 = st.sbf[n + 1][kk];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              float* a = acc[mt][nt];
+              float* p = part[mt][nt];
+              a[0] += sb0.x * p[0] + sb0.y * xsr[mt][0];
+              a[1] += sb1.x * p[1] + sb1.y * xsr[mt][0];
+              a[2] += sb0.x * p[2] + sb0.y * xsr[mt][1];
+              a[3] += sb1.x * p[3] + sb1.y * xsr[mt][1];
+              p[0] = p[1] = p[2] = p[3] = 0.0f;
+            }
+          }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) xsr[mt][0] = xsr[mt][1] = 0.0f;
+        }
       }
     }
     if (nxt < nk) store_sb(sbn, sm.st[nxt % S]);  // that stage was last read in tile kt - 1

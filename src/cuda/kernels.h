@@ -37,6 +37,7 @@ struct Ctx {
   // without it, or too small, they take the precise split path (gemm_tile.cuh).
   void* gemm_ws = nullptr;
   size_t gemm_ws_bytes = 0;
+  bool gemm_precise = false;  // with gemm_ws: the precise fp16 form (gemm_f16.h: hi and lo rows, exact codes)
 };
 
 // y[t] = x[t] W^T for t < T. x [T, in], y [T, out] (F32).

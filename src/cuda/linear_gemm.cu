@@ -68,13 +68,14 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(QW W, const float* _
   }
 }
 
-// The fp16 path: BM token rows (Layout<WM, MT, NT>) x 128 weight rows per block, S pipeline stages.
-template <int BITS, int WM, int MT, int NT, int S>
+// The fp16 paths: BM token rows (Layout<WM, MT, NT>) x 128 weight rows per block, S pipeline stages; P the precise
+// form (gemm_f16.h).
+template <int BITS, int WM, int MT, int NT, int S, bool P>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm16_kernel(QW W, X16 x, float* __restrict__ y, int T) {
   using L = gemm::Layout<WM, MT, NT>;
   constexpr int BM = L::kBM;
   extern __shared__ __align__(16) unsigned char gemm16_smem[];
-  auto& sm = *reinterpret_cast<gemm16::Smem<BM, BITS, S>*>(gemm16_smem);
+  auto& sm = *reinterpret_cast<gemm16::Smem<BM, BITS, S, P>*>(gemm16_smem);
   const int K = static_cast<int>(W.in);
   const int N = static_cast<int>(W.out);
   const int t0 = blockIdx.x * BM;
@@ -88,8 +89,9 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm16_kernel(QW W, X16 x, fl
   const int wr = tid >> 1;
   const gemm::RowSrc wsrc = n0 + wr < N ? gemm::row_src<BITS>(W, 0, n0 + wr) : gemm::RowSrc{};
   float acc[MT][NT][4] = {};
-  gemm16::mainloop<BITS, WM, MT, NT, S>(
-      sm, K, W.gs, reinterpret_cast<const __half*>(x.x), [&](int r) { return t0 + r < T ? t0 + r : -1; }, wsrc, acc);
+  gemm16::mainloop<BITS, WM, MT, NT, S, P>(
+      sm, K, W.gs, reinterpret_cast<const __half*>(x.x), [&](int r) { return t0 + r < T ? t0 + r : -1; }, wsrc, acc,
+      reinterpret_cast<const __half*>(x.lo), x.sums, static_cast<int>(x.ks));
 
   const int wm = L::row0(warp), wn = L::col0(warp);
 #pragma unroll
@@ -118,11 +120,11 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm16_kernel(QW W, X16 x, fl
 // 64-row tiles keep more blocks for the SMs.
 constexpr int kTallRows = 1024;
 
-template <int BITS, int WM, int MT, int NT, int S>
+template <int BITS, int WM, int MT, int NT, int S, bool P = false>
 void launch16(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   constexpr int BM = 16 * WM * MT;
-  constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, S>;
-  auto kernel = gemm16_kernel<BITS, WM, MT, NT, S>;
+  constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, S, P>;
+  auto kernel = gemm16_kernel<BITS, WM, MT, NT, S, P>;
   static const bool attr_set = [&] {  // once per instantiation (opt-in above 48 KB of shared memory)
     FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
@@ -134,6 +136,11 @@ void launch16(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
 
 template <int BITS>
 void gemm16_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
+  if (x.lo != nullptr) {
+    // Precise: lo rows, sums and a second set of accumulators: 64-row tiles, 3 stages (2 blocks per SM).
+    launch16<BITS, 2, 2, 4, 3, true>(c, w, x, y, T);
+    return;
+  }
   constexpr int S = BITS == 4 ? 4 : 3;  // 8-bit code rows are twice as long: 3 stages keep 2 blocks per SM
   // FERN_GEMM_TILE=64|128 forces a tile height (for the micro-benchmark's comparison).
   const char* force = std::getenv("FERN_GEMM_TILE");
@@ -169,8 +176,8 @@ void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   if (T <= 0) return;
   const int64_t nb = (w.out + kBN - 1) / kBN;
   FERN_CU_CHECK(nb <= 65535, "linear_gemm: too many output rows");
-  if (gemm_f16_format_ok(w) && c.gemm_ws != nullptr && c.gemm_ws_bytes >= x16_bytes(T, w.in)) {
-    const X16 xs = x16_carve(c.gemm_ws, T, w.in);
+  if (gemm_f16_format_ok(w) && c.gemm_ws != nullptr && c.gemm_ws_bytes >= x16_bytes(T, w.in, c.gemm_precise)) {
+    const X16 xs = x16_carve(c.gemm_ws, T, w.in, c.gemm_precise);
     to_x16(c, x, T, w.in, xs);
     if (w.bits == 4)
       gemm16_bits<4>(c, w, xs, y, T);

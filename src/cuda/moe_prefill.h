@@ -55,8 +55,8 @@ void moe_grouped_down(const Ctx& c, const QW& down, const QW& sdown, const float
                       const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
                       bool prefetch, float* y_pair, float* out);
 // The same two GEMMs on the fast tile loop (moe_prefill_f16.cu, gemm_tile_f16.cuh) for 4/8-bit experts
-// (gemm_f16_format_ok): the inputs are fp16 rows (gemm_f16.h): x [T, H] for gate/up; for down the fp16 rows of
-// h_routed [T k, I] and h_shared [T, Is] as written by gate/up.
+// (gemm_f16_format_ok): the inputs are fp16 rows (gemm_f16.h; the precise form takes the precise kernels): x [T, H]
+// for gate/up; for down the fp16 rows of h_routed [T k, I] and h_shared [T, Is] as written by gate/up.
 void moe_grouped_gate_up_f16(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup,
                              const X16& x, const MoeGroups& g, int T, int k, int E, int bm, float* h_routed,
                              float* h_shared);

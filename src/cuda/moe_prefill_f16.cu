@@ -20,19 +20,19 @@ constexpr int kGateUpCols = gemm::kBN / 2;  // intermediate columns per gate/up 
 // Blocks per SM asked of the register allocator by m16 tiles per block (as in moe_prefill.cu).
 template <int M16>
 constexpr int kMinBlocks = M16 >= 4 ? 2 : M16 == 2 ? 3 : 4;
-template <int BITS>
-constexpr int kStages = BITS == 4 ? 4 : 3;
+template <int BITS, bool P>
+constexpr int kStages = BITS == 4 && !P ? 4 : 3;  // precise stages are larger (lo rows, sums, fp32 scales)
 
-template <int BITS, int WM, int MT, int NT>
+template <int BITS, int WM, int MT, int NT, bool P>
 __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
     gate_up16_kernel(QW G, QW U, QW SG, QW SU, X16 x, MoeGroups gr, int E, int topk, float* __restrict__ h_routed,
                      float* __restrict__ h_shared) {
   using L = gemm::Layout<WM, MT, NT>;
   constexpr int BM = L::kBM;
-  constexpr int S = kStages<BITS>;
+  constexpr int S = kStages<BITS, P>;
   constexpr int kHalf = L::kWarpCols / 2;  // a warp's gate rows, then as many up rows
   extern __shared__ __align__(16) unsigned char gu16_smem[];
-  auto& sm = *reinterpret_cast<gemm16::Smem<BM, BITS, S>*>(gu16_smem);
+  auto& sm = *reinterpret_cast<gemm16::Smem<BM, BITS, S, P>*>(gu16_smem);
   pdl_wait();
   pdl_trigger();
   TileInfo ti;
@@ -58,9 +58,9 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
   }
 
   float acc[MT][NT][4] = {};
-  gemm16::mainloop<BITS, WM, MT, NT, S>(
+  gemm16::mainloop<BITS, WM, MT, NT, S, P>(
       sm, K, G.gs, reinterpret_cast<const __half*>(x.x), [&](int r) { return r < ti.rows ? token(r) : -1; }, wsrc,
-      acc);
+      acc, reinterpret_cast<const __half*>(x.lo), x.sums, static_cast<int>(x.ks));
 
   const int g = lane >> 2, c = lane & 3;
   const int wm = L::row0(warp);
@@ -85,15 +85,15 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
   }
 }
 
-template <int BITS, int WM, int MT, int NT>
+template <int BITS, int WM, int MT, int NT, bool P>
 __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
     down16_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* __restrict__ topk_w,
                   const float* __restrict__ sgate, int E, float* __restrict__ y_pair, float* __restrict__ out) {
   using L = gemm::Layout<WM, MT, NT>;
   constexpr int BM = L::kBM;
-  constexpr int S = kStages<BITS>;
+  constexpr int S = kStages<BITS, P>;
   extern __shared__ __align__(16) unsigned char dn16_smem[];
-  auto& sm = *reinterpret_cast<gemm16::Smem<BM, BITS, S>*>(dn16_smem);
+  auto& sm = *reinterpret_cast<gemm16::Smem<BM, BITS, S, P>*>(dn16_smem);
   pdl_wait();
   pdl_trigger();
   TileInfo ti;
@@ -106,6 +106,9 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
   // Rows of h: the shared expert's by token, the routed ones by position in expert order.
   const int hrow0 = sh ? ti.row0 : ti.base;
   const __half* hx = reinterpret_cast<const __half*>(sh ? hs.x : hr.x);
+  const __half* hlo = reinterpret_cast<const __half*>(sh ? hs.lo : hr.lo);
+  const float* hsums = sh ? hs.sums : hr.sums;
+  const int hks = static_cast<int>(sh ? hs.ks : hr.ks);
   const float* hscale = sh ? hs.scale : hr.scale;
 
   const int wr = tid >> 1;
@@ -113,9 +116,8 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
   if (n0 + wr < N) wsrc = sh ? gemm::row_src<BITS>(SD, 0, n0 + wr) : gemm::row_src<BITS>(D, ti.group, n0 + wr);
 
   float acc[MT][NT][4] = {};
-  gemm16::mainloop<BITS, WM, MT, NT, S>(
-      sm, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, wsrc,
-      acc);
+  gemm16::mainloop<BITS, WM, MT, NT, S, P>(
+      sm, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, wsrc, acc, hlo, hsums, hks);
 
   const int g = lane >> 2, c = lane & 3;
   const int wm = L::row0(warp), wn = L::col0(warp);
@@ -174,47 +176,47 @@ void set_smem(K kernel, size_t bytes) {
   FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-template <int BITS, int BM>
+template <int BITS, int BM, bool P>
 void gate_up16(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
   using C = Cfg<BM>;
-  constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, kStages<BITS>>;
-  auto kernel = gate_up16_kernel<BITS, C::WM, C::MT, C::NT>;
+  constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, kStages<BITS, P>, P>;
+  auto kernel = gate_up16_kernel<BITS, C::WM, C::MT, C::NT, P>;
   static const bool once = (set_smem(kernel, smem), true);
   (void)once;
   launch(c, "moe gate_up16_kernel", kernel, grid_of(T, k, E, BM, std::max(gate.out, sgate.out), kGateUpCols),
          gemm::kThreads, smem, gate, up, sgate, sup, x, g, E, k, h_routed, h_shared);
 }
 
-template <int BITS, int BM>
+template <int BITS, int BM, bool P>
 void down16(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
             const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
   using C = Cfg<BM>;
-  constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, kStages<BITS>>;
-  auto kernel = down16_kernel<BITS, C::WM, C::MT, C::NT>;
+  constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, kStages<BITS, P>, P>;
+  auto kernel = down16_kernel<BITS, C::WM, C::MT, C::NT, P>;
   static const bool once = (set_smem(kernel, smem), true);
   (void)once;
   launch(c, "moe down16_kernel", kernel, grid_of(T, k, E, BM, down.out, gemm::kBN), gemm::kThreads, smem, down,
          sdown, hr, hs, g, topk_w, sgate, E, y_pair, out);
 }
 
-template <int BITS>
+template <int BITS, bool P>
 void gate_up16_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                     const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared) {
   switch (bm) {
-    case 16: gate_up16<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
-    case 32: gate_up16<BITS, 32>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
-    default: gate_up16<BITS, 64>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    case 16: gate_up16<BITS, 16, P>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    case 32: gate_up16<BITS, 32, P>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    default: gate_up16<BITS, 64, P>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
   }
 }
 
-template <int BITS>
+template <int BITS, bool P>
 void down16_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
                  const float* topk_w, const float* sgate, int T, int k, int E, int bm, float* y_pair, float* out) {
   switch (bm) {
-    case 16: down16<BITS, 16>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
-    case 32: down16<BITS, 32>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
-    default: down16<BITS, 64>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
+    case 16: down16<BITS, 16, P>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
+    case 32: down16<BITS, 32, P>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
+    default: down16<BITS, 64, P>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
   }
 }
 
@@ -224,20 +226,25 @@ void moe_grouped_gate_up_f16(const Ctx& c, const QW& gate, const QW& up, const Q
                              const X16& x, const MoeGroups& g, int T, int k, int E, int bm, float* h_routed,
                              float* h_shared) {
   FERN_CU_CHECK(moe_tile_rows_ok(bm) && gemm_f16_format_ok(gate), "moe gate/up f16: tile rows or format");
+  const bool p = x.lo != nullptr;
+  auto run = [&](auto f) { f(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared); };
   if (gate.bits == 4)
-    gate_up16_bits<4>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared);
+    p ? run(gate_up16_bits<4, true>) : run(gate_up16_bits<4, false>);
   else
-    gate_up16_bits<8>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared);
+    p ? run(gate_up16_bits<8, true>) : run(gate_up16_bits<8, false>);
 }
 
 void moe_grouped_down_f16(const Ctx& c, const QW& down, const QW& sdown, const X16& h_routed, const X16& h_shared,
                           const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
                           float* y_pair, float* out) {
   FERN_CU_CHECK(moe_tile_rows_ok(bm) && gemm_f16_format_ok(down), "moe down f16: tile rows or format");
+  FERN_CU_CHECK((h_routed.lo != nullptr) == (h_shared.lo != nullptr), "moe down f16: mixed precise and fast rows");
+  const bool p = h_routed.lo != nullptr;
+  auto run = [&](auto f) { f(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out); };
   if (down.bits == 4)
-    down16_bits<4>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out);
+    p ? run(down16_bits<4, true>) : run(down16_bits<4, false>);
   else
-    down16_bits<8>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out);
+    p ? run(down16_bits<8, true>) : run(down16_bits<8, false>);
 }
 
 }  // namespace fern::cuda

@@ -57,20 +57,26 @@ std::vector<float> cpu_ref(Fixture& s, const LinearWeight& hw, const std::vector
   return ref;
 }
 
-// A device workspace for the fp16 loop (large enough for every case here), in a context on the default stream.
+// The tile loops of linear_gemm: the split loop (no workspace), the fp16 loop, the precise fp16 loop (fp16x2).
+enum class Loop { Split, Fp16, Fp16x2 };
+const char* loop_name(Loop l) { return l == Loop::Split ? "split" : l == Loop::Fp16 ? "fp16" : "fp16x2"; }
+
+// A device workspace for the fp16 loops, in a context on the default stream.
 struct Workspace {
   Tensor buf;
   cuda::Ctx ctx;
-  Workspace(CudaBackend& gpu, int64_t rows, int64_t K) {
-    const size_t bytes = cuda::x16_bytes(rows, K);
+  Workspace(CudaBackend& gpu, int64_t rows, int64_t K, Loop l) {
+    if (l == Loop::Split) return;
+    ctx.gemm_precise = l == Loop::Fp16x2;
+    const size_t bytes = cuda::x16_bytes(rows, K, ctx.gemm_precise);
     buf = gpu.alloc(DType::F32, {int64_t((bytes + 3) / 4)});
     ctx.gemm_ws = buf.data;
     ctx.gemm_ws_bytes = bytes;
   }
 };
 
-void run_direct(const Case& c, bool f16) {
-  SCOPED_TRACE(std::string(c.name) + (f16 ? " fp16" : " split"));
+void run_direct(const Case& c, Loop loop) {
+  SCOPED_TRACE(std::string(c.name) + " " + loop_name(loop));
   Fixture s;
   LinearWeight hw = make_weight(s, c);
   LinearWeight dw = s.gpu->to_device(hw);
@@ -81,25 +87,19 @@ void run_direct(const Case& c, bool f16) {
   Tensor dx = test::upload_f32(*s.gpu, x, {c.T, c.in});
   Tensor dy = test::nan_filled(*s.gpu, c.T, c.out);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cuda::Ctx ctx;  // default stream, no PDL, no workspace: the split loop
-  std::unique_ptr<Workspace> ws;
-  if (f16) {
-    ws = std::make_unique<Workspace>(*s.gpu, c.T, c.in);
-    ctx = ws->ctx;
-  }
-  cuda::linear_gemm(ctx, q, dx.ptr<float>(), dy.ptr<float>(), c.T);
+  const Loop took = c.bits == 16 ? Loop::Split : loop;  // bf16 weights stay on the split loop
+  Workspace ws(*s.gpu, c.T, c.in, loop);  // default stream, no PDL
+  cuda::linear_gemm(ws.ctx, q, dx.ptr<float>(), dy.ptr<float>(), c.T);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   auto got = test::download(*s.gpu, dy);
   const double e = test::nmse(got.data(), ref.data(), got.size());
-  const bool took_f16 = f16 && c.bits != 16;  // bf16 weights stay on the split loop
-  std::printf("gemm %-5s %-22s [%6ld x %5ld] %2d-bit g%-3d T=%-4d NMSE %.3e\n", took_f16 ? "fp16" : "split", c.name,
+  std::printf("gemm %-6s %-22s [%6ld x %5ld] %2d-bit g%-3d T=%-4d NMSE %.3e\n", loop_name(took), c.name,
               long(c.out), long(c.in), c.bits, c.gs, c.T, e);
-  EXPECT_LT(e, took_f16 ? kNmseF16 : kNmse);
+  EXPECT_LT(e, took == Loop::Fp16 ? kNmseF16 : kNmse);
 }
 
 void run_direct(const Case& c) {
-  run_direct(c, false);
-  run_direct(c, true);
+  for (Loop l : {Loop::Split, Loop::Fp16, Loop::Fp16x2}) run_direct(c, l);
 }
 
 TEST(CudaLinearGemm, RealShapes) {
@@ -130,11 +130,10 @@ TEST(CudaLinearGemm, RowsOfVeryDifferentMagnitude) {
     }
     const auto ref = cpu_ref(s, hw, x, c.T);
     Tensor dx = test::upload_f32(*s.gpu, x, {c.T, c.in});
-    for (const bool f16 : {false, true}) {
+    for (Loop l : {Loop::Split, Loop::Fp16, Loop::Fp16x2}) {
       Tensor dy = test::nan_filled(*s.gpu, c.T, c.out);
-      Workspace ws(*s.gpu, c.T, c.in);
-      cuda::Ctx ctx = f16 ? ws.ctx : cuda::Ctx{};
-      cuda::linear_gemm(ctx, q, dx.ptr<float>(), dy.ptr<float>(), c.T);
+      Workspace ws(*s.gpu, c.T, c.in, l);
+      cuda::linear_gemm(ws.ctx, q, dx.ptr<float>(), dy.ptr<float>(), c.T);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       auto got = test::download(*s.gpu, dy);
       double worst[3] = {0, 0, 0};
@@ -143,9 +142,9 @@ TEST(CudaLinearGemm, RowsOfVeryDifferentMagnitude) {
         const double e = test::nmse(got.data() + o, ref.data() + o, size_t(c.out));
         worst[t % 3] = std::isnan(e) ? INFINITY : std::max(worst[t % 3], e);
       }
-      std::printf("gemm %-5s magnitudes T=%-4d worst row NMSE: |x|~1e5 %.3e, ~1e-5 %.3e, ~1 %.3e\n",
-                  f16 ? "fp16" : "split", T, worst[0], worst[1], worst[2]);
-      for (double w : worst) EXPECT_LT(w, f16 ? kNmseF16 : kNmse) << (f16 ? "fp16" : "split") << " T=" << T;
+      std::printf("gemm %-6s magnitudes T=%-4d worst row NMSE: |x|~1e5 %.3e, ~1e-5 %.3e, ~1 %.3e\n", loop_name(l), T,
+                  worst[0], worst[1], worst[2]);
+      for (double w : worst) EXPECT_LT(w, l == Loop::Fp16 ? kNmseF16 : kNmse) << loop_name(l) << " T=" << T;
     }
   }
 }
@@ -180,17 +179,25 @@ TEST(CudaLinearGemm, BackendDispatch) {
     std::printf("backend linear %-22s T=%-4d NMSE %.3e\n", c.name, c.T, e);
     EXPECT_LT(e, kNmse);
     if (cuda::linear_gemm_wins(cuda::make_qw(dw), c.T)) {
-      // FERN_GEMM=fp16 takes the fp16 loop (its rounding is visible: the split loop measured ~5e-12, the fp16 one
-      // ~8e-8); the default keeps the precise one.
-      setenv("FERN_GEMM", "fp16", 1);
-      Tensor dy2 = test::nan_filled(*s.gpu, c.T, c.out);
-      s.gpu->linear(dy2, dx, dw);
-      unsetenv("FERN_GEMM");
-      auto got2 = test::download(*s.gpu, dy2);
-      const double e2 = test::nmse(got2.data(), ref.data(), got2.size());
-      std::printf("backend linear %-22s T=%-4d FERN_GEMM=fp16 NMSE %.3e\n", c.name, c.T, e2);
-      EXPECT_LT(e2, kNmseF16);
-      EXPECT_GT(e2, 1e-10) << "FERN_GEMM=fp16 did not take the fp16 loop";
+      // Each FERN_GEMM value: fp16's rounding is visible (split measured ~5e-12, fp16 ~8e-8); fp16x2 is as precise
+      // as split but sums in another order (other bits), which shows that it ran.
+      std::vector<float> outs[3];
+      int i = 0;
+      for (const char* mode : {"split", "fp16", "fp16x2"}) {
+        setenv("FERN_GEMM", mode, 1);
+        Tensor dy2 = test::nan_filled(*s.gpu, c.T, c.out);
+        s.gpu->linear(dy2, dx, dw);
+        unsetenv("FERN_GEMM");
+        outs[i] = test::download(*s.gpu, dy2);
+        const double e2 = test::nmse(outs[i].data(), ref.data(), outs[i].size());
+        std::printf("backend linear %-22s T=%-4d FERN_GEMM=%-6s NMSE %.3e\n", c.name, c.T, mode, e2);
+        EXPECT_LT(e2, i == 1 ? kNmseF16 : kNmse) << mode;
+        if (i == 1) {
+          EXPECT_GT(e2, 1e-10) << "FERN_GEMM=fp16 did not take the fp16 loop";
+        }
+        ++i;
+      }
+      EXPECT_NE(outs[0], outs[2]) << "FERN_GEMM=fp16x2 did not take the pipelined loop";
     }
   }
 }

@@ -150,6 +150,7 @@ constexpr double kNmse = 1e-9;
 // FERN_MOE_DEQUANT=separate rounds every dequantized weight s q + b to bf16 (relative error up to 2^-9): measured
 // 8.1e-6 at the real shape; 1e-4 (12x over it) still separates it from a wrong expert (> 1e-2).
 constexpr double kNmseBf16Weights = 1e-4;
+// FERN_GEMM=fp16x2 (the pipelined loop on fp16 hi + lo rows and exact codes) keeps kNmse.
 // The fp16 tile loop for 4/8-bit experts (FERN_GEMM=fp16, gemm_tile_f16.cuh): x, the dequantized weights and h are
 // each rounded once to fp16 (relative 2^-11). Measured on the H200 (docs/notes/cuda-prefill-v3-gemm.md): 2.2e-7 ..
 // 2.7e-7 at the real shape, up to 4.4e-7 (8-bit experts, T = 2). 2e-6 is 4.5x over the largest and still separates
@@ -162,8 +163,8 @@ struct Variant {
   const char* env = nullptr;  // switch name (nullptr: defaults)
   const char* value = nullptr;
   double limit = kNmse;
-  bool prefetch = false;  // FERN_MOE_PREFETCH=1 as well
-  bool f16 = false;       // FERN_GEMM=fp16 as well (then, for affine experts, the limit is at least kNmseF16)
+  bool prefetch = false;         // FERN_MOE_PREFETCH=1 as well
+  const char* gemm = nullptr;    // FERN_GEMM as well (fp16: for affine experts the limit is at least kNmseF16)
 };
 
 // Runs every variant on one input against one CPU reference (the CPU side is the slow one at real shapes).
@@ -174,10 +175,11 @@ void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed,
   for (const Variant& v : vs) {
     EnvGuard g(v.env != nullptr ? v.env : "FERN_MOE_UNUSED", v.value);
     EnvGuard pf("FERN_MOE_PREFETCH", v.prefetch ? "1" : nullptr);
-    EnvGuard f16("FERN_GEMM", v.f16 ? "fp16" : nullptr);
+    EnvGuard gm("FERN_GEMM", v.gemm);
     const auto got = run_gpu(gpu, m, x, T);
     const double e = test::nmse(got.data(), ref.data(), got.size());
-    const double limit = v.f16 && !v.prefetch && m.host.gate.bits != 16 ? std::max(v.limit, kNmseF16) : v.limit;
+    const bool f16 = v.gemm != nullptr && std::string(v.gemm) == "fp16";
+    const double limit = f16 && !v.prefetch && m.host.gate.bits != 16 ? std::max(v.limit, kNmseF16) : v.limit;
     std::printf("moe prefill %-30s E=%ld H=%ld I=%ld Is=%ld k=%d bits=%d T=%-5d NMSE %.3e\n", v.what.c_str(),
                 long(m.cfg.num_experts), long(m.cfg.hidden_size), long(m.cfg.moe_intermediate_size),
                 long(m.cfg.shared_expert_intermediate_size), m.cfg.num_experts_per_tok, m.host.gate.bits, T, e);
@@ -192,8 +194,9 @@ std::vector<Variant> tile_variants(const char* what) {
   for (bool pf : {false, true})
     for (const char* bm : {"16", "32", "64"})
       vs.push_back({std::string(what) + ", tile " + bm + (pf ? " pf" : ""), "FERN_MOE_TILE", bm, kNmse, pf});
-  for (const char* bm : {"16", "32", "64"})
-    vs.push_back({std::string(what) + ", tile " + bm + " fp16", "FERN_MOE_TILE", bm, kNmse, false, true});
+  for (const char* gemm : {"fp16", "fp16x2"})
+    for (const char* bm : {"16", "32", "64"})
+      vs.push_back({std::string(what) + ", tile " + bm + " " + gemm, "FERN_MOE_TILE", bm, kNmse, false, gemm});
   vs.push_back({std::string(what) + ", router fused", "FERN_MOE_ROUTER", "fused"});
   return vs;
 }
@@ -207,7 +210,11 @@ TEST(CudaMoePrefill, RealShapeAgainstCpu) {
   auto m = make_model(*gpu, kReal, 11, false);
   ASSERT_TRUE(grouped_ok(*m));
   for (int T : {2, 17, 64, 300, 2048})
-    check(*gpu, *cpu, *m, T, 100 + T, {{"real, default"}, {"real, fp16", nullptr, nullptr, kNmse, false, true}});
+    check(*gpu, *cpu, *m, T, 100 + T,
+          {{"real, default"},
+           {"real, split", nullptr, nullptr, kNmse, false, "split"},
+           {"real, fp16", nullptr, nullptr, kNmse, false, "fp16"},
+           {"real, fp16x2", nullptr, nullptr, kNmse, false, "fp16x2"}});
 }
 
 // Every tile height, the old row-by-row path and the separate dequantisation at one real-shape chunk. The grouped
@@ -224,7 +231,8 @@ TEST(CudaMoePrefill, AblationSwitches) {
   vs.push_back({"real, tile adaptive", "FERN_MOE_TILE", "adaptive"});
   vs.push_back({"real, routing host", "FERN_MOE_ROUTING", "host"});
   vs.push_back({"real, rows (decode kernels)", "FERN_MOE_PATH", "rows"});
-  vs.push_back({"real, routing host fp16", "FERN_MOE_ROUTING", "host", kNmse, false, true});
+  vs.push_back({"real, routing host fp16", "FERN_MOE_ROUTING", "host", kNmse, false, "fp16"});
+  vs.push_back({"real, routing host fp16x2", "FERN_MOE_ROUTING", "host", kNmse, false, "fp16x2"});
   vs.push_back({"real, dequant separate", "FERN_MOE_DEQUANT", "separate", kNmseBf16Weights});
   check(*gpu, *cpu, *m, T, 7, vs);
 
@@ -233,23 +241,34 @@ TEST(CudaMoePrefill, AblationSwitches) {
   const auto again = run_gpu(*gpu, *m, x, T);
   EXPECT_EQ(dev_routed, again) << "two runs of the same chunk differ";
   {
-    // The prefetch only moves loads earlier: same products in the same order.
+    // The prefetch only moves loads earlier in the split loop: same products in the same order.
+    EnvGuard split("FERN_GEMM", "split");
+    const auto split_out = run_gpu(*gpu, *m, x, T);
     EnvGuard pf("FERN_MOE_PREFETCH", "1");
-    EXPECT_EQ(dev_routed, run_gpu(*gpu, *m, x, T)) << "the register prefetch changes the result";
+    EXPECT_EQ(split_out, run_gpu(*gpu, *m, x, T)) << "the register prefetch changes the result";
   }
-  {
-    // The fp16 loop is another computation (its rounding is visible), deterministic, and independent of who built
-    // the grouping too.
-    EnvGuard f16("FERN_GEMM", "fp16");
-    const auto f16_out = run_gpu(*gpu, *m, x, T);
-    EXPECT_NE(f16_out, dev_routed) << "FERN_GEMM=fp16 did not take the fp16 loop";
-    EXPECT_EQ(f16_out, run_gpu(*gpu, *m, x, T)) << "two fp16 runs of the same chunk differ";
+  // The pipelined loops are other computations (another summation order: the bits differ from split's),
+  // deterministic, and independent of who built the grouping too.
+  std::vector<float> by_mode[3];
+  int i = 0;
+  for (const char* gemm : {"split", "fp16", "fp16x2"}) {
+    EnvGuard gm("FERN_GEMM", gemm);
+    by_mode[i] = run_gpu(*gpu, *m, x, T);
+    EXPECT_EQ(by_mode[i], run_gpu(*gpu, *m, x, T)) << "two runs differ, FERN_GEMM=" << gemm;
     EnvGuard e("FERN_MOE_ROUTING", "host");
-    EXPECT_EQ(f16_out, run_gpu(*gpu, *m, x, T)) << "host and GPU grouping differ on the fp16 loop";
+    EXPECT_EQ(by_mode[i], run_gpu(*gpu, *m, x, T)) << "host and GPU grouping differ, FERN_GEMM=" << gemm;
+    ++i;
   }
+  EXPECT_NE(by_mode[0], by_mode[1]) << "FERN_GEMM=fp16 did not take the fp16 loop";
+  EXPECT_NE(by_mode[0], by_mode[2]) << "FERN_GEMM=fp16x2 did not take the pipelined loop";
+  EXPECT_NE(by_mode[1], by_mode[2]) << "fp16 and fp16x2 gave the same bits";
   EnvGuard e("FERN_MOE_ROUTING", "host");
   const auto host_routed = run_gpu(*gpu, *m, x, T);
   EXPECT_EQ(dev_routed, host_routed) << "host and GPU grouping differ";
+  {
+    EnvGuard bad_gemm("FERN_GEMM", "fast");
+    EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
+  }
   EnvGuard bad("FERN_MOE_TILE", "48");
   EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
 }
