@@ -83,18 +83,13 @@ void bench_gemv() {
     const char* name;
     int64_t out, in;
     int bits;
-    const char* env = nullptr;  // a variable set for this row only (linear.cu's comparisons), and its value
-    const char* val = nullptr;
   };
   std::printf("\n== GEMV, cold L2 (graph of launches rotating over >= 256 MB of copies) ==\n");
   std::printf("%-22s %14s %8s %10s %9s %7s\n", "shape", "[out x in]", "bits", "MB/matrix", "us/launch", "%BW");
   for (const Shape& s : {Shape{"in_proj_qkv / q_proj", 8192, 2048, 4}, Shape{"in_proj_z", 4096, 2048, 4},
                          Shape{"expert gate/up", 512, 2048, 4}, Shape{"expert down", 2048, 512, 4},
                          Shape{"out_proj / o_proj", 2048, 4096, 4}, Shape{"router", 256, 2048, 8},
-                         Shape{"lm_head", 248320, 2048, 4},
-                         Shape{"in_proj_qkv, v4 prologue", 8192, 2048, 4, "FERN_CUDA_GEMV_PRO", "1"},
-                         Shape{"lm_head, depth 3", 248320, 2048, 4, "FERN_CUDA_GEMV_NB", "3"}}) {
-    if (s.env != nullptr) setenv(s.env, s.val, 1);
+                         Shape{"lm_head", 248320, 2048, 4}}) {
     CudaBackend be(0);
     const LinearWeight probe = rand_affine(be, s.out, s.in, s.bits, 1);
     const double bytes = double(probe.nbytes());
@@ -110,7 +105,6 @@ void bench_gemv() {
     const double per = t / launches;
     std::printf("%-22s %7ld x %5ld %8d %10.2f %9.2f %6.1f%%\n", s.name, long(s.out), long(s.in), s.bits, bytes / 1e6,
                 per * 1e6, 100.0 * bytes / per / kCopyBw);
-    if (s.env != nullptr) unsetenv(s.env);
   }
   // The whole-model sweep: 1.67 GB of 8192 x 2048 4-bit matrices, each read once.
   CudaBackend be(0);

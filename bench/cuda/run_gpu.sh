@@ -11,7 +11,6 @@
 #                                      bench --phase decode` at 4K and 128K; compute-sanitizer memcheck of captured
 #                                      decode steps last; a short summary at the end.
 #   bash bench/cuda/run_gpu.sh quick   the MoE, attention and whole-model tests and `bench_cuda_decode decode`.
-#   bash bench/cuda/run_gpu.sh diag    the whole-model decode checks under each switch back to a version 4 step.
 # Every step after the build gets what is left of LIMIT seconds (default 250), so that the call ends in time.
 set -u
 MODE=${1:-full}
@@ -29,40 +28,6 @@ export CUDAFLAGS="${CUDAFLAGS:-} -DFERN_MOE_PHASE_TIMING"  # read by the first c
 gpu_unpack_head decode-head
 gpu_configure
 note "mode $MODE, limit $LIMIT s"
-if [ "$MODE" = diag ]; then
-  # Which change breaks the whole-model decode with PDL on: the forward checks under each switch that restores one
-  # of version 4's steps (FERN_CUDA_MOE_V4 bits, FERN_CUDA_GEMV_PRO=1) or the three-launch MoE.
-  gpu_build cuda_test_cuda_forward cuda_test_cuda_moe cuda_test_cuda_linear cuda_test_cuda_linear_multi
-  run_fwd() {
-    local name=$1
-    shift
-    env "$@" FERN_CUDA_PDL=1 timeout $(left 30) ./build/cuda_test_cuda_forward --gtest_filter='*RandomModel*:*Captured*' \
-      >"$L/fwd.$name.log" 2>&1
-    note "forward [$name] rc=$?: $(grep -hE '^random 8-layer|^graph replay' "$L/fwd.$name.log" |
-      sed 's/random 8-layer model: //; s/prefill 192 //' | tr '\n' ' ')"
-  }
-  run_fwd default
-  run_fwd default-again
-  run_fwd moe-three-launch FERN_CUDA_MOE_FUSED=0
-  run_fwd gemv-prologue-1 FERN_CUDA_GEMV_PRO=1
-  run_fwd moe-fence-all FERN_CUDA_MOE_V4=1
-  run_fwd moe-resid-late FERN_CUDA_MOE_V4=2
-  run_fwd moe-topk-shuffle FERN_CUDA_MOE_V4=4
-  run_fwd moe-all-v4 FERN_CUDA_MOE_V4=7
-  run_fwd all-v4 FERN_CUDA_MOE_V4=7 FERN_CUDA_GEMV_PRO=1
-  run_fwd pdl-off FERN_CUDA_PDL=0
-  for t in moe linear linear_multi; do
-    FERN_CUDA_PDL=1 timeout $(left 40) ./build/cuda_test_cuda_$t >"$L/$t.log" 2>&1
-    note "cuda_test_cuda_$t rc=$?: $(grep -c '^\[       OK' "$L/$t.log") OK"
-  done
-  FERN_CUDA_PDL=1 FERN_CUDA_MOE_V4=7 timeout $(left 40) ./build/cuda_test_cuda_moe >"$L/moe.v4.log" 2>&1
-  note "cuda_test_cuda_moe with FERN_CUDA_MOE_V4=7 rc=$?: $(grep -c '^\[       OK' "$L/moe.v4.log") OK"
-  grep -hB2 -A8 "Failure" "$L"/*.log | head -40
-  note "total $(elapsed)"
-  tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$L"
-  gpu_summary
-  exit 0
-fi
 mine="cuda_test_cuda_linear cuda_test_cuda_linear_multi cuda_test_cuda_misc cuda_test_cuda_gdn cuda_test_cuda_attn cuda_test_cuda_moe cuda_test_cuda_forward"
 if [ "$MODE" = quick ]; then
   tests="cuda_test_cuda_moe cuda_test_cuda_attn cuda_test_cuda_forward"
