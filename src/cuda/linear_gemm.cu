@@ -4,9 +4,10 @@
 // and lo halves, weight codes staged as exact bf16, scale and bias applied per group to fp32 partial sums) is
 // gemm_tile.cuh, shared with the grouped expert GEMMs of moe_prefill.cu; here a block computes 64 token rows x 128
 // weight rows (8 warps as 2 x 4, 32 x 32 outputs each).
-// The fast path (4/8-bit weights, when the context carries a workspace: Ctx::gemm_ws) converts x once to fp16 rows
-// (gemm_f16.h) and runs the pipelined fp16 tile loop of gemm_tile_f16.cuh; 128 token rows per block from
-// kTallRows rows up (docs/notes/cuda-prefill-v3-gemm.md).
+// The fp16 paths (4/8-bit weights, when the context carries a workspace: Ctx::gemm_ws; the backend gives one for
+// FERN_GEMM=fp16|fp16x2) convert x once to fp16 rows (gemm_f16.h) and run the pipelined tile loop of
+// gemm_tile_f16.cuh: fp16 (weights dequantized to fp16, 128 token rows per block from kTallRows rows up) or, with
+// Ctx::gemm_precise, fp16x2 (hi + lo rows, exact codes; 64-row tiles). docs/notes/cuda-prefill-v3-gemm.md.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
