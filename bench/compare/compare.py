@@ -174,7 +174,7 @@ def main():
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--lengths", default="256,512,1024,2048,4096,8192,16384,32768,65536,131072")
     ap.add_argument("--prefill-lengths", default=None, help="fern's prefill lengths (default: --lengths)")
-    ap.add_argument("--hf-lengths", default="256,512,1024,2048,4096")
+    ap.add_argument("--hf-lengths", default="256,512,1024,2048,4096,8192,16384,32768")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--hf-steps", type=int, default=16)

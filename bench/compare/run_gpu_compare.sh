@@ -48,7 +48,7 @@ else
   python3 bench/compare/compare.py --fern build/fern --ckpt /tmp/q36 --rounds ${ROUNDS:-3} \
     --lengths ${LENGTHS:-256,512,1024,2048,4096,8192,16384,32768,65536,131072} \
     --prefill-lengths ${PREFILL_LENGTHS:-256,512,1024,2048,4096,8192,16384,32768} \
-    --hf-lengths ${HF_LENGTHS:-256,512,1024,2048,4096} \
+    --hf-lengths ${HF_LENGTHS:-256,512,1024,2048,4096,8192,16384,32768} \
     --budget-s ${COMPARE_BUDGET:-380} --out "$OUT/compare.json" --md "$OUT/compare.md" 2>&1 | tee "$OUT/compare.log" | tail -16
   note "compare (full) rc ${PIPESTATUS[0]} ($(elapsed))"
 fi
