@@ -23,6 +23,7 @@
 #include "cuda/attn_prefill.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/ptx.cuh"
 
 namespace fern::cuda {
 namespace {
@@ -33,50 +34,9 @@ constexpr int BM = kAttnPrefillRows;
 constexpr int BN = kAttnPrefillKeys;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// c += a b for one m16n8k16 tile (a: 4 registers of 16-bit pairs, b: 2, c: 4 fp32), fp16 or bf16 operands.
-template <bool F16>
-__device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (F16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// 16-byte global -> shared copy; zero-fills the destination when !valid (rows past the written cache).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
+using ptx::cp_async16;
+using ptx::ldmatrix_x4;
+using ptx::ldmatrix_x4_trans;
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -180,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     load_kv(j_begin, 0);
-    cp_async_commit();
+    ptx::cp_commit();
     // Q tile: fp32 -> fp16 / bf16 (round to nearest), padding rows zero.
     for (int c = tid; c < BM * CH; c += kThreads) {
       const int r = c / CH, ch = c % CH;
@@ -200,10 +160,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int buf = (j - j_begin) & 1;
       if (j + 1 < j_end) {
         load_kv(j + 1, buf ^ 1);  // that buffer was released by the barrier at the end of the last iteration
-        cp_async_commit();
-        cp_async_wait<1>();
+        ptx::cp_commit();
+        ptx::cp_wait<1>();
       } else {
-        cp_async_wait<0>();
+        ptx::cp_wait<0>();
       }
       if constexpr (F16) convert_kv(buf);
       __syncthreads();
@@ -217,13 +177,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[4];
-        ldsm_x4(a, Qs + swz<D>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+        ldmatrix_x4(a, Qs + swz<D>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
         for (int np = 0; np < BN / 16; ++np) {
           uint32_t b[4];
-          ldsm_x4(b, ks + swz<D>(np * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
-          mma16<F16>(s[2 * np], a, b[0], b[1]);
-          mma16<F16>(s[2 * np + 1], a, b[2], b[3]);
+          ldmatrix_x4(b, ks + swz<D>(np * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+          ptx::mma16816<F16>(s[2 * np], a, b[0], b[1]);
+          ptx::mma16816<F16>(s[2 * np + 1], a, b[2], b[3]);
         }
       }
 
@@ -282,9 +242,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
-          ldsm_x4_trans(b, vs + swz<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
-          mma16<F16>(oacc[2 * dp], a, b[0], b[1]);
-          mma16<F16>(oacc[2 * dp + 1], a, b[2], b[3]);
+          ldmatrix_x4_trans(b, vs + swz<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
+          ptx::mma16816<F16>(oacc[2 * dp], a, b[0], b[1]);
+          ptx::mma16816<F16>(oacc[2 * dp + 1], a, b[2], b[3]);
         }
       }
       __syncthreads();

@@ -13,6 +13,7 @@
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
 #include "cuda/launch.cuh"
+#include "cuda/ptx.cuh"
 
 namespace fern::cuda {
 namespace {
@@ -121,12 +122,7 @@ constexpr int kStage = 16;     // rows per cp.async batch
 // (64 .. 4096; 1.25-1.5x the 4-slice scan).
 constexpr GdnScan kDefaultScan = GdnScan::Slices8Cols2;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+using ptx::cp_async16;
 
 // Grid (Hv, Dv/32), 32*P/NC threads: the block's 32 state columns x P slices of the key dimension, NC columns per
 // thread. Thread: slice sl = lane / L (rows sl*R .. sl*R+R-1, Dk = P*R), column group cg = lane % L, with L = 32/P
@@ -223,13 +219,13 @@ __global__ void __launch_bounds__(32 * P / NC) gdn_scan_kernel(GdnShape sh, int 
 
   const int nst = (T + kStage - 1) / kStage;
   stage(0, 0);
-  cp_async_commit();
+  ptx::cp_commit();
   float mdot[NC];  // S^T k of the coming row, before that row's decay, summed over the P slices
   for (int st = 0; st < nst; ++st) {
     const int buf = st & 1;
     if (st + 1 < nst) stage(st + 1, buf ^ 1);
-    cp_async_commit();  // possibly empty: keeps "all but the newest group" = this batch
-    cp_async_wait_one();
+    ptx::cp_commit();  // possibly empty: keeps "all but the newest group" = this batch
+    ptx::cp_wait<1>();
     __syncthreads();
     const float* kb = &ks[buf][0][sl * (R + 4)];
     const float* qb = &qs[buf][0][sl * (R + 4)];

@@ -20,6 +20,7 @@
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/kernels.h"
+#include "cuda/ptx.cuh"
 
 namespace fern::cuda::gemm {
 
@@ -71,14 +72,6 @@ __device__ __forceinline__ RowSrc row_src(const QW& W, int64_t e, int64_t row) {
     r.b = W.b + e * W.sb_expert + row * gpr;
   }
   return r;
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -276,8 +269,8 @@ __device__ __forceinline__ void mainloop(Smem<16 * WM * MT>& sm, int K, int gs, 
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           float(&d)[4] = BITS == 16 ? acc[mt][nt] : part[mt][nt];
-          mma_bf16(d, ah[mt], b0, b1);
-          mma_bf16(d, al[mt], b0, b1);
+          ptx::mma16816<false>(d, ah[mt], b0, b1);
+          ptx::mma16816<false>(d, al[mt], b0, b1);
         }
       }
       if constexpr (BITS != 16) {

@@ -24,6 +24,7 @@
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_tile.cuh"
+#include "cuda/ptx.cuh"
 
 namespace fern::cuda::gemm16 {
 
@@ -52,37 +53,11 @@ struct Smem {
 template <int BM, int BITS, int S, bool P = false>
 constexpr size_t kSmemBytes = sizeof(Smem<BM, BITS, S, P>);
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// Asynchronous copies; `valid` false writes zeros (source size 0: nothing is read from src).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 8 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using ptx::cp_async16;
+using ptx::cp_async8;
+using ptx::cp_commit;
+using ptx::cp_wait;
+using ptx::ldmatrix_x4;
 
 // fp16 pair (1024 + q_lo, 1024 + q_hi) of two codes: 4-bit, the two nibbles of byte `c` of w; 8-bit, bytes 2 (c % 2)
 // and 2 (c % 2) + 1 of w.
@@ -253,13 +228,13 @@ __device__ __forceinline__ void mainloop(Smem<16 * WM * MT, BITS, S, P>& sm, int
         ldmatrix_x4(a, &st.x[wm + mt * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
         if constexpr (P) {
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_f16(part[mt][nt], a, b[nt][0], b[nt][1]);
+          for (int nt = 0; nt < NT; ++nt) ptx::mma16816<true>(part[mt][nt], a, b[nt][0], b[nt][1]);
           ldmatrix_x4(a, &st.xl[wm + mt * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_f16(part[mt][nt], a, b[nt][0], b[nt][1]);
+          for (int nt = 0; nt < NT; ++nt) ptx::mma16816<true>(part[mt][nt], a, b[nt][0], b[nt][1]);
         } else {
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_f16(acc[mt][nt], a, b[nt][0], b[nt][1]);
+          for (int nt = 0; nt < NT; ++nt) ptx::mma16816<true>(acc[mt][nt], a, b[nt][0], b[nt][1]);
         }
       }
       if constexpr (P) {

@@ -309,34 +309,11 @@ __global__ void dequant_kernel(QW W, uint16_t* __restrict__ dst, int64_t n8) {
   }
 }
 
-// Kernel configurations per tile height: (warps along the token rows, m16 tiles per warp, n8 tiles per warp).
-template <int BM>
-struct Cfg;
-template <>
-struct Cfg<64> {
-  static constexpr int WM = 2, MT = 2, NT = 4;
-};
-template <>
-struct Cfg<32> {
-  static constexpr int WM = 2, MT = 1, NT = 4;
-};
-template <>
-struct Cfg<16> {
-  static constexpr int WM = 1, MT = 1, NT = 2;
-};
-
-dim3 tile_grid(int T, int k, int E, int bm, int64_t cols, int cols_per_block) {
-  const int64_t tiles = moe_max_tiles(T, k, E, bm);
-  const int64_t nb = (cols + cols_per_block - 1) / cols_per_block;
-  FERN_CU_CHECK(tiles < (int64_t(1) << 31) && nb <= 65535, "moe prefill: grid too large");
-  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(nb));
-}
-
 template <int BITS, int BM>
 void gate_up_launch(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const float* x,
                     const MoeGroups& g, int T, int k, int E, bool pf, float* h_routed, float* h_shared) {
-  using C = Cfg<BM>;
-  const dim3 grid = tile_grid(T, k, E, BM, std::max(gate.out, sgate.out), kGateUpCols);
+  using C = MoeTileCfg<BM>;
+  const dim3 grid = moe_tile_grid(T, k, E, BM, std::max(gate.out, sgate.out), kGateUpCols);
   if (pf)
     launch(c, "moe gate_up_kernel", gate_up_kernel<BITS, C::WM, C::MT, C::NT, true>, grid, gemm::kThreads, 0, gate,
            up, sgate, sup, x, g, E, k, h_routed, h_shared);
@@ -349,8 +326,8 @@ template <int BITS, int BM>
 void down_launch(const Ctx& c, const QW& down, const QW& sdown, const float* h_routed, const float* h_shared,
                  const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, bool pf,
                  float* y_pair, float* out) {
-  using C = Cfg<BM>;
-  const dim3 grid = tile_grid(T, k, E, BM, down.out, gemm::kBN);
+  using C = MoeTileCfg<BM>;
+  const dim3 grid = moe_tile_grid(T, k, E, BM, down.out, gemm::kBN);
   if (pf)
     launch(c, "moe down_kernel", down_kernel<BITS, C::WM, C::MT, C::NT, true>, grid, gemm::kThreads, 0, down, sdown,
            h_routed, h_shared, g, topk_w, sgate, E, y_pair, out);

@@ -147,29 +147,6 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
   }
 }
 
-// Kernel configurations per tile height (as moe_prefill.cu's Cfg).
-template <int BM>
-struct Cfg;
-template <>
-struct Cfg<64> {
-  static constexpr int WM = 2, MT = 2, NT = 4;
-};
-template <>
-struct Cfg<32> {
-  static constexpr int WM = 2, MT = 1, NT = 4;
-};
-template <>
-struct Cfg<16> {
-  static constexpr int WM = 1, MT = 1, NT = 2;
-};
-
-dim3 grid_of(int T, int k, int E, int bm, int64_t cols, int cols_per_block) {
-  const int64_t tiles = moe_max_tiles(T, k, E, bm);
-  const int64_t nb = (cols + cols_per_block - 1) / cols_per_block;
-  FERN_CU_CHECK(tiles < (int64_t(1) << 31) && nb <= 65535, "moe prefill: grid too large");
-  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(nb));
-}
-
 // Opts a kernel into its dynamic shared memory once (above 48 KB it must be asked for).
 template <class K>
 void set_smem(K kernel, size_t bytes) {
@@ -179,24 +156,24 @@ void set_smem(K kernel, size_t bytes) {
 template <int BITS, int BM, bool P>
 void gate_up16(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
-  using C = Cfg<BM>;
+  using C = MoeTileCfg<BM>;
   constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, kStages<BITS, P>, P>;
   auto kernel = gate_up16_kernel<BITS, C::WM, C::MT, C::NT, P>;
   static const bool once = (set_smem(kernel, smem), true);
   (void)once;
-  launch(c, "moe gate_up16_kernel", kernel, grid_of(T, k, E, BM, std::max(gate.out, sgate.out), kGateUpCols),
+  launch(c, "moe gate_up16_kernel", kernel, moe_tile_grid(T, k, E, BM, std::max(gate.out, sgate.out), kGateUpCols),
          gemm::kThreads, smem, gate, up, sgate, sup, x, g, E, k, h_routed, h_shared);
 }
 
 template <int BITS, int BM, bool P>
 void down16(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
             const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
-  using C = Cfg<BM>;
+  using C = MoeTileCfg<BM>;
   constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, kStages<BITS, P>, P>;
   auto kernel = down16_kernel<BITS, C::WM, C::MT, C::NT, P>;
   static const bool once = (set_smem(kernel, smem), true);
   (void)once;
-  launch(c, "moe down16_kernel", kernel, grid_of(T, k, E, BM, down.out, gemm::kBN), gemm::kThreads, smem, down,
+  launch(c, "moe down16_kernel", kernel, moe_tile_grid(T, k, E, BM, down.out, gemm::kBN), gemm::kThreads, smem, down,
          sdown, hr, hs, g, topk_w, sgate, E, y_pair, out);
 }
 

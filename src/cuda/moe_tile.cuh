@@ -1,6 +1,9 @@
 // The tile map of the grouped expert GEMMs (moe_prefill.h: MoeGroups), read by the kernels of moe_prefill.cu and
-// moe_prefill_f16.cu.
+// moe_prefill_f16.cu, and the block shapes and grids both launch them with.
 #pragma once
+#include <cstdint>
+
+#include "cuda/cuda_util.cuh"
 #include "cuda/moe_prefill.h"
 
 namespace fern::cuda {
@@ -19,6 +22,31 @@ __device__ __forceinline__ bool tile_info(const MoeGroups& g, int BM, TileInfo& 
   ti.rows = min(BM, g.counts[ti.group] - ti.row0);
   ti.base = g.offsets[ti.group] + ti.row0;
   return true;
+}
+
+// Warp layout per tile height BM (token rows): warps along the token rows, m16 tiles per warp, n8 tiles per warp
+// (gemm::Layout; 8 warps cover 128 weight rows).
+template <int BM>
+struct MoeTileCfg;
+template <>
+struct MoeTileCfg<64> {
+  static constexpr int WM = 2, MT = 2, NT = 4;
+};
+template <>
+struct MoeTileCfg<32> {
+  static constexpr int WM = 2, MT = 1, NT = 4;
+};
+template <>
+struct MoeTileCfg<16> {
+  static constexpr int WM = 1, MT = 1, NT = 2;
+};
+
+// Grid of a grouped GEMM: the upper bound of tiles (blocks past the real count exit at once) x column blocks.
+inline dim3 moe_tile_grid(int T, int k, int E, int bm, int64_t cols, int cols_per_block) {
+  const int64_t tiles = moe_max_tiles(T, k, E, bm);
+  const int64_t nb = (cols + cols_per_block - 1) / cols_per_block;
+  FERN_CU_CHECK(tiles < (int64_t(1) << 31) && nb <= 65535, "moe prefill: grid too large");
+  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(nb));
 }
 
 }  // namespace fern::cuda
