@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_f16.h"
@@ -102,8 +103,7 @@ GemmMode gemm_mode() {
   if (std::strcmp(v, "split") == 0) return GemmMode::Split;
   if (std::strcmp(v, "fp16") == 0) return GemmMode::Fp16;
   if (std::strcmp(v, "fp16x2") == 0) return GemmMode::Fp16x2;
-  FERN_CU_CHECK(false, "FERN_GEMM: expected split, fp16 or fp16x2");
-  return kDefaultGemmMode;
+  raise_error(std::string("FERN_GEMM=") + v + ": expected split, fp16 or fp16x2");
 }
 
 void to_x16(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out) {

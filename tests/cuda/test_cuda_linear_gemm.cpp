@@ -259,5 +259,21 @@ TEST(CudaLinearGemm, RefusedShapes) {
   EXPECT_TRUE(cuda::linear_gemm_wins(q, 256));   // 4 x 16
 }
 
+// A mistyped FERN_GEMM is the user's error, named with its value; reading the switch needs no GPU, so this also
+// runs where the other tests skip.
+TEST(CudaGemmMode, UnknownValueIsAnError) {
+  setenv("FERN_GEMM", "fp8", 1);
+  try {
+    cuda::gemm_mode();
+    ADD_FAILURE() << "FERN_GEMM=fp8 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FERN_GEMM=fp8"), std::string::npos) << e.what();
+  }
+  setenv("FERN_GEMM", "fp16", 1);
+  EXPECT_EQ(cuda::gemm_mode(), cuda::GemmMode::Fp16);
+  unsetenv("FERN_GEMM");
+  EXPECT_EQ(cuda::gemm_mode(), cuda::GemmMode::Split);  // the default: the precise loop
+}
+
 }  // namespace
 }  // namespace fern
