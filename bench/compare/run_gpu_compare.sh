@@ -9,7 +9,8 @@
 # cuda_test_cuda_prefill_chunks, cuda_test_cuda_attn_prefill: ~100 s).
 # COMPARE_BUDGET (seconds, default 380) stops compare.py before a round that would pass it (each round's table is
 # written as it ends), so that the call stays inside the device's 10-minute limit.
-# Results and logs under $OUT, a summary last; the chart: tools/plot_bench.sh compare.png $OUT/compare.json.
+# Results and logs under $OUT, a summary last; the chart (compare.png) where the machine has gnuplot, else
+# tools/plot_bench.sh compare.png compare.json on the development machine.
 set -u
 mode=${1:-shakeout}
 source bench/gpu_prelude.sh
@@ -51,5 +52,9 @@ else
     --hf-lengths ${HF_LENGTHS:-256,512,1024,2048,4096,8192,16384,32768} \
     --budget-s ${COMPARE_BUDGET:-380} --out "$OUT/compare.json" --md "$OUT/compare.md" 2>&1 | tee "$OUT/compare.log" | tail -16
   note "compare (full) rc ${PIPESTATUS[0]} ($(elapsed))"
+  # The chart needs gnuplot (and node): drawn here when the machine has both, else from compare.json elsewhere.
+  if command -v gnuplot >/dev/null && command -v node >/dev/null; then
+    tools/plot_bench.sh "$OUT/compare.png" "$OUT/compare.json" >/dev/null && note "chart: compare.png"
+  fi
 fi
 gpu_summary
