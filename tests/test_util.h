@@ -23,6 +23,21 @@ std::string temp_dir(const std::string& tag);
 // True when a CUDA device is usable (always false in builds without CUDA).
 bool cuda_device_available();
 
+// Sets an environment switch for the scope (value nullptr: unsets it) and restores the previous state after; the
+// backends read their switches (FERN_ATTN_PREFILL, FERN_MOE_*, FERN_GEMM, ...) on every call.
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value);
+  ~EnvGuard();
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+ private:
+  std::string name_;
+  bool had_ = false;
+  std::string old_;
+};
+
 }  // namespace fern::test
 
 // Skips the current test when no GPU is present (CI runs on CPU-only machines).

@@ -64,11 +64,10 @@ TEST(CudaAttn, DecodeHeadGroups) {
   FERN_REQUIRE_GPU();
   for (const char* hg : {"1", "2", "4"}) {
     SCOPED_TRACE(hg);
-    setenv("FERN_CUDA_ATTN_HG", hg, 1);
+    test::EnvGuard g("FERN_CUDA_ATTN_HG", hg);
     std::printf("FERN_CUDA_ATTN_HG=%s\n", hg);
     run(16, 2, 256, 4096, {300, 1, 1, 1}, 21);
   }
-  unsetenv("FERN_CUDA_ATTN_HG");
 }
 
 TEST(CudaAttn, OtherHeadShapes) {

@@ -32,22 +32,9 @@ struct Case {
   uint64_t seed = 1;
 };
 
-class ForceKernel {
- public:
-  explicit ForceKernel(const char* which) {
-    const char* old = std::getenv("FERN_ATTN_PREFILL");
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv("FERN_ATTN_PREFILL", which, 1);
-  }
-  ~ForceKernel() {
-    if (had_) setenv("FERN_ATTN_PREFILL", old_.c_str(), 1);
-    else unsetenv("FERN_ATTN_PREFILL");
-  }
-
- private:
-  bool had_ = false;
-  std::string old_;
+// Forces the prefill attention kernel (backend_attn_prefill.cpp) for the scope.
+struct ForceKernel : test::EnvGuard {
+  explicit ForceKernel(const char* which) : test::EnvGuard("FERN_ATTN_PREFILL", which) {}
 };
 
 // One attention layer of the case's shape: its config and random q/k norm weights on the host and on the GPU.

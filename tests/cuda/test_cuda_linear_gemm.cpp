@@ -184,10 +184,11 @@ TEST(CudaLinearGemm, BackendDispatch) {
       std::vector<float> outs[3];
       int i = 0;
       for (const char* mode : {"split", "fp16", "fp16x2"}) {
-        setenv("FERN_GEMM", mode, 1);
         Tensor dy2 = test::nan_filled(*s.gpu, c.T, c.out);
-        s.gpu->linear(dy2, dx, dw);
-        unsetenv("FERN_GEMM");
+        {
+          test::EnvGuard g("FERN_GEMM", mode);
+          s.gpu->linear(dy2, dx, dw);
+        }
         outs[i] = test::download(*s.gpu, dy2);
         const double e2 = test::nmse(outs[i].data(), ref.data(), outs[i].size());
         std::printf("backend linear %-22s T=%-4d FERN_GEMM=%-6s NMSE %.3e\n", c.name, c.T, mode, e2);
@@ -262,16 +263,20 @@ TEST(CudaLinearGemm, RefusedShapes) {
 // A mistyped FERN_GEMM is the user's error, named with its value; reading the switch needs no GPU, so this also
 // runs where the other tests skip.
 TEST(CudaGemmMode, UnknownValueIsAnError) {
-  setenv("FERN_GEMM", "fp8", 1);
-  try {
-    cuda::gemm_mode();
-    ADD_FAILURE() << "FERN_GEMM=fp8 was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("FERN_GEMM=fp8"), std::string::npos) << e.what();
+  {
+    test::EnvGuard g("FERN_GEMM", "fp8");
+    try {
+      cuda::gemm_mode();
+      ADD_FAILURE() << "FERN_GEMM=fp8 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FERN_GEMM=fp8"), std::string::npos) << e.what();
+    }
   }
-  setenv("FERN_GEMM", "fp16", 1);
-  EXPECT_EQ(cuda::gemm_mode(), cuda::GemmMode::Fp16);
-  unsetenv("FERN_GEMM");
+  {
+    test::EnvGuard g("FERN_GEMM", "fp16");
+    EXPECT_EQ(cuda::gemm_mode(), cuda::GemmMode::Fp16);
+  }
+  test::EnvGuard g("FERN_GEMM", nullptr);
   EXPECT_EQ(cuda::gemm_mode(), cuda::GemmMode::Split);  // the default: the precise loop
 }
 

@@ -24,32 +24,6 @@ struct Shape {
   int k, bits, gs;
 };
 
-// Sets an environment switch for the scope (the backend reads them on every call).
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value != nullptr)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~EnvGuard() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 // One MoE block's weights on both sides. bias_router: router row 0 gets a large positive bias and row E-1 a large
 // negative one, so that with inputs of positive mean every token picks expert 0 and none picks expert E-1.
@@ -173,9 +147,9 @@ void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed,
   auto x = inputs(m, T, seed, mean);
   const auto ref = run_cpu(cpu, m, x, T);
   for (const Variant& v : vs) {
-    EnvGuard g(v.env != nullptr ? v.env : "FERN_MOE_UNUSED", v.value);
-    EnvGuard pf("FERN_MOE_PREFETCH", v.prefetch ? "1" : nullptr);
-    EnvGuard gm("FERN_GEMM", v.gemm);
+    test::EnvGuard g(v.env != nullptr ? v.env : "FERN_MOE_UNUSED", v.value);
+    test::EnvGuard pf("FERN_MOE_PREFETCH", v.prefetch ? "1" : nullptr);
+    test::EnvGuard gm("FERN_GEMM", v.gemm);
     const auto got = run_gpu(gpu, m, x, T);
     const double e = test::nmse(got.data(), ref.data(), got.size());
     const bool f16 = v.gemm != nullptr && std::string(v.gemm) == "fp16";
@@ -242,9 +216,9 @@ TEST(CudaMoePrefill, AblationSwitches) {
   EXPECT_EQ(dev_routed, again) << "two runs of the same chunk differ";
   {
     // The prefetch only moves loads earlier in the split loop: same products in the same order.
-    EnvGuard split("FERN_GEMM", "split");
+    test::EnvGuard split("FERN_GEMM", "split");
     const auto split_out = run_gpu(*gpu, *m, x, T);
-    EnvGuard pf("FERN_MOE_PREFETCH", "1");
+    test::EnvGuard pf("FERN_MOE_PREFETCH", "1");
     EXPECT_EQ(split_out, run_gpu(*gpu, *m, x, T)) << "the register prefetch changes the result";
   }
   // The pipelined loops are other computations (another summation order: the bits differ from split's),
@@ -252,24 +226,24 @@ TEST(CudaMoePrefill, AblationSwitches) {
   std::vector<float> by_mode[3];
   int i = 0;
   for (const char* gemm : {"split", "fp16", "fp16x2"}) {
-    EnvGuard gm("FERN_GEMM", gemm);
+    test::EnvGuard gm("FERN_GEMM", gemm);
     by_mode[i] = run_gpu(*gpu, *m, x, T);
     EXPECT_EQ(by_mode[i], run_gpu(*gpu, *m, x, T)) << "two runs differ, FERN_GEMM=" << gemm;
-    EnvGuard e("FERN_MOE_ROUTING", "host");
+    test::EnvGuard e("FERN_MOE_ROUTING", "host");
     EXPECT_EQ(by_mode[i], run_gpu(*gpu, *m, x, T)) << "host and GPU grouping differ, FERN_GEMM=" << gemm;
     ++i;
   }
   EXPECT_NE(by_mode[0], by_mode[1]) << "FERN_GEMM=fp16 did not take the fp16 loop";
   EXPECT_NE(by_mode[0], by_mode[2]) << "FERN_GEMM=fp16x2 did not take the pipelined loop";
   EXPECT_NE(by_mode[1], by_mode[2]) << "fp16 and fp16x2 gave the same bits";
-  EnvGuard e("FERN_MOE_ROUTING", "host");
+  test::EnvGuard e("FERN_MOE_ROUTING", "host");
   const auto host_routed = run_gpu(*gpu, *m, x, T);
   EXPECT_EQ(dev_routed, host_routed) << "host and GPU grouping differ";
   {
-    EnvGuard bad_gemm("FERN_GEMM", "fast");
+    test::EnvGuard bad_gemm("FERN_GEMM", "fast");
     EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
   }
-  EnvGuard bad("FERN_MOE_TILE", "48");
+  test::EnvGuard bad("FERN_MOE_TILE", "48");
   EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
 }
 
