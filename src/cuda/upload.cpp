@@ -180,16 +180,7 @@ void walk(Uploader& u, const ModelWeights& h, ModelWeights& d) {
       D.attn.q_norm = u.tensor(H.attn.q_norm, true);
       D.attn.k_norm = u.tensor(H.attn.k_norm, true);
     }
-    const MoeWeights& HM = H.moe;
-    MoeWeights& DM = D.moe;
-    DM.router = u.linear(HM.router);
-    DM.gate = u.linear(HM.gate);
-    DM.up = u.linear(HM.up);
-    DM.down = u.linear(HM.down);
-    DM.shared_gate = u.linear(HM.shared_gate);
-    DM.shared_up = u.linear(HM.shared_up);
-    DM.shared_down = u.linear(HM.shared_down);
-    DM.shared_expert_gate = u.linear(HM.shared_expert_gate);
+    D.moe = H.moe.map([&](const LinearWeight& w) { return u.linear(w); });
   }
 }
 

@@ -73,6 +73,21 @@ struct MoeWeights {                      // sparse MoE block (MODEL.md 2.5)
   LinearWeight shared_gate, shared_up;   // [Is, H]
   LinearWeight shared_down;              // [H, Is]
   LinearWeight shared_expert_gate;       // [1, H] (8-bit in MLX files)
+
+  // The block with f applied to each matrix, in declaration order (uploads keep that order in device memory).
+  template <class F>
+  MoeWeights map(F&& f) const {
+    MoeWeights r;
+    r.router = f(router);
+    r.gate = f(gate);
+    r.up = f(up);
+    r.down = f(down);
+    r.shared_gate = f(shared_gate);
+    r.shared_up = f(shared_up);
+    r.shared_down = f(shared_down);
+    r.shared_expert_gate = f(shared_expert_gate);
+    return r;
+  }
 };
 
 struct LayerWeights {

@@ -105,4 +105,31 @@ inline LinearWeight raw_dense(OwnedStorage& st, const std::string& name, int64_t
   return make_linear(st, name, randn(size_t(std::max<int64_t>(experts, 1) * out * in), seed, sd), experts, out, in, 16);
 }
 
+// One MoE block of random weights (E experts of I, shared expert of Is, width H): experts and shared expert at
+// `bits` (16: bf16) with affine group gs, router and shared-expert gate at rbits (their group is gs when rbits ==
+// bits, else 64). Scales: 0.01 for the experts, 0.002 for the router and gate, chosen so that the router softmax is
+// neither flat nor one-hot (a logit spread of a few units); biases twice the scale. Seeds seed + 1, seed + 2, ...
+inline MoeWeights random_moe(OwnedStorage& st, int64_t E, int64_t H, int64_t I, int64_t Is, int bits, int gs,
+                             int rbits, uint64_t seed) {
+  auto lin = [&](const char* n, int64_t e, int64_t out, int64_t in, int b, float sd) {
+    return b == 16 ? raw_dense(st, n, e, out, in, ++seed, sd)
+                   : raw_affine(st, n, e, out, in, b, b == bits ? gs : 64, ++seed, sd, sd * 2);
+  };
+  MoeWeights m;
+  m.router = lin("router", 0, E, H, rbits, 0.002f);
+  m.gate = lin("gate", E, I, H, bits, 0.01f);
+  m.up = lin("up", E, I, H, bits, 0.01f);
+  m.down = lin("down", E, H, I, bits, 0.01f);
+  m.shared_gate = lin("shared_gate", 0, Is, H, bits, 0.01f);
+  m.shared_up = lin("shared_up", 0, Is, H, bits, 0.01f);
+  m.shared_down = lin("shared_down", 0, H, Is, bits, 0.01f);
+  m.shared_expert_gate = lin("shared_expert_gate", 0, 1, H, rbits, 0.002f);
+  return m;
+}
+
+// The same block on the GPU.
+inline MoeWeights to_device(CudaBackend& be, const MoeWeights& h) {
+  return h.map([&](const LinearWeight& w) { return be.to_device(w); });
+}
+
 }  // namespace fern::test

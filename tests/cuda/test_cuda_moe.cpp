@@ -21,35 +21,8 @@ struct MoeCase {
 };
 
 MoeWeights make_moe(test::OwnedStorage& st, const MoeCase& c, uint64_t seed) {
-  MoeWeights m;
-  const int gbits = c.rbits != 0 ? c.rbits : c.bits == 16 ? 16 : 8;
-  auto lin = [&](const char* n, int64_t e, int64_t out, int64_t in, int bits, float sd_s) {
-    return bits == 16 ? test::raw_dense(st, n, e, out, in, ++seed, sd_s)
-                      : test::raw_affine(st, n, e, out, in, bits, 64, ++seed, sd_s, sd_s * 2);
-  };
-  // Router scales chosen so that the softmax is neither flat nor one-hot (logit spread of a few units).
-  m.router = lin("router", 0, c.E, c.H, gbits, 0.002f);
-  m.gate = lin("gate", c.E, c.I, c.H, c.bits, 0.01f);
-  m.up = lin("up", c.E, c.I, c.H, c.bits, 0.01f);
-  m.down = lin("down", c.E, c.H, c.I, c.bits, 0.01f);
-  m.shared_gate = lin("shared_gate", 0, c.Is, c.H, c.bits, 0.01f);
-  m.shared_up = lin("shared_up", 0, c.Is, c.H, c.bits, 0.01f);
-  m.shared_down = lin("shared_down", 0, c.H, c.Is, c.bits, 0.01f);
-  m.shared_expert_gate = lin("shared_expert_gate", 0, 1, c.H, gbits, 0.002f);
-  return m;
-}
-
-MoeWeights to_device(CudaBackend& be, const MoeWeights& h) {
-  MoeWeights d;
-  d.router = be.to_device(h.router);
-  d.gate = be.to_device(h.gate);
-  d.up = be.to_device(h.up);
-  d.down = be.to_device(h.down);
-  d.shared_gate = be.to_device(h.shared_gate);
-  d.shared_up = be.to_device(h.shared_up);
-  d.shared_down = be.to_device(h.shared_down);
-  d.shared_expert_gate = be.to_device(h.shared_expert_gate);
-  return d;
+  const int rbits = c.rbits != 0 ? c.rbits : c.bits == 16 ? 16 : 8;
+  return test::random_moe(st, c.E, c.H, c.I, c.Is, c.bits, 64, rbits, seed);
 }
 
 // Same selected experts on both sides (fp32 logits agree to ~1e-6, far below the gaps between the top-8 and the
@@ -80,7 +53,7 @@ void run_case(const MoeCase& c) {
   test::OwnedStorage st;
   const uint64_t seed = uint64_t(c.E * 13 + c.H + c.I * 3 + c.bits + c.T);
   MoeWeights hw = make_moe(st, c, seed);
-  MoeWeights dw = to_device(*gpu, hw);
+  MoeWeights dw = test::to_device(*gpu, hw);
   ModelConfig cfg;
   cfg.num_experts = static_cast<int>(c.E);
   cfg.num_experts_per_tok = c.k;
@@ -124,7 +97,7 @@ TEST(CudaMoe, FusedRouterMatchesThreeLaunches) {
   test::OwnedStorage st;
   const MoeCase c{"route", 256, 2048, 512, 512, 8, 4, 5};
   MoeWeights hw = make_moe(st, c, 77);
-  MoeWeights dw = to_device(*gpu, hw);
+  MoeWeights dw = test::to_device(*gpu, hw);
   auto x = test::randn(size_t(c.T * c.H), 78);
   Tensor dx = test::upload_f32(*gpu, x, {c.T, c.H});
   Tensor counters = gpu->alloc(DType::I32, {c.T});
@@ -204,7 +177,7 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
     test::OwnedStorage st;
     const uint64_t seed = uint64_t(c.E * 7 + c.H + c.I);
     MoeWeights hw = make_moe(st, c, seed);
-    MoeWeights dw = to_device(*gpu, hw);
+    MoeWeights dw = test::to_device(*gpu, hw);
     const ModelConfig cfg = moe_config(c);
     const cuda::Ctx ctx = fused_ctx(*gpu);
     const cuda::MoeScratch s = fused_scratch(*gpu, c);
@@ -241,7 +214,7 @@ TEST(CudaMoe, FusedDecodeRefusesOtherFormats) {
   auto gpu = test::make_gpu();
   test::OwnedStorage st;
   for (const MoeCase& c : {MoeCase{"bf16", 32, 512, 128, 128, 8, 16, 1}, MoeCase{"8-bit experts", 32, 512, 128, 128, 8, 8, 1}}) {
-    MoeWeights dw = to_device(*gpu, make_moe(st, c, 5));
+    MoeWeights dw = test::to_device(*gpu, make_moe(st, c, 5));
     const cuda::Ctx ctx = fused_ctx(*gpu);
     const cuda::MoeScratch s{};
     EXPECT_FALSE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, nullptr, c.k)) << c.name;
@@ -267,7 +240,7 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
     test::OwnedStorage st;
     const uint64_t seed = uint64_t(c.E * 5 + c.H);
     MoeWeights hw = make_moe(st, c, seed);
-    MoeWeights dw = to_device(*gpu, hw);
+    MoeWeights dw = test::to_device(*gpu, hw);
     const ModelConfig cfg = moe_config(c);
     const float eps = 1e-6f;
     auto nw = test::randn(size_t(c.H), seed + 1, 0.3f);

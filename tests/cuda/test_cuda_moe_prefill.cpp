@@ -36,20 +36,8 @@ struct Model {
 std::unique_ptr<Model> make_model(CudaBackend& gpu, const Shape& s, uint64_t seed, bool bias_router) {
   auto m = std::make_unique<Model>();
   const int gbits = s.bits == 16 ? 16 : 8;
-  auto lin = [&](const char* n, int64_t e, int64_t out, int64_t in, int bits, float sd) {
-    return bits == 16 ? test::raw_dense(m->st, n, e, out, in, ++seed, sd)
-                      : test::raw_affine(m->st, n, e, out, in, bits, bits == s.bits ? s.gs : 64, ++seed, sd, sd * 2);
-  };
+  m->host = test::random_moe(m->st, s.E, s.H, s.I, s.Is, s.bits, s.gs, gbits, seed);
   MoeWeights& w = m->host;
-  // Router scales as in test_cuda_moe: a logit spread of a few units, neither flat nor one-hot.
-  w.router = lin("router", 0, s.E, s.H, gbits, 0.002f);
-  w.gate = lin("gate", s.E, s.I, s.H, s.bits, 0.01f);
-  w.up = lin("up", s.E, s.I, s.H, s.bits, 0.01f);
-  w.down = lin("down", s.E, s.H, s.I, s.bits, 0.01f);
-  w.shared_gate = lin("shared_gate", 0, s.Is, s.H, s.bits, 0.01f);
-  w.shared_up = lin("shared_up", 0, s.Is, s.H, s.bits, 0.01f);
-  w.shared_down = lin("shared_down", 0, s.H, s.Is, s.bits, 0.01f);
-  w.shared_expert_gate = lin("shared_expert_gate", 0, 1, s.H, gbits, 0.002f);
   if (bias_router) {
     // The router's scales are cut tenfold (a spread of the other logits below one unit at the real shape: with the
     // original scales it was ~7.5, and one token in 2048 then missed expert 0), then each row's biases centre its
@@ -68,15 +56,7 @@ std::unique_ptr<Model> make_model(CudaBackend& gpu, const Shape& s, uint64_t see
         b[e * ng + j] = f32_to_bf16(-127.5f * bf16_to_f32(sc[e * ng + j]) + shift);
       }
   }
-  MoeWeights& d = m->dev;
-  d.router = gpu.to_device(w.router);
-  d.gate = gpu.to_device(w.gate);
-  d.up = gpu.to_device(w.up);
-  d.down = gpu.to_device(w.down);
-  d.shared_gate = gpu.to_device(w.shared_gate);
-  d.shared_up = gpu.to_device(w.shared_up);
-  d.shared_down = gpu.to_device(w.shared_down);
-  d.shared_expert_gate = gpu.to_device(w.shared_expert_gate);
+  m->dev = test::to_device(gpu, w);
   m->cfg.num_experts = static_cast<int>(s.E);
   m->cfg.num_experts_per_tok = s.k;
   m->cfg.hidden_size = static_cast<int>(s.H);
