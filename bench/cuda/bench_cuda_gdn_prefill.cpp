@@ -1,8 +1,12 @@
-// Gated DeltaNet prefill micro-benchmark (docs/notes/cuda-prefill-v2-gdn.md): one layer's gdn_core at the real
-// shapes (16 key heads, 32 value heads, 128 dims, conv kernel 4) for T rows, the old path (the one-token kernel
-// launched once per row) against the multi-row kernels (conv pre-pass, register-resident scan, gated norm), with
-// the new path's three launches also timed one by one (the scan in each of its variants: 4 or 8 threads per state column, 1 or 2 columns per thread). Inputs are random device fills (decays ~0.98 per row);
-// each figure is the median of 7 timed calls (CUDA events, after one warm-up) on a state that keeps evolving.
+// Gated DeltaNet prefill micro-benchmark (docs/notes/cuda-prefill-v2-gdn.md, cuda-prefill-v4-gdn.md): one layer's
+// GDN core at the real shapes (16 key heads, 32 value heads, 128 dims, conv kernel 4) for T rows, with the delta
+// rule in its two forms: the register-resident scan (its default variant, 8 slices x 2 columns) and the chunked WY
+// form on the tensor cores (gdn_chunked.cu). Each row of the table: the whole core (conv pre-pass + delta rule +
+// gated norm) in each form, and the parts one by one. T = 32768 is one call of 32K rows (the scratch of the
+// chunked form is then 1 GB of conv output + 1.35 GB of workspace); "32768 = 16 x 2048" runs the same rows as 16
+// calls of 2,048 carrying the state, as the engine's 2,048-row prefill chunks do. Inputs are random device fills
+// (decays ~0.98 per row); each figure is the median of 7 timed calls (CUDA events, after one warm-up) on a state
+// that keeps evolving.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,18 +44,11 @@ int main() {
   sh.kernel = 4;
   sh.conv_dim = 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv;
   sh.eps = 1e-6f;
-  const int Ts[] = {64, 512, 2048, 4096};
-  const int maxT = 4096;
+  const int Ts[] = {16, 64, 128, 256, 512, 1024, 2048, 4096, 32768};
+  const int maxT = 32768;
   const int64_t C = sh.conv_dim, V = int64_t(sh.Hv) * sh.Dv;
 
   cuda::Ctx ctx;
-  int dev = 0;
-  FERN_CUDA_CHECK(cudaGetDevice(&dev));
-  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sms, cudaDevAttrMultiProcessorCount, dev));
-  FERN_CUDA_CHECK(cudaMalloc(&ctx.counters, sizeof(int) * 1024));
-  FERN_CUDA_CHECK(cudaMemset(ctx.counters, 0, sizeof(int) * 1024));
-  ctx.n_counters = 1024;
-
   float* mixed = dev_uniform(maxT * C, 1, -2.0f, 2.0f);
   float* z = dev_uniform(maxT * V, 2, -2.0f, 2.0f);
   float* b = dev_uniform(maxT * sh.Hv, 3, -2.0f, 2.0f);
@@ -63,32 +60,47 @@ int main() {
   float* conv_state = dev_uniform((sh.kernel - 1) * C, 9, -1.0f, 1.0f);
   float* state = dev_uniform(int64_t(sh.Hv) * sh.Dk * sh.Dv, 10, -0.1f, 0.1f);
   float* y = dev_uniform(maxT * V, 11, -1.0f, 1.0f);
-  float* xc = dev_uniform(cuda::gdn_prefill_scratch_floats(sh, maxT), 12, -1.0f, 1.0f);
+  float* xc = dev_uniform(cuda::gdn_prefill_scratch_floats(sh, maxT, cuda::GdnForm::Chunked), 12, -1.0f, 1.0f);
+  float* ws = xc + int64_t(maxT) * C;
 
-  std::printf("| T | per-row gdn_step (ms) | multi-row (ms) | speed-up | conv pre-pass (ms) | scan: 4 slices | 8 slices | "
-              "8 slices x 2 columns (ms) | norm (ms) | default scan us/row |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| T | scan core (ms) | chunked core (ms) | chunked speed-up | conv pre-pass | scan kernel | chunked: "
+              "per-chunk kernel | chunked: state kernel | norm | scan us/row | chunked us/row |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int T : Ts) {
-    const double old_ms = median_ms(
-        [&] {
-          for (int t = 0; t < T; ++t)
-            cuda::gdn_step(ctx, sh, t, mixed, z, b, a, conv_w, A_log, dt_bias, norm_w, conv_state, state, y);
-        },
-        T >= 2048 ? 3 : 7);
-    const double new_ms = median_ms([&] {
+    const int reps = T >= 32768 ? 5 : 7;
+    const double scan_ms = median_ms([&] {
       cuda::gdn_prefill(ctx, sh, T, mixed, z, b, a, conv_w, A_log, dt_bias, norm_w, conv_state, state, y, xc);
-    });
+    }, reps);
+    const double chunk_ms = median_ms([&] {
+      cuda::gdn_prefill(ctx, sh, T, mixed, z, b, a, conv_w, A_log, dt_bias, norm_w, conv_state, state, y, xc,
+                        cuda::GdnForm::Chunked);
+    }, reps);
     const double conv_ms = median_ms([&] { cuda::gdn_prefill_conv(ctx, sh, T, mixed, conv_w, conv_state, xc); });
-    double scan_ms[4];
-    for (int v = 0; v < 4; ++v)
-      scan_ms[v] = median_ms(
-          [&] { cuda::gdn_prefill_scan(ctx, sh, T, xc, b, a, A_log, dt_bias, state, y, cuda::GdnScan(v)); });
+    const double scank_ms =
+        median_ms([&] { cuda::gdn_prefill_scan(ctx, sh, T, xc, b, a, A_log, dt_bias, state, y); }, reps);
+    const double prep_ms = median_ms([&] { cuda::gdn_chunked_prep(ctx, sh, T, xc, b, a, A_log, dt_bias, ws); });
+    const double statek_ms = median_ms([&] { cuda::gdn_chunked_state(ctx, sh, T, xc, ws, state, y); }, reps);
     const double norm_ms = median_ms([&] { cuda::gdn_prefill_norm(ctx, sh, T, z, norm_w, y); });
-    std::printf("| %d | %.3f | %.3f | %.1fx | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", T, old_ms, new_ms,
-                old_ms / new_ms, conv_ms, scan_ms[1], scan_ms[2], scan_ms[3], norm_ms, scan_ms[0] * 1e3 / T);
+    std::printf("| %d | %.3f | %.3f | %.2fx | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", T, scan_ms, chunk_ms,
+                scan_ms / chunk_ms, conv_ms, scank_ms, prep_ms, statek_ms, norm_ms, scank_ms * 1e3 / T,
+                (prep_ms + statek_ms) * 1e3 / T);
     std::fflush(stdout);
   }
+  // 32K rows as the engine runs them: 16 calls of 2,048 rows, the state carried.
+  constexpr int kCall = 2048, kCalls = 16;
+  auto calls = [&](cuda::GdnForm form) {
+    return median_ms([&] {
+      for (int i = 0; i < kCalls; ++i) {
+        const int64_t r0 = int64_t(i) * kCall;
+        cuda::gdn_prefill(ctx, sh, kCall, mixed + r0 * C, z + r0 * V, b + r0 * sh.Hv, a + r0 * sh.Hv, conv_w, A_log,
+                          dt_bias, norm_w, conv_state, state, y + r0 * V, xc, form);
+      }
+    }, 5);
+  };
+  const double scan16 = calls(cuda::GdnForm::Scan), chunk16 = calls(cuda::GdnForm::Chunked);
+  std::printf("| 32768 = 16 x 2048 | %.3f | %.3f | %.2fx | | | | | | %.3f | %.3f |\n", scan16, chunk16, scan16 / chunk16,
+              scan16 * 1e3 / (kCall * kCalls), chunk16 * 1e3 / (kCall * kCalls));
   for (float* p : {mixed, z, b, a, conv_w, A_log, dt_bias, norm_w, conv_state, state, y, xc})
     FERN_CUDA_CHECK(cudaFree(p));
-  FERN_CUDA_CHECK(cudaFree(ctx.counters));
   return 0;
 }

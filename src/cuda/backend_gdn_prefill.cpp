@@ -1,8 +1,10 @@
 // Gated DeltaNet core for a chunk of T > 1 prompt rows (prefill). Shapes are checked by gdn_core.
-// Supported head shapes (all real ones) run the multi-row kernels of gdn_prefill.cu: conv/norm pre-pass, one
-// register-resident scan over the rows, gated norm (three launches per layer instead of one per row). Any other
-// shape keeps the one-token kernel, launched once per row; FERN_GDN_PREFILL=rows forces that path (to bisect
-// whole-model differences between the two).
+// Supported head shapes (all real ones) run the multi-row kernels: the conv/norm pre-pass, the delta rule as the
+// register-resident scan (gdn_prefill.cu) or in the chunked WY form on the tensor cores (gdn_chunked.cu), the gated
+// norm. Any other shape keeps the one-token kernel, launched once per row.
+//   FERN_GDN_PREFILL unset or "auto": the faster form for T (kChunkedMinRows below);
+//                    "scan" / "chunked": that form for every T > 1 (chunked where gdn_chunked_ok, else the scan);
+//                    "rows": the one-token kernel per row (to bisect whole-model differences).
 #include <cstdlib>
 #include <cstring>
 
@@ -12,6 +14,25 @@
 namespace fern {
 using namespace cuda_backend_detail;
 
+namespace {
+
+// From this many rows the chunked form is used (docs/notes/cuda-prefill-v4-gdn.md). PREDICTION, to be replaced by
+// the measured rule: the chunked form's state kernel costs ~1.5-3 us per 64-row chunk and its per-chunk kernel is
+// parallel, the scan 0.27 us per row, so the chunked form should win from about one chunk on.
+constexpr int kChunkedMinRows = 64;
+
+enum class Choice { Auto, Scan, Chunked, Rows };
+Choice forced_choice() {
+  const char* e = std::getenv("FERN_GDN_PREFILL");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return Choice::Auto;
+  if (std::strcmp(e, "scan") == 0) return Choice::Scan;
+  if (std::strcmp(e, "chunked") == 0) return Choice::Chunked;
+  if (std::strcmp(e, "rows") == 0) return Choice::Rows;
+  fail("FERN_GDN_PREFILL={}: expected auto, scan, chunked or rows", e);
+}
+
+}  // namespace
+
 void CudaBackend::gdn_prefill_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
                                const ModelConfig& cfg, SequenceState& state, int layer) {
   CudaState& st = cuda_state(state);
@@ -19,12 +40,15 @@ void CudaBackend::gdn_prefill_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tenso
   const cuda::GdnShape sh = gdn_shape(cfg);
   float* conv = f32(st.conv_state.at(layer), "conv state");
   float* rec = f32(st.recurrent_state.at(layer), "recurrent state");
-  const char* force = std::getenv("FERN_GDN_PREFILL");
-  if (cuda::gdn_prefill_ok(sh) && !(force && std::strcmp(force, "rows") == 0)) {
-    Tensor xc = scratch(DType::F32, {cuda::gdn_prefill_scratch_floats(sh, T)});
+  const Choice choice = forced_choice();
+  if (cuda::gdn_prefill_ok(sh) && choice != Choice::Rows) {
+    const bool chunked = cuda::gdn_chunked_ok(sh) &&
+                         (choice == Choice::Chunked || (choice == Choice::Auto && T >= kChunkedMinRows));
+    const cuda::GdnForm form = chunked ? cuda::GdnForm::Chunked : cuda::GdnForm::Scan;
+    Tensor xc = scratch(DType::F32, {cuda::gdn_prefill_scratch_floats(sh, T, form)});
     cuda::gdn_prefill(ctx(0), sh, T, f32(mixed, "gdn mixed"), f32(z, "gdn z"), f32(b, "gdn b"), f32(a, "gdn a"),
                       f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"),
-                      f32(w.norm_w, "norm_w"), conv, rec, f32(y, "gdn y"), f32(xc, "gdn scratch"));
+                      f32(w.norm_w, "norm_w"), conv, rec, f32(y, "gdn y"), f32(xc, "gdn scratch"), form);
   } else {
     const bool early = last_gdn_state_ != rec;
     // Rows are sequential through the state: one decode-step launch per row.

@@ -353,7 +353,10 @@ bool gdn_prefill_ok(const GdnShape& sh) {
          sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv;
 }
 
-int64_t gdn_prefill_scratch_floats(const GdnShape& sh, int T) { return int64_t(T) * sh.conv_dim; }
+int64_t gdn_prefill_scratch_floats(const GdnShape& sh, int T, GdnForm form) {
+  // conv_dim is a multiple of 4 (gdn_prefill_ok), so the chunked workspace after xc stays 16-byte aligned.
+  return int64_t(T) * sh.conv_dim + (form == GdnForm::Chunked ? gdn_chunked_ws_floats(sh, T) : 0);
+}
 
 void gdn_prefill_conv(const Ctx& c, const GdnShape& sh, int T, const float* mixed, const float* conv_w,
                       float* conv_state, float* xc) {
@@ -397,9 +400,14 @@ void gdn_prefill_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, c
 
 void gdn_prefill(const Ctx& c, const GdnShape& sh, int T, const float* mixed, const float* z, const float* b,
                  const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
-                 float* conv_state, float* state, float* y, float* xc) {
+                 float* conv_state, float* state, float* y, float* xc, GdnForm form) {
   gdn_prefill_conv(c, sh, T, mixed, conv_w, conv_state, xc);
-  gdn_prefill_scan(c, sh, T, xc, b, a, A_log, dt_bias, state, y);
+  if (form == GdnForm::Chunked) {
+    FERN_CU_CHECK(gdn_chunked_ok(sh), "gdn_prefill: the chunked form does not take this head shape");
+    gdn_prefill_chunked(c, sh, T, xc, b, a, A_log, dt_bias, state, y, xc + int64_t(T) * sh.conv_dim);
+  } else {
+    gdn_prefill_scan(c, sh, T, xc, b, a, A_log, dt_bias, state, y);
+  }
   gdn_prefill_norm(c, sh, T, z, norm_w, y);
 }
 

@@ -1,12 +1,17 @@
-// CUDA Gated DeltaNet prefill (gdn_prefill.cu through the backend's gdn_core at T > 1) against the CPU backend:
-// the real shapes at T = 2, 17, 64, 300, 2048 from a zero state, a sequence of calls carrying non-zero recurrent
-// and conv states (prefill chunks, then decode rows), awkward head shapes (Dk != Dv, Hv == Hk, small heads, other
-// conv kernels, a shape only the per-row fallback takes), and the same rows in one call or in several.
+// CUDA Gated DeltaNet prefill (gdn_prefill.cu, gdn_chunked.cu through the backend's gdn_core at T > 1) against the
+// CPU backend, for both forms of the delta rule (the register-resident scan and the chunked WY form, chosen with
+// FERN_GDN_PREFILL): the real shapes from a zero state, sequences of calls carrying non-zero recurrent and conv
+// states (prefill chunks, then decode rows), awkward head shapes (Dk != Dv, Hv == Hk, small heads, other conv
+// kernels, a shape only the per-row fallback takes), the same rows in one call or in several, every scan variant,
+// the chunked form run directly at T = 1 and at chunk boundaries, and the switch's error on an unknown value.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
+#include "core/error.h"
 #include "cuda/backend_internal.h"
 #include "cuda/gdn_prefill.h"
 #include "cuda_test_util.h"
@@ -20,6 +25,12 @@ namespace {
 // calls, Dk 64); one call vs five 7e-15 / 1e-14. The threshold leaves 200x above the largest; a wrong gate, head
 // mapping, conv tap or norm gives > 1e-3.
 constexpr double kNmse = 1e-10;
+
+// The chunked form against the CPU backend (its chunked form in fp32, in another order: products on the tensor
+// cores as 3xTF32, ~2^-21 relative per product instead of fp32's 2^-24, and a forward substitution in fp32).
+// PREDICTION before the first GPU run: 1e-13 .. 1e-11; the threshold is set 100x above the top of that range
+// until measured. A wrong mask, decay, fragment layout or chunk carry gives > 1e-4.
+constexpr double kNmseChunked = 1e-9;
 
 struct Shape {
   int Hk, Hv, Dk, Dv, kernel;
@@ -132,53 +143,92 @@ class GdnPair {
 };
 
 // Runs the calls in order on one state, checking every output, then the final recurrent and conv states.
-void run_calls(const Shape& s, bool mild, std::initializer_list<int> Ts, uint64_t seed, bool expect_kernels = true) {
+void run_calls(const Shape& s, bool mild, std::initializer_list<int> Ts, uint64_t seed, bool expect_kernels = true,
+               double limit = kNmse) {
   GdnPair p(s, mild, seed);
   EXPECT_EQ(cuda::gdn_prefill_ok(cuda_backend_detail::gdn_shape(p.cfg())), expect_kernels);
   double worst = 0.0;
   int call = 0;
   for (int T : Ts) {
     const double e = p.step(call++, T);
-    EXPECT_LT(e, kNmse) << "call " << call << " T=" << T;
+    EXPECT_LT(e, limit) << "call " << call << " T=" << T;
     worst = std::max(worst, e);
   }
   const double es = p.state_nmse(), ec = p.conv_diff();
-  std::printf("gdn prefill Hk=%d Hv=%d Dk=%d Dv=%d kernel=%d %s, %d calls: worst output NMSE %.3e, state NMSE %.3e, "
-              "conv state max diff %.3g\n",
-              s.Hk, s.Hv, s.Dk, s.Dv, s.kernel, mild ? "mild decay" : "fast decay", call, worst, es, ec);
-  EXPECT_LT(es, kNmse);
+  const char* form = std::getenv("FERN_GDN_PREFILL");
+  std::printf("gdn prefill [%s] Hk=%d Hv=%d Dk=%d Dv=%d kernel=%d %s, %d calls: worst output NMSE %.3e, state NMSE "
+              "%.3e, conv state max diff %.3g\n",
+              form ? form : "auto", s.Hk, s.Hv, s.Dk, s.Dv, s.kernel, mild ? "mild decay" : "fast decay", call, worst,
+              es, ec);
+  EXPECT_LT(es, limit);
   EXPECT_EQ(ec, 0.0);
 }
 
 constexpr Shape kReal{16, 32, 128, 128, 4};
 
+// Each backend test runs once per form of the delta rule (FERN_GDN_PREFILL=scan, then chunked); "auto" picks one of
+// the two per T, so both forms cover every case.
+struct FormCase {
+  const char* env;
+  double limit;
+};
+constexpr FormCase kForms[] = {{"scan", kNmse}, {"chunked", kNmseChunked}};
+
 TEST(CudaGdnPrefill, RealShapesFromZeroState) {
   FERN_REQUIRE_GPU();
-  for (int T : {2, 17, 64, 300, 2048}) run_calls(kReal, T >= 300, {T}, 1000 + uint64_t(T));
+  for (const FormCase& f : kForms) {
+    test::EnvGuard env("FERN_GDN_PREFILL", f.env);
+    // 63, 64, 65: one row short of a chunk, one chunk, one row into a padded second chunk.
+    for (int T : {2, 17, 63, 64, 65, 200, 300, 2048}) run_calls(kReal, T >= 200, {T}, 1000 + uint64_t(T), true, f.limit);
+  }
 }
 
 TEST(CudaGdnPrefill, RealShapesCarriedState) {
   FERN_REQUIRE_GPU();
-  // Prefill chunks (including T = 2 < kernel - 1, where the new conv state keeps old entries), decode rows between.
-  run_calls(kReal, true, {300, 17, 1, 2, 64, 1, 1, 129}, 21);
-  run_calls(kReal, false, {33, 2, 1, 65}, 22);
+  for (const FormCase& f : kForms) {
+    test::EnvGuard env("FERN_GDN_PREFILL", f.env);
+    // Prefill chunks (including T = 2 < kernel - 1, where the new conv state keeps old entries), decode rows between.
+    run_calls(kReal, true, {300, 17, 1, 2, 64, 1, 1, 129}, 21, true, f.limit);
+    run_calls(kReal, false, {33, 2, 1, 65}, 22, true, f.limit);
+    // A chain of whole and partial chunks (2048 = 32 chunks, then 128 = 2, 65, 63) with slow decay: the state
+    // carries over ~2,300 rows.
+    run_calls(kReal, true, {2048, 128, 65, 63}, 23, true, f.limit);
+  }
 }
 
 TEST(CudaGdnPrefill, AwkwardShapes) {
   FERN_REQUIRE_GPU();
-  run_calls({4, 8, 64, 128, 4}, true, {17, 2, 300, 1, 31}, 31);    // Dk < Dv
-  run_calls({4, 8, 128, 64, 4}, true, {17, 2, 300, 1, 31}, 32);    // Dk > Dv
-  run_calls({4, 4, 128, 128, 4}, false, {64, 3, 129}, 33);         // Hv == Hk
-  run_calls({2, 4, 16, 32, 4}, true, {2, 17, 500, 5}, 34);         // small heads
-  run_calls({3, 12, 32, 96, 2}, true, {5, 1, 70, 3}, 35);          // conv kernel 2, 4 value heads per key head
-  run_calls({2, 4, 64, 256, 7}, false, {3, 2, 40, 1, 19}, 36);     // kernel 7 (T < 6 keeps old conv entries), Dv 256
-  run_calls({2, 4, 48, 64, 4}, true, {17, 2, 40}, 37, false);      // Dk 48: the per-row fallback
+  for (const FormCase& f : kForms) {
+    test::EnvGuard env("FERN_GDN_PREFILL", f.env);
+    run_calls({4, 8, 64, 128, 4}, true, {17, 2, 300, 1, 31}, 31, true, f.limit);  // Dk < Dv
+    run_calls({4, 8, 128, 64, 4}, true, {17, 2, 300, 1, 31}, 32, true, f.limit);  // Dk > Dv
+    run_calls({4, 4, 128, 128, 4}, false, {64, 3, 129}, 33, true, f.limit);       // Hv == Hk
+    run_calls({2, 4, 16, 32, 4}, true, {2, 17, 500, 5}, 34, true, f.limit);       // small heads (chunked: scan)
+    run_calls({3, 12, 32, 96, 2}, true, {5, 1, 70, 3}, 35, true, f.limit);        // conv kernel 2, 4 v-heads per k-head
+    run_calls({2, 4, 64, 256, 7}, false, {3, 2, 40, 1, 19}, 36, true, f.limit);   // kernel 7 (T < 6), Dv 256
+    run_calls({2, 4, 48, 64, 4}, true, {17, 2, 40}, 37, false, f.limit);          // Dk 48: the per-row fallback
+  }
 }
 
-// The same rows in one call, or split over several calls, give the same outputs and state on the GPU (the split
-// only changes where the scan reloads its registers and restarts its S . k look-ahead).
-TEST(CudaGdnPrefill, OneCallEqualsSeveral) {
+TEST(CudaGdnPrefill, UnknownFormIsAnError) {
   FERN_REQUIRE_GPU();
+  GdnPair p(kReal, false, 61);
+  test::EnvGuard env("FERN_GDN_PREFILL", "wy");
+  const GdnPair::Inputs in = p.inputs(0, 8);
+  auto st = p.gpu().new_state(p.cfg(), 64);
+  try {
+    p.run_gpu(*st, in, 8);
+    FAIL() << "no error for FERN_GDN_PREFILL=wy";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FERN_GDN_PREFILL"), std::string::npos) << e.what();
+  }
+}
+
+// The same rows in one call, or split over several calls, give the same outputs and state on the GPU (for the scan
+// the split only changes where it reloads its registers and restarts its S . k look-ahead; for the chunked form it
+// moves the chunk boundaries, so the two differ by the form's rounding: same threshold as against the CPU).
+void one_call_equals_several(const FormCase& f) {
+  test::EnvGuard env("FERN_GDN_PREFILL", f.env);
   GdnPair p(kReal, true, 41);
   const int64_t C = p.cfg().gdn_conv_dim(), V = p.cfg().gdn_value_dim(), Hv = p.cfg().linear_num_value_heads;
   const int T = 300;
@@ -205,10 +255,15 @@ TEST(CudaGdnPrefill, OneCallEqualsSeveral) {
   const double es = test::nmse(s2.data(), s1.data(), s1.size());
   auto c1 = test::download(p.gpu(), one_state->conv_state[0]);
   auto c2 = test::download(p.gpu(), split_state->conv_state[0]);
-  std::printf("gdn prefill one call vs 5 calls: output NMSE %.3e, state NMSE %.3e\n", eo, es);
-  EXPECT_LT(eo, kNmse);
-  EXPECT_LT(es, kNmse);
+  std::printf("gdn prefill [%s] one call vs 5 calls: output NMSE %.3e, state NMSE %.3e\n", f.env, eo, es);
+  EXPECT_LT(eo, f.limit);
+  EXPECT_LT(es, f.limit);
   EXPECT_EQ(test::max_abs_diff(c2.data(), c1.data(), c1.size()), 0.0);
+}
+
+TEST(CudaGdnPrefill, OneCallEqualsSeveral) {
+  FERN_REQUIRE_GPU();
+  for (const FormCase& f : kForms) one_call_equals_several(f);
 }
 
 // Every scan variant (cuda::gdn_prefill_scan run directly, not only the one the backend picks) against the CPU
@@ -262,6 +317,52 @@ void check_scan_variants(const Shape& shape, uint64_t seed) {
                 shape.Dk, shape.Dv, run.worst, es);
     EXPECT_LT(es, kNmse) << run.name;
   }
+}
+
+// The chunked form run directly (cuda::gdn_prefill with GdnForm::Chunked: every T, including T = 1, which the
+// backend sends to the decode kernel) against the CPU backend, over a chain of calls carrying the state.
+void check_chunked_direct(const Shape& shape, bool mild, std::initializer_list<int> Ts, uint64_t seed) {
+  GdnPair p(shape, mild, seed);
+  CudaBackend& be = p.gpu();
+  const ModelConfig& cfg = p.cfg();
+  const cuda::GdnShape sh = cuda_backend_detail::gdn_shape(cfg);
+  ASSERT_TRUE(cuda::gdn_chunked_ok(sh));
+  const GdnWeights& dw = p.device_weights();
+  const int64_t C = cfg.gdn_conv_dim(), V = cfg.gdn_value_dim(), Hv = cfg.linear_num_value_heads;
+  cuda::Ctx c;
+  c.stream = be.stream();
+  c.sms = be.sm_count();
+  auto st = be.new_state(cfg, 1 << 16);
+  auto& cst = dynamic_cast<CudaState&>(*st);
+  double worst = 0.0;
+  int call = 0;
+  for (int T : Ts) {
+    const GdnPair::Inputs in = p.inputs(call, T);
+    const std::vector<float> ref = p.cpu_step(call++, T);
+    Tensor mixed = test::upload_f32(be, in.mixed, {T, C}), z = test::upload_f32(be, in.z, {T, V});
+    Tensor b = test::upload_f32(be, in.b, {T, Hv}), a = test::upload_f32(be, in.a, {T, Hv});
+    Tensor y = be.alloc(DType::F32, {T, V});
+    Tensor xc = be.alloc(DType::F32, {cuda::gdn_prefill_scratch_floats(sh, T, cuda::GdnForm::Chunked)});
+    cuda::gdn_prefill(c, sh, T, mixed.ptr<float>(), z.ptr<float>(), b.ptr<float>(), a.ptr<float>(),
+                      dw.conv_w.ptr<float>(), dw.A_log.ptr<float>(), dw.dt_bias.ptr<float>(), dw.norm_w.ptr<float>(),
+                      cst.conv_state[0].ptr<float>(), cst.recurrent_state[0].ptr<float>(), y.ptr<float>(),
+                      xc.ptr<float>(), cuda::GdnForm::Chunked);
+    const std::vector<float> o = test::download(be, y);
+    const double e = test::nmse(o.data(), ref.data(), ref.size());
+    EXPECT_LT(e, kNmseChunked) << "call " << call << " T=" << T;
+    worst = std::max(worst, e);
+  }
+  const double es = p.state_nmse(st.get());
+  std::printf("gdn chunked direct Dk=%d Dv=%d %s, %d calls: worst output NMSE %.3e, state NMSE %.3e\n", shape.Dk,
+              shape.Dv, mild ? "mild decay" : "fast decay", call, worst, es);
+  EXPECT_LT(es, kNmseChunked);
+}
+
+TEST(CudaGdnPrefill, ChunkedDirect) {
+  FERN_REQUIRE_GPU();
+  check_chunked_direct(kReal, true, {1, 63, 1, 64, 65, 1, 200}, 71);
+  check_chunked_direct(kReal, false, {1, 2, 64, 129}, 72);
+  check_chunked_direct({3, 12, 32, 96, 2}, true, {1, 65, 130}, 73);
 }
 
 TEST(CudaGdnPrefill, ScanVariants) {
