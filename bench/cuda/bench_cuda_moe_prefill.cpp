@@ -76,25 +76,26 @@ int main() {
     const char* router = nullptr;
     const char* gemm = nullptr;
   };
+  // The default tile loop is wg where the GPU and build run it (gemm_wg.h), else split.
   const Variant variants[] = {
       {"row-by-row decode kernels (before)", "rows", nullptr, nullptr, nullptr, nullptr},
-      {"grouped, default (tensor-core router, GPU grouping, adaptive tile, precise tile loop)", nullptr, nullptr,
+      {"grouped, default (tensor-core router, GPU grouping, adaptive tile, default tile loop)", nullptr, nullptr,
        nullptr, nullptr, nullptr},
+      {"grouped, FERN_GEMM=split (precise mma.sync loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr, nullptr,
+       nullptr, "split"},
+      {"grouped, split, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr, nullptr, "split"},
       {"grouped, FERN_GEMM=fp16 (the fp16 tile loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr, nullptr,
        nullptr, "fp16"},
-      {"grouped, fp16, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr, nullptr, "fp16"},
-      {"grouped, fp16, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr, nullptr, "fp16"},
-      {"grouped, fp16, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr, nullptr, "fp16"},
       {"grouped, FERN_GEMM=fp16x2 (precise pipelined loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr,
        nullptr, nullptr, "fp16x2"},
-      {"grouped, fp16x2, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr, nullptr, "fp16x2"},
-      {"grouped, fp16x2, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr, nullptr, "fp16x2"},
+      {"grouped, default, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr},
+      {"grouped, default, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
+      {"grouped, default, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr},
       {"grouped, FERN_MOE_ROUTER=fused (router GEMV)", nullptr, nullptr, nullptr, nullptr, nullptr, "fused"},
-      {"grouped, precise, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
-      {"grouped, precise, FERN_MOE_TILE=64", nullptr, nullptr, "64", nullptr, nullptr},
       {"grouped, FERN_MOE_ROUTING=host", nullptr, "host", nullptr, nullptr, nullptr},
-      {"grouped, FERN_MOE_DEQUANT=separate (precise loop on bf16)", nullptr, nullptr, nullptr, "separate", nullptr},
-      {"grouped, FERN_MOE_PREFETCH=1 (precise loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr, "1"},
+      {"grouped, FERN_MOE_DEQUANT=separate (split loop on bf16 copies)", nullptr, nullptr, nullptr, "separate",
+       nullptr},
+      {"grouped, FERN_MOE_PREFETCH=1 (split loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr, "1"},
   };
   const int Ts[] = {512, 2048};
   const int maxT = 2048;

@@ -1,9 +1,10 @@
-// Prefill linear micro-benchmark (docs/notes/cuda-prefill-v1.md, cuda-prefill-v3-gemm.md): the tensor-core
-// multi-row kernel (linear_gemm) on its two tile loops, the precise split loop (no workspace, = FERN_GEMM=split) and
-// the fp16 loop (x converted once to fp16 rows, then the pipelined kernel; timed with the conversion, and at both
-// tile heights through FERN_GEMM_TILE) and the precise fp16x2 loop (hi + lo rows, exact codes), against the row-by-row GEMV (the T > 1 path before the GEMM), at the real
-// 4-bit shapes, for several token counts. Weights and activations are random device fills; each figure is the
-// median of 7 timed launches (CUDA events, after one warm-up). Effective TFLOP/s counts 2 * T * out * in.
+// Prefill linear micro-benchmark (docs/notes/cuda-prefill-v1.md, -v3-gemm.md, -v4-wg.md): the tensor-core multi-row
+// kernel (linear_gemm) on each tile loop: the precise split loop (no workspace, FERN_GEMM=split), the fp16 loop (x
+// converted once to fp16 rows, then the pipelined kernel), the precise fp16x2 loop (hi + lo rows, exact codes) and,
+// where the GPU and build run it, the wgmma loop (wg: x split once into bf16 hi/lo rows); each timed with its
+// conversion. Against the row-by-row GEMV (the T > 1 path before the GEMM), at the real 4-bit shapes, for several
+// token counts. Weights and activations are random device fills; each figure is the median of 7 timed launches
+// (CUDA events, after one warm-up). Effective TFLOP/s counts 2 * T * out * in.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/fill.h"
 #include "cuda/gemm_f16.h"
+#include "cuda/gemm_wg.h"
 #include "cuda/kernels.h"
 
 using namespace fern;
@@ -32,15 +34,15 @@ int main() {
   };
   const Shape shapes[] = {{"gdn in_proj_qkv", 8192, 2048}, {"out_proj", 2048, 4096}, {"expert-size", 512, 2048},
                           {"lm_head", 248320, 2048}};
-  const int Ts[] = {64, 256, 1024, 4096};
+  const int Ts[] = {64, 256, 1024, 2048, 4096};
   cuda::Ctx ctx;
   int dev = 0;
   FERN_CUDA_CHECK(cudaGetDevice(&dev));
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sms, cudaDevAttrMultiProcessorCount, dev));
+  const bool wg = cuda::gemm_wg_supported();
   std::printf(
-      "| shape | T | GEMV row by row (ms) | split GEMM (ms) | fp16 GEMM (ms) | fp16 tile 64 | fp16 tile 128 | x to fp16 "
-      "alone | fp16x2 GEMM (ms) | speed-up fp16 vs split | speed-up fp16x2 vs split | split TFLOP/s | fp16 TFLOP/s | "
-      "fp16x2 TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| shape | T | GEMV row by row (ms) | split (ms) | fp16 (ms) | fp16x2 (ms) | wg (ms) | x to bf16 hi/lo alone | "
+      "wg vs split | split TFLOP/s | fp16 TFLOP/s | wg TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   void* ws = nullptr;
   const size_t ws_bytes = cuda::x16_bytes(4096, 4096, true);
   FERN_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
@@ -49,6 +51,8 @@ int main() {
   fctx.gemm_ws_bytes = ws_bytes;
   cuda::Ctx pctx = fctx;
   pctx.gemm_precise = true;
+  cuda::Ctx wctx = fctx;
+  wctx.gemm_wg = true;
   for (const Shape& s : shapes) {
     void *w, *sc, *bi, *x, *y;
     const int64_t words = s.out * s.in / 8, groups = s.out * s.in / 64;
@@ -77,18 +81,18 @@ int main() {
       const double gemv = median_ms([&] { cuda::linear_gemv(ctx, q, xp, yp, T); });
       const double gemm = median_ms([&] { cuda::linear_gemm(ctx, q, xp, yp, T); });
       const double f16 = median_ms([&] { cuda::linear_gemm(fctx, q, xp, yp, T); });
-      setenv("FERN_GEMM_TILE", "64", 1);
-      const double f64 = median_ms([&] { cuda::linear_gemm(fctx, q, xp, yp, T); });
-      setenv("FERN_GEMM_TILE", "128", 1);
-      const double f128 = median_ms([&] { cuda::linear_gemm(fctx, q, xp, yp, T); });
-      unsetenv("FERN_GEMM_TILE");
-      const cuda::X16 xs = cuda::x16_carve(ws, T, s.in);
-      const double conv = median_ms([&] { cuda::to_x16(ctx, xp, T, s.in, xs); });
       const double x2 = median_ms([&] { cuda::linear_gemm(pctx, q, xp, yp, T); });
+      double wgm = 0.0, conv = 0.0;
+      if (wg) {
+        wgm = median_ms([&] { cuda::linear_gemm(wctx, q, xp, yp, T); });
+        const cuda::X16 xs = cuda::xbf_carve(ws, T, s.in);
+        conv = median_ms([&] { cuda::to_xbf(ctx, xp, T, s.in, xs); });
+      }
       const double fl = 2.0 * T * s.out * s.in;
-      std::printf("| %s %ldx%ld | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %.1f | %.1f | %.1f |\n",
-                  s.name, long(s.out), long(s.in), T, gemv, gemm, f16, f64, f128, conv, x2, gemm / f16, gemm / x2,
-                  fl / (gemm * 1e-3) / 1e12, fl / (f16 * 1e-3) / 1e12, fl / (x2 * 1e-3) / 1e12);
+      auto tf = [&](double ms) { return ms > 0.0 ? fl / (ms * 1e-3) / 1e12 : 0.0; };
+      std::printf("| %s %ldx%ld | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.1f | %.1f | %.1f |\n",
+                  s.name, long(s.out), long(s.in), T, gemv, gemm, f16, x2, wgm, conv, wgm > 0 ? gemm / wgm : 0.0,
+                  tf(gemm), tf(f16), tf(wgm));
       std::fflush(stdout);
     }
     for (void* p : {w, sc, bi, x, y}) FERN_CUDA_CHECK(cudaFree(p));

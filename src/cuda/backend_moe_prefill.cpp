@@ -11,11 +11,13 @@
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
 //   FERN_MOE_PREFETCH=1       the tile loop issues the next k tile's global loads before the current tile's MMAs
 //                             (measured slower at every tile height: docs/notes/cuda-prefill-v2-moe.md)
-//   FERN_GEMM=split|fp16|fp16x2  the tile loop of the grouped GEMMs (cuda::gemm_mode, gemm_f16.h): split the bf16
-//                             hi/lo loop of gemm_tile.cuh; fp16 and fp16x2 the pipelined loop of gemm_tile_f16.cuh
-//                             on x and h converted once per chunk to fp16 rows (4/8-bit experts; fp16 rounds x
-//                             and the weights to fp16, fp16x2 keeps split's precision); docs/notes/
-//                             cuda-prefill-v3-gemm.md. FERN_MOE_DEQUANT=separate and FERN_MOE_PREFETCH=1 take split.
+//   FERN_GEMM=split|fp16|fp16x2|wg  the tile loop of the grouped GEMMs (cuda::gemm_mode, gemm_f16.h; default wg
+//                             where it runs, else split): split the bf16 hi/lo loop of gemm_tile.cuh; fp16 and
+//                             fp16x2 the pipelined loop of gemm_tile_f16.cuh on x and h converted once per chunk to
+//                             fp16 rows (4/8-bit experts; fp16 rounds x and the weights to fp16, fp16x2 keeps
+//                             split's precision; docs/notes/cuda-prefill-v3-gemm.md); wg the wgmma loop of
+//                             gemm_tile_wg.cuh on bf16 hi/lo rows (sm_90a; docs/notes/cuda-prefill-v4-wg.md).
+//                             FERN_MOE_DEQUANT=separate and FERN_MOE_PREFETCH=1 take split.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 
 #include "cuda/backend_internal.h"
 #include "cuda/cuda_check.h"
+#include "cuda/gemm_wg.h"
 #include "cuda/moe_prefill.h"
 
 namespace fern {
@@ -157,7 +160,22 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   float* y_pair = scratch(DType::F32, {int64_t(T) * k, H}).ptr<float>();
   const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");
   const cuda::GemmMode mode = cuda::gemm_mode();
-  if (cuda::gemm_f16_format_ok(gate) && !prefetch && mode != cuda::GemmMode::Split) {
+  if (mode == cuda::GemmMode::Wg && !prefetch && cuda::moe_grouped_wg_ok(gate, down, sdown)) {
+    // x once to bf16 hi/lo rows, gate/up, h once to bf16 hi/lo rows, down (docs/notes/cuda-prefill-v4-wg.md).
+    auto xbf = [&](int64_t rows, int64_t K) {
+      const size_t bytes = cuda::xbf_bytes(rows, K);
+      return cuda::xbf_carve(scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data, rows, K);
+    };
+    const cuda::X16 xs = xbf(T, H), hrs = xbf(int64_t(T) * k, I), hss = xbf(T, Is);
+    cuda::to_xbf(ctx(), xp, T, H, xs);
+    cuda::moe_grouped_gate_up_wg(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei, bm, h_routed, h_shared);
+    cuda::to_xbf(ctx(), h_routed, int64_t(T) * k, I, hrs);
+    cuda::to_xbf(ctx(), h_shared, T, Is, hss);
+    cuda::moe_grouped_down_wg(ctx(), down, sdown, hrs, hss, g, s.topk_w, s.sgate, T, k, Ei, bm, y_pair, op);
+    cuda::moe_combine(ctx(), y_pair, op, T, k, H);
+    return;
+  }
+  if (cuda::gemm_f16_format_ok(gate) && !prefetch && (mode == cuda::GemmMode::Fp16 || mode == cuda::GemmMode::Fp16x2)) {
     // x once to fp16 rows, gate/up, h once to fp16 rows, down (docs/notes/cuda-prefill-v3-gemm.md).
     const bool precise = mode == cuda::GemmMode::Fp16x2;
     auto x16 = [&](int64_t rows, int64_t K) {

@@ -10,6 +10,7 @@
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/cuda_check.h"
 #include "cuda/gemm_f16.h"
+#include "cuda/gemm_wg.h"
 #include "cuda/qweight.h"
 
 namespace fern {
@@ -46,6 +47,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   branches_ = br ? std::string(br) != "0" : false;
   FERN_CUDA_CHECK(cudaMalloc(&counters_, sizeof(int) * kCounters));
   FERN_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(int) * kCounters));
+  (void)cuda::gemm_wg_supported();  // probe the wgmma path now, not inside a prefill
 }
 
 CudaBackend::~CudaBackend() {
@@ -303,22 +305,23 @@ void CudaBackend::linear(Tensor out, Tensor x, const LinearWeight& w) {
   with_gemm_ws(c, q, T, [&] { cuda::linear(c, q, f32(x, "linear x"), f32(out, "linear out"), T); });
 }
 
-// The tile loop of multi-row linears on the tensor cores (cuda::gemm_mode, FERN_GEMM): with fp16 or fp16x2 their
-// input is converted to fp16 rows (gemm_f16.h) in a scratch workspace; split passes none, so linear_gemm keeps the
-// bf16 hi/lo loop. docs/notes/cuda-prefill-v3-gemm.md compares them. The workspace is released after the launches
-// unless parallel branches are on (a side-stream linear may then run concurrently with this one and must not get
-// the same memory).
+// The tile loop of multi-row linears on the tensor cores (cuda::gemm_mode, FERN_GEMM): with wg, fp16 or fp16x2 their
+// input is converted once per op (to bf16 hi/lo rows, gemm_wg.h, or fp16 rows, gemm_f16.h) in a scratch workspace;
+// split passes none, so linear_gemm keeps the bf16 hi/lo loop. docs/notes/cuda-prefill-v3-gemm.md and
+// cuda-prefill-v4-wg.md compare them. The workspace is released after the launches unless parallel branches are on
+// (a side-stream linear may then run concurrently with this one and must not get the same memory).
 template <class F>
 void CudaBackend::with_gemm_ws(cuda::Ctx& c, const cuda::QW& q, int T, F&& op) {
   const cuda::GemmMode mode = cuda::gemm_mode();
   if (mode == cuda::GemmMode::Split || T < cuda::kGemmMinRows || !cuda::gemm_f16_format_ok(q) ||
-      !cuda::linear_gemm_wins(q, T)) {
+      !cuda::linear_gemm_wins(q, T) || (mode == cuda::GemmMode::Wg && !cuda::linear_gemm_wg_ok(q))) {
     op();
     return;
   }
   const ArenaMark m = arena_mark();
   c.gemm_precise = mode == cuda::GemmMode::Fp16x2;
-  const size_t bytes = cuda::x16_bytes(T, q.in, c.gemm_precise);
+  c.gemm_wg = mode == cuda::GemmMode::Wg;
+  const size_t bytes = c.gemm_wg ? cuda::xbf_bytes(T, q.in) : cuda::x16_bytes(T, q.in, c.gemm_precise);
   c.gemm_ws = scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data;
   c.gemm_ws_bytes = bytes;
   op();

@@ -35,10 +35,13 @@ void to_x16(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& ou
 //   split   the bf16 hi/lo loop of gemm_tile.cuh (x converted per tile and block, two bf16 MMAs per fragment);
 //   fp16    gemm_tile_f16.cuh on fp16 rows and weights dequantized to fp16: one MMA per fragment, NMSE ~1e-7;
 //   fp16x2  gemm_tile_f16.cuh on precise fp16 rows (hi and lo: two MMAs per fragment) and exact codes, the scale and
-//           bias applied per group to fp32 partial sums: the split loop's numerics in the pipelined loop.
-enum class GemmMode { Split, Fp16, Fp16x2 };
-constexpr GemmMode kDefaultGemmMode = GemmMode::Split;
-GemmMode gemm_mode();  // from FERN_GEMM (unset: kDefaultGemmMode; an unknown value throws)
+//           bias applied per group to fp32 partial sums: the split loop's numerics in the pipelined loop;
+//   wg      gemm_tile_wg.cuh (sm_90a): warpgroup MMAs on bf16 hi + lo splits of x and of the weights dequantized once
+//           per block, three MMAs per step: the split loop's precision (gemm_wg.h).
+// Unset: wg where the device and the build run it (gemm_wg_supported), else split. An unknown value, or wg where it
+// cannot run, is a user error naming the value.
+enum class GemmMode { Split, Fp16, Fp16x2, Wg };
+GemmMode gemm_mode();
 
 // Whether the fp16 path takes a weight format: 4- or 8-bit affine codes (bf16 weights stay on the split path).
 inline bool gemm_f16_format_ok(const QW& w) { return w.bits == 4 || w.bits == 8; }

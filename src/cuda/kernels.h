@@ -38,6 +38,7 @@ struct Ctx {
   void* gemm_ws = nullptr;
   size_t gemm_ws_bytes = 0;
   bool gemm_precise = false;  // with gemm_ws: the precise fp16 form (gemm_f16.h: hi and lo rows, exact codes)
+  bool gemm_wg = false;       // with gemm_ws: the wgmma loop on bf16 hi and lo rows (gemm_wg.h)
 };
 
 // y[t] = x[t] W^T for t < T. x [T, in], y [T, out] (F32).

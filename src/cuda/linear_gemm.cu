@@ -17,6 +17,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_f16.h"
+#include "cuda/gemm_wg.h"
 #include "cuda/gemm_tile.cuh"
 #include "cuda/gemm_tile_f16.cuh"
 
@@ -177,7 +178,14 @@ void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   if (T <= 0) return;
   const int64_t nb = (w.out + kBN - 1) / kBN;
   FERN_CU_CHECK(nb <= 65535, "linear_gemm: too many output rows");
-  if (gemm_f16_format_ok(w) && c.gemm_ws != nullptr && c.gemm_ws_bytes >= x16_bytes(T, w.in, c.gemm_precise)) {
+  if (c.gemm_wg && linear_gemm_wg_ok(w) && c.gemm_ws != nullptr && c.gemm_ws_bytes >= xbf_bytes(T, w.in)) {
+    const X16 xs = xbf_carve(c.gemm_ws, T, w.in);
+    to_xbf(c, x, T, w.in, xs);
+    linear_gemm_wg(c, w, xs, y, T);
+    return;
+  }
+  if (!c.gemm_wg && gemm_f16_format_ok(w) && c.gemm_ws != nullptr &&
+      c.gemm_ws_bytes >= x16_bytes(T, w.in, c.gemm_precise)) {
     const X16 xs = x16_carve(c.gemm_ws, T, w.in, c.gemm_precise);
     to_x16(c, x, T, w.in, xs);
     if (w.bits == 4)

@@ -63,6 +63,16 @@ void moe_grouped_gate_up_f16(const Ctx& c, const QW& gate, const QW& up, const Q
 void moe_grouped_down_f16(const Ctx& c, const QW& down, const QW& sdown, const X16& h_routed, const X16& h_shared,
                           const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
                           float* y_pair, float* out);
+// The same two GEMMs on the wgmma tile loop (moe_prefill_wg.cu, gemm_tile_wg.cuh; sm_90a, gemm_wg_supported) for
+// 4/8-bit experts whose widths are multiples of 64 (moe_grouped_wg_ok): the inputs are bf16 hi/lo rows (gemm_wg.h:
+// to_xbf), x [T, H] for gate/up, h_routed [T k, I] and h_shared [T, Is] for down.
+bool moe_grouped_wg_ok(const QW& gate, const QW& down, const QW& sdown);
+void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup,
+                            const X16& x, const MoeGroups& g, int T, int k, int E, int bm, float* h_routed,
+                            float* h_shared);
+void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& h_routed, const X16& h_shared,
+                         const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
+                         float* y_pair, float* out);
 // out[t] += y_pair[t k] + ... + y_pair[t k + k - 1], in slot order (deterministic: no atomics).
 void moe_combine(const Ctx& c, const float* y_pair, float* out, int T, int k, int64_t H);
 

@@ -2,16 +2,17 @@
 // directly at the real shapes of Qwen3.6-35B-A3B (8192x2048 qkv, 2048x4096 out_proj, 512x2048 and 2048x512
 // experts, 8-bit router, the 248320-row lm_head) and at awkward ones (row counts that are not a multiple of the
 // 128-row tile, token counts that are not a multiple of the 64- or 128-row tile, T = 2, group 32 and 128, bf16),
-// on both tile loops: the precise split loop (no workspace) and the fp16 loop (a workspace in the context:
-// gemm_f16.h, gemm_tile_f16.cuh); rows of very different magnitudes (the per-row fp16 scaling); then through the
-// backend's linear()/linear_multi() dispatch (linear_gemm_wins; the precise loop, the fp16 one with
-// FERN_GEMM=fp16), and the widths it must refuse.
+// on every tile loop: the precise split loop (no workspace), the fp16 loops (a workspace in the context:
+// gemm_f16.h, gemm_tile_f16.cuh) and, on an sm_90a build on a compute-capability 9.0 GPU, the wgmma loop (gemm_wg.h,
+// gemm_tile_wg.cuh); rows of very different magnitudes (the per-row fp16 scaling); then through the backend's
+// linear()/linear_multi() dispatch (linear_gemm_wins; each FERN_GEMM value), and the widths it must refuse.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 
 #include "cuda/gemm_f16.h"
+#include "cuda/gemm_wg.h"
 #include "cuda/qweight.h"
 #include "cuda_test_util.h"
 
@@ -57,9 +58,19 @@ std::vector<float> cpu_ref(Fixture& s, const LinearWeight& hw, const std::vector
   return ref;
 }
 
-// The tile loops of linear_gemm: the split loop (no workspace), the fp16 loop, the precise fp16 loop (fp16x2).
-enum class Loop { Split, Fp16, Fp16x2 };
-const char* loop_name(Loop l) { return l == Loop::Split ? "split" : l == Loop::Fp16 ? "fp16" : "fp16x2"; }
+// The tile loops of linear_gemm: the split loop (no workspace), the fp16 loop, the precise fp16 loop (fp16x2), the
+// wgmma loop (wg: bf16 hi/lo rows of x and of the weights, three MMAs per step; the split loop's precision, kNmse).
+enum class Loop { Split, Fp16, Fp16x2, Wg };
+const char* loop_name(Loop l) {
+  return l == Loop::Split ? "split" : l == Loop::Fp16 ? "fp16" : l == Loop::Fp16x2 ? "fp16x2" : "wg";
+}
+// The loops this GPU and build run (wg only on sm_90a code on a compute-capability 9.0 device).
+std::vector<Loop> loops() {
+  std::vector<Loop> r = {Loop::Split, Loop::Fp16, Loop::Fp16x2};
+  if (cuda::gemm_wg_supported()) r.push_back(Loop::Wg);
+  else std::printf("gemm: no wgmma on this GPU/build, the wg loop is not tested here\n");
+  return r;
+}
 
 // A device workspace for the fp16 loops, in a context on the default stream.
 struct Workspace {
@@ -68,7 +79,8 @@ struct Workspace {
   Workspace(CudaBackend& gpu, int64_t rows, int64_t K, Loop l) {
     if (l == Loop::Split) return;
     ctx.gemm_precise = l == Loop::Fp16x2;
-    const size_t bytes = cuda::x16_bytes(rows, K, ctx.gemm_precise);
+    ctx.gemm_wg = l == Loop::Wg;
+    const size_t bytes = ctx.gemm_wg ? cuda::xbf_bytes(rows, K) : cuda::x16_bytes(rows, K, ctx.gemm_precise);
     buf = gpu.alloc(DType::F32, {int64_t((bytes + 3) / 4)});
     ctx.gemm_ws = buf.data;
     ctx.gemm_ws_bytes = bytes;
@@ -87,7 +99,8 @@ void run_direct(const Case& c, Loop loop) {
   Tensor dx = test::upload_f32(*s.gpu, x, {c.T, c.in});
   Tensor dy = test::nan_filled(*s.gpu, c.T, c.out);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const Loop took = c.bits == 16 ? Loop::Split : loop;  // bf16 weights stay on the split loop
+  // bf16 weights stay on the split loop, and so do widths the wgmma loop refuses
+  const Loop took = c.bits == 16 || (loop == Loop::Wg && !cuda::linear_gemm_wg_ok(q)) ? Loop::Split : loop;
   Workspace ws(*s.gpu, c.T, c.in, loop);  // default stream, no PDL
   cuda::linear_gemm(ws.ctx, q, dx.ptr<float>(), dy.ptr<float>(), c.T);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -99,7 +112,7 @@ void run_direct(const Case& c, Loop loop) {
 }
 
 void run_direct(const Case& c) {
-  for (Loop l : {Loop::Split, Loop::Fp16, Loop::Fp16x2}) run_direct(c, l);
+  for (Loop l : loops()) run_direct(c, l);
 }
 
 TEST(CudaLinearGemm, RealShapes) {
@@ -108,7 +121,10 @@ TEST(CudaLinearGemm, RealShapes) {
                         Case{"expert gate", 512, 2048, 4, 64, 2048}, Case{"expert down", 2048, 512, 4, 64, 17},
                         Case{"router 8-bit", 256, 2048, 8, 64, 300}, Case{"in_proj_qkv T=2", 8192, 2048, 4, 64, 2},
                         Case{"lm_head", 248320, 2048, 4, 64, 17}, Case{"qkv-width T=1100 tall", 2048, 2048, 4, 64, 1100},
-                        Case{"8-bit T=1024 tall", 640, 1024, 8, 64, 1024}})
+                        Case{"8-bit T=1024 tall", 640, 1024, 8, 64, 1024},
+                        // enough blocks for the wgmma loop's 128-token tiles (>= 2 waves), T not a multiple of 128
+                        Case{"qkv T=2100 wide tiles", 8192, 2048, 4, 64, 2100},
+                        Case{"8-bit T=1100 wide tiles", 8192, 1024, 8, 64, 1100}})
     run_direct(c);
 }
 
@@ -130,7 +146,7 @@ TEST(CudaLinearGemm, RowsOfVeryDifferentMagnitude) {
     }
     const auto ref = cpu_ref(s, hw, x, c.T);
     Tensor dx = test::upload_f32(*s.gpu, x, {c.T, c.in});
-    for (Loop l : {Loop::Split, Loop::Fp16, Loop::Fp16x2}) {
+    for (Loop l : loops()) {
       Tensor dy = test::nan_filled(*s.gpu, c.T, c.out);
       Workspace ws(*s.gpu, c.T, c.in, l);
       cuda::linear_gemm(ws.ctx, q, dx.ptr<float>(), dy.ptr<float>(), c.T);
@@ -179,11 +195,13 @@ TEST(CudaLinearGemm, BackendDispatch) {
     std::printf("backend linear %-22s T=%-4d NMSE %.3e\n", c.name, c.T, e);
     EXPECT_LT(e, kNmse);
     if (cuda::linear_gemm_wins(cuda::make_qw(dw), c.T)) {
-      // Each FERN_GEMM value: fp16's rounding is visible (split measured ~5e-12, fp16 ~8e-8); fp16x2 is as precise
-      // as split but sums in another order (other bits), which shows that it ran.
-      std::vector<float> outs[3];
+      // Each FERN_GEMM value: fp16's rounding is visible (split measured ~5e-12, fp16 ~8e-8); fp16x2 and wg are as
+      // precise as split but sum in another order (other bits), which shows that they ran.
+      std::vector<float> outs[4];
+      std::vector<const char*> modes = {"split", "fp16", "fp16x2"};
+      if (cuda::gemm_wg_supported()) modes.push_back("wg");
       int i = 0;
-      for (const char* mode : {"split", "fp16", "fp16x2"}) {
+      for (const char* mode : modes) {
         Tensor dy2 = test::nan_filled(*s.gpu, c.T, c.out);
         {
           test::EnvGuard g("FERN_GEMM", mode);
@@ -199,6 +217,9 @@ TEST(CudaLinearGemm, BackendDispatch) {
         ++i;
       }
       EXPECT_NE(outs[0], outs[2]) << "FERN_GEMM=fp16x2 did not take the pipelined loop";
+      if (modes.size() > 3) {
+        EXPECT_NE(outs[0], outs[3]) << "FERN_GEMM=wg did not take the wgmma loop";
+      }
     }
   }
 }
@@ -276,8 +297,23 @@ TEST(CudaGemmMode, UnknownValueIsAnError) {
     test::EnvGuard g("FERN_GEMM", "fp16");
     EXPECT_EQ(cuda::gemm_mode(), cuda::GemmMode::Fp16);
   }
+  {
+    // wg where it runs (an sm_90a build on a compute-capability 9.0 GPU), else a user error naming the value.
+    test::EnvGuard g("FERN_GEMM", "wg");
+    if (cuda::gemm_wg_supported()) {
+      EXPECT_EQ(cuda::gemm_mode(), cuda::GemmMode::Wg);
+    } else {
+      try {
+        cuda::gemm_mode();
+        ADD_FAILURE() << "FERN_GEMM=wg was accepted without wgmma";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("FERN_GEMM=wg"), std::string::npos) << e.what();
+      }
+    }
+  }
   test::EnvGuard g("FERN_GEMM", nullptr);
-  EXPECT_EQ(cuda::gemm_mode(), cuda::GemmMode::Split);  // the default: the precise loop
+  // The default: the wgmma loop where it runs, else the split loop (both precise).
+  EXPECT_EQ(cuda::gemm_mode(), cuda::gemm_wg_supported() ? cuda::GemmMode::Wg : cuda::GemmMode::Split);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cpu/cpu_ops.h"
+#include "cuda/gemm_wg.h"
 #include "cuda/moe_prefill.h"
 #include "cuda/qweight.h"
 #include "cuda_test_util.h"
@@ -148,7 +149,9 @@ std::vector<Variant> tile_variants(const char* what) {
   for (bool pf : {false, true})
     for (const char* bm : {"16", "32", "64"})
       vs.push_back({std::string(what) + ", tile " + bm + (pf ? " pf" : ""), "FERN_MOE_TILE", bm, kNmse, pf});
-  for (const char* gemm : {"fp16", "fp16x2"})
+  std::vector<const char*> gemms = {"fp16", "fp16x2"};
+  if (cuda::gemm_wg_supported()) gemms.push_back("wg");
+  for (const char* gemm : gemms)
     for (const char* bm : {"16", "32", "64"})
       vs.push_back({std::string(what) + ", tile " + bm + " " + gemm, "FERN_MOE_TILE", bm, kNmse, false, gemm});
   vs.push_back({std::string(what) + ", router fused", "FERN_MOE_ROUTER", "fused"});
@@ -163,12 +166,12 @@ TEST(CudaMoePrefill, RealShapeAgainstCpu) {
   auto cpu = make_cpu_backend();
   auto m = make_model(*gpu, kReal, 11, false);
   ASSERT_TRUE(grouped_ok(*m));
-  for (int T : {2, 17, 64, 300, 2048})
-    check(*gpu, *cpu, *m, T, 100 + T,
-          {{"real, default"},
-           {"real, split", nullptr, nullptr, kNmse, false, "split"},
-           {"real, fp16", nullptr, nullptr, kNmse, false, "fp16"},
-           {"real, fp16x2", nullptr, nullptr, kNmse, false, "fp16x2"}});
+  std::vector<Variant> vs = {{"real, default"},
+                             {"real, split", nullptr, nullptr, kNmse, false, "split"},
+                             {"real, fp16", nullptr, nullptr, kNmse, false, "fp16"},
+                             {"real, fp16x2", nullptr, nullptr, kNmse, false, "fp16x2"}};
+  if (cuda::gemm_wg_supported()) vs.push_back({"real, wg", nullptr, nullptr, kNmse, false, "wg"});
+  for (int T : {2, 17, 64, 300, 2048}) check(*gpu, *cpu, *m, T, 100 + T, vs);
 }
 
 // Every tile height, the old row-by-row path and the separate dequantisation at one real-shape chunk. The grouped
@@ -187,6 +190,7 @@ TEST(CudaMoePrefill, AblationSwitches) {
   vs.push_back({"real, rows (decode kernels)", "FERN_MOE_PATH", "rows"});
   vs.push_back({"real, routing host fp16", "FERN_MOE_ROUTING", "host", kNmse, false, "fp16"});
   vs.push_back({"real, routing host fp16x2", "FERN_MOE_ROUTING", "host", kNmse, false, "fp16x2"});
+  if (cuda::gemm_wg_supported()) vs.push_back({"real, routing host wg", "FERN_MOE_ROUTING", "host", kNmse, false, "wg"});
   vs.push_back({"real, dequant separate", "FERN_MOE_DEQUANT", "separate", kNmseBf16Weights});
   check(*gpu, *cpu, *m, T, 7, vs);
 
@@ -203,9 +207,11 @@ TEST(CudaMoePrefill, AblationSwitches) {
   }
   // The pipelined loops are other computations (another summation order: the bits differ from split's),
   // deterministic, and independent of who built the grouping too.
-  std::vector<float> by_mode[3];
+  std::vector<float> by_mode[4];
+  std::vector<const char*> gemms = {"split", "fp16", "fp16x2"};
+  if (cuda::gemm_wg_supported()) gemms.push_back("wg");
   int i = 0;
-  for (const char* gemm : {"split", "fp16", "fp16x2"}) {
+  for (const char* gemm : gemms) {
     test::EnvGuard gm("FERN_GEMM", gemm);
     by_mode[i] = run_gpu(*gpu, *m, x, T);
     EXPECT_EQ(by_mode[i], run_gpu(*gpu, *m, x, T)) << "two runs differ, FERN_GEMM=" << gemm;
@@ -216,6 +222,9 @@ TEST(CudaMoePrefill, AblationSwitches) {
   EXPECT_NE(by_mode[0], by_mode[1]) << "FERN_GEMM=fp16 did not take the fp16 loop";
   EXPECT_NE(by_mode[0], by_mode[2]) << "FERN_GEMM=fp16x2 did not take the pipelined loop";
   EXPECT_NE(by_mode[1], by_mode[2]) << "fp16 and fp16x2 gave the same bits";
+  if (gemms.size() > 3) {
+    EXPECT_NE(by_mode[0], by_mode[3]) << "FERN_GEMM=wg did not take the wgmma loop";
+  }
   test::EnvGuard e("FERN_MOE_ROUTING", "host");
   const auto host_routed = run_gpu(*gpu, *m, x, T);
   EXPECT_EQ(dev_routed, host_routed) << "host and GPU grouping differ";

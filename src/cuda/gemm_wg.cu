@@ -1,0 +1,92 @@
+// The activation split of the wgmma prefill GEMMs (gemm_wg.h: bf16 hi and lo rows, one warp per row) and the
+// device probe.
+#include <cuda_bf16.h>
+
+#include <mutex>
+#include <vector>
+
+#include "cuda/cuda_util.cuh"
+#include "cuda/gemm_wg.h"
+#include "cuda/launch.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+__global__ void __launch_bounds__(32 * kWarps) to_xbf_kernel(const float* __restrict__ x, int64_t rows, int K,
+                                                             uint16_t* __restrict__ hi, uint16_t* __restrict__ lo) {
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const float4* src = reinterpret_cast<const float4*>(x + row * K);
+  __nv_bfloat162* dh = reinterpret_cast<__nv_bfloat162*>(hi + row * K);
+  __nv_bfloat162* dl = reinterpret_cast<__nv_bfloat162*>(lo + row * K);
+  for (int i = lane; i < K / 4; i += 32) {
+    const float4 v = src[i];
+    const __nv_bfloat162 h0 = __floats2bfloat162_rn(v.x, v.y), h1 = __floats2bfloat162_rn(v.z, v.w);
+    const float2 f0 = __bfloat1622float2(h0), f1 = __bfloat1622float2(h1);
+    dh[2 * i] = h0;
+    dh[2 * i + 1] = h1;
+    dl[2 * i] = __floats2bfloat162_rn(v.x - f0.x, v.y - f0.y);
+    dl[2 * i + 1] = __floats2bfloat162_rn(v.z - f1.x, v.w - f1.y);
+  }
+}
+
+// Writes 1 where the code was compiled with the wgmma instructions (sm_90a), 0 elsewhere.
+__global__ void wg_probe_kernel(int* out) { *out = FERN_HAS_WGMMA; }
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+}  // namespace
+
+bool gemm_wg_supported() {
+  static std::mutex mu;
+  static std::vector<int> known;  // per device: -1 unknown, 0 no, 1 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(known.size()) <= dev) known.resize(dev + 1, -1);
+  if (known[dev] >= 0) return known[dev] == 1;
+  int major = 0, minor = 0;
+  bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+            minor == 0;
+  if (ok) {
+    int* d = nullptr;
+    int h = 0;
+    ok = cudaMalloc(&d, sizeof(int)) == cudaSuccess;
+    if (ok) {
+      wg_probe_kernel<<<1, 1>>>(d);
+      ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1;
+      cudaFree(d);
+    }
+    (void)cudaGetLastError();  // a missing kernel image is an answer ("no"), not an error for later calls
+  }
+  known[dev] = ok ? 1 : 0;
+  return ok;
+}
+
+size_t xbf_bytes(int64_t rows, int64_t K) { return 2 * align256(size_t(rows) * size_t(K) * 2); }
+
+X16 xbf_carve(void* ws, int64_t rows, int64_t K) {
+  char* p = static_cast<char*>(ws);
+  X16 r;
+  r.x = reinterpret_cast<uint16_t*>(p);
+  r.lo = reinterpret_cast<uint16_t*>(p + align256(size_t(rows) * size_t(K) * 2));
+  return r;
+}
+
+void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out) {
+  FERN_CU_CHECK(K > 0 && K % 4 == 0 && K < (int64_t(1) << 30), "to_xbf: width must be a positive multiple of 4");
+  if (rows <= 0) return;
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  FERN_CU_CHECK(blocks < (int64_t(1) << 31), "to_xbf: too many rows");
+  launch(c, "to_xbf_kernel", to_xbf_kernel, static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows,
+         static_cast<int>(K), out.x, out.lo);
+}
+
+}  // namespace fern::cuda

@@ -1,0 +1,29 @@
+// The Hopper path of the prefill GEMMs (FERN_GEMM=wg, the default where it runs): warpgroup MMAs on bf16 hi + lo
+// splits of both the activations and the once-per-block dequantized weights (gemm_tile_wg.cuh says why that is as
+// precise as the split loop). The activations are split once per op into two bf16 row arrays (this header); the
+// kernels need an sm_90a build running on a compute-capability 9.0 device (gemm_wg_supported). Plain header (no
+// fmt): shared by .cu and .cpp files.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/gemm_f16.h"
+#include "cuda/kernels.h"
+
+namespace fern::cuda {
+
+// Whether the current device runs the wgmma kernels (compute capability 9.0 and code compiled for sm_90a). Probed
+// once per device.
+bool gemm_wg_supported();
+
+// x [rows, K] (F32) as bf16 hi rows (X16::x) and lo rows (X16::lo); scale and sums stay unset. K a multiple of 4.
+size_t xbf_bytes(int64_t rows, int64_t K);
+X16 xbf_carve(void* ws, int64_t rows, int64_t K);
+void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
+
+// Dense y [T, w.out] = x W^T on the wgmma loop from the split rows of x (to_xbf). linear_gemm_wg_ok: 4/8-bit affine
+// weights, K a multiple of 64, groups a multiple of 16.
+bool linear_gemm_wg_ok(const QW& w);
+void linear_gemm_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T);
+
+}  // namespace fern::cuda

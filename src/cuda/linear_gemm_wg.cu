@@ -1,0 +1,92 @@
+// Dense prefill linear on the wgmma tile loop (gemm_tile_wg.cuh): y[t] = x[t] W^T for 4/8-bit affine weights, a
+// block computing 128 weight rows x NTOK token rows (NTOK = 128 where that still gives two waves of blocks, else
+// 64). The accumulator holds the transposed tile (weight rows x tokens), so each thread writes single floats: for a
+// fixed token the 8 lanes of a quad column write 8 consecutive outputs (32-byte segments).
+#include <cuda_bf16.h>
+
+#include "cuda/cuda_util.cuh"
+#include "cuda/gemm_tile_wg.cuh"
+#include "cuda/gemm_wg.h"
+#include "cuda/launch.cuh"
+
+namespace fern::cuda {
+namespace {
+
+using wgtile::kBW;
+using wgtile::kThreads;
+
+template <int BITS, int NTOK, int S>
+__global__ void __launch_bounds__(kThreads, 1) gemm_wg_kernel(QW W, X16 x, float* __restrict__ y, int T) {
+  extern __shared__ unsigned char gemm_wg_smem[];
+  auto& sm = wgtile::smem_of<NTOK, BITS, S>(gemm_wg_smem);
+  const int K = static_cast<int>(W.in);
+  const int N = static_cast<int>(W.out);
+  const int t0 = blockIdx.x * NTOK;
+  const int n0 = blockIdx.y * kBW;
+  const int tid = threadIdx.x;
+
+  pdl_wait();
+  pdl_trigger();
+
+  const int wr = tid >> 1;
+  const gemm::RowSrc wsrc = n0 + wr < N ? gemm::row_src<BITS>(W, 0, n0 + wr) : gemm::RowSrc{};
+  float acc[NTOK / 2];
+  wgtile::mainloop<BITS, NTOK, S>(
+      sm, K, W.gs, x.x, x.lo, [&](int r) { return t0 + r < T ? t0 + r : -1; }, wsrc, acc);
+
+  // acc[4 j + i]: weight row 64 wg + 16 warp + lane / 4 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
+  const int lane = tid & 31;
+  const int m = n0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < NTOK / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = t0 + 8 * j + 2 * (lane & 3) + (i & 1);
+      const int n = m + 8 * (i >> 1);
+      if (t < T && n < N) y[int64_t(t) * N + n] = acc[4 * j + i];
+    }
+  }
+}
+
+template <int BITS, int NTOK, int S>
+void launch_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
+  constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, S>;
+  auto kernel = gemm_wg_kernel<BITS, NTOK, S>;
+  static const bool attr_set = [&] {  // once per instantiation (opt-in above 48 KB of shared memory)
+    FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return true;
+  }();
+  (void)attr_set;
+  const dim3 grid((T + NTOK - 1) / NTOK, static_cast<unsigned>((w.out + kBW - 1) / kBW));
+  launch(c, "gemm_wg_kernel", kernel, grid, kThreads, smem, w, x, y, T);
+}
+
+template <int BITS>
+void wg_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
+  // 128-token tiles halve the weight dequantization per token; below two waves of them, 64-token tiles keep the
+  // SMs busy.
+  const int64_t tall = (int64_t(T) + 127) / 128 * ((w.out + kBW - 1) / kBW);
+  if (tall >= 2 * c.sms)
+    launch_wg<BITS, 128, 3>(c, w, x, y, T);
+  else
+    launch_wg<BITS, 64, 4>(c, w, x, y, T);
+}
+
+}  // namespace
+
+bool linear_gemm_wg_ok(const QW& w) {
+  return w.experts == 0 && (w.bits == 4 || w.bits == 8) && w.in > 0 && w.in % wgtile::kBK == 0 && w.gs >= 16 &&
+         w.gs % 16 == 0 && w.in % w.gs == 0 && w.out > 0 && w.out < (int64_t(1) << 31) && w.in < (int64_t(1) << 30);
+}
+
+void linear_gemm_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
+  FERN_CU_CHECK(linear_gemm_wg_ok(w), "linear_gemm_wg: unsupported weight shape or format");
+  FERN_CU_CHECK((w.out + kBW - 1) / kBW <= 65535, "linear_gemm_wg: too many output rows");
+  if (T <= 0) return;
+  if (w.bits == 4)
+    wg_bits<4>(c, w, x, y, T);
+  else
+    wg_bits<8>(c, w, x, y, T);
+}
+
+}  // namespace fern::cuda

@@ -1,0 +1,206 @@
+// The grouped expert GEMMs of the MoE prefill (moe_prefill.h) on the wgmma tile loop (gemm_tile_wg.cuh, sm_90a):
+// the tile map, work split and epilogues of moe_prefill_f16.cu, with the token tile (16, 32 or 64 rows of one
+// expert's group: the adaptive tile height) as the wgmma N side and 128 weight rows per block as the A side. The
+// inputs are bf16 hi/lo rows (gemm_wg.h: x once per chunk, h once per chunk after gate/up).
+// Gate/up block: 64 intermediate columns. Warp slice s (16 weight rows: 4 per warpgroup) holds the gate rows of
+// columns 8 s .. 8 s + 7 in its first 8 rows and the up rows of the same columns in its last 8, so that a thread's
+// accumulator pairs (rows lane / 4 and lane / 4 + 8) are the gate and up values of one column: SiLU(g) u in place.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "cuda/cuda_util.cuh"
+#include "cuda/gemm_tile_wg.cuh"
+#include "cuda/gemm_wg.h"
+#include "cuda/launch.cuh"
+#include "cuda/moe_prefill.h"
+#include "cuda/moe_tile.cuh"
+
+namespace fern::cuda {
+namespace {
+
+using wgtile::kBW;
+using wgtile::kThreads;
+constexpr int kGateUpCols = kBW / 2;  // intermediate columns per gate/up block
+template <int NTOK>
+constexpr int kStages = NTOK >= 64 ? 4 : 3;
+
+template <int BITS, int NTOK>
+__global__ void __launch_bounds__(kThreads, 1)
+    gate_up_wg_kernel(QW G, QW U, QW SG, QW SU, X16 x, MoeGroups gr, int E, int topk, float* __restrict__ h_routed,
+                      float* __restrict__ h_shared) {
+  constexpr int S = kStages<NTOK>;
+  extern __shared__ unsigned char gu_wg_smem[];
+  auto& sm = wgtile::smem_of<NTOK, BITS, S>(gu_wg_smem);
+  pdl_wait();
+  pdl_trigger();
+  TileInfo ti;
+  if (!tile_info(gr, NTOK, ti)) return;
+  const bool sh = ti.group == E;
+  const int width = static_cast<int>(sh ? SG.out : G.out);
+  const int j0 = blockIdx.y * kGateUpCols;
+  if (j0 >= width) return;
+  const int K = static_cast<int>(G.in);
+  const int tid = threadIdx.x, lane = tid & 31;
+  auto token = [&](int r) { return sh ? ti.row0 + r : gr.order[ti.base + r] / topk; };
+
+  const int wr = tid >> 1;  // weight-tile row this thread stages: slice wr / 16, gate for wr % 16 < 8
+  const bool up = (wr & 15) >= 8;
+  const int col = j0 + 8 * (wr >> 4) + (wr & 7);
+  gemm::RowSrc wsrc;
+  if (col < width) {
+    if (sh)
+      wsrc = up ? gemm::row_src<BITS>(SU, 0, col) : gemm::row_src<BITS>(SG, 0, col);
+    else
+      wsrc = up ? gemm::row_src<BITS>(U, ti.group, col) : gemm::row_src<BITS>(G, ti.group, col);
+  }
+
+  float acc[NTOK / 2];
+  wgtile::mainloop<BITS, NTOK, S>(
+      sm, K, G.gs, x.x, x.lo, [&](int r) { return r < ti.rows ? token(r) : -1; }, wsrc, acc);
+
+  // acc[4 j + i]: weight-tile row 16 (tid / 32) + lane / 4 + 8 (i / 2) (slice tid / 32), token row 8 j + 2 (lane %
+  // 4) + i % 2 of the tile; i < 2 gate, i >= 2 up of column j0 + 8 (tid / 32) + lane / 4.
+  const int n = j0 + 8 * (tid >> 5) + (lane >> 2);
+  if (n >= width) return;
+#pragma unroll
+  for (int j = 0; j < NTOK / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = 8 * j + 2 * (lane & 3) + i;
+      if (r >= ti.rows) continue;
+      float* dst = sh ? h_shared + int64_t(ti.row0 + r) * width : h_routed + int64_t(ti.base + r) * width;
+      dst[n] = silu(acc[4 * j + i]) * acc[4 * j + 2 + i];
+    }
+  }
+}
+
+template <int BITS, int NTOK>
+__global__ void __launch_bounds__(kThreads, 1)
+    down_wg_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* __restrict__ topk_w,
+                   const float* __restrict__ sgate, int E, float* __restrict__ y_pair, float* __restrict__ out) {
+  constexpr int S = kStages<NTOK>;
+  extern __shared__ unsigned char dn_wg_smem[];
+  auto& sm = wgtile::smem_of<NTOK, BITS, S>(dn_wg_smem);
+  pdl_wait();
+  pdl_trigger();
+  TileInfo ti;
+  if (!tile_info(gr, NTOK, ti)) return;
+  const bool sh = ti.group == E;
+  const int K = static_cast<int>(sh ? SD.in : D.in);
+  const int N = static_cast<int>(D.out);
+  const int n0 = blockIdx.y * kBW;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int hrow0 = sh ? ti.row0 : ti.base;  // rows of h: the shared expert's by token, routed by expert order
+  const X16& h = sh ? hs : hr;
+
+  const int wr = tid >> 1;
+  gemm::RowSrc wsrc;
+  if (n0 + wr < N) wsrc = sh ? gemm::row_src<BITS>(SD, 0, n0 + wr) : gemm::row_src<BITS>(D, ti.group, n0 + wr);
+
+  float acc[NTOK / 2];
+  wgtile::mainloop<BITS, NTOK, S>(
+      sm, K, D.gs, h.x, h.lo, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, wsrc, acc);
+
+  const int m = n0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < NTOK / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = 8 * j + 2 * (lane & 3) + i;
+      if (r >= ti.rows) continue;
+      float* dst;
+      float f;
+      if (sh) {
+        dst = out + int64_t(ti.row0 + r) * N;
+        f = sgate[ti.row0 + r];
+      } else {
+        const int pair = gr.order[ti.base + r];
+        dst = y_pair + int64_t(pair) * N;
+        f = topk_w[pair];
+      }
+      if (m < N) dst[m] = f * acc[4 * j + i];
+      if (m + 8 < N) dst[m + 8] = f * acc[4 * j + 2 + i];
+    }
+  }
+}
+
+template <class Kern>
+void set_smem(Kern kernel, size_t bytes) {
+  FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+template <int BITS, int NTOK>
+void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
+                const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
+  constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, kStages<NTOK>>;
+  auto kernel = gate_up_wg_kernel<BITS, NTOK>;
+  static const bool once = (set_smem(kernel, smem), true);
+  (void)once;
+  launch(c, "moe gate_up_wg_kernel", kernel,
+         moe_tile_grid(T, k, E, NTOK, std::max(gate.out, sgate.out), kGateUpCols), kThreads, smem, gate, up, sgate,
+         sup, x, g, E, k, h_routed, h_shared);
+}
+
+template <int BITS, int NTOK>
+void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
+             const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
+  constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, kStages<NTOK>>;
+  auto kernel = down_wg_kernel<BITS, NTOK>;
+  static const bool once = (set_smem(kernel, smem), true);
+  (void)once;
+  launch(c, "moe down_wg_kernel", kernel, moe_tile_grid(T, k, E, NTOK, down.out, kBW), kThreads, smem, down, sdown,
+         hr, hs, g, topk_w, sgate, E, y_pair, out);
+}
+
+template <int BITS>
+void gate_up_wg_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
+                     const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared) {
+  switch (bm) {
+    case 16: gate_up_wg<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    case 32: gate_up_wg<BITS, 32>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    default: gate_up_wg<BITS, 64>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+  }
+}
+
+template <int BITS>
+void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
+                  const float* topk_w, const float* sgate, int T, int k, int E, int bm, float* y_pair, float* out) {
+  switch (bm) {
+    case 16: down_wg<BITS, 16>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
+    case 32: down_wg<BITS, 32>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
+    default: down_wg<BITS, 64>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
+  }
+}
+
+}  // namespace
+
+bool moe_grouped_wg_ok(const QW& gate, const QW& down, const QW& sdown) {
+  return (gate.bits == 4 || gate.bits == 8) && gate.in % wgtile::kBK == 0 && down.in % wgtile::kBK == 0 &&
+         sdown.in % wgtile::kBK == 0;
+}
+
+void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup,
+                            const X16& x, const MoeGroups& g, int T, int k, int E, int bm, float* h_routed,
+                            float* h_shared) {
+  FERN_CU_CHECK(moe_tile_rows_ok(bm) && (gate.bits == 4 || gate.bits == 8) && gate.in % wgtile::kBK == 0,
+                "moe gate/up wg: tile rows, format or width");
+  if (gate.bits == 4)
+    gate_up_wg_bits<4>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared);
+  else
+    gate_up_wg_bits<8>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared);
+}
+
+void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& h_routed, const X16& h_shared,
+                         const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
+                         float* y_pair, float* out) {
+  FERN_CU_CHECK(moe_tile_rows_ok(bm) && (down.bits == 4 || down.bits == 8) && down.in % wgtile::kBK == 0 &&
+                    sdown.in % wgtile::kBK == 0,
+                "moe down wg: tile rows, format or width");
+  if (down.bits == 4)
+    down_wg_bits<4>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out);
+  else
+    down_wg_bits<8>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out);
+}
+
+}  // namespace fern::cuda

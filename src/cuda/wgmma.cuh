@@ -1,0 +1,159 @@
+// Thin wrappers of the Hopper warpgroup MMA (wgmma, sm_90a only): one instruction multiplies a 64 x 16 tile of A by
+// a 16 x N tile of B into a 64 x N fp32 accumulator spread over the 128 threads of a warpgroup, both operands read
+// from shared memory through 64-bit descriptors, asynchronously (the issuing threads go on until they wait).
+// Operand layout used here (the only one the descriptors below describe): "K-major, 128-byte swizzle": each row of
+// a tile holds 64 bf16 of K (128 bytes), rows in groups of 8 form 1024-byte atoms (the tile 1024-byte aligned), and
+// the 16-byte chunk c of row r sits at chunk position c ^ (r % 8), which spreads a column of chunks over all the
+// shared-memory banks. A K step of 16 moves the descriptor's start by 32 bytes inside the swizzled row.
+// Accumulator layout of m64nNk16 (PTX ISA, wgmma register fragments): warp v of the warpgroup holds rows 16 v ..
+// 16 v + 15; lane l holds, for each n8 block j, d[4 j + i] at row 16 v + l / 4 + 8 (i / 2), column 8 j + 2 (l % 4) +
+// i % 2 (the mma.sync m16n8 layout, repeated over the N / 8 blocks).
+// Compiled for other targets the MMA wrappers trap; callers check wgmma_supported() (gemm_wg.h) first.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FERN_HAS_WGMMA 1
+#else
+#define FERN_HAS_WGMMA 0
+#endif
+
+namespace fern::cuda::wgmma {
+
+// Descriptor of a K-major, 128-byte-swizzled operand tile starting at `p` (shared memory, 1024-byte aligned, or
+// 32-byte steps into such a tile for the K steps): start address / 16 in bits 0-13, the leading byte offset (unused
+// by this layout, 16 bytes by convention) in bits 16-29, the stride between 8-row atoms (1024 bytes) in bits 32-45,
+// swizzle mode 1 (128 bytes) in bits 62-63.
+__device__ __forceinline__ uint64_t desc_sw128(const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return uint64_t((a & 0x3ffffu) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// Byte offset of 16-byte chunk c of row r in a K-major 128-byte-swizzled tile.
+__device__ __forceinline__ uint32_t sw128(int r, int c) { return uint32_t(r) * 128u + (uint32_t(c ^ (r & 7)) << 4); }
+
+// Orders this warpgroup's earlier register accesses before the next wgmma (required before the first one and
+// whenever other instructions touched the accumulators).
+__device__ __forceinline__ void fence() {
+#if FERN_HAS_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void commit() {
+#if FERN_HAS_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+// Waits until at most N committed groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wait() {
+#if FERN_HAS_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+// Makes this thread's generic-proxy writes to shared memory (plain stores, cp.async) visible to the async proxy that
+// wgmma reads its operands through; then a barrier publishes them to the warpgroups.
+__device__ __forceinline__ void fence_proxy_async() {
+#if FERN_HAS_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving accesses of an accumulator register across the asynchronous MMAs.
+template <int R>
+__device__ __forceinline__ void fence_operand(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 x N, fp32) += A (64 x 16, bf16, descriptor da) B^T (N x 16, bf16, descriptor db).
+__device__ __forceinline__ void mma_bf16_n16(float (&d)[8], uint64_t da, uint64_t db) {
+#if FERN_HAS_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db));
+#else
+  (void)d, (void)da, (void)db;
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void mma_bf16_n32(float (&d)[16], uint64_t da, uint64_t db) {
+#if FERN_HAS_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db));
+#else
+  (void)d, (void)da, (void)db;
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void mma_bf16_n64(float (&d)[32], uint64_t da, uint64_t db) {
+#if FERN_HAS_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db));
+#else
+  (void)d, (void)da, (void)db;
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void mma_bf16_n128(float (&d)[64], uint64_t da, uint64_t db) {
+#if FERN_HAS_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db));
+#else
+  (void)d, (void)da, (void)db;
+  __trap();
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t da, uint64_t db) {
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "instantiated widths");
+  if constexpr (N == 16)
+    mma_bf16_n16(d, da, db);
+  else if constexpr (N == 32)
+    mma_bf16_n32(d, da, db);
+  else if constexpr (N == 64)
+    mma_bf16_n64(d, da, db);
+  else
+    mma_bf16_n128(d, da, db);
+}
+
+}  // namespace fern::cuda::wgmma
