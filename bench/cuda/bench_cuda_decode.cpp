@@ -83,13 +83,18 @@ void bench_gemv() {
     const char* name;
     int64_t out, in;
     int bits;
+    const char* env = nullptr;  // a variable set for this row only (linear.cu's comparisons), and its value
+    const char* val = nullptr;
   };
   std::printf("\n== GEMV, cold L2 (graph of launches rotating over >= 256 MB of copies) ==\n");
   std::printf("%-22s %14s %8s %10s %9s %7s\n", "shape", "[out x in]", "bits", "MB/matrix", "us/launch", "%BW");
   for (const Shape& s : {Shape{"in_proj_qkv / q_proj", 8192, 2048, 4}, Shape{"in_proj_z", 4096, 2048, 4},
                          Shape{"expert gate/up", 512, 2048, 4}, Shape{"expert down", 2048, 512, 4},
                          Shape{"out_proj / o_proj", 2048, 4096, 4}, Shape{"router", 256, 2048, 8},
-                         Shape{"lm_head", 248320, 2048, 4}}) {
+                         Shape{"lm_head", 248320, 2048, 4},
+                         Shape{"in_proj_qkv, v4 prologue", 8192, 2048, 4, "FERN_CUDA_GEMV_PRO", "1"},
+                         Shape{"lm_head, depth 3", 248320, 2048, 4, "FERN_CUDA_GEMV_NB", "3"}}) {
+    if (s.env != nullptr) setenv(s.env, s.val, 1);
     CudaBackend be(0);
     const LinearWeight probe = rand_affine(be, s.out, s.in, s.bits, 1);
     const double bytes = double(probe.nbytes());
@@ -105,6 +110,7 @@ void bench_gemv() {
     const double per = t / launches;
     std::printf("%-22s %7ld x %5ld %8d %10.2f %9.2f %6.1f%%\n", s.name, long(s.out), long(s.in), s.bits, bytes / 1e6,
                 per * 1e6, 100.0 * bytes / per / kCopyBw);
+    if (s.env != nullptr) unsetenv(s.env);
   }
   // The whole-model sweep: 1.67 GB of 8192 x 2048 4-bit matrices, each read once.
   CudaBackend be(0);
@@ -265,6 +271,12 @@ void bench_decode(bool splitk) {
              if (cfg.is_attention_layer(l)) be.attn_core(o, qg, k, v, w->layers[l].attn, cfg, *st, l);
          }},
         {"40 x MoE block (with norm + residual)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe_residual(h, out, xn, w->layers[l].post_norm, 1e-6f, out2, w->layers[l].moe, cfg); }},
+        {"  same, 512-thread blocks (MOE_WIDE=1)", [&] {
+           setenv("FERN_CUDA_MOE_WIDE", "1", 1);  // read when the launches are recorded
+           be.begin_forward();
+           for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe_residual(h, out, xn, w->layers[l].post_norm, 1e-6f, out2, w->layers[l].moe, cfg);
+           unsetenv("FERN_CUDA_MOE_WIDE");
+         }},
         {"  40 x moe alone (one launch each)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe(out, xn, w->layers[l].moe, cfg); }},
         {"  three-launch path: 40 x moe_route", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_route(kc, cuda::make_qw(mq(l).router), cuda::make_qw(mq(l).shared_expert_gate), xn.ptr<float>(), ms, 1, topk); }},
         {"  three-launch path: 40 x moe_gate_up", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_gate_up(kc, cuda::make_qw(mq(l).gate), cuda::make_qw(mq(l).up), cuda::make_qw(mq(l).shared_gate), cuda::make_qw(mq(l).shared_up), xn.ptr<float>(), ms, 1, topk); }},
@@ -304,6 +316,8 @@ void bench_decode(bool splitk) {
                          cuda::make_qw(m.up),     cuda::make_qw(m.down),               cuda::make_qw(m.shared_gate),
                          cuda::make_qw(m.shared_up), cuda::make_qw(m.shared_down)};
     };
+    for (const char* wide : {"0", "1"}) {
+    setenv("FERN_CUDA_MOE_WIDE", wide, 1);
     bool timed = true;
     const double tt = time_graph(be, [&] {
       FERN_CUDA_CHECK(cudaMemsetAsync(dst, 0, sbytes, be.stream()));
@@ -322,8 +336,9 @@ void bench_decode(bool splitk) {
       const int n = R * L;
       auto at = [&](int i, int k) { return hs[size_t(i) * cuda::kMoeStamps + k]; };
       auto first = [&](int i) { return ~at(i, cuda::kMoeStampFirstStart); };
-      std::printf("\n== fused MoE phases (moe_residual, %d launches, graph replay %.2f us per launch): us from the "
-                  "launch's first block start ==\n", n, tt * 1e6 / n);
+      std::printf("\n== fused MoE phases (moe_residual, %s blocks, %d launches, graph replay %.2f us per launch): us "
+                  "from the launch's first block start ==\n", wide[0] == '1' ? "512-thread" : "256-thread", n,
+                  tt * 1e6 / n);
       std::printf("%-44s %8s %8s %8s\n", "point", "mean", "min", "max");
       const struct {
         const char* name;
@@ -356,6 +371,8 @@ void bench_decode(bool splitk) {
       for (int i = 1; i < n; ++i) gap += (double(first(i)) - double(at(i - 1, cuda::kMoeStampLastEnd))) * 1e-3;
       std::printf("%-44s %8.2f\n", "gap: previous launch's last end -> first start", gap / (n - 1));
     }
+    }
+    unsetenv("FERN_CUDA_MOE_WIDE");
     FERN_CUDA_CHECK(cudaFree(dst));
   }
 

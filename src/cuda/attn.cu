@@ -6,6 +6,10 @@
 //               every lane holding D/32 dims of the block's query heads, so one coalesced read of a K row and a V
 //               row serves all of them. Partial
 //               (max, sum, acc) per split are merged by a second kernel that also applies sigmoid(gate).
+// Inputs written by an earlier kernel are plain `const T*`, never `const T* __restrict__`: under PDL that kernel
+// may still be running while this one is resident, and const + restrict would allow the non-coherent load path
+// and its scheduling ahead of griddepcontrol.wait (qdot.cuh stage_x, docs/notes/cuda-decode-v6.md). Weights
+// and the position counter (written only by advance_kernel, the last launch of a step) may stay restrict.
 #include <cstdlib>
 
 #include "cuda/kernels.h"
@@ -19,8 +23,8 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
 __global__ void __launch_bounds__(kThreads) attn_prep_kernel(AttnShape sh, const int32_t* __restrict__ d_pos,
-                                                             const float* __restrict__ qg, const float* __restrict__ k,
-                                                             const float* __restrict__ v,
+                                                             const float* qg, const float* k,
+                                                             const float* v,
                                                              const float* __restrict__ q_norm,
                                                              const float* __restrict__ k_norm, float* __restrict__ q_out,
                                                              uint16_t* __restrict__ k_cache,
@@ -112,9 +116,9 @@ __device__ __forceinline__ void unpack_row(const RawRow<DPL>& r, float (&out)[DP
 // G query heads per block: all heads of one KV head, or a part of them (head groups, gridDim.x = Hkv * groups).
 template <int G, int DPL>
 __global__ void __launch_bounds__(kThreads, G <= 4 ? 2 : 1) attn_split_kernel(AttnShape sh, const int32_t* __restrict__ d_pos,
-                                                              const float* __restrict__ q,
-                                                              const uint16_t* __restrict__ k_cache,
-                                                              const uint16_t* __restrict__ v_cache,
+                                                              const float* q,
+                                                              const uint16_t* k_cache,
+                                                              const uint16_t* v_cache,
                                                               float* __restrict__ part_ml,
                                                               float* __restrict__ part_acc) {
   constexpr int D = DPL * 32;
@@ -270,9 +274,9 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 2 : 1) attn_split_kernel(At
 constexpr int kMaxSplits = 1024;
 
 __global__ void __launch_bounds__(kThreads) attn_combine_kernel(AttnShape sh, int nsplit,
-                                                                const float* __restrict__ part_ml,
-                                                                const float* __restrict__ part_acc,
-                                                                const float* __restrict__ qg, float* __restrict__ o) {
+                                                                const float* part_ml,
+                                                                const float* part_acc,
+                                                                const float* qg, float* __restrict__ o) {
   pdl_wait();
   pdl_trigger();
   __shared__ float fac[kMaxSplits];

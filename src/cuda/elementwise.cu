@@ -1,5 +1,9 @@
 // Row-wise and element-wise kernels: embedding gather (dequantises one row), RMSNorm, residual add + RMSNorm,
 // add, argmax over the vocabulary, and the device-side position counter.
+// Inputs written by an earlier kernel are plain `const T*`, never `const T* __restrict__`: under PDL that kernel
+// may still be running while this one is resident, and const + restrict would allow the non-coherent load path
+// and its scheduling ahead of griddepcontrol.wait (qdot.cuh stage_x, docs/notes/cuda-decode-v6.md). Weights
+// and the position counter (written only by advance_kernel, the last launch of a step) may stay restrict.
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
@@ -9,7 +13,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) embed_kernel(QW W, const int32_t* __restrict__ ids,
+__global__ void __launch_bounds__(kThreads) embed_kernel(QW W, const int32_t* ids,
                                                          float* __restrict__ out) {
   pdl_wait();
   pdl_trigger();
@@ -36,7 +40,7 @@ __global__ void __launch_bounds__(kThreads) embed_kernel(QW W, const int32_t* __
 
 // One block per row; `resid` (optional) receives resid + delta first.
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(float* __restrict__ out, const float* x, float* resid,
-                                                           const float* __restrict__ delta,
+                                                           const float* delta,
                                                            const float* __restrict__ w, int D, float eps) {
   pdl_wait();
   pdl_trigger();
@@ -67,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(float* __restrict__ o
 // the reduction: two dependent memory round trips per norm, ~3.5 us each at D = 2048).
 template <int VPT>
 __global__ void __launch_bounds__(kThreads) rmsnorm_vec_kernel(float* __restrict__ out, const float* x, float* resid,
-                                                               const float* __restrict__ delta,
+                                                               const float* delta,
                                                                const float* __restrict__ w, int D, float eps) {
   __shared__ float red[32];
   const int n4 = D / 4;
@@ -173,7 +177,7 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* __restrict__ ids, const float* __restrict__ logits,
+__global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* __restrict__ ids, const float* logits,
                                                           int64_t V, float* part_v, int* part_i, int* counters) {
   pdl_wait();
   pdl_trigger();

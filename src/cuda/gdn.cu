@@ -8,6 +8,10 @@
 // Cross-block steps use "last block" counters instead of extra launches:
 //  - the last block of a value head applies the gated RMSNorm to the head's 128 outputs;
 //  - the last block of a key head shifts the conv state of its channels (nobody reads them after that).
+// Inputs written by an earlier kernel are plain `const T*`, never `const T* __restrict__`: under PDL that kernel
+// may still be running while this one is resident, and const + restrict would allow the non-coherent load path
+// and its scheduling ahead of griddepcontrol.wait (qdot.cuh stage_x, docs/notes/cuda-decode-v6.md). Weights
+// and the position counter (written only by advance_kernel, the last launch of a step) may stay restrict.
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/cuda_util.cuh"
@@ -27,9 +31,9 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1
 
 // MAXKS: conv taps held in registers (4 for the model: the variant measured on the H200; 8 for longer kernels).
 template <int MAXKS>
-__global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const float* __restrict__ mixed,
-                                                       const float* __restrict__ z, const float* __restrict__ bgate,
-                                                       const float* __restrict__ agate,
+__global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const float* mixed,
+                                                       const float* z, const float* bgate,
+                                                       const float* agate,
                                                        const float* __restrict__ conv_w,
                                                        const float* __restrict__ A_log,
                                                        const float* __restrict__ dt_bias,

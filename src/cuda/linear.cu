@@ -6,12 +6,15 @@
 // shared-expert gate's row in one launch, with softmax/top-k run by the last block to finish (moe_route).
 // Work split: `LPR` lanes cooperate on one row, lane `sub` taking chunks sub, sub + LPR, ...; two chunks per row
 // and kRPI = 2 rows at a time (a "step": 4 independent 16-byte loads per lane). Warps walk their row groups as a
-// software pipeline: the next step's loads are issued before this step's arithmetic, the first step's before
-// waiting on the previous kernel (PDL).
+// software pipeline of NB register buffers: the first NB steps' loads are issued before waiting on the previous
+// kernel (PDL), and each buffer is refilled with the loads of step s + NB as soon as step s is consumed.
+// (Version 4 issued only the first step before the wait; an 8192 x 2048 matrix is two steps per warp, so the
+// second step's round trip came after the activations were staged: 6.4 us for 2.2 us of bytes.)
 // Index arithmetic is kept out of the inner loop (docs/notes/cuda-decode-v1.md found 64-bit divisions and the
 // swizzle there): the step's row group and chunk pass advance as counters, offsets are 32-bit, a chunk's group is
 // a shift, and the activations are read through one per-lane shared-memory base plus constants (qdot.cuh).
 #include <climits>
+#include <cstdlib>
 
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -56,9 +59,9 @@ constexpr int kNormV = 4;
 // (The first version re-read the row and read the weight after the reduction: two more dependent round trips,
 // measured ~1.9 us per GDN projection launch against 1.33 us for the separate norm launch it replaced.)
 template <int BITS, int LPR>
-__device__ __forceinline__ void stage_x_norm(const float* __restrict__ x, const float4 (&wn)[kNormV], float eps,
+__device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[kNormV], float eps,
                                              int n, float4* xs, float* xc, float* xn) {
-  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
+  constexpr int F4 = ChunkTraits<BITS>::kF4;
   __shared__ float red[32];
   const float4* x4 = reinterpret_cast<const float4*>(x);
   float4 xv[kNormV];
@@ -66,29 +69,26 @@ __device__ __forceinline__ void stage_x_norm(const float* __restrict__ x, const 
 #pragma unroll
   for (int q = 0; q < kNormV; ++q) {
     const int f = threadIdx.x + q * kThreads;
-    xv[q] = f < n / 4 ? x4[f] : make_float4(0.f, 0.f, 0.f, 0.f);
+    xv[q] = f < n / 4 ? __ldcg(x4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);  // through L2: stage_x
     ss += (xv[q].x * xv[q].x + xv[q].y * xv[q].y) + (xv[q].z * xv[q].z + xv[q].w * xv[q].w);
   }
   const float inv = rsqrtf(block_sum(ss, red) / float(n) + eps);
+  // The chunk sums come from shuffles (qdot.cuh, chunk_sum_lanes): thread f holds float4 f, so a chunk's float4s
+  // sit in consecutive lanes; no second pass over shared memory behind another barrier.
 #pragma unroll
   for (int q = 0; q < kNormV; ++q) {
+    if (q * kThreads >= n / 4) break;  // the same on every thread: all lanes take part in the shuffles
     const int f = threadIdx.x + q * kThreads;
+    const float4 o = make_float4(xv[q].x * inv * wn[q].x, xv[q].y * inv * wn[q].y, xv[q].z * inv * wn[q].z,
+                                 xv[q].w * inv * wn[q].w);  // zero beyond the row (xv and wn are)
     if (f < n / 4) {
-      const float4 o = make_float4(xv[q].x * inv * wn[q].x, xv[q].y * inv * wn[q].y, xv[q].z * inv * wn[q].z,
-                                   xv[q].w * inv * wn[q].w);
       xs[x_slot<BITS, LPR>(f / F4, f % F4)] = o;
       if (xn != nullptr) reinterpret_cast<float4*>(xn)[f] = o;
     }
-  }
-  __syncthreads();
-  for (int c = threadIdx.x; c < n / E; c += blockDim.x) {
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < F4; ++k) {
-      const float4 v = xs[x_slot<BITS, LPR>(c, k)];
-      s += (v.x + v.y) + (v.z + v.w);
+    if constexpr (BITS != 16) {
+      const float s = chunk_sum_lanes<BITS>(o);
+      if (f < n / 4 && f % F4 == 0) xc[f / F4] = s;
     }
-    xc[c] = s;
   }
   __syncthreads();
 }
@@ -117,9 +117,9 @@ __device__ __forceinline__ int mat_of(const Mats& M, int row) {
 // A's shape and format describe every matrix; the rows come from M. With ROUTE (two matrices: the router, then the
 // shared-expert gate's single row) the last block of each token row runs the router's top-k over y[0] with y[1]
 // as the shared-expert gate logit.
-template <int BITS, int LPR, bool MULTI, bool ROUTE, bool NORM>
-__global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows, const float* __restrict__ x,
-                                                          RouteTail tail, InNorm nm) {
+template <int BITS, int LPR, bool MULTI, bool ROUTE, bool NORM, int NB>
+__global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows, const float* x,
+                                                          RouteTail tail, InNorm nm, int pro) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
   extern __shared__ float4 smem[];
   constexpr int F4 = ChunkTraits<BITS>::kF4;
@@ -174,9 +174,14 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
     }
   };
 
-  // Weights do not depend on the previous kernel: the first step's loads are issued before waiting for it.
-  StepBuf P, Q;
-  if (S > 0) load_step(P);
+  // Weights do not depend on the previous kernel: the first NB steps' loads are issued before waiting for it (the
+  // 8192 x 2048 projections take two steps per warp, so all their weights are requested here).
+  // pro < NB (FERN_CUDA_GEMV_PRO, for comparisons): only the first `pro` steps before the wait, the others right
+  // after staging (version 4's timing for pro = 1, NB = 2).
+  StepBuf buf[NB];
+#pragma unroll
+  for (int i = 0; i < NB; ++i)
+    if (i < S && i < pro) load_step(buf[i]);
   float4 wn[kNormV];  // NORM: the norm weight, also constant during a step
   if constexpr (NORM) {
 #pragma unroll
@@ -194,14 +199,17 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
   else
     stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
   pdl_trigger();
+#pragma unroll
+  for (int i = 0; i < NB; ++i)
+    if (i < S && i >= pro) load_step(buf[i]);
   const float4* xl = xs + sub;
   const float* xcl = xc + sub;
 
   float acc[kRPI] = {};
   int cg = gw, cci = 0;  // row group and chunk pass of the step being consumed
-  // One pipeline step: issue the next step's loads, then consume this step's registers.
-  auto step = [&](int s, const StepBuf& cur, StepBuf& nxt) {
-    if (s + 1 < S) load_step(nxt);
+  // One pipeline step: consume this step's registers, then refill them with the loads of step s + NB (steps
+  // s + 1 .. s + NB - 1 are in flight meanwhile).
+  auto step = [&](int s, StepBuf& cur) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int j = cci * 2 + u;
@@ -231,10 +239,12 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
       }
       cg += warps;
     }
+    if (s + NB < S) load_step(cur);
   };
-  for (int s = 0; s < S; s += 2) {
-    step(s, P, Q);
-    if (s + 1 < S) step(s + 1, Q, P);
+  for (int s = 0; s < S; s += NB) {
+#pragma unroll
+    for (int i = 0; i < NB; ++i)
+      if (s + i < S) step(s + i, buf[i]);
   }
 
   if constexpr (ROUTE) {
@@ -255,6 +265,21 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
   }
 }
 
+// Pipeline steps in flight per warp (NB) for a plain GEMV: 2. FERN_CUDA_GEMV_NB=3 selects a third buffer for the
+// plain GEMVs with 32 lanes per row (read at every call, for comparisons). Measured on the H200
+// (docs/notes/cuda-decode-v5.md, cold L2): lm_head 104.8 us with 3 against 96.9 with 2, so 2 is the default.
+int gemv_depth() {
+  if (const char* e = std::getenv("FERN_CUDA_GEMV_NB"); e != nullptr && e[0] == '3' && e[1] == 0) return 3;
+  return 2;
+}
+
+// Steps requested before the PDL wait: all NB (default), or FERN_CUDA_GEMV_PRO=1 for version 4's single step (read
+// at every call, for comparisons).
+int gemv_prologue() {
+  const char* e = std::getenv("FERN_CUDA_GEMV_PRO");
+  return e != nullptr && e[0] == '1' && e[1] == 0 ? 1 : 3;
+}
+
 template <int BITS, bool MULTI, bool ROUTE, bool NORM>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
@@ -272,11 +297,19 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // under PDL) and each warp walks several row groups, overlapping the next group's loads with this one's math.
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * 2));
   dim3 grid(blocks, T);
+  const int pro = gemv_prologue();
+  if constexpr (!MULTI && !ROUTE && !NORM) {
+    if (lpr == 32 && gemv_depth() == 3) {
+      launch(c, "linear_kernel", linear_kernel<BITS, 32, false, false, false, 3>, grid, kThreads, smem, a, m, rows, x,
+             tail, nm, pro);
+      return;
+    }
+  }
   switch (lpr) {
-    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
-    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, NORM>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
-    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, NORM>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
-    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, NORM>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
   }
 }
 

@@ -8,6 +8,10 @@
 //  3. moe_down:    one warp per output row reads that row of all k selected down matrices and of the shared down
 //                  matrix and sums w_k * y_k + sigmoid(s) * shared, so the routed sum and the shared expert cost
 //                  one launch and one write of the output.
+// Inputs written by an earlier kernel are plain `const T*`, never `const T* __restrict__`: under PDL that kernel
+// may still be running while this one is resident, and const + restrict would allow the non-coherent load path
+// and its scheduling ahead of griddepcontrol.wait (qdot.cuh stage_x, docs/notes/cuda-decode-v6.md). Weights
+// and the position counter (written only by advance_kernel, the last launch of a step) may stay restrict.
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
@@ -19,7 +23,7 @@ namespace {
 constexpr int kThreads = 256;
 
 // ---- top-k (stand-alone; the fused router runs the same code in its tail, linear.cu) ----
-__global__ void __launch_bounds__(32) topk_kernel(const float* __restrict__ logits, const float* __restrict__ sg_logit,
+__global__ void __launch_bounds__(32) topk_kernel(const float* logits, const float* sg_logit,
                                                   int E, int k, int32_t* __restrict__ ids, float* __restrict__ wts,
                                                   float* __restrict__ sgate) {
   pdl_wait();
@@ -52,7 +56,7 @@ struct PairBuf {
 };
 
 template <int BITS, int LPR>
-__global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW SU, const float* __restrict__ x,
+__global__ void __launch_bounds__(kThreads) gate_up_kernel(QW G, QW U, QW SG, QW SU, const float* x,
                                                            MoeScratch s, int topk) {
   extern __shared__ float4 smem[];
   constexpr int F4 = ChunkTraits<BITS>::kF4;

@@ -6,16 +6,19 @@
 // separated by two grid-wide handoffs through counters:
 //  1. Router rows (and the shared-expert gate's row) and the shared expert's gate/up rows, whose weights are
 //     requested before the PDL wait. Each block then counts itself in and waits for all blocks.
-//  2. Every block runs the softmax/top-k itself on the complete logits (a redundant 1 KB read from L2 per block
-//     instead of one block's result being published through a second handoff), then requests the down rows it
-//     will need (they depend only on the chosen experts) and computes its share of the routed gate/up rows while
-//     those loads are in flight. Count in, wait for all blocks.
+//  2. Every block runs the top-k itself on the complete logits (a redundant 1 KB read from L2 per block instead of
+//     one block's result being published through a second handoff; redux.sync rounds, topk_keys), then requests
+//     the down rows it will need (they depend only on the chosen experts) and computes its share of the routed
+//     gate/up rows while those loads are in flight. Count in, wait for all blocks.
 //  3. Each warp finishes its down row(s) from the already loaded weights and the complete intermediate h.
 // With a MoeNorm (moe_residual) the kernel also computes its input, resid += delta and RMSNorm, in every block, and
 // adds its output to resid (block 0 writes resid + delta after the first handoff; the warp of down row n adds row n
 // after the second). Measured on the H200 (docs/notes/cuda-decode-v4.md): 22.4 us per layer against 25.5 for the
-// three launches, far from the 11-13 predicted. The phases are timed by moe_fused_timed (a separate instantiation,
-// compiled only with -DFERN_MOE_PHASE_TIMING; docs/notes/cuda-decode-v5.md).
+// three launches, far from the 11-13 predicted. Version 5 (docs/notes/cuda-decode-v5.md) times the phases
+// (moe_fused_timed, compiled only with -DFERN_MOE_PHASE_TIMING) and shortens the chain: one fence per block at a
+// handoff, chunk sums by shuffles (one barrier less per staging), the top-k on redux.sync, the residual row read
+// together with h. Version 6 (docs/notes/cuda-decode-v6.md) reads every input of an earlier kernel through L2
+// (stage_x: its const __restrict__ reads raced with the previous kernel under PDL) and can run 512-thread blocks.
 //
 // Handoff counters (ctx.counters[0, kMoeFusedCounters)): [0] an epoch, [1..2] arrivals at the router handoff, [3..4]
 // arrivals at the h handoff, one of each pair per epoch parity. A launch reads the epoch after its PDL wait (the
@@ -26,6 +29,7 @@
 // Deadlock freedom: the grid is at most the number of blocks that fit on the GPU at once, so every block becomes
 // resident; a PDL successor launches only once every block has passed pdl_trigger(), i.e. is resident already.
 #include <climits>
+#include <cstdlib>
 
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -35,8 +39,10 @@
 namespace fern::cuda {
 namespace {
 
+// Threads per block: 256 with two blocks per SM (the default), or 512 with one (FERN_CUDA_MOE_WIDE=1, see
+// moe_threads): half the blocks, so half the requests for the rows that every block reads from L2 (the input row,
+// the logits, h), which docs/notes/cuda-decode-v5.md measured as hot-spot bound; the same warps per SM.
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
 constexpr int kMaxSlots = 33;  // top-k <= 32 routed slots + the shared expert
 constexpr int kDownU = 5;
 // Dynamic shared memory limit (x twice and h; the real model needs 37 KB). Two blocks per SM fit with room to
@@ -112,25 +118,6 @@ __device__ __forceinline__ void finish_rows(const Mat& mat, const int (&row)[N],
   for (int r = 0; r < N; ++r) out[r] = warp_sum(acc[r]);
 }
 
-// stage_x (qdot.cuh, LPR 32) for data written by other blocks of this launch: read through L2.
-template <int BITS>
-__device__ __forceinline__ void stage_cg(const float* x, int n, float4* xs, float* xc) {
-  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  for (int f = threadIdx.x; f < n / 4; f += blockDim.x) xs[x_slot<BITS, 32>(f / F4, f % F4)] = __ldcg(x4 + f);
-  __syncthreads();
-  for (int c = threadIdx.x; c < n / E; c += blockDim.x) {
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < F4; ++k) {
-      const float4 v = xs[x_slot<BITS, 32>(c, k)];
-      s += (v.x + v.y) + (v.z + v.w);
-    }
-    xc[c] = s;
-  }
-  __syncthreads();
-}
-
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -144,7 +131,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 
 // Phase timestamps (kernels.h, kMoeStamp*), written only by the TIMED instantiation, which exists only when the
-// file is compiled with -DFERN_MOE_PHASE_TIMING (moe_fused_timed). With TIMED false every call compiles to nothing.
+// file is compiled with -DFERN_MOE_PHASE_TIMING (moe_fused_timed).
 template <bool TIMED>
 struct Stamps {
   unsigned long long* p;
@@ -163,16 +150,20 @@ struct Stamps {
   }
 };
 
-// Thread 0 counts the block in at *cnt (after the block's writes) and waits until all blocks have; the barrier
-// around makes their writes visible to the whole block.
+// All blocks meet: every thread's writes of the phase before, every block's after. As a cooperative grid sync does
+// it: one barrier, then thread 0 alone fences (the fence is cumulative over what the barrier ordered before it),
+// counts the block in at *cnt and waits until all blocks have; the second barrier releases the block. (Version 4
+// fenced on all 256 threads, each waiting for its own outstanding stores.)
 template <bool TIMED>
 __device__ __forceinline__ void grid_handoff(int* cnt, int epoch_next, int* epoch, bool advance_epoch,
-                                             const Stamps<TIMED>& st, int s_arrive, int s_last, int s_pass) {
-  __threadfence();
+                                             const Stamps<TIMED>& st, int s_arrive, int s_last, int s_pass,
+                                             bool fence_all) {
+  if (fence_all) __threadfence();  // version 4: every thread (kMoeFenceAll)
   __syncthreads();
   if (threadIdx.x == 0) {
     st.at(s_arrive);
     st.extreme(s_last);
+    __threadfence();
     const int old = atomicAdd(cnt, 1);
     if (advance_epoch && old == int(gridDim.x) - 1) atomicExch(epoch, epoch_next);
     while (ld_acquire(cnt) < int(gridDim.x)) {
@@ -180,6 +171,83 @@ __device__ __forceinline__ void grid_handoff(int* cnt, int epoch_next, int* epoc
     st.at(s_pass);
   }
   __syncthreads();
+}
+
+// Order-preserving unsigned key of a float (a larger float has a larger key; 0 is below every float, -inf too).
+// -0 becomes +0 first (f + 0.0f), so that the two zeros tie as they do as floats.
+__device__ __forceinline__ uint32_t float_key(float f) {
+  const uint32_t u = __float_as_uint(f + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_float(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Router top-k of one token by one warp, on the logits themselves (softmax is monotone, and the weights are
+// renormalised over the chosen experts, so the softmax's denominator cancels: w = exp(l - l_max) / sum over the
+// chosen). A round is two single-instruction warp reductions (redux.sync: the largest key, then the lowest index
+// holding it, the CPU's tie rule) instead of topk.cuh's five shuffle-and-compare steps of (value, index) pairs; no
+// softmax over all E before the selection. Same choice and order as topk_warp (descending, lowest index on ties).
+template <int NPL>
+__device__ __forceinline__ void topk_keys(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
+                                          float* wts, float* sgate) {
+  const int lane = threadIdx.x & 31;
+  uint32_t key[NPL];
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) {
+    const int e = i * 32 + lane;
+    key[i] = e < E ? float_key(__ldcg(logits + e)) : 0u;
+  }
+  const float sgl = __ldcg(sg_logit);  // requested with the logits
+  uint32_t bk;
+  int bi;
+  auto local_best = [&] {  // i ascending and strict >: the lowest index among this lane's equal keys
+    bk = 0u;
+    bi = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      if (key[i] > bk) {
+        bk = key[i];
+        bi = i * 32 + lane;
+      }
+    }
+  };
+  local_best();
+  uint32_t my_key = 0u;
+  int my_id = 0;
+  for (int r = 0; r < k; ++r) {
+    const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+    const int win = static_cast<int>(__reduce_min_sync(0xffffffffu, bk == mk ? static_cast<uint32_t>(bi) : 0xffffffffu));
+    if (bi == win) {  // the owner drops it and finds its next best
+#pragma unroll
+      for (int i = 0; i < NPL; ++i)
+        if (i * 32 + lane == win) key[i] = 0u;
+      local_best();
+    }
+    if (lane == r) {
+      my_key = mk;
+      my_id = win;
+    }
+  }
+  const float lmax = key_float(__shfl_sync(0xffffffffu, my_key, 0));
+  const float p = lane < k ? expf(key_float(my_key) - lmax) : 0.0f;
+  const float sum = warp_sum(p);
+  if (lane < k) {
+    ids[lane] = my_id;
+    wts[lane] = p / sum;
+  }
+  if (lane == 0) *sgate = 1.0f / (1.0f + expf(-sgl));
+}
+
+__device__ __forceinline__ void topk_fused(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
+                                           float* wts, float* sgate) {
+  if (E <= 64) {
+    topk_keys<2>(logits, sg_logit, E, k, ids, wts, sgate);
+  } else if (E <= 256) {
+    topk_keys<8>(logits, sg_logit, E, k, ids, wts, sgate);
+  } else {
+    topk_keys<kTopkMaxPerLane>(logits, sg_logit, E, k, ids, wts, sgate);
+  }
 }
 
 struct FusedArgs {
@@ -193,7 +261,13 @@ struct FusedArgs {
   int topk;
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
+  int variant;                 // kMoe* bits: version 4's way of a step (FERN_CUDA_MOE_V4, for comparisons)
 };
+
+// Version 4's way of individual steps, selected at run time by FERN_CUDA_MOE_V4 (a sum of these bits; read at every
+// call), so that one build can compare or rule out each change: every thread fences at a handoff; the residual
+// row is read after the dot; the top-k of topk.cuh (softmax first, shuffle rounds).
+constexpr int kMoeFenceAll = 1, kMoeResidLate = 2, kMoeTopkShuffle = 4;
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
 constexpr int kNormV = 2;
@@ -205,22 +279,9 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
   xs[x_slot<BITS, 32>(f / F4, f % F4)] = v;
 }
 
-template <int BITS>
-__device__ __forceinline__ void chunk_sums(const float4* xs, int n, float* xc) {
-  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
-  for (int c = threadIdx.x; c < n / E; c += blockDim.x) {
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < F4; ++k) {
-      const float4 v = xs[x_slot<BITS, 32>(c, k)];
-      s += (v.x + v.y) + (v.z + v.w);
-    }
-    xc[c] = s;
-  }
-}
-
-template <int RB, int B, bool TIMED>
-__global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
+template <int RB, int B, bool TIMED, int NT>
+__global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
+  constexpr int kWarps = NT / 32;
   const Stamps<TIMED> st{a.stamps};
   st.at(kMoeStampStart);
   st.template extreme<false>(kMoeStampFirstStart);
@@ -273,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
   if (a.norm.resid != nullptr) {
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
-      const int f = threadIdx.x + q * kThreads;
+      const int f = threadIdx.x + q * NT;
       wn[q] = f < H / 4 ? __ldg(reinterpret_cast<const float4*>(a.norm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
@@ -301,7 +362,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     float ss = 0.0f;
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
-      const int f = threadIdx.x + q * kThreads;
+      const int f = threadIdx.x + q * NT;
+      rsum[q] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (f < H / 4) {
         const float4 r = __ldcg(r4 + f), d = __ldcg(d4 + f);
         rsum[q] = make_float4(r.x + d.x, r.y + d.y, r.z + d.z, r.w + d.w);
@@ -309,21 +371,24 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
       }
     }
     const float inv = rsqrtf(block_sum(ss, red) / float(H) + a.norm.eps);
+    // The normed row into both layouts, its chunk sums by shuffles (thread f holds float4 f; qdot.cuh
+    // chunk_sum_lanes) instead of a second pass over shared memory behind another barrier.
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
-      const int f = threadIdx.x + q * kThreads;
+      if (q * NT >= H / 4) break;  // the same on every thread: all lanes take part in the shuffles
+      const int f = threadIdx.x + q * NT;
+      const float4 w = wn[q];  // zero beyond the row, as rsum is
+      const float4 xv =
+          make_float4(rsum[q].x * inv * w.x, rsum[q].y * inv * w.y, rsum[q].z * inv * w.z, rsum[q].w * inv * w.w);
       if (f < H / 4) {
-        const float4 w = wn[q];
-        const float4 xv =
-            make_float4(rsum[q].x * inv * w.x, rsum[q].y * inv * w.y, rsum[q].z * inv * w.z, rsum[q].w * inv * w.w);
         put_x<RB>(xr, f, xv);
         put_x<B>(xe, f, xv);
         if (blockIdx.x == 0 && a.norm.xn) reinterpret_cast<float4*>(a.norm.xn)[f] = xv;
       }
+      const float sr = chunk_sum_lanes<RB>(xv), se = chunk_sum_lanes<B>(xv);
+      if (f < H / 4 && f % ChunkTraits<RB>::kF4 == 0) xrc[f / ChunkTraits<RB>::kF4] = sr;
+      if (f < H / 4 && f % FB == 0) xec[f / FB] = se;
     }
-    __syncthreads();
-    chunk_sums<RB>(xr, H, xrc);
-    chunk_sums<B>(xe, H, xec);
     __syncthreads();  // epoch_s is visible too
   }
   st.at(kMoeStampStaged);
@@ -349,17 +414,22 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     }
   }
   grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
-               kMoeStampPass1);
+               kMoeStampPass1, a.variant & kMoeFenceAll);
   if (a.norm.resid != nullptr && blockIdx.x == 0) {  // every block has read resid by now
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
-      const int f = threadIdx.x + q * kThreads;
+      const int f = threadIdx.x + q * NT;
       if (f < H / 4) reinterpret_cast<float4*>(a.norm.resid)[f] = rsum[q];
     }
   }
 
   // ---- top-k in every block, then the expert tables ----
-  if (threadIdx.x < 32) topk_warp(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s);
+  if (threadIdx.x < 32) {
+    if (a.variant & kMoeTopkShuffle)
+      topk_warp(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s);
+    else
+      topk_fused(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s);
+  }
   __syncthreads();
   if (threadIdx.x <= k) {
     const int sl = threadIdx.x;
@@ -421,10 +491,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     }
   }
   grid_handoff(a.counters + 3 + par, epoch + 1, a.counters, true, st, kMoeStampArrive2, kMoeStampLastArrive2,
-               kMoeStampPass2);
+               kMoeStampPass2, a.variant & kMoeFenceAll);
 
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----
-  stage_cg<B>(a.s.h, nx, xh, xhc);
+  // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
+  const bool resid_early = a.norm.add_out && !(a.variant & kMoeResidLate);
+  const float resid_v = resid_early && lane == 0 && v < H ? __ldcg(a.norm.resid + v) : 0.0f;
+  stage_x<B, 32>(a.s.h, nx, xh, xhc);
   st.at(kMoeStampHStaged);
   for (int n = v; n < H; n += W) {
     float acc = 0.0f;
@@ -445,7 +518,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fused_kernel(FusedArgs a) {
     if (lane == 0) {
       a.out[n] = acc;
       // resid + delta was written by block 0 before the second handoff; this warp owns row n.
-      if (a.norm.add_out) a.norm.resid[n] = __ldcg(a.norm.resid + n) + acc;
+      if (a.norm.add_out) a.norm.resid[n] = (n == v && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + acc;
     }
   }
   st.at(kMoeStampEnd);
@@ -461,40 +534,50 @@ size_t fused_smem(int64_t H, int64_t nx) {
          size_t(cols(nx / EB)) * (FB * 16 + 4);
 }
 
-
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED>
+template <int RB, int B, bool TIMED, int NT>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED>, kThreads, smem) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT>, NT, smem) !=
         cudaSuccess)
       per_sm = 0;
     cached = per_sm;
     cached_smem = smem;
   }
-  return std::min(cached, 2) * c.sms;
+  return std::min(cached, 512 / NT) * c.sms;
 }
 
-template <int RB, int B, bool TIMED>
-bool launch_fused(const Ctx& c, const FusedArgs& a) {
+template <int RB, int B, bool TIMED, int NT>
+bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT>(c, smem);
   if (blocks <= 0) return false;
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED>, blocks, kThreads, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
+}
+
+// FERN_CUDA_MOE_WIDE=1: 512 threads per block, one block per SM (read at every call, for comparisons).
+bool moe_wide() {
+  const char* e = std::getenv("FERN_CUDA_MOE_WIDE");
+  return e != nullptr && e[0] == '1' && e[1] == 0;
+}
+
+template <int RB, int B, bool TIMED>
+bool launch_fused(const Ctx& c, const FusedArgs& a) {
+  return moe_wide() ? launch_fused_nt<RB, B, TIMED, 512>(c, a) : launch_fused_nt<RB, B, TIMED, kThreads>(c, a);
 }
 
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
@@ -517,7 +600,8 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0};
+  if (const char* e = std::getenv("FERN_CUDA_MOE_V4"); e != nullptr) a.variant = std::atoi(e) & 7;
   return true;
 }
 

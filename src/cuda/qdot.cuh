@@ -52,26 +52,53 @@ constexpr size_t x_smem_bytes(int64_t n, int lpr) {
   return size_t(chunks) * (F4 * 16 + 4);
 }
 
-// Stages n floats of x (n a multiple of the chunk width) into xs (lane-major float4s) and the per-chunk sums into
-// xc. Called by the whole block; ends with __syncthreads().
-template <int BITS, int LPR>
-__device__ __forceinline__ void stage_x(const float* __restrict__ x, int n, float4* xs, float* xc) {
-  constexpr int E = ChunkTraits<BITS>::kElems, F4 = ChunkTraits<BITS>::kF4;
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  for (int f = threadIdx.x; f < n / 4; f += blockDim.x) xs[x_slot<BITS, LPR>(f / F4, f % F4)] = x4[f];
-  __syncthreads();
-  if constexpr (BITS != 16) {
-    for (int c = threadIdx.x; c < n / E; c += blockDim.x) {
-      float s = 0.0f;
+// Per-chunk sum of x for the float4 `v` that this thread holds as float4 f of the row, when the F4 float4s of a
+// chunk sit in F4 consecutive lanes (f = base + lane, base a multiple of 32): a shuffle tree instead of a second
+// pass over shared memory behind another barrier. Every lane of the warp must call it; the lane holding the
+// chunk's first float4 gets the sum.
+template <int BITS>
+__device__ __forceinline__ float chunk_sum_lanes(const float4& v) {
+  constexpr int F4 = ChunkTraits<BITS>::kF4;
+  float s = (v.x + v.y) + (v.z + v.w);
 #pragma unroll
-      for (int k = 0; k < F4; ++k) {
-        float4 v = xs[x_slot<BITS, LPR>(c, k)];
-        s += (v.x + v.y) + (v.z + v.w);
-      }
-      xc[c] = s;
+  for (int o = 1; o < F4; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+// Stages n floats of x (n a multiple of the chunk width) into xs (lane-major float4s) and the per-chunk sums into
+// xc. Called by the whole block (blockDim.x a multiple of 32); ends with __syncthreads(). Each thread first requests
+// all its float4s (up to 4 per pass, so that they are in flight together), then stores them; the chunk sums come
+// from shuffles (chunk_sum_lanes) in the same pass, one barrier in all.
+// x is always read through L2 (ld.global.cg, an asm volatile load): it was written by the previous kernel (or by
+// other blocks of this one), which under PDL still runs while this kernel is resident. A `const __restrict__`
+// pointer would let the compiler use the non-coherent path (ld.global.nc), whose contract is data that is read-only
+// for the whole life of the kernel, and ptxas may then schedule those loads ahead of griddepcontrol.wait
+// (docs/notes/cuda-decode-v6.md).
+template <int BITS, int LPR>
+__device__ __forceinline__ void stage_x(const float* x, int n, float4* xs, float* xc) {
+  constexpr int F4 = ChunkTraits<BITS>::kF4, V = 4;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const int n4 = n / 4, nt = static_cast<int>(blockDim.x);
+  for (int base = 0; base < n4; base += V * nt) {  // the same trip count on every thread (shuffles below)
+    float4 v[V];
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const int f = base + q * nt + static_cast<int>(threadIdx.x);
+      v[q] = f < n4 ? __ldcg(x4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const int f = base + q * nt + static_cast<int>(threadIdx.x);
+      if (f < n4) xs[x_slot<BITS, LPR>(f / F4, f % F4)] = v[q];
+      if constexpr (BITS != 16) {
+        if (base + q * nt < n4) {  // the same on every thread: all lanes take part in the shuffles
+          const float s = chunk_sum_lanes<BITS>(v[q]);
+          if (f < n4 && f % F4 == 0) xc[f / F4] = s;
+        }
+      }
+    }
   }
+  __syncthreads();
 }
 
 // 128 + the byte `i` of w (a value < 16 in bits 16..19 under the exponent of 128.0f).

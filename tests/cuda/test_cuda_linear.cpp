@@ -3,6 +3,8 @@
 // rows narrower than a warp's chunks, group size 32, several token rows, bf16 dense).
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "cuda_test_util.h"
 
 namespace fern {
@@ -59,6 +61,23 @@ TEST(CudaLinear, AwkwardShapes) {
                         Case{"several rows", 1000, 2048, 4, 64, 5}, Case{"bf16", 515, 2048, 16, 0, 1},
                         Case{"bf16 narrow", 33, 24, 16, 0, 3}, Case{"bf16 wide", 64, 8192, 16, 0, 1}})
     run_case(c);
+}
+
+// The GEMV's software pipeline (linear.cu): NB register buffers, the first NB steps requested before the PDL wait.
+// Depth 2 is the default (depth 3 measured slower for lm_head); FERN_CUDA_GEMV_NB forces 2 or 3 on every plain GEMV
+// with 32 lanes per row. Row counts whose step count per warp is not a multiple of the depth, few steps per warp (8192 rows:
+// two, fewer than depth 3), several token rows, and the 8-bit and bf16 variants (32 lanes per row from 1024 and
+// 512 inputs).
+TEST(CudaLinear, PipelineDepths) {
+  FERN_REQUIRE_GPU();
+  for (const char* nb : {"2", "3"}) {
+    test::EnvGuard depth("FERN_CUDA_GEMV_NB", nb);
+    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_NB=") + nb);
+    for (const Case& c : {Case{"depth odd rows", 40001, 2048, 4, 64, 1}, Case{"depth few steps", 8192, 2048, 4, 64, 1},
+                          Case{"depth T=2", 32773, 2048, 4, 64, 2}, Case{"depth 8-bit", 33333, 1024, 8, 64, 1},
+                          Case{"depth bf16", 32769, 512, 16, 0, 1}})
+      run_case(c);
+  }
 }
 
 TEST(CudaLinear, BadWeightIsAnError) {
