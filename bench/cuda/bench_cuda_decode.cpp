@@ -93,7 +93,11 @@ void bench_gemv() {
                          Shape{"out_proj / o_proj", 2048, 4096, 4}, Shape{"router", 256, 2048, 8},
                          Shape{"lm_head", 248320, 2048, 4},
                          Shape{"in_proj_qkv, v4 prologue", 8192, 2048, 4, "FERN_CUDA_GEMV_PRO", "1"},
-                         Shape{"lm_head, depth 3", 248320, 2048, 4, "FERN_CUDA_GEMV_NB", "3"}}) {
+                         Shape{"lm_head, depth 3", 248320, 2048, 4, "FERN_CUDA_GEMV_NB", "3"},
+                         Shape{"in_proj_qkv, 512 threads", 8192, 2048, 4, "FERN_CUDA_GEMV_WIDE", "1"},
+                         Shape{"in_proj_z, 512 threads", 4096, 2048, 4, "FERN_CUDA_GEMV_WIDE", "1"},
+                         Shape{"out_proj, 512 threads", 2048, 4096, 4, "FERN_CUDA_GEMV_WIDE", "1"},
+                         Shape{"lm_head, 512 threads", 248320, 2048, 4, "FERN_CUDA_GEMV_WIDE", "1"}}) {
     if (s.env != nullptr) setenv(s.env, s.val, 1);
     CudaBackend be(0);
     const LinearWeight probe = rand_affine(be, s.out, s.in, s.bits, 1);
@@ -253,6 +257,12 @@ void bench_decode(bool splitk) {
     };
     std::vector<Row> rows = {
         {"30 x GDN mixer (4 proj + core + out)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer(l); }},
+        {"  same, 512-thread GEMV blocks (GEMV_WIDE=1)", [&] {
+           setenv("FERN_CUDA_GEMV_WIDE", "1", 1);
+           be.begin_forward();
+           for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer(l);
+           unsetenv("FERN_CUDA_GEMV_WIDE");
+         }},
         {"10 x attention mixer @4K", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) attn_mixer(l); }},
         {"  of which 30 x gdn_core", [&] {
            be.begin_forward();
@@ -271,8 +281,8 @@ void bench_decode(bool splitk) {
              if (cfg.is_attention_layer(l)) be.attn_core(o, qg, k, v, w->layers[l].attn, cfg, *st, l);
          }},
         {"40 x MoE block (with norm + residual)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe_residual(h, out, xn, w->layers[l].post_norm, 1e-6f, out2, w->layers[l].moe, cfg); }},
-        {"  same, 512-thread blocks (MOE_WIDE=1)", [&] {
-           setenv("FERN_CUDA_MOE_WIDE", "1", 1);  // read when the launches are recorded
+        {"  same, 256-thread blocks (MOE_WIDE=0)", [&] {
+           setenv("FERN_CUDA_MOE_WIDE", "0", 1);  // read when the launches are recorded
            be.begin_forward();
            for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe_residual(h, out, xn, w->layers[l].post_norm, 1e-6f, out2, w->layers[l].moe, cfg);
            unsetenv("FERN_CUDA_MOE_WIDE");
@@ -285,6 +295,11 @@ void bench_decode(bool splitk) {
         {"  of which 10 x attn_prep", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) cuda::attn_prep(kc, ash, cst.d_pos, aqg.ptr<float>(), akv.ptr<float>(), akv.ptr<float>() + kvd, w->layers[l].attn.q_norm.ptr<float>(), w->layers[l].attn.k_norm.ptr<float>(), aq.ptr<float>(), cst.k_cache[l].ptr<uint16_t>(), cst.v_cache[l].ptr<uint16_t>(), 1); }},
         {"  (v3's 80 x add_rmsnorm, now folded)", [&] { for (int l = 0; l < 80; ++l) be.add_rmsnorm(h, out, xn, w->layers[l / 2].post_norm, 1e-6f); }},
         {"lm_head + argmax", [&] { be.begin_forward(); Tensor lg = be.scratch(DType::F32, {1, V}); be.linear(lg, xn, w->lm_head); be.argmax(tok, lg); }},
+        {"  same, 512-thread GEMV blocks (GEMV_WIDE=1)", [&] {
+           setenv("FERN_CUDA_GEMV_WIDE", "1", 1);
+           be.begin_forward(); Tensor lg = be.scratch(DType::F32, {1, V}); be.linear(lg, xn, w->lm_head); be.argmax(tok, lg);
+           unsetenv("FERN_CUDA_GEMV_WIDE");
+         }},
     };
     std::printf("\n== one decode step, by block (full-size random model, 4K context, graph replay) ==\n");
     double sum = 0;
@@ -408,7 +423,18 @@ void bench_decode(bool splitk) {
 
   std::printf("\n== decode steps (graph replay, 64 steps per run, median of 3 runs) ==\n");
   std::printf("%8s %10s %10s %12s %9s %8s\n", "context", "us/token", "tok/s", "bytes/token", "GB/s", "%roof");
-  for (int64_t ctx : {256, 1024, 4096, 16384, 32768, 131072}) {
+  // The last rows repeat 4K with one switch each (read while the step is captured): GEMV 512-thread blocks, and the
+  // fused MoE's 256-thread blocks of version 5.
+  const struct {
+    int64_t ctx;
+    const char* env;
+    const char* val;
+  } step_rows[] = {{256, nullptr, nullptr},   {1024, nullptr, nullptr},  {4096, nullptr, nullptr},
+                   {16384, nullptr, nullptr}, {32768, nullptr, nullptr}, {131072, nullptr, nullptr},
+                   {4096, "FERN_CUDA_GEMV_WIDE", "1"}, {4096, "FERN_CUDA_MOE_WIDE", "0"}};
+  for (const auto& row : step_rows) {
+    const int64_t ctx = row.ctx;
+    if (row.env != nullptr) setenv(row.env, row.val, 1);
     auto st = be.new_state(cfg, ctx + 256);
     fill_state(be, static_cast<CudaState&>(*st), ctx);
     auto step = [&] {
@@ -440,8 +466,13 @@ void bench_decode(bool splitk) {
     const double t = runs[1];
     const double bytes = 1.670e9 + 126e6 + double(ctx) * 20480.0;
     if (ctx == 256) std::printf("(parallel branches %s)\n", be.branches() ? "on" : "off");
-    std::printf("%8ld %10.1f %10.1f %11.2fG %9.0f %7.1f%%\n", long(ctx), t * 1e6, 1.0 / t, bytes / 1e9, bytes / t / 1e9,
+    std::printf("%8ld %10.1f %10.1f %11.2fG %9.0f %7.1f%%", long(ctx), t * 1e6, 1.0 / t, bytes / 1e9, bytes / t / 1e9,
                 100.0 * bytes / t / kCopyBw);
+    if (row.env != nullptr) {
+      std::printf("  (%s=%s)", row.env, row.val);
+      unsetenv(row.env);
+    }
+    std::printf("\n");
   }
 }
 

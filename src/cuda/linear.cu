@@ -58,7 +58,7 @@ constexpr int kNormV = 4;
 // wait) and the row read once into registers. Block 0 of the row's grid column also writes the row to xn.
 // (The first version re-read the row and read the weight after the reduction: two more dependent round trips,
 // measured ~1.9 us per GDN projection launch against 1.33 us for the separate norm launch it replaced.)
-template <int BITS, int LPR>
+template <int BITS, int LPR, int NT>
 __device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[kNormV], float eps,
                                              int n, float4* xs, float* xc, float* xn) {
   constexpr int F4 = ChunkTraits<BITS>::kF4;
@@ -68,7 +68,7 @@ __device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[
   float ss = 0.0f;
 #pragma unroll
   for (int q = 0; q < kNormV; ++q) {
-    const int f = threadIdx.x + q * kThreads;
+    const int f = threadIdx.x + q * NT;
     xv[q] = f < n / 4 ? __ldcg(x4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);  // through L2: stage_x
     ss += (xv[q].x * xv[q].x + xv[q].y * xv[q].y) + (xv[q].z * xv[q].z + xv[q].w * xv[q].w);
   }
@@ -77,8 +77,8 @@ __device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[
   // sit in consecutive lanes; no second pass over shared memory behind another barrier.
 #pragma unroll
   for (int q = 0; q < kNormV; ++q) {
-    if (q * kThreads >= n / 4) break;  // the same on every thread: all lanes take part in the shuffles
-    const int f = threadIdx.x + q * kThreads;
+    if (q * NT >= n / 4) break;  // the same on every thread: all lanes take part in the shuffles
+    const int f = threadIdx.x + q * NT;
     const float4 o = make_float4(xv[q].x * inv * wn[q].x, xv[q].y * inv * wn[q].y, xv[q].z * inv * wn[q].z,
                                  xv[q].w * inv * wn[q].w);  // zero beyond the row (xv and wn are)
     if (f < n / 4) {
@@ -117,8 +117,8 @@ __device__ __forceinline__ int mat_of(const Mats& M, int row) {
 // A's shape and format describe every matrix; the rows come from M. With ROUTE (two matrices: the router, then the
 // shared-expert gate's single row) the last block of each token row runs the router's top-k over y[0] with y[1]
 // as the shared-expert gate logit.
-template <int BITS, int LPR, bool MULTI, bool ROUTE, bool NORM, int NB>
-__global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows, const float* x,
+template <int BITS, int LPR, bool MULTI, bool ROUTE, bool NORM, int NB, int NT>
+__global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm, int pro) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
   extern __shared__ float4 smem[];
@@ -132,8 +132,8 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
   const int nc = (CPR + 2 * LPR - 1) / (2 * LPR);  // pipeline steps per row group
   const int lane = threadIdx.x & 31;
   const int sub = lane % LPR, rslot = lane / LPR;
-  const int warps = gridDim.x * (kThreads / 32);
-  const int gw = blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+  const int warps = gridDim.x * (NT / 32);
+  const int gw = blockIdx.x * (NT / 32) + threadIdx.x / 32;
   const int ngroups = (rows + RPW - 1) / RPW;
   const int S = (gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc;
 
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
   if constexpr (NORM) {
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
-      const int f = threadIdx.x + q * kThreads;
+      const int f = threadIdx.x + q * NT;
       wn[q] = f < K / 4 ? __ldg(reinterpret_cast<const float4*>(nm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(QW A, Mats M, int rows
   float4* xs = smem;
   float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, LPR>(K));
   if constexpr (NORM)
-    stage_x_norm<BITS, LPR>(x + int64_t(t) * K, wn, nm.eps, K, xs, xc,
+    stage_x_norm<BITS, LPR, NT>(x + int64_t(t) * K, wn, nm.eps, K, xs, xc,
                             blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
   else
     stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
@@ -280,6 +280,12 @@ int gemv_prologue() {
   return e != nullptr && e[0] == '1' && e[1] == 0 ? 1 : 3;
 }
 
+// FERN_CUDA_GEMV_WIDE=1: 512-thread blocks for rows of 32 lanes (read at every call, for comparisons).
+bool gemv_wide() {
+  const char* e = std::getenv("FERN_CUDA_GEMV_WIDE");
+  return e != nullptr && e[0] == '1' && e[1] == 0;
+}
+
 template <int BITS, bool MULTI, bool ROUTE, bool NORM>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
@@ -291,25 +297,35 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   if (smem > 48 * 1024) raise_error("linear: input width " + std::to_string(a.in) + " too large for the GEMV kernel");
   // Chunk offsets are 32-bit (qdot.cuh).
   if (int64_t(rows) * CPR >= (int64_t(1) << 31)) raise_error("linear: matrix too large for 32-bit chunk offsets");
-  const int rows_per_block = (kThreads / 32) * (32 / lpr) * kRPI;
+  // 512-thread blocks, one per SM (FERN_CUDA_GEMV_WIDE=1; 32 lanes per row, not the fused router): half the blocks
+  // staging the same row from L2 (docs/notes/cuda-decode-v6.md).
+  const bool wide = !ROUTE && lpr == 32 && gemv_wide();
+  const int nt = wide ? 2 * kThreads : kThreads;
+  const int rows_per_block = (nt / 32) * (32 / lpr) * kRPI;
   const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
-  // At most two blocks per SM: every block is resident in the first wave (so the next kernel can launch early
-  // under PDL) and each warp walks several row groups, overlapping the next group's loads with this one's math.
-  const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * 2));
+  // At most two blocks per SM (one when wide): every block is resident in the first wave (so the next kernel can
+  // launch early under PDL) and each warp walks several row groups, overlapping the next group's loads with this
+  // one's math.
+  const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : 2)));
   dim3 grid(blocks, T);
   const int pro = gemv_prologue();
   if constexpr (!MULTI && !ROUTE && !NORM) {
-    if (lpr == 32 && gemv_depth() == 3) {
-      launch(c, "linear_kernel", linear_kernel<BITS, 32, false, false, false, 3>, grid, kThreads, smem, a, m, rows, x,
-             tail, nm, pro);
+    if (lpr == 32 && !wide && gemv_depth() == 3) {
+      launch(c, "linear_kernel", linear_kernel<BITS, 32, false, false, false, 3, kThreads>, grid, kThreads, smem, a, m,
+             rows, x, tail, nm, pro);
       return;
     }
   }
+  if (wide) {
+    launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2, 2 * kThreads>, grid, 2 * kThreads, smem,
+           a, m, rows, x, tail, nm, pro);
+    return;
+  }
   switch (lpr) {
-    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
-    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
-    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
-    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, NORM, 2>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
   }
 }
 

@@ -39,9 +39,10 @@
 namespace fern::cuda {
 namespace {
 
-// Threads per block: 256 with two blocks per SM (the default), or 512 with one (FERN_CUDA_MOE_WIDE=1, see
-// moe_threads): half the blocks, so half the requests for the rows that every block reads from L2 (the input row,
-// the logits, h), which docs/notes/cuda-decode-v5.md measured as hot-spot bound; the same warps per SM.
+// Threads per block: 512 with one block per SM (the default), or 256 with two (FERN_CUDA_MOE_WIDE=0, moe_wide):
+// half the blocks of version 5, so half the requests for the rows that every block reads from L2 (the input row,
+// h), which docs/notes/cuda-decode-v5.md measured as hot-spot bound; the same warps per SM. Measured on the H200
+// (docs/notes/cuda-decode-v6.md, run 1): 21.57 against 22.65 us per launch.
 constexpr int kThreads = 256;
 constexpr int kMaxSlots = 33;  // top-k <= 32 routed slots + the shared expert
 constexpr int kDownU = 5;
@@ -569,10 +570,10 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   return true;
 }
 
-// FERN_CUDA_MOE_WIDE=1: 512 threads per block, one block per SM (read at every call, for comparisons).
+// 512 threads per block, one block per SM, unless FERN_CUDA_MOE_WIDE=0 (read at every call, for comparisons).
 bool moe_wide() {
   const char* e = std::getenv("FERN_CUDA_MOE_WIDE");
-  return e != nullptr && e[0] == '1' && e[1] == 0;
+  return !(e != nullptr && e[0] == '0' && e[1] == 0);
 }
 
 template <int RB, int B, bool TIMED>

@@ -80,6 +80,22 @@ TEST(CudaLinear, PipelineDepths) {
   }
 }
 
+// 512-thread blocks, one per SM (FERN_CUDA_GEMV_WIDE=1, rows of 32 lanes): the real shapes, lm_head-sized and odd
+// row counts, several token rows, 8-bit and bf16, and with depth 3 requested too (the wide kernel keeps depth 2).
+TEST(CudaLinear, WideBlocks) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", "1");
+  for (const char* nb : {"2", "3"}) {
+    test::EnvGuard depth("FERN_CUDA_GEMV_NB", nb);
+    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_NB=") + nb);
+    for (const Case& c : {Case{"wide qkv", 8192, 2048, 4, 64, 1}, Case{"wide out_proj", 2048, 4096, 4, 64, 1},
+                          Case{"wide odd rows", 40001, 2048, 4, 64, 1}, Case{"wide T=3", 1000, 2048, 4, 64, 3},
+                          Case{"wide 8-bit", 33333, 1024, 8, 64, 1}, Case{"wide bf16", 515, 2048, 16, 0, 2},
+                          Case{"wide narrow (256 threads)", 300, 256, 4, 64, 1}})
+      run_case(c);
+  }
+}
+
 TEST(CudaLinear, BadWeightIsAnError) {
   FERN_REQUIRE_GPU();
   auto gpu = test::make_gpu();

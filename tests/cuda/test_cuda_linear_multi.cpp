@@ -145,5 +145,20 @@ TEST(CudaLinearMulti, WithInputNorm) {
   run_table("norm mixed backend", {{64, 4}, {64, 8}, {31, 4}}, 2048, 64, 1, {true, true});  // rmsnorm + fall-back
 }
 
+// 512-thread blocks (FERN_CUDA_GEMV_WIDE=1, taken for rows of 32 lanes: 4-bit from 2048 inputs, 8-bit from 1024,
+// bf16 from 512), with and without the input norm; narrower tables keep the 256-thread kernel under the switch.
+TEST(CudaLinearMulti, WideBlocks) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", "1");
+  run_table("wide gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
+  run_table("wide one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
+  run_table("wide 8-bit T=2", {{300, 8}, {19, 8}, {256, 8}}, 4096, 32, 2);
+  run_table("wide bf16", {{515, 16}, {33, 16}}, 2048, 0, 2);
+  run_table("wide norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
+  run_table("wide norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, {true, true});
+  run_table("wide norm 8-bit T=3", {{300, 8}, {19, 8}}, 4096, 32, 3, {true, false});
+  run_table("wide norm narrow", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 1, {true, false});  // 256-thread kernel
+}
+
 }  // namespace
 }  // namespace fern
