@@ -16,10 +16,12 @@ using namespace cuda_backend_detail;
 
 namespace {
 
-// From this many rows the chunked form is used (docs/notes/cuda-prefill-v4-gdn.md). PREDICTION, to be replaced by
-// the measured rule: the chunked form's state kernel costs ~1.5-3 us per 64-row chunk and its per-chunk kernel is
-// parallel, the scan 0.27 us per row, so the chunked form should win from about one chunk on.
-constexpr int kChunkedMinRows = 64;
+// From this many rows the chunked form is used. Measured on the H200 (docs/notes/cuda-prefill-v4-gdn.md, one layer
+// at the real shape, whole GDN core, median of 7): scan / chunked 0.035 / 0.052 ms at T = 64, 0.054 / 0.064 at 128,
+// 0.094 / 0.100 at 256, 0.183 / 0.156 at 512, 0.707 / 0.564 at 2048, 10.85 / 8.36 at 32K. The chunked form has a
+// larger fixed cost (two launches, a 64-row chunk of work per block even for a few rows) and a smaller cost per row
+// (0.22 against 0.35 us between 256 and 512 rows); the two lines cross near 300 rows, so from 320 (five chunks) on.
+constexpr int kChunkedMinRows = 320;
 
 enum class Choice { Auto, Scan, Chunked, Rows };
 Choice forced_choice() {

@@ -10,6 +10,7 @@
 //     registers per row does the decay and rank-1 update, o_j = S[:, j] . q_t and S[:, j] . k_{t+1}, which is what
 //     the next row needs for m = S^T k (times its decay), so a row costs one pass and one P-lane shuffle reduction.
 //  3. gdn_out_norm_kernel: gated RMSNorm with z, one warp per (row, value head), in place on y.
+// With GdnForm::Chunked, gdn_prefill runs the chunked WY form (gdn_chunked.cu, two launches) in place of kernel 2.
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
 #include "cuda/launch.cuh"
