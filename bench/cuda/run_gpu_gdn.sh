@@ -6,7 +6,7 @@
 # of the chunked form's direct tests, the micro-benchmark (scan vs chunked per T), the whole-model tests (their
 # default FERN_GDN_PREFILL=auto), then `fern bench --phase prefill` at 4,096 rows with each FERN_GDN_PREFILL value
 # in GDN_FORMS (default "scan chunked": each run synthesises the full-size model, ~30 s; add auto and rows when
-# the device time allows). Logs under $OUT; the micro-benchmark's table and a summary last.
+# the device time allows). Logs under $OUT; the summary, then the micro-benchmark's table last.
 set -u
 source bench/gpu_prelude.sh
 gpu_unpack_head gdn-head
@@ -35,5 +35,5 @@ for form in ${GDN_FORMS:-scan chunked}; do
     "$OUT/bench_prefill_$form.log" | tr "\n" " ") ($(elapsed))"
 done
 note "total $(elapsed)"
-cat "$OUT/bench_gdn_prefill.md"
 gpu_summary
+cat "$OUT/bench_gdn_prefill.md"
