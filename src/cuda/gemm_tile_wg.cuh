@@ -1,23 +1,24 @@
 // The Hopper tile loop of the prefill GEMMs (FERN_GEMM=wg, gemm_wg.h): warpgroup MMAs (wgmma.cuh) with the weights
-// as the 64-row A operand, held in registers, and the token rows as the N side from shared memory ("swapped": the
-// weight tile, 128 rows, is the wide side, the token tile, NTOK = 16..128 rows, the narrow one, so that one loop
-// serves the dense projections and the uneven expert groups). One block of 256 threads = two warpgroups, each
-// owning 64 of the block's 128 weight rows and all NTOK token rows; a thread owns the two weight rows of its A
-// fragment (16 warp + lane / 4 and + 8 within its warpgroup's 64). Numerics (no per-group epilogue, no partial sums):
+// as the 64-row A operand and the token rows as the N side ("swapped": the weight tile, 128 rows, is the wide side,
+// the token tile, NTOK = 16..128 rows, the narrow one, so that one kernel serves the dense projections and the
+// uneven expert groups). One block of 256 threads = two warpgroups, each owning 64 of the block's 128 weight rows and
+// all NTOK token rows. Numerics (no per-group epilogue, no partial sums):
 //  - x arrives as bf16 rows hi = bf16(x), lo = bf16(x - hi) (gemm_wg.h: once per op), x = hi + lo to ~2^-17;
-//  - each thread dequantizes the weights of its own A fragments straight from the codes (loaded from global memory
-//    into registers a tile ahead): w = s q + b in fp32 (exact: a bf16 scale times a 4/8-bit code has at most 16
-//    significant bits) split the same way into bf16 hi + lo. Every weight is dequantized once per block, by the one
-//    thread that feeds it to the MMA, and never passes through shared memory;
+//  - each weight tile is dequantized ONCE per block into shared memory, w = s q + b in fp32 (exact: the bf16 scale
+//    times a 4/8-bit code has at most 16 significant bits) split the same way into bf16 hi + lo;
 //  - three bf16 MMAs per K step, x_hi w_hi + x_lo w_hi + x_hi w_lo, fp32 accumulation: each product to ~2^-16
-//    relative (the dropped x_lo w_lo is below 2^-16 of it), the order of the split loop (gemm_tile.cuh).
-// Pipeline per 64-wide K tile kt (one barrier): the MMAs of tile kt are issued (A fragments from register buffer
-// kt % 2), and while they run the block issues the cp.async copies of x tile kt + S - 1, dequantizes tile kt + 1's
-// codes into the other register buffer and requests tile kt + 2's codes; then it waits for its MMAs and meets at
-// the barrier. (Version one staged dequantized bf16 tiles in shared memory for both operands: shared-memory
-// bandwidth bound, docs/notes/cuda-prefill-v4-wg.md.)
-// The caller decides the global row of each token-tile row (a functor, -1 for padding) and the two weight rows of
-// each thread (gemm::RowSrc). K must be a multiple of 64, the affine group a multiple of 16.
+//    relative (the dropped x_lo w_lo is below 2^-16 of it), the same order as the split loop (gemm_tile.cuh).
+// Pipeline per 64-wide K tile kt (one barrier): the MMAs of tile kt are issued, and while they run the block issues
+// the cp.async copies of tile kt + S - 1 (x rows and raw codes), waits for tile kt + 1's and dequantizes its codes
+// into the other weight buffer; then it waits for its MMAs and meets at the barrier. Each thread dequantizes exactly
+// the codes it copied itself (weight row tid / 2, half tid % 2 of the tile), so only the barrier publishes them.
+// Measured on the H200 (docs/notes/cuda-prefill-v4-wg.md): 1.9x the split loop on the dense projections, the MoE
+// block no faster (shared-memory bandwidth: the dequantized tile is written and read through it, x is read by both
+// warpgroups); a version with the weights as register operands (each thread dequantizing its own A fragments) was
+// slower still (1.4x dense, 0.74x MoE) and is not kept.
+// The caller decides the global row of each token-tile row (a functor, -1 for padding) and the weight row each
+// thread stages (gemm::RowSrc, row tid / 2, as the other tile loops). K must be a multiple of 64, the affine group a
+// multiple of 16.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -34,30 +35,36 @@ constexpr int kThreads = 256;
 constexpr int kBW = 128;  // weight rows per block: two warpgroups of 64
 constexpr int kBK = 64;   // K per tile: one 128-byte swizzled row of bf16
 constexpr int kTileRowBytes = 128;
+template <int BITS>
+constexpr int kCodeBytes = BITS * kBK / 8;  // raw code bytes of one weight row per tile (32 or 64)
 
-// Shared memory: S stages of x (hi, lo) tiles, each on a 1024-byte boundary (the swizzle atom); the dynamic shared
-// memory is aligned by smem_of.
-template <int NTOK, int S>
+// Shared memory: S stages of x (hi, lo) and raw codes, two buffers of dequantized weights (hi, lo). Every tile
+// starts on a 1024-byte boundary (the swizzle atom); the dynamic shared memory is aligned by the kernel.
+template <int NTOK, int BITS, int S>
 struct Smem {
   static_assert(NTOK % 8 == 0, "token tiles of whole 8-row atoms");
   uint8_t xhi[S][NTOK * kTileRowBytes];
   uint8_t xlo[S][NTOK * kTileRowBytes];
+  uint8_t whi[2][kBW * kTileRowBytes];
+  uint8_t wlo[2][kBW * kTileRowBytes];
+  uint8_t codes[S][kBW][kCodeBytes<BITS>];
 };
-template <int NTOK, int S>
-constexpr size_t kSmemBytes = sizeof(Smem<NTOK, S>) + 1024;  // + alignment slack
+template <int NTOK, int BITS, int S>
+constexpr size_t kSmemBytes = sizeof(Smem<NTOK, BITS, S>) + 1024;  // + alignment slack
 
-template <int NTOK, int S>
-__device__ __forceinline__ Smem<NTOK, S>& smem_of(unsigned char* raw) {
+template <int NTOK, int BITS, int S>
+__device__ __forceinline__ Smem<NTOK, BITS, S>& smem_of(unsigned char* raw) {
   const uintptr_t p = (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023);
-  return *reinterpret_cast<Smem<NTOK, S>*>(p);
+  return *reinterpret_cast<Smem<NTOK, BITS, S>*>(p);
 }
 
-// The weight row of A-fragment row h (0: lane / 4, 1: lane / 4 + 8) of this thread within the block's 128:
-// 64 (warpgroup) + 16 (warp in the warpgroup) + lane / 4 + 8 h = 16 warp + lane / 4 + 8 h.
-__device__ __forceinline__ int frag_row(int h) { return 16 * (threadIdx.x >> 5) + ((threadIdx.x & 31) >> 2) + 8 * h; }
-
-// fp32 value of a code held in the low bits (exact: 2^23 + q as a float, minus 2^23).
-__device__ __forceinline__ float code_f(uint32_t q) { return __uint_as_float(0x4b000000u | q) - 8388608.0f; }
+// fp32 value of 4-bit code n of word w (exact: 2^23 + q as a float, minus 2^23).
+__device__ __forceinline__ float code4(uint32_t w, int n) {
+  return __uint_as_float(0x4b000000u | ((w >> (4 * n)) & 0xfu)) - 8388608.0f;
+}
+__device__ __forceinline__ float code8(uint32_t w, int n) {
+  return __uint_as_float(0x4b000000u | ((w >> (8 * n)) & 0xffu)) - 8388608.0f;
+}
 
 // Splits two fp32 weights into bf16 hi and lo pairs.
 __device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t& lo) {
@@ -68,27 +75,20 @@ __device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t&
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
-// What a thread loads per K tile for its two rows: per 16-wide segment the two code words holding its values
-// (4-bit: the segment's two words, byte lane % 4 of each; 8-bit: words lane % 4 / 2 and 2 + lane % 4 / 2, half
-// lane % 2) and the scale and bias (bf16 pair) of the segment's group.
-struct Raw {
-  uint32_t w[2][4][2];
-  uint32_t sb[2][4];
-};
-
 // acc (this warpgroup's 64 weight rows x NTOK tokens, wgmma layout) += W x^T over the width K.
 // xhi/xlo: the bf16 rows (row stride K); row_of(r): the global row of token-tile row r (< 0: padding);
-// wsrc[h]: the weight row of this thread's fragment row h (frag_row; w == nullptr: padding); gs: the group size.
+// wsrc: this thread's weight row (tid / 2; w == nullptr: padding); gs: the affine group size.
 // Ends with a barrier, so the caller may reuse the shared memory.
 template <int BITS, int NTOK, int S, class RowOf>
-__device__ __forceinline__ void mainloop(Smem<NTOK, S>& sm, int K, int gs, const uint16_t* __restrict__ xhi,
-                                         const uint16_t* __restrict__ xlo, RowOf row_of,
-                                         const gemm::RowSrc (&wsrc)[2], float (&acc)[NTOK / 2]) {
+__device__ __forceinline__ void mainloop(Smem<NTOK, BITS, S>& sm, int K, int gs, const uint16_t* __restrict__ xhi,
+                                         const uint16_t* __restrict__ xlo, RowOf row_of, const gemm::RowSrc& wsrc,
+                                         float (&acc)[NTOK / 2]) {
   static_assert(BITS == 4 || BITS == 8, "affine codes only");
   static_assert(S >= 2, "at least double buffering");
   constexpr int kXChunks = NTOK * 8;  // 16-byte chunks of one x tile (hi or lo)
   constexpr int kXPer = (kXChunks + kThreads - 1) / kThreads;
-  const int tid = threadIdx.x, c = tid & 3;
+  constexpr int kCB = kCodeBytes<BITS>;
+  const int tid = threadIdx.x, wg = tid >> 7;
 
   int xrow[kXPer];  // global rows of this thread's x chunks (-1: padding)
   const int xch = tid & 7;
@@ -97,7 +97,10 @@ __device__ __forceinline__ void mainloop(Smem<NTOK, S>& sm, int K, int gs, const
     const int r = (tid >> 3) + 32 * j;
     xrow[j] = r < NTOK ? row_of(r) : -1;
   }
-  auto issue_x = [&](int kt, int st) {
+  const int wr = tid >> 1, half = tid & 1;
+  const char* wbase = static_cast<const char*>(wsrc.w);
+
+  auto issue = [&](int kt, int st) {
     const int k0 = kt * kBK;
 #pragma unroll
     for (int j = 0; j < kXPer; ++j) {
@@ -110,52 +113,54 @@ __device__ __forceinline__ void mainloop(Smem<NTOK, S>& sm, int K, int gs, const
         ptx::cp_async16(&sm.xlo[st][d], xlo + off, ok);
       }
     }
+    // This thread's half of its weight row: kCB / 2 bytes (16 or 32).
+    const bool ok = wbase != nullptr;
+    const char* src = ok ? wbase + (int64_t(k0) * BITS) / 8 + half * (kCB / 2) : static_cast<const char*>(nullptr);
+#pragma unroll
+    for (int u = 0; u < kCB / 32; ++u)
+      ptx::cp_async16(&sm.codes[st][wr][half * (kCB / 2) + 16 * u], ok ? src + 16 * u : static_cast<const void*>(xhi),
+                      ok);
   };
-  // Codes, scales and biases of tile kt for both rows (zeros for padding rows: w = 0).
-  auto load_raw = [&](int kt, Raw& r) {
+  // Scale and bias of the two 16-wide segments of this thread's half tile.
+  auto load_sb = [&](int kt, float2 (&sb)[2]) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t* row = static_cast<const uint32_t*>(wsrc[h].w);
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const int k = kt * kBK + 16 * ks;
-        if (row != nullptr) {
-          if constexpr (BITS == 4) {
-            const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + k / 8));
-            r.w[h][ks][0] = v.x, r.w[h][ks][1] = v.y;
-          } else {
-            r.w[h][ks][0] = __ldg(row + k / 4 + (c >> 1));
-            r.w[h][ks][1] = __ldg(row + k / 4 + 2 + (c >> 1));
-          }
-          const int g = k / gs;
-          r.sb[h][ks] = uint32_t(__ldg(wsrc[h].s + g)) | (uint32_t(__ldg(wsrc[h].b + g)) << 16);
-        } else {
-          r.w[h][ks][0] = r.w[h][ks][1] = 0u;
-          r.sb[h][ks] = 0u;
-        }
-      }
+    for (int u = 0; u < 2; ++u) {
+      const int k = kt * kBK + 32 * half + 16 * u;
+      sb[u] = wbase != nullptr ? make_float2(bf16_at(wsrc.s, k / gs), bf16_at(wsrc.b, k / gs))
+                               : make_float2(0.0f, 0.0f);
     }
   };
-  // A fragments (hi and lo) of one tile from its raw codes: per segment ks, a[0]/a[1] rows 0/1 at k 2c, 2c + 1,
-  // a[2]/a[3] at k 2c + 8, 2c + 9.
-  auto dequant = [&](const Raw& r, uint32_t (&ahi)[4][4], uint32_t (&alo)[4][4]) {
+  // Dequantizes this thread's 32 codes of stage st into weight buffer wb (row wr, chunks 4 half .. 4 half + 3).
+  auto dequant = [&](int st, int wb, const float2 (&sb)[2]) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
+    for (int u = 0; u < 2; ++u) {
+      uint32_t w[BITS / 2];  // 16 codes: 2 words (4-bit) or 4 (8-bit)
+      if constexpr (BITS == 4) {
+        const uint2 v = *reinterpret_cast<const uint2*>(&sm.codes[st][wr][16 * half + 8 * u]);
+        w[0] = v.x, w[1] = v.y;
+      } else {
+        const uint4 v = *reinterpret_cast<const uint4*>(&sm.codes[st][wr][32 * half + 16 * u]);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+      }
+      uint32_t hi[8], lo[8];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float s = __uint_as_float(r.sb[h][ks] << 16), b = __uint_as_float(r.sb[h][ks] & 0xffff0000u);
-#pragma unroll
-        for (int part = 0; part < 2; ++part) {  // k 2c.. (word 0) and 2c + 8.. (word 1)
-          uint32_t q0, q1;
-          if constexpr (BITS == 4) {
-            const uint32_t byte = (r.w[h][ks][part] >> (8 * c)) & 0xffu;
-            q0 = byte & 0xfu, q1 = byte >> 4;
-          } else {
-            const uint32_t half = (r.w[h][ks][part] >> (16 * (c & 1))) & 0xffffu;
-            q0 = half & 0xffu, q1 = half >> 8;
-          }
-          split2(fmaf(s, code_f(q0), b), fmaf(s, code_f(q1), b), ahi[ks][2 * part + h], alo[ks][2 * part + h]);
+      for (int p = 0; p < 8; ++p) {
+        float a, b;
+        if constexpr (BITS == 4) {
+          a = code4(w[p / 4], 2 * (p % 4));
+          b = code4(w[p / 4], 2 * (p % 4) + 1);
+        } else {
+          a = code8(w[p / 2], 2 * (p % 2));
+          b = code8(w[p / 2], 2 * (p % 2) + 1);
         }
+        split2(fmaf(sb[u].x, a, sb[u].y), fmaf(sb[u].x, b, sb[u].y), hi[p], lo[p]);
+      }
+      const int c0 = 4 * half + 2 * u;  // first of the segment's two chunks
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const uint32_t d = wgmma::sw128(wr, c0 + cc);
+        *reinterpret_cast<uint4*>(&sm.whi[wb][d]) = make_uint4(hi[4 * cc], hi[4 * cc + 1], hi[4 * cc + 2], hi[4 * cc + 3]);
+        *reinterpret_cast<uint4*>(&sm.wlo[wb][d]) = make_uint4(lo[4 * cc], lo[4 * cc + 1], lo[4 * cc + 2], lo[4 * cc + 3]);
       }
     }
   };
@@ -163,52 +168,49 @@ __device__ __forceinline__ void mainloop(Smem<NTOK, S>& sm, int K, int gs, const
   const int nk = K / kBK;
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
-    if (s < nk) issue_x(s, s);
+    if (s < nk) issue(s, s);
     ptx::cp_commit();
   }
-  uint32_t ahi[2][4][4], alo[2][4][4];  // A fragments of two tiles: the one in the MMAs, the next one
-  Raw raw;
-  if (nk > 0) {
-    load_raw(0, raw);
-    dequant(raw, ahi[0], alo[0]);
-  }
-  if (nk > 1) load_raw(1, raw);
-#pragma unroll
-  for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
+  float2 sb[2];
+  load_sb(0, sb);
   ptx::cp_wait<S - 2>();
+  if (nk > 0) dequant(0, 0, sb);
+  if (nk > 1) load_sb(1, sb);
   wgmma::fence_proxy_async();
   __syncthreads();
 
-  // One K tile with its A fragments in register buffer B (a compile-time index: the loop is unrolled by two).
-  auto step = [&]<int B>(int kt) {
-    const int st = kt % S;
+#pragma unroll
+  for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
+  for (int kt = 0; kt < nk; ++kt) {
+    // Tile kt: weights in buffer kt % 2, x in stage kt % S, both published by the last barrier.
+    const int st = kt % S, wb = kt & 1;
     wgmma::fence_operand(acc);
     wgmma::fence();
+    const uint8_t* wh = &sm.whi[wb][wg * 64 * kTileRowBytes];
+    const uint8_t* wl = &sm.wlo[wb][wg * 64 * kTileRowBytes];
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
+      const uint64_t dwh = wgmma::desc_sw128(wh + 32 * ks), dwl = wgmma::desc_sw128(wl + 32 * ks);
       const uint64_t dxh = wgmma::desc_sw128(&sm.xhi[st][32 * ks]), dxl = wgmma::desc_sw128(&sm.xlo[st][32 * ks]);
-      wgmma::mma_rs_bf16<NTOK>(acc, ahi[B][ks], dxh);
-      wgmma::mma_rs_bf16<NTOK>(acc, ahi[B][ks], dxl);
-      wgmma::mma_rs_bf16<NTOK>(acc, alo[B][ks], dxh);
+      wgmma::mma_bf16<NTOK>(acc, dwh, dxh);
+      wgmma::mma_bf16<NTOK>(acc, dwh, dxl);
+      wgmma::mma_bf16<NTOK>(acc, dwl, dxh);
     }
     wgmma::commit();
     wgmma::fence_operand(acc);
+
     // Stage (kt + S - 1) % S was last read by tile kt - 1's MMAs, which completed before the last barrier.
-    if (kt + S - 1 < nk) issue_x(kt + S - 1, (kt + S - 1) % S);
+    if (kt + S - 1 < nk) issue(kt + S - 1, (kt + S - 1) % S);
     ptx::cp_commit();
     if (kt + 1 < nk) {
-      dequant(raw, ahi[B ^ 1], alo[B ^ 1]);  // buffer B ^ 1 fed tile kt - 1's MMAs, which completed
-      if (kt + 2 < nk) load_raw(kt + 2, raw);
+      ptx::cp_wait<S - 2>();  // this thread's copies of tile kt + 1 have landed
+      dequant((kt + 1) % S, wb ^ 1, sb);  // buffer wb ^ 1 was read by tile kt - 1's MMAs (completed)
+      if (kt + 2 < nk) load_sb(kt + 2, sb);
     }
-    ptx::cp_wait<S - 2>();  // this thread's copies of x tile kt + 1 have landed
     wgmma::fence_proxy_async();
     wgmma::wait<0>();
     wgmma::fence_operand(acc);
     __syncthreads();
-  };
-  for (int kt = 0; kt < nk; kt += 2) {
-    step.template operator()<0>(kt);
-    if (kt + 1 < nk) step.template operator()<1>(kt + 1);
   }
   ptx::cp_wait<0>();
   __syncthreads();

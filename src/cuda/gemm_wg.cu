@@ -2,6 +2,8 @@
 // device probe.
 #include <cuda_bf16.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -68,6 +70,11 @@ bool gemm_wg_supported() {
   }
   known[dev] = ok ? 1 : 0;
   return ok;
+}
+
+int gemm_wg_stages() {
+  const char* v = std::getenv("FERN_GEMM_WG_STAGES");
+  return v != nullptr && std::strcmp(v, "2") == 0 ? 2 : 0;
 }
 
 size_t xbf_bytes(int64_t rows, int64_t K) { return 2 * align256(size_t(rows) * size_t(K) * 2); }

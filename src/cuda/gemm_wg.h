@@ -16,6 +16,10 @@ namespace fern::cuda {
 // once per device.
 bool gemm_wg_supported();
 
+// Pipeline stages of the wgmma loop's 64-token and smaller tiles: 2 with FERN_GEMM_WG_STAGES=2 (two blocks per
+// SM), else 0 (each kernel's deeper default). Read on every call, for the benchmarks' comparison.
+int gemm_wg_stages();
+
 // x [rows, K] (F32) as bf16 hi rows (X16::x) and lo rows (X16::lo); scale and sums stay unset. K a multiple of 4.
 size_t xbf_bytes(int64_t rows, int64_t K);
 X16 xbf_carve(void* ws, int64_t rows, int64_t K);

@@ -18,7 +18,7 @@ using wgtile::kThreads;
 template <int BITS, int NTOK, int S>
 __global__ void __launch_bounds__(kThreads, 1) gemm_wg_kernel(QW W, X16 x, float* __restrict__ y, int T) {
   extern __shared__ unsigned char gemm_wg_smem[];
-  auto& sm = wgtile::smem_of<NTOK, S>(gemm_wg_smem);
+  auto& sm = wgtile::smem_of<NTOK, BITS, S>(gemm_wg_smem);
   const int K = static_cast<int>(W.in);
   const int N = static_cast<int>(W.out);
   const int t0 = blockIdx.x * NTOK;
@@ -28,18 +28,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wg_kernel(QW W, X16 x, float
   pdl_wait();
   pdl_trigger();
 
-  gemm::RowSrc wsrc[2];
-  for (int h = 0; h < 2; ++h) {
-    const int n = n0 + wgtile::frag_row(h);
-    if (n < N) wsrc[h] = gemm::row_src<BITS>(W, 0, n);
-  }
+  const int wr = tid >> 1;
+  const gemm::RowSrc wsrc = n0 + wr < N ? gemm::row_src<BITS>(W, 0, n0 + wr) : gemm::RowSrc{};
   float acc[NTOK / 2];
   wgtile::mainloop<BITS, NTOK, S>(
       sm, K, W.gs, x.x, x.lo, [&](int r) { return t0 + r < T ? t0 + r : -1; }, wsrc, acc);
 
   // acc[4 j + i]: weight row 64 wg + 16 warp + lane / 4 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
   const int lane = tid & 31;
-  const int m = n0 + wgtile::frag_row(0);
+  const int m = n0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
 #pragma unroll
   for (int j = 0; j < NTOK / 8; ++j) {
 #pragma unroll
@@ -53,7 +50,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wg_kernel(QW W, X16 x, float
 
 template <int BITS, int NTOK, int S>
 void launch_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
-  constexpr size_t smem = wgtile::kSmemBytes<NTOK, S>;
+  constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, S>;
   auto kernel = gemm_wg_kernel<BITS, NTOK, S>;
   static const bool attr_set = [&] {  // once per instantiation (opt-in above 48 KB of shared memory)
     FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -70,7 +67,9 @@ void wg_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   // SMs busy.
   const int64_t tall = (int64_t(T) + 127) / 128 * ((w.out + kBW - 1) / kBW);
   if (tall >= 2 * c.sms)
-    launch_wg<BITS, 128, 4>(c, w, x, y, T);
+    launch_wg<BITS, 128, 3>(c, w, x, y, T);
+  else if (gemm_wg_stages() == 2)  // half the shared memory: two blocks per SM
+    launch_wg<BITS, 64, 2>(c, w, x, y, T);
   else
     launch_wg<BITS, 64, 4>(c, w, x, y, T);
 }

@@ -2,9 +2,9 @@
 // the tile map, work split and epilogues of moe_prefill_f16.cu, with the token tile (16, 32 or 64 rows of one
 // expert's group: the adaptive tile height) as the wgmma N side and 128 weight rows per block as the A side. The
 // inputs are bf16 hi/lo rows (gemm_wg.h: x once per chunk, h once per chunk after gate/up).
-// Gate/up block: 64 intermediate columns. Warp w's 16 weight rows are the gate rows of columns 8 w .. 8 w + 7 and
-// then the up rows of the same columns, so that a thread's two fragment rows (lane / 4 and lane / 4 + 8) and its
-// accumulator pairs are the gate and up values of one column: SiLU(g) u in place.
+// Gate/up block: 64 intermediate columns. Warp slice s (16 weight rows: 4 per warpgroup) holds the gate rows of
+// columns 8 s .. 8 s + 7 in its first 8 rows and the up rows of the same columns in its last 8, so that a thread's
+// accumulator pairs (rows lane / 4 and lane / 4 + 8) are the gate and up values of one column: SiLU(g) u in place.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -22,16 +22,13 @@ namespace {
 using wgtile::kBW;
 using wgtile::kThreads;
 constexpr int kGateUpCols = kBW / 2;  // intermediate columns per gate/up block
-template <int NTOK>
-constexpr int kStages = 4;
 
-template <int BITS, int NTOK>
+template <int BITS, int NTOK, int S>
 __global__ void __launch_bounds__(kThreads, 1)
     gate_up_wg_kernel(QW G, QW U, QW SG, QW SU, X16 x, MoeGroups gr, int E, int topk, float* __restrict__ h_routed,
                       float* __restrict__ h_shared) {
-  constexpr int S = kStages<NTOK>;
   extern __shared__ unsigned char gu_wg_smem[];
-  auto& sm = wgtile::smem_of<NTOK, S>(gu_wg_smem);
+  auto& sm = wgtile::smem_of<NTOK, BITS, S>(gu_wg_smem);
   pdl_wait();
   pdl_trigger();
   TileInfo ti;
@@ -44,12 +41,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31;
   auto token = [&](int r) { return sh ? ti.row0 + r : gr.order[ti.base + r] / topk; };
 
-  // This thread's fragment rows (wgtile::frag_row): the gate and the up row of column j0 + 8 warp + lane / 4.
-  const int col = j0 + 8 * (tid >> 5) + (lane >> 2);
-  gemm::RowSrc wsrc[2];
+  const int wr = tid >> 1;  // weight-tile row this thread stages: slice wr / 16, gate for wr % 16 < 8
+  const bool up = (wr & 15) >= 8;
+  const int col = j0 + 8 * (wr >> 4) + (wr & 7);
+  gemm::RowSrc wsrc;
   if (col < width) {
-    wsrc[0] = sh ? gemm::row_src<BITS>(SG, 0, col) : gemm::row_src<BITS>(G, ti.group, col);
-    wsrc[1] = sh ? gemm::row_src<BITS>(SU, 0, col) : gemm::row_src<BITS>(U, ti.group, col);
+    if (sh)
+      wsrc = up ? gemm::row_src<BITS>(SU, 0, col) : gemm::row_src<BITS>(SG, 0, col);
+    else
+      wsrc = up ? gemm::row_src<BITS>(U, ti.group, col) : gemm::row_src<BITS>(G, ti.group, col);
   }
 
   float acc[NTOK / 2];
@@ -72,13 +72,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int BITS, int NTOK>
+template <int BITS, int NTOK, int S>
 __global__ void __launch_bounds__(kThreads, 1)
     down_wg_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* __restrict__ topk_w,
                    const float* __restrict__ sgate, int E, float* __restrict__ y_pair, float* __restrict__ out) {
-  constexpr int S = kStages<NTOK>;
   extern __shared__ unsigned char dn_wg_smem[];
-  auto& sm = wgtile::smem_of<NTOK, S>(dn_wg_smem);
+  auto& sm = wgtile::smem_of<NTOK, BITS, S>(dn_wg_smem);
   pdl_wait();
   pdl_trigger();
   TileInfo ti;
@@ -92,17 +91,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint16_t* hx = sh ? hs.x : hr.x;
   const uint16_t* hl = sh ? hs.lo : hr.lo;
 
-  gemm::RowSrc wsrc[2];
-  for (int hh = 0; hh < 2; ++hh) {
-    const int n = n0 + wgtile::frag_row(hh);
-    if (n < N) wsrc[hh] = sh ? gemm::row_src<BITS>(SD, 0, n) : gemm::row_src<BITS>(D, ti.group, n);
-  }
+  const int wr = tid >> 1;
+  gemm::RowSrc wsrc;
+  if (n0 + wr < N) wsrc = sh ? gemm::row_src<BITS>(SD, 0, n0 + wr) : gemm::row_src<BITS>(D, ti.group, n0 + wr);
 
   float acc[NTOK / 2];
   wgtile::mainloop<BITS, NTOK, S>(
       sm, K, D.gs, hx, hl, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, wsrc, acc);
 
-  const int m = n0 + wgtile::frag_row(0);
+  const int m = n0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
 #pragma unroll
   for (int j = 0; j < NTOK / 8; ++j) {
 #pragma unroll
@@ -130,11 +127,11 @@ void set_smem(Kern kernel, size_t bytes) {
   FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-template <int BITS, int NTOK>
+template <int BITS, int NTOK, int S>
 void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                 const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
-  constexpr size_t smem = wgtile::kSmemBytes<NTOK, kStages<NTOK>>;
-  auto kernel = gate_up_wg_kernel<BITS, NTOK>;
+  constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, S>;
+  auto kernel = gate_up_wg_kernel<BITS, NTOK, S>;
   static const bool once = (set_smem(kernel, smem), true);
   (void)once;
   launch(c, "moe gate_up_wg_kernel", kernel,
@@ -142,24 +139,44 @@ void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, con
          sup, x, g, E, k, h_routed, h_shared);
 }
 
-template <int BITS, int NTOK>
+template <int BITS, int NTOK, int S>
 void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
              const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
-  constexpr size_t smem = wgtile::kSmemBytes<NTOK, kStages<NTOK>>;
-  auto kernel = down_wg_kernel<BITS, NTOK>;
+  constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, S>;
+  auto kernel = down_wg_kernel<BITS, NTOK, S>;
   static const bool once = (set_smem(kernel, smem), true);
   (void)once;
   launch(c, "moe down_wg_kernel", kernel, moe_tile_grid(T, k, E, NTOK, down.out, kBW), kThreads, smem, down, sdown,
          hr, hs, g, topk_w, sgate, E, y_pair, out);
 }
 
+// Pipeline depth: 4 stages (3 below 64-token tiles), or with FERN_GEMM_WG_STAGES=2 two stages, which halves the
+// shared memory so that two blocks share an SM (gemm_wg_stages).
+template <int BITS, int NTOK>
+void gate_up_wg_n(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
+                  const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
+  if (gemm_wg_stages() == 2)
+    gate_up_wg<BITS, NTOK, 2>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+  else
+    gate_up_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+}
+
+template <int BITS, int NTOK>
+void down_wg_n(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
+               const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
+  if (gemm_wg_stages() == 2)
+    down_wg<BITS, NTOK, 2>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+  else
+    down_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+}
+
 template <int BITS>
 void gate_up_wg_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                      const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared) {
   switch (bm) {
-    case 16: gate_up_wg<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
-    case 32: gate_up_wg<BITS, 32>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
-    default: gate_up_wg<BITS, 64>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    case 16: gate_up_wg_n<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    case 32: gate_up_wg_n<BITS, 32>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    default: gate_up_wg_n<BITS, 64>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
   }
 }
 
@@ -167,9 +184,9 @@ template <int BITS>
 void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
                   const float* topk_w, const float* sgate, int T, int k, int E, int bm, float* y_pair, float* out) {
   switch (bm) {
-    case 16: down_wg<BITS, 16>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
-    case 32: down_wg<BITS, 32>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
-    default: down_wg<BITS, 64>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
+    case 16: down_wg_n<BITS, 16>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
+    case 32: down_wg_n<BITS, 32>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
+    default: down_wg_n<BITS, 64>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
   }
 }
 

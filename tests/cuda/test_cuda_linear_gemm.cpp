@@ -124,8 +124,13 @@ TEST(CudaLinearGemm, RealShapes) {
                         Case{"8-bit T=1024 tall", 640, 1024, 8, 64, 1024},
                         // enough blocks for the wgmma loop's 128-token tiles (>= 2 waves), T not a multiple of 128
                         Case{"qkv T=2100 wide tiles", 8192, 2048, 4, 64, 2100},
-                        Case{"8-bit T=1100 wide tiles", 8192, 1024, 8, 64, 1100}})
+                        Case{"8-bit T=1100 wide tiles", 8192, 1024, 8, 64, 1100}}) {
     run_direct(c);
+    if (cuda::gemm_wg_supported()) {  // the two-stage form of the 64-token tiles (FERN_GEMM_WG_STAGES)
+      test::EnvGuard g("FERN_GEMM_WG_STAGES", "2");
+      run_direct(c, Loop::Wg);
+    }
+  }
 }
 
 // Rows of very different magnitudes in one call: |x| ~ 1e5 (fp16 overflows at 65504 without the per-row scale),

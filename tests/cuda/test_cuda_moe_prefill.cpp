@@ -170,7 +170,10 @@ TEST(CudaMoePrefill, RealShapeAgainstCpu) {
                              {"real, split", nullptr, nullptr, kNmse, false, "split"},
                              {"real, fp16", nullptr, nullptr, kNmse, false, "fp16"},
                              {"real, fp16x2", nullptr, nullptr, kNmse, false, "fp16x2"}};
-  if (cuda::gemm_wg_supported()) vs.push_back({"real, wg", nullptr, nullptr, kNmse, false, "wg"});
+  if (cuda::gemm_wg_supported()) {
+    vs.push_back({"real, wg", nullptr, nullptr, kNmse, false, "wg"});
+    vs.push_back({"real, wg 2 stages", "FERN_GEMM_WG_STAGES", "2", kNmse, false, "wg"});
+  }
   for (int T : {2, 17, 64, 300, 2048}) check(*gpu, *cpu, *m, T, 100 + T, vs);
 }
 
