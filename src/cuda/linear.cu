@@ -266,8 +266,9 @@ __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, cons
 }
 
 // Pipeline steps in flight per warp (NB) for a plain GEMV: 2. FERN_CUDA_GEMV_NB=3 selects a third buffer for the
-// plain GEMVs with 32 lanes per row (read at every call, for comparisons). Measured on the H200
-// (docs/notes/cuda-decode-v5.md, cold L2): lm_head 104.8 us with 3 against 96.9 with 2, so 2 is the default.
+// plain GEMVs with 32 lanes per row (read at every call, for comparisons). Measured on the H200, cold L2, lm_head:
+// 104.8 us with 3 against 96.9 with 2 (docs/notes/cuda-decode-v5.md), then 96.0 / 96.7 and 95.1 / 96.4
+// (cuda-decode-v6.md, runs 1-2): within ~1%, so 2 stays the default.
 int gemv_depth() {
   if (const char* e = std::getenv("FERN_CUDA_GEMV_NB"); e != nullptr && e[0] == '3' && e[1] == 0) return 3;
   return 2;
@@ -298,7 +299,8 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // Chunk offsets are 32-bit (qdot.cuh).
   if (int64_t(rows) * CPR >= (int64_t(1) << 31)) raise_error("linear: matrix too large for 32-bit chunk offsets");
   // 512-thread blocks, one per SM (FERN_CUDA_GEMV_WIDE=1; 32 lanes per row, not the fused router): half the blocks
-  // staging the same row from L2 (docs/notes/cuda-decode-v6.md).
+  // staging the same row from L2. Measured on the H200 (docs/notes/cuda-decode-v6.md, run 2): 8192 x 2048 5.73 ->
+  // 5.26 us, but 2048 x 4096 3.77 -> 4.11 (64 blocks for 132 SMs) and the whole 4K step 19 us slower: off.
   const bool wide = !ROUTE && lpr == 32 && gemv_wide();
   const int nt = wide ? 2 * kThreads : kThreads;
   const int rows_per_block = (nt / 32) * (32 / lpr) * kRPI;
