@@ -6,7 +6,9 @@
 #   4. the Node server suite on the CUDA backend, 5. fern bench decode at 4K and 128K (3 runs) and prefill at 4K,
 #   32K and 128K (2 runs, with the scratch it held), 6. fern eval of the CUDA backend against HF transformers on a
 #   `small` synthetic checkpoint with peaked logits.
-# Logs under $OUT; a summary last. Steps are skipped once the time budget (BUDGET seconds) is spent.
+# Logs under $OUT; a summary last. Steps are skipped once the time budget (BUDGET seconds) is spent. Knobs: ALL_BISECT=0
+# and ALL_EVAL=0 skip steps 3 and 6, ALL_NODE=0 skips step 4; ALL_MICRO=1 adds the MoE and dense GEMM
+# micro-benchmarks (ablation rows, tile-loop columns) after step 5.
 set -u
 BUDGET=${BUDGET:-560}
 source bench/gpu_prelude.sh
@@ -14,12 +16,21 @@ left() { echo $(( BUDGET - ($(date +%s) - gpu_start) )); }
 export PYTHONUNBUFFERED=1
 gpu_unpack_head all-head
 gpu_configure
-gpu_build fern $(gpu_cuda_test_targets)
+MICRO=${ALL_MICRO:-0}
+if [ "$MICRO" = 1 ]; then gpu_build fern $(gpu_cuda_test_targets) bench_cuda_moe_prefill bench_cuda_prefill_linear
+else gpu_build fern $(gpu_cuda_test_targets); fi
 gpu_run_cuda_tests
 grep -E "^(synth small|chunk )" "$OUT/cuda_tests.log"
-timeout 200 bash bench/cuda/bisect_prefill_accuracy.sh build >"$OUT/bisect.log" 2>&1
-note "prefill-accuracy bisect ($(elapsed)):"$'\n'"$(cat "$OUT/bisect.log")"
-[ "$(left)" -gt 300 ] && gpu_run_node_suite 150
+if [ "${ALL_BISECT:-1}" = 1 ]; then
+  timeout 200 bash bench/cuda/bisect_prefill_accuracy.sh build >"$OUT/bisect.log" 2>&1
+  note "prefill-accuracy bisect ($(elapsed)):"$'\n'"$(cat "$OUT/bisect.log")"
+fi
+[ "${ALL_NODE:-1}" = 1 ] && [ "$(left)" -gt 300 ] && gpu_run_node_suite 150
+if [ "$MICRO" = 1 ]; then
+  timeout 60 build/bench/bench_cuda_moe_prefill >"$OUT/bench_moe_prefill.md" 2>&1
+  note "bench_cuda_moe_prefill rc $? ($(elapsed))"
+  grep -E "^\| (T \||512|2048)" "$OUT/bench_moe_prefill.md" | head -32
+fi
 if [ "$(left)" -gt 200 ]; then
   timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
     --json "$OUT/decode.json" >"$OUT/bench_decode.log" 2>&1
@@ -31,7 +42,15 @@ if [ "$(left)" -gt 120 ]; then
   grep -E "^\|" "$OUT/bench_prefill.log" | tail -5
   note "prefill: $(grep -oE "prefill [0-9]+: [0-9.]+ tok/s" "$OUT/bench_prefill.log" | tr "\n" " ") ($(elapsed))"
 fi
-if [ "$(left)" -gt 90 ]; then
+if [ "$MICRO" = 1 ]; then
+  if [ "$(left)" -gt 40 ]; then
+    timeout $(( $(left) - 20 )) build/bench/bench_cuda_prefill_linear >"$OUT/bench_prefill_linear.md" 2>&1
+    note "bench_cuda_prefill_linear rc $? ($(elapsed))"
+  fi
+  grep -E "^\| (shape|gdn in_proj_qkv 8192x2048 \| (2048|4096)|out_proj 2048x4096 \| 2048|expert-size 512x2048 \| 2048)" \
+    "$OUT/bench_prefill_linear.md"
+fi
+if [ "${ALL_EVAL:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
   ./build/fern synth --preset small --format mlx4 --seed 3 --logit-scale 8 --out /tmp/small >"$OUT/synth_small.log" 2>&1
   timeout 60 python3 tools/golden/hf_golden.py --ckpt /tmp/small --format mlx4 --out /tmp/hf_small \
     --lengths 64,128 --decode-steps 8 >"$OUT/hf_small.log" 2>&1

@@ -17,7 +17,8 @@ namespace {
 
 constexpr int kWarps = 8;
 
-__global__ void __launch_bounds__(32 * kWarps) to_xbf_kernel(const float* __restrict__ x, int64_t rows, int K,
+// x is a plain pointer (written by the previous kernel: a const __restrict__ load could move above the PDL wait).
+__global__ void __launch_bounds__(32 * kWarps) to_xbf_kernel(const float* x, int64_t rows, int K,
                                                              uint16_t* __restrict__ hi, uint16_t* __restrict__ lo) {
   pdl_wait();
   pdl_trigger();

@@ -5,6 +5,8 @@
 // Gate/up block: 64 intermediate columns. Warp slice s (16 weight rows: 4 per warpgroup) holds the gate rows of
 // columns 8 s .. 8 s + 7 in its first 8 rows and the up rows of the same columns in its last 8, so that a thread's
 // accumulator pairs (rows lane / 4 and lane / 4 + 8) are the gate and up values of one column: SiLU(g) u in place.
+// Inputs written by earlier kernels (topk_w, sgate, the rows) are plain pointers, not const __restrict__: read-only
+// non-coherent loads may be hoisted above the PDL wait (docs/notes/cuda-decode-v6.md).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -74,8 +76,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <int BITS, int NTOK, int S>
 __global__ void __launch_bounds__(kThreads, 1)
-    down_wg_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* __restrict__ topk_w,
-                   const float* __restrict__ sgate, int E, float* __restrict__ y_pair, float* __restrict__ out) {
+    down_wg_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* topk_w, const float* sgate, int E,
+                   float* __restrict__ y_pair, float* __restrict__ out) {
   extern __shared__ unsigned char dn_wg_smem[];
   auto& sm = wgtile::smem_of<NTOK, BITS, S>(dn_wg_smem);
   pdl_wait();
