@@ -7,8 +7,9 @@
 #   32K and 128K (2 runs, with the scratch it held), 6. fern eval of the CUDA backend against HF transformers on a
 #   `small` synthetic checkpoint with peaked logits.
 # Logs under $OUT; a summary last. Steps are skipped once the time budget (BUDGET seconds) is spent. Knobs: ALL_BISECT=0
-# and ALL_EVAL=0 skip steps 3 and 6, ALL_NODE=0 skips step 4; ALL_MICRO=1 adds the MoE and dense GEMM
-# micro-benchmarks (ablation rows, tile-loop columns) after step 5.
+# and ALL_EVAL=0 skip steps 3 and 6, ALL_NODE=0 skips step 4, ALL_DECODE=0 the decode bench; ALL_TESTS="names" runs
+# only those CUDA test binaries; ALL_MICRO=1 adds the MoE and dense GEMM micro-benchmarks (ablation rows, tile-loop
+# columns); PREFILL_LENGTHS (default 4096,32768,131072).
 set -u
 BUDGET=${BUDGET:-560}
 source bench/gpu_prelude.sh
@@ -19,7 +20,16 @@ gpu_configure
 MICRO=${ALL_MICRO:-0}
 if [ "$MICRO" = 1 ]; then gpu_build fern $(gpu_cuda_test_targets) bench_cuda_moe_prefill bench_cuda_prefill_linear
 else gpu_build fern $(gpu_cuda_test_targets); fi
-gpu_run_cuda_tests
+if [ -n "${ALL_TESTS:-}" ]; then
+  GPU_TEST_FAILS=""
+  for t in $ALL_TESTS; do
+    timeout "${TEST_TIMEOUT:-150}" "build/$t" >>"$OUT/cuda_tests.log" 2>&1 || GPU_TEST_FAILS+=" $t"
+  done
+  note "CUDA tests ($ALL_TESTS): $(grep -c '^\[       OK' "$OUT/cuda_tests.log") OK, failed:${GPU_TEST_FAILS:- none} ($(elapsed))"
+  grep -B3 -A8 "Failure" "$OUT/cuda_tests.log" | head -40
+else
+  gpu_run_cuda_tests
+fi
 grep -E "^(synth small|chunk )" "$OUT/cuda_tests.log"
 if [ "${ALL_BISECT:-1}" = 1 ]; then
   timeout 200 bash bench/cuda/bisect_prefill_accuracy.sh build >"$OUT/bisect.log" 2>&1
@@ -31,14 +41,14 @@ if [ "$MICRO" = 1 ]; then
   note "bench_cuda_moe_prefill rc $? ($(elapsed))"
   grep -E "^\| (T \||512|2048)" "$OUT/bench_moe_prefill.md" | head -32
 fi
-if [ "$(left)" -gt 200 ]; then
+if [ "${ALL_DECODE:-1}" = 1 ] && [ "$(left)" -gt 200 ]; then
   timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
     --json "$OUT/decode.json" >"$OUT/bench_decode.log" 2>&1
   note "decode: $(grep -oE "decode ctx [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode.log" | tr "\n" " ") ($(elapsed))"
 fi
 if [ "$(left)" -gt 120 ]; then
   timeout $(( $(left) - 60 )) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
-    --lengths 4096,32768,131072 --runs 2 --json "$OUT/prefill.json" >"$OUT/bench_prefill.log" 2>&1
+    --lengths "${PREFILL_LENGTHS:-4096,32768,131072}" --runs 2 --json "$OUT/prefill.json" >"$OUT/bench_prefill.log" 2>&1
   grep -E "^\|" "$OUT/bench_prefill.log" | tail -5
   note "prefill: $(grep -oE "prefill [0-9]+: [0-9.]+ tok/s" "$OUT/bench_prefill.log" | tr "\n" " ") ($(elapsed))"
 fi

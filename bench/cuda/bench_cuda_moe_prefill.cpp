@@ -91,6 +91,8 @@ int main() {
        nullptr, nullptr, "fp16x2"},
       {"grouped, default, FERN_GEMM_WG_STAGES=2 (two blocks per SM)", nullptr, nullptr, nullptr, nullptr, nullptr,
        nullptr, nullptr, "2"},
+      {"grouped, default, FERN_GEMM_WG_STAGES=4 (deep pipeline)", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+       nullptr, "4"},
       {"grouped, default, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr},
       {"grouped, default, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
       {"grouped, default, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr},

@@ -41,7 +41,7 @@ int main() {
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sms, cudaDevAttrMultiProcessorCount, dev));
   const bool wg = cuda::gemm_wg_supported();
   std::printf(
-      "| shape | T | GEMV row by row (ms) | split (ms) | fp16 (ms) | fp16x2 (ms) | wg (ms) | wg, 2 stages (ms) | x to "
+      "| shape | T | GEMV row by row (ms) | split (ms) | fp16 (ms) | fp16x2 (ms) | wg, 4 stages (ms) | wg, 2 stages (ms) | x to "
       "bf16 hi/lo alone | wg vs split | split TFLOP/s | fp16 TFLOP/s | wg TFLOP/s |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   void* ws = nullptr;
@@ -85,8 +85,9 @@ int main() {
       const double x2 = median_ms([&] { cuda::linear_gemm(pctx, q, xp, yp, T); });
       double wgm = 0.0, wg2 = 0.0, conv = 0.0;
       if (wg) {
+        setenv("FERN_GEMM_WG_STAGES", "4", 1);  // the 64-token tiles in four stages, forced
         wgm = median_ms([&] { cuda::linear_gemm(wctx, q, xp, yp, T); });
-        setenv("FERN_GEMM_WG_STAGES", "2", 1);  // only the 64-token tiles have a 2-stage form
+        setenv("FERN_GEMM_WG_STAGES", "2", 1);  // the 64-token tiles in two stages, forced
         wg2 = median_ms([&] { cuda::linear_gemm(wctx, q, xp, yp, T); });
         unsetenv("FERN_GEMM_WG_STAGES");
         const cuda::X16 xs = cuda::xbf_carve(ws, T, s.in);

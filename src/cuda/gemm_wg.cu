@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_util.cuh"
@@ -75,7 +76,10 @@ bool gemm_wg_supported() {
 
 int gemm_wg_stages() {
   const char* v = std::getenv("FERN_GEMM_WG_STAGES");
-  return v != nullptr && std::strcmp(v, "2") == 0 ? 2 : 0;
+  if (v == nullptr) return 0;
+  if (std::strcmp(v, "2") == 0) return 2;
+  if (std::strcmp(v, "4") == 0) return 4;
+  raise_error(std::string("FERN_GEMM_WG_STAGES=") + v + ": expected 2 or 4");
 }
 
 size_t xbf_bytes(int64_t rows, int64_t K) { return 2 * align256(size_t(rows) * size_t(K) * 2); }

@@ -16,8 +16,9 @@ namespace fern::cuda {
 // once per device.
 bool gemm_wg_supported();
 
-// Pipeline stages of the wgmma loop's 64-token and smaller tiles: 2 with FERN_GEMM_WG_STAGES=2 (two blocks per
-// SM), else 0 (each kernel's deeper default). Read on every call, for the benchmarks' comparison.
+// Pipeline stages of the wgmma loop's 64-token and smaller tiles: FERN_GEMM_WG_STAGES=2 or 4 forces two (half the
+// shared memory: two blocks per SM) or the deep default (4, or 3 below 64-token tiles); unset (0 here) lets each
+// caller choose by its measured rule (linear_gemm_wg.cu, moe_prefill_wg.cu). Read on every call.
 int gemm_wg_stages();
 
 // x [rows, K] (F32) as bf16 hi rows (X16::x) and lo rows (X16::lo); scale and sums stay unset. K a multiple of 4.

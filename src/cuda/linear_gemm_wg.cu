@@ -66,9 +66,15 @@ void wg_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   // 128-token tiles halve the weight dequantization per token; below two waves of them, 64-token tiles keep the
   // SMs busy.
   const int64_t tall = (int64_t(T) + 127) / 128 * ((w.out + kBW - 1) / kBW);
+  // The 64-token tiles in two stages (half the shared memory: two blocks per SM) once their grid exceeds the SMs:
+  // measured on the H200 (docs/notes/cuda-prefill-v4-wg.md) out_proj 2048x4096 at 2,048 rows 0.465 -> 0.410 ms
+  // (512 blocks), the 512x2048 expert-size matrix 0.076 -> 0.081 ms (128 blocks: one per SM anyway, and the
+  // shallower pipeline costs).
+  const int64_t short_blocks = (int64_t(T) + 63) / 64 * ((w.out + kBW - 1) / kBW);
+  const int st = gemm_wg_stages();
   if (tall >= 2 * c.sms)
     launch_wg<BITS, 128, 3>(c, w, x, y, T);
-  else if (gemm_wg_stages() == 2)  // half the shared memory: two blocks per SM
+  else if (st == 2 || (st == 0 && short_blocks > c.sms))
     launch_wg<BITS, 64, 2>(c, w, x, y, T);
   else
     launch_wg<BITS, 64, 4>(c, w, x, y, T);

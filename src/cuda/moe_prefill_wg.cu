@@ -152,12 +152,19 @@ void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const
          hr, hs, g, topk_w, sgate, E, y_pair, out);
 }
 
-// Pipeline depth: 4 stages (3 below 64-token tiles), or with FERN_GEMM_WG_STAGES=2 two stages, which halves the
-// shared memory so that two blocks share an SM (gemm_wg_stages).
+// Pipeline depth: two stages (half the shared memory: two blocks per SM) from 1,024 rows per chunk, else 4 (3 below
+// 64-token tiles); FERN_GEMM_WG_STAGES=2|4 forces one. Measured on the H200 (docs/notes/cuda-prefill-v4-wg.md), the
+// MoE block: T = 2,048 2.384 ms (deep) vs 2.016 (two stages); T = 512 1.087 vs 1.127. The switch between them is
+// not measured; 1,024 is the midpoint.
+inline bool two_stages(int T) {
+  const int st = gemm_wg_stages();
+  return st == 2 || (st == 0 && T >= 1024);
+}
+
 template <int BITS, int NTOK>
 void gate_up_wg_n(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                   const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
-  if (gemm_wg_stages() == 2)
+  if (two_stages(T))
     gate_up_wg<BITS, NTOK, 2>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
   else
     gate_up_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
@@ -166,7 +173,7 @@ void gate_up_wg_n(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, c
 template <int BITS, int NTOK>
 void down_wg_n(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
                const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
-  if (gemm_wg_stages() == 2)
+  if (two_stages(T))
     down_wg<BITS, NTOK, 2>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
   else
     down_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);

@@ -126,11 +126,13 @@ TEST(CudaLinearGemm, RealShapes) {
                         Case{"qkv T=2100 wide tiles", 8192, 2048, 4, 64, 2100},
                         Case{"8-bit T=1100 wide tiles", 8192, 1024, 8, 64, 1100}}) {
     run_direct(c);
-    // The two-stage form of the 64-token tiles (FERN_GEMM_WG_STAGES), on the shapes that take those tiles and are
-    // cheap for the CPU reference.
+    // Both pipeline depths of the 64-token tiles forced (FERN_GEMM_WG_STAGES), on the shapes that take those tiles
+    // and are cheap for the CPU reference.
     if (cuda::gemm_wg_supported() && c.out * c.T <= 8192 * 300) {
-      test::EnvGuard g("FERN_GEMM_WG_STAGES", "2");
-      run_direct(c, Loop::Wg);
+      for (const char* st : {"2", "4"}) {
+        test::EnvGuard g("FERN_GEMM_WG_STAGES", st);
+        run_direct(c, Loop::Wg);
+      }
     }
   }
 }
@@ -317,6 +319,20 @@ TEST(CudaGemmMode, UnknownValueIsAnError) {
         EXPECT_NE(std::string(e.what()).find("FERN_GEMM=wg"), std::string::npos) << e.what();
       }
     }
+  }
+  {
+    // The wgmma loop's pipeline switch takes 2 or 4 (unset: the kernels' measured rule); anything else is named.
+    test::EnvGuard st("FERN_GEMM_WG_STAGES", "3");
+    try {
+      cuda::gemm_wg_stages();
+      ADD_FAILURE() << "FERN_GEMM_WG_STAGES=3 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FERN_GEMM_WG_STAGES=3"), std::string::npos) << e.what();
+    }
+  }
+  {
+    test::EnvGuard st("FERN_GEMM_WG_STAGES", nullptr);
+    EXPECT_EQ(cuda::gemm_wg_stages(), 0);
   }
   test::EnvGuard g("FERN_GEMM", nullptr);
   // The default: the wgmma loop where it runs, else the split loop (both precise).

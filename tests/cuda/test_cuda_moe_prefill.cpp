@@ -173,6 +173,7 @@ TEST(CudaMoePrefill, RealShapeAgainstCpu) {
   if (cuda::gemm_wg_supported()) {
     vs.push_back({"real, wg", nullptr, nullptr, kNmse, false, "wg"});
     vs.push_back({"real, wg 2 stages", "FERN_GEMM_WG_STAGES", "2", kNmse, false, "wg"});
+    vs.push_back({"real, wg 4 stages", "FERN_GEMM_WG_STAGES", "4", kNmse, false, "wg"});
   }
   for (int T : {2, 17, 64, 300, 2048}) check(*gpu, *cpu, *m, T, 100 + T, vs);
 }
