@@ -31,7 +31,10 @@ struct Case {
 // (docs/notes/cuda-prefill-v1.md): NMSE 3.1e-12..6.3e-12 (4-bit, 8-bit), 6.1e-12 and 2.6e-11 (bf16); the launches
 // are deterministic (no atomics), so these seeds give these values. 1e-9 leaves 40x room over the largest and
 // still catches a wrong nibble, group, scale, row or token tile (NMSE > 1e-3) and a plain bf16 rounding of x
-// (~3e-6); an unwritten output is NaN and fails too.
+// (~3e-6); an unwritten output is NaN and fails too. The wgmma loop (wg) also splits each dequantized weight into
+// bf16 hi + lo and drops x_lo w_lo (~2^-17 per product more): measured 1.2e-11 .. 2.1e-10 (the largest: 8-bit,
+// group 32, K 4096; docs/notes/cuda-prefill-v4-wg.md), 4.7x under the same limit, which still holds it to the
+// split loop's class and far below a bf16 rounding of x or w.
 constexpr double kNmse = 1e-9;
 // The fp16 loop rounds x (per-row scaled) and every dequantized weight s q + b once to fp16 (11 significant bits,
 // relative error up to 2^-11). Measured on the H200 (docs/notes/cuda-prefill-v3-gemm.md): 5.6e-8 .. 1.1e-7 over

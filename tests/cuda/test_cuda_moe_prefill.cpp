@@ -100,7 +100,9 @@ std::vector<float> run_gpu(CudaBackend& gpu, const Model& m, const std::vector<f
 // accumulation) in another order than the CPU's. Measured on the H200 (docs/notes/cuda-prefill-v2-moe.md): 6.3e-12
 // .. 5.2e-11 over every shape, format, tile height and router here. A wrong expert, routing weight or row gives
 // NMSE > 1e-2; 1e-9 is 19x over the largest value measured (the kernels have no float atomics: same seeds, same
-// bits).
+// bits). The wgmma loop (FERN_GEMM=wg, the default on sm_90a) splits the dequantized weights into bf16 hi + lo as
+// well and drops x_lo w_lo, twice (gate/up, then down on the split h): measured 7.8e-12 .. 3.0e-10 over the same
+// cases (docs/notes/cuda-prefill-v4-wg.md), 3.3x under the limit and still 3 orders below a bf16 rounding (~1e-6).
 constexpr double kNmse = 1e-9;
 // FERN_MOE_DEQUANT=separate rounds every dequantized weight s q + b to bf16 (relative error up to 2^-9): measured
 // 8.1e-6 at the real shape; 1e-4 (12x over it) still separates it from a wrong expert (> 1e-2).
