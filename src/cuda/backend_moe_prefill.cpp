@@ -160,34 +160,29 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   float* y_pair = scratch(DType::F32, {int64_t(T) * k, H}).ptr<float>();
   const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");
   const cuda::GemmMode mode = cuda::gemm_mode();
-  if (mode == cuda::GemmMode::Wg && !prefetch && cuda::moe_grouped_wg_ok(gate, down, sdown)) {
-    // x once to bf16 hi/lo rows, gate/up, h once to bf16 hi/lo rows, down (docs/notes/cuda-prefill-v4-wg.md).
-    auto xbf = [&](int64_t rows, int64_t K) {
-      const size_t bytes = cuda::xbf_bytes(rows, K);
-      return cuda::xbf_carve(scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data, rows, K);
-    };
-    const cuda::X16 xs = xbf(T, H), hrs = xbf(int64_t(T) * k, I), hss = xbf(T, Is);
-    cuda::to_xbf(ctx(), xp, T, H, xs);
-    cuda::moe_grouped_gate_up_wg(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei, bm, h_routed, h_shared);
-    cuda::to_xbf(ctx(), h_routed, int64_t(T) * k, I, hrs);
-    cuda::to_xbf(ctx(), h_shared, T, Is, hss);
-    cuda::moe_grouped_down_wg(ctx(), down, sdown, hrs, hss, g, s.topk_w, s.sgate, T, k, Ei, bm, y_pair, op);
-    cuda::moe_combine(ctx(), y_pair, op, T, k, H);
-    return;
-  }
-  if (cuda::gemm_f16_format_ok(gate) && !prefetch && (mode == cuda::GemmMode::Fp16 || mode == cuda::GemmMode::Fp16x2)) {
-    // x once to fp16 rows, gate/up, h once to fp16 rows, down (docs/notes/cuda-prefill-v3-gemm.md).
+  const bool wg = mode == cuda::GemmMode::Wg && !prefetch && cuda::moe_grouped_wg_ok(gate, down, sdown);
+  const bool f16 = !wg && cuda::gemm_f16_format_ok(gate) && !prefetch &&
+                   (mode == cuda::GemmMode::Fp16 || mode == cuda::GemmMode::Fp16x2);
+  if (wg || f16) {
+    // x converted once (bf16 hi/lo rows for wg, gemm_wg.h; fp16 rows for fp16/fp16x2, gemm_f16.h), gate/up, h
+    // converted once the same way, down (docs/notes/cuda-prefill-v3-gemm.md, cuda-prefill-v4-wg.md).
     const bool precise = mode == cuda::GemmMode::Fp16x2;
-    auto x16 = [&](int64_t rows, int64_t K) {
-      const size_t bytes = cuda::x16_bytes(rows, K, precise);
-      return cuda::x16_carve(scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data, rows, K, precise);
+    auto rows = [&](const float* src, int64_t n, int64_t K) {
+      const size_t bytes = wg ? cuda::xbf_bytes(n, K) : cuda::x16_bytes(n, K, precise);
+      void* ws = scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data;
+      const cuda::X16 r = wg ? cuda::xbf_carve(ws, n, K) : cuda::x16_carve(ws, n, K, precise);
+      if (wg)
+        cuda::to_xbf(ctx(), src, n, K, r);
+      else
+        cuda::to_x16(ctx(), src, n, K, r);
+      return r;
     };
-    const cuda::X16 xs = x16(T, H), hrs = x16(int64_t(T) * k, I), hss = x16(T, Is);
-    cuda::to_x16(ctx(), xp, T, H, xs);
-    cuda::moe_grouped_gate_up_f16(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei, bm, h_routed, h_shared);
-    cuda::to_x16(ctx(), h_routed, int64_t(T) * k, I, hrs);
-    cuda::to_x16(ctx(), h_shared, T, Is, hss);
-    cuda::moe_grouped_down_f16(ctx(), down, sdown, hrs, hss, g, s.topk_w, s.sgate, T, k, Ei, bm, y_pair, op);
+    const cuda::X16 xs = rows(xp, T, H);
+    (wg ? cuda::moe_grouped_gate_up_wg : cuda::moe_grouped_gate_up_f16)(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei,
+                                                                        bm, h_routed, h_shared);
+    const cuda::X16 hrs = rows(h_routed, int64_t(T) * k, I), hss = rows(h_shared, T, Is);
+    (wg ? cuda::moe_grouped_down_wg : cuda::moe_grouped_down_f16)(ctx(), down, sdown, hrs, hss, g, s.topk_w, s.sgate,
+                                                                  T, k, Ei, bm, y_pair, op);
     cuda::moe_combine(ctx(), y_pair, op, T, k, H);
     return;
   }

@@ -250,16 +250,8 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM, PF>)
     for (int h = 0; h < 2; ++h) {
       const int r = wm + mt * 16 + g + 8 * h;
       if (r >= ti.rows) continue;
-      float* dst;
       float f;
-      if (sh) {
-        dst = out + int64_t(ti.row0 + r) * N;
-        f = sgate[ti.row0 + r];
-      } else {
-        const int pair = gr.order[ti.base + r];
-        dst = y_pair + int64_t(pair) * N;
-        f = topk_w[pair];
-      }
+      float* dst = down_dst(gr, ti, sh, r, N, out, y_pair, topk_w, sgate, f);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int n = n0 + wn + nt * 8 + 2 * c;

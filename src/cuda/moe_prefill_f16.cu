@@ -127,16 +127,9 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
     for (int hh = 0; hh < 2; ++hh) {
       const int r = wm + mt * 16 + g + 8 * hh;
       if (r >= ti.rows) continue;
-      float* dst;
-      float f = hscale[hrow0 + r];
-      if (sh) {
-        dst = out + int64_t(ti.row0 + r) * N;
-        f *= sgate[ti.row0 + r];
-      } else {
-        const int pair = gr.order[ti.base + r];
-        dst = y_pair + int64_t(pair) * N;
-        f *= topk_w[pair];
-      }
+      float w;
+      float* dst = down_dst(gr, ti, sh, r, N, out, y_pair, topk_w, sgate, w);
+      const float f = hscale[hrow0 + r] * w;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int n = n0 + wn + nt * 8 + 2 * c;

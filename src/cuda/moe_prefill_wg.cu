@@ -108,16 +108,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 2; ++i) {
       const int r = 8 * j + 2 * (lane & 3) + i;
       if (r >= ti.rows) continue;
-      float* dst;
       float f;
-      if (sh) {
-        dst = out + int64_t(ti.row0 + r) * N;
-        f = sgate[ti.row0 + r];
-      } else {
-        const int pair = gr.order[ti.base + r];
-        dst = y_pair + int64_t(pair) * N;
-        f = topk_w[pair];
-      }
+      float* dst = down_dst(gr, ti, sh, r, N, out, y_pair, topk_w, sgate, f);
       if (m < N) dst[m] = f * acc[4 * j + i];
       if (m + 8 < N) dst[m + 8] = f * acc[4 * j + 2 + i];
     }

@@ -24,6 +24,21 @@ __device__ __forceinline__ bool tile_info(const MoeGroups& g, int BM, TileInfo& 
   return true;
 }
 
+// Where row r of a down tile goes and the factor it is scaled by: a shared-expert row straight into out, times the
+// token's sigmoid gate; a routed pair's row into y_pair, times its routing weight (moe_combine adds the pairs in slot
+// order later).
+__device__ __forceinline__ float* down_dst(const MoeGroups& gr, const TileInfo& ti, bool sh, int r, int64_t N,
+                                           float* out, float* y_pair, const float* topk_w, const float* sgate,
+                                           float& f) {
+  if (sh) {
+    f = sgate[ti.row0 + r];
+    return out + int64_t(ti.row0 + r) * N;
+  }
+  const int pair = gr.order[ti.base + r];
+  f = topk_w[pair];
+  return y_pair + int64_t(pair) * N;
+}
+
 // Warp layout per tile height BM (token rows): warps along the token rows, m16 tiles per warp, n8 tiles per warp
 // (gemm::Layout; 8 warps cover 128 weight rows).
 template <int BM>
