@@ -12,10 +12,10 @@
 // the cp.async copies of tile kt + S - 1 (x rows and raw codes), waits for tile kt + 1's and dequantizes its codes
 // into the other weight buffer; then it waits for its MMAs and meets at the barrier. Each thread dequantizes exactly
 // the codes it copied itself (weight row tid / 2, half tid % 2 of the tile), so only the barrier publishes them.
-// Measured on the H200 (docs/notes/cuda-prefill-v4-wg.md): 1.9x the split loop on the dense projections, the MoE
-// block no faster (shared-memory bandwidth: the dequantized tile is written and read through it, x is read by both
-// warpgroups); a version with the weights as register operands (each thread dequantizing its own A fragments) was
-// slower still (1.4x dense, 0.74x MoE) and is not kept.
+// Measured on the H200 (docs/notes/cuda-prefill-v4-wg.md): 1.9x the split loop on the dense projections, 1.18x on
+// the MoE block at 2,048 rows (with S = 2 for its 64-token tiles: two blocks per SM). Per K tile the loop is latency
+// bound (a block-wide barrier and a full wgmma drain every tile): a version with the weights as register operands,
+// which removed the weight tile's shared-memory traffic, was slower (1.4x dense, 0.74x MoE) and is not kept.
 // The caller decides the global row of each token-tile row (a functor, -1 for padding) and the weight row each
 // thread stages (gemm::RowSrc, row tid / 2, as the other tile loops). K must be a multiple of 64, the affine group a
 // multiple of 16.
