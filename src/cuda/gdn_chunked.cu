@@ -419,12 +419,7 @@ template <int DK>
 void launch_state(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* ws, float* state, float* y) {
   constexpr size_t smem = state_smem_floats<DK>() * sizeof(float);
   static_assert(smem <= 227 * 1024, "state kernel shared memory");
-  static const bool attr_set = [] {  // once per instantiation (opt-in above 48 KB of shared memory)
-    FERN_CUDA_CHECK(
-        cudaFuncSetAttribute(gdn_chunk_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<gdn_chunk_state_kernel<DK>>(smem);
   launch(c, "gdn_chunk_state_kernel", gdn_chunk_state_kernel<DK>, dim3(sh.Hv, sh.Dv / kCols), kThreads, smem, sh, T,
          xc, ws, state, y);
   FERN_CUDA_LAUNCH_CHECK("gdn_chunk_state_kernel");
@@ -446,12 +441,7 @@ void gdn_chunked_prep(const Ctx& c, const GdnShape& sh, int T, const float* xc, 
   FERN_CU_CHECK(T >= 1 && (reinterpret_cast<uintptr_t>(xc) & 15) == 0 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0,
                 "gdn_chunked: no rows or unaligned scratch");
   const size_t smem = prep_smem_bytes(sh.Dk);
-  static const bool attr_set = [] {  // the largest Dk the kernel takes
-    FERN_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(prep_smem_bytes(128))));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<gdn_chunk_prep_kernel>(prep_smem_bytes(128));  // the largest Dk the kernel takes
   launch(c, "gdn_chunk_prep_kernel", gdn_chunk_prep_kernel, dim3((T + kC - 1) / kC, sh.Hv), kThreads, smem, sh, T, xc,
          b, a, A_log, dt_bias, ws);
   FERN_CUDA_LAUNCH_CHECK("gdn_chunk_prep_kernel");

@@ -24,4 +24,15 @@ void launch(const Ctx& c, const char* name, void (*kernel)(KArgs...), dim3 grid,
   check(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...), name, __FILE__, __LINE__);
 }
 
+// Lets `Kernel` use `bytes` of dynamic shared memory (above 48 KB it must be asked for), once per process: the
+// attribute stays set, so later launches skip the call. The first call's `bytes` is the limit.
+template <auto Kernel>
+void allow_dynamic_smem(size_t bytes) {
+  static const bool once = [bytes] {
+    FERN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    return true;
+  }();
+  (void)once;
+}
+
 }  // namespace fern::cuda

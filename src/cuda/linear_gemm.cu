@@ -127,11 +127,7 @@ void launch16(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   constexpr int BM = 16 * WM * MT;
   constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, S, P>;
   auto kernel = gemm16_kernel<BITS, WM, MT, NT, S, P>;
-  static const bool attr_set = [&] {  // once per instantiation (opt-in above 48 KB of shared memory)
-    FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<gemm16_kernel<BITS, WM, MT, NT, S, P>>(smem);
   const dim3 grid((T + BM - 1) / BM, static_cast<unsigned>((w.out + kBN - 1) / kBN));
   launch(c, "gemm16_kernel", kernel, grid, kGemmThreads, smem, w, x, y, T);
 }

@@ -52,11 +52,7 @@ template <int BITS, int NTOK, int S>
 void launch_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, S>;
   auto kernel = gemm_wg_kernel<BITS, NTOK, S>;
-  static const bool attr_set = [&] {  // once per instantiation (opt-in above 48 KB of shared memory)
-    FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<gemm_wg_kernel<BITS, NTOK, S>>(smem);
   const dim3 grid((T + NTOK - 1) / NTOK, static_cast<unsigned>((w.out + kBW - 1) / kBW));
   launch(c, "gemm_wg_kernel", kernel, grid, kThreads, smem, w, x, y, T);
 }

@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM, PF>)
   const int xr = tid >> 2;
   const float* xrow = nullptr;
   if (xr < ti.rows) {
-    const int tok = sh ? ti.row0 + xr : gr.order[ti.base + xr] / topk;
+    const int tok = tile_token(gr, ti, sh, topk, xr);
     xrow = x + int64_t(tok) * K;
   }
   const int wr = tid >> 1;
@@ -182,12 +182,7 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM, PF>)
   const bool up = q >= kHalf;
   const int col = j0 + (wr / L::kWarpCols) * kHalf + q % kHalf;
   gemm::RowSrc wsrc;
-  if (col < width) {
-    if (sh)
-      wsrc = up ? gemm::row_src<BITS>(SU, 0, col) : gemm::row_src<BITS>(SG, 0, col);
-    else
-      wsrc = up ? gemm::row_src<BITS>(U, ti.group, col) : gemm::row_src<BITS>(G, ti.group, col);
-  }
+  if (col < width) wsrc = gate_up_row<BITS>(G, U, SG, SU, ti, sh, up, col);
 
   float acc[MT][NT][4] = {};
   gemm::mainloop<BITS, WM, MT, NT, PF>(sm, K, BITS == 16 ? gemm::kBK : G.gs, xrow, wsrc, acc);
@@ -237,7 +232,7 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM, PF>)
   if (xr < ti.rows) xrow = sh ? h_shared + int64_t(ti.row0 + xr) * K : h_routed + int64_t(ti.base + xr) * K;
   const int wr = tid >> 1;
   gemm::RowSrc wsrc;
-  if (n0 + wr < N) wsrc = sh ? gemm::row_src<BITS>(SD, 0, n0 + wr) : gemm::row_src<BITS>(D, ti.group, n0 + wr);
+  if (n0 + wr < N) wsrc = group_row<BITS>(D, SD, ti, sh, n0 + wr);
 
   float acc[MT][NT][4] = {};
   gemm::mainloop<BITS, WM, MT, NT, PF>(sm, K, BITS == 16 ? gemm::kBK : D.gs, xrow, wsrc, acc);

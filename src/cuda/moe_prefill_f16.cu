@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
   if (j0 >= width) return;
   const int K = static_cast<int>(G.in);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  auto token = [&](int r) { return sh ? ti.row0 + r : gr.order[ti.base + r] / topk; };
+  auto token = [&](int r) { return tile_token(gr, ti, sh, topk, r); };
 
   const int wr = tid >> 1;
   const int q = wr % L::kWarpCols;
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
 
   const int wr = tid >> 1;
   gemm::RowSrc wsrc;
-  if (n0 + wr < N) wsrc = sh ? gemm::row_src<BITS>(SD, 0, n0 + wr) : gemm::row_src<BITS>(D, ti.group, n0 + wr);
+  if (n0 + wr < N) wsrc = group_row<BITS>(D, SD, ti, sh, n0 + wr);
 
   float acc[MT][NT][4] = {};
   gemm16::mainloop<BITS, WM, MT, NT, S, P>(
@@ -140,20 +140,13 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM>)
   }
 }
 
-// Opts a kernel into its dynamic shared memory once (above 48 KB it must be asked for).
-template <class K>
-void set_smem(K kernel, size_t bytes) {
-  FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 template <int BITS, int BM, bool P>
 void gate_up16(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
   using C = MoeTileCfg<BM>;
   constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, kStages<BITS, P>, P>;
   auto kernel = gate_up16_kernel<BITS, C::WM, C::MT, C::NT, P>;
-  static const bool once = (set_smem(kernel, smem), true);
-  (void)once;
+  allow_dynamic_smem<gate_up16_kernel<BITS, C::WM, C::MT, C::NT, P>>(smem);
   launch(c, "moe gate_up16_kernel", kernel, moe_tile_grid(T, k, E, BM, std::max(gate.out, sgate.out), kGateUpCols),
          gemm::kThreads, smem, gate, up, sgate, sup, x, g, E, k, h_routed, h_shared);
 }
@@ -164,8 +157,7 @@ void down16(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const 
   using C = MoeTileCfg<BM>;
   constexpr size_t smem = gemm16::kSmemBytes<BM, BITS, kStages<BITS, P>, P>;
   auto kernel = down16_kernel<BITS, C::WM, C::MT, C::NT, P>;
-  static const bool once = (set_smem(kernel, smem), true);
-  (void)once;
+  allow_dynamic_smem<down16_kernel<BITS, C::WM, C::MT, C::NT, P>>(smem);
   launch(c, "moe down16_kernel", kernel, moe_tile_grid(T, k, E, BM, down.out, gemm::kBN), gemm::kThreads, smem, down,
          sdown, hr, hs, g, topk_w, sgate, E, y_pair, out);
 }

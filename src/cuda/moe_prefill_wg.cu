@@ -41,18 +41,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (j0 >= width) return;
   const int K = static_cast<int>(G.in);
   const int tid = threadIdx.x, lane = tid & 31;
-  auto token = [&](int r) { return sh ? ti.row0 + r : gr.order[ti.base + r] / topk; };
+  auto token = [&](int r) { return tile_token(gr, ti, sh, topk, r); };
 
   const int wr = tid >> 1;  // weight-tile row this thread stages: slice wr / 16, gate for wr % 16 < 8
   const bool up = (wr & 15) >= 8;
   const int col = j0 + 8 * (wr >> 4) + (wr & 7);
   gemm::RowSrc wsrc;
-  if (col < width) {
-    if (sh)
-      wsrc = up ? gemm::row_src<BITS>(SU, 0, col) : gemm::row_src<BITS>(SG, 0, col);
-    else
-      wsrc = up ? gemm::row_src<BITS>(U, ti.group, col) : gemm::row_src<BITS>(G, ti.group, col);
-  }
+  if (col < width) wsrc = gate_up_row<BITS>(G, U, SG, SU, ti, sh, up, col);
 
   float acc[NTOK / 2];
   wgtile::mainloop<BITS, NTOK, S>(
@@ -95,7 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int wr = tid >> 1;
   gemm::RowSrc wsrc;
-  if (n0 + wr < N) wsrc = sh ? gemm::row_src<BITS>(SD, 0, n0 + wr) : gemm::row_src<BITS>(D, ti.group, n0 + wr);
+  if (n0 + wr < N) wsrc = group_row<BITS>(D, SD, ti, sh, n0 + wr);
 
   float acc[NTOK / 2];
   wgtile::mainloop<BITS, NTOK, S>(
@@ -116,18 +111,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <class Kern>
-void set_smem(Kern kernel, size_t bytes) {
-  FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 template <int BITS, int NTOK, int S>
 void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                 const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
   constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, S>;
   auto kernel = gate_up_wg_kernel<BITS, NTOK, S>;
-  static const bool once = (set_smem(kernel, smem), true);
-  (void)once;
+  allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S>>(smem);
   launch(c, "moe gate_up_wg_kernel", kernel,
          moe_tile_grid(T, k, E, NTOK, std::max(gate.out, sgate.out), kGateUpCols), kThreads, smem, gate, up, sgate,
          sup, x, g, E, k, h_routed, h_shared);
@@ -138,8 +127,7 @@ void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const
              const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
   constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, S>;
   auto kernel = down_wg_kernel<BITS, NTOK, S>;
-  static const bool once = (set_smem(kernel, smem), true);
-  (void)once;
+  allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S>>(smem);
   launch(c, "moe down_wg_kernel", kernel, moe_tile_grid(T, k, E, NTOK, down.out, kBW), kThreads, smem, down, sdown,
          hr, hs, g, topk_w, sgate, E, y_pair, out);
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_util.cuh"
+#include "cuda/gemm_tile.cuh"
 #include "cuda/moe_prefill.h"
 
 namespace fern::cuda {
@@ -22,6 +23,28 @@ __device__ __forceinline__ bool tile_info(const MoeGroups& g, int BM, TileInfo& 
   ti.rows = min(BM, g.counts[ti.group] - ti.row0);
   ti.base = g.offsets[ti.group] + ti.row0;
   return true;
+}
+
+// The token of row r of the tile: the shared expert's rows are the tokens themselves, a routed row is a (token,
+// slot) pair in expert order.
+__device__ __forceinline__ int tile_token(const MoeGroups& gr, const TileInfo& ti, bool sh, int topk, int r) {
+  return sh ? ti.row0 + r : gr.order[ti.base + r] / topk;
+}
+
+// Row `row` of the tile group's matrix: the shared expert's own (`shared`) or expert ti.group of the stacked
+// `routed` one.
+template <int BITS>
+__device__ __forceinline__ gemm::RowSrc group_row(const QW& routed, const QW& shared, const TileInfo& ti, bool sh,
+                                                  int64_t row) {
+  return sh ? gemm::row_src<BITS>(shared, 0, row) : gemm::row_src<BITS>(routed, ti.group, row);
+}
+
+// Row `col` of the gate (up false) or up matrix of the tile's group (group_row of the gate/up pair).
+template <int BITS>
+__device__ __forceinline__ gemm::RowSrc gate_up_row(const QW& G, const QW& U, const QW& SG, const QW& SU,
+                                                    const TileInfo& ti, bool sh, bool up, int64_t col) {
+  if (sh) return up ? gemm::row_src<BITS>(SU, 0, col) : gemm::row_src<BITS>(SG, 0, col);
+  return up ? gemm::row_src<BITS>(U, ti.group, col) : gemm::row_src<BITS>(G, ti.group, col);
 }
 
 // Where row r of a down tile goes and the factor it is scaled by: a shared-expert row straight into out, times the
