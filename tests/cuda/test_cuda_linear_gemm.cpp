@@ -295,15 +295,21 @@ TEST(CudaLinearGemm, RefusedShapes) {
 
 // A mistyped FERN_GEMM is the user's error, named with its value; reading the switch needs no GPU, so this also
 // runs where the other tests skip.
+// Expects `read` to throw a fern::Error whose message names `setting` (the variable and its value).
+template <class F>
+void expect_error_naming(F&& read, const std::string& setting) {
+  try {
+    read();
+    ADD_FAILURE() << setting << " was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(setting), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaGemmMode, UnknownValueIsAnError) {
   {
     test::EnvGuard g("FERN_GEMM", "fp8");
-    try {
-      cuda::gemm_mode();
-      ADD_FAILURE() << "FERN_GEMM=fp8 was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("FERN_GEMM=fp8"), std::string::npos) << e.what();
-    }
+    expect_error_naming([] { cuda::gemm_mode(); }, "FERN_GEMM=fp8");
   }
   {
     test::EnvGuard g("FERN_GEMM", "fp16");
@@ -315,23 +321,13 @@ TEST(CudaGemmMode, UnknownValueIsAnError) {
     if (cuda::gemm_wg_supported()) {
       EXPECT_EQ(cuda::gemm_mode(), cuda::GemmMode::Wg);
     } else {
-      try {
-        cuda::gemm_mode();
-        ADD_FAILURE() << "FERN_GEMM=wg was accepted without wgmma";
-      } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("FERN_GEMM=wg"), std::string::npos) << e.what();
-      }
+      expect_error_naming([] { cuda::gemm_mode(); }, "FERN_GEMM=wg");
     }
   }
   {
     // The wgmma loop's pipeline switch takes 2 or 4 (unset: the kernels' measured rule); anything else is named.
     test::EnvGuard st("FERN_GEMM_WG_STAGES", "3");
-    try {
-      cuda::gemm_wg_stages();
-      ADD_FAILURE() << "FERN_GEMM_WG_STAGES=3 was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("FERN_GEMM_WG_STAGES=3"), std::string::npos) << e.what();
-    }
+    expect_error_naming([] { cuda::gemm_wg_stages(); }, "FERN_GEMM_WG_STAGES=3");
   }
   {
     test::EnvGuard st("FERN_GEMM_WG_STAGES", nullptr);
