@@ -327,17 +327,20 @@ constexpr size_t smem_bytes() {
 
 template <int D, bool F16>
 void set_smem_attr() {
-  FERN_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<D, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(smem_bytes<D>())));
+  allow_dynamic_smem<attn_prefill_kernel<D, F16>>(smem_bytes<D>());
 }
 
+// Resident blocks per SM of the fp16 kernel (a property of the kernel and the device: asked once).
 template <int D>
 int blocks_per_sm() {
-  set_smem_attr<D, true>();
-  int n = 0;
-  FERN_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_prefill_kernel<D, true>, kThreads, smem_bytes<D>()));
-  return n < 1 ? 1 : n;
+  static const int n = [] {
+    set_smem_attr<D, true>();
+    int r = 0;
+    FERN_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r, attn_prefill_kernel<D, true>, kThreads, smem_bytes<D>()));
+    return r < 1 ? 1 : r;
+  }();
+  return n;
 }
 
 template <int D, bool F16>
