@@ -24,7 +24,9 @@ std::string content_text(const ojson& msg, size_t index) {
   for (size_t k = 0; k < it->size(); ++k) {
     const ojson& part = (*it)[k];
     if (!part.is_object()) fail("messages[{}].content[{}]: must be an object", index, k);
-    const std::string type = part.value("type", "");
+    auto ty = part.find("type");
+    if (ty != part.end() && !ty->is_string()) fail("messages[{}].content[{}].type: must be a string", index, k);
+    const std::string type = ty != part.end() ? ty->get<std::string>() : "";
     if (part.contains("image") || part.contains("image_url") || type == "image" || type == "image_url" ||
         part.contains("video") || type == "video" || type == "input_audio")
       fail("messages[{}].content[{}]: {} content is not supported (text only)", index, k,

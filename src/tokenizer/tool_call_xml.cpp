@@ -25,7 +25,9 @@ const nlohmann::json* find_schema(const nlohmann::json& tools, const std::string
   for (const auto& t : tools) {
     if (!t.is_object()) continue;
     const nlohmann::json& fn = t.contains("function") ? t["function"] : t;
-    if (!fn.is_object() || fn.value("name", "") != name) continue;
+    if (!fn.is_object()) continue;
+    auto n = fn.find("name");  // a tool whose name is not a string cannot be the one called
+    if (n == fn.end() || !n->is_string() || n->get_ref<const std::string&>() != name) continue;
     auto p = fn.find("parameters");
     if (p == fn.end() || !p->is_object()) return nullptr;
     auto props = p->find("properties");

@@ -159,6 +159,8 @@ TEST(ChatQwen35, BadInputIsAClearError) {
   bad(R"([{"role":"fish","content":"x"},{"role":"user","content":"x"}])", "unexpected role");
   bad(R"([{"content":"x"}])", "\"role\"");
   bad(R"([{"role":"user","content":5}])", "messages[0].content");
+  // A content part whose "type" is not a string (found by fuzz_chat_format: it threw a JSON type error).
+  bad(R"([{"role":"user","content":[{"type":{"name":"f"},"text":"x"}]}])", "messages[0].content[0].type");
   bad(R"([{"role":"user","content":"x"},{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":"not json"}}]}])",
       "arguments");
   bad(R"([{"role":"user","content":"x"},{"role":"assistant","content":"","tool_calls":[{"function":{"arguments":"{}"}}]}])",

@@ -241,5 +241,19 @@ TEST(PythonLiteral, ParsesAndRejects) {
   EXPECT_FALSE(parse_python_literal(std::string(100, '[') + std::string(100, ']')));  // nesting limit
 }
 
+// A tools array from the request may hold a tool whose name is not a string: the schema lookup skips it instead of
+// throwing a JSON type error, and the call to the well-formed tool still converts by its schema.
+TEST(XmlToolCall, ToolWithNonStringNameIsSkipped) {
+  const json tools = json::parse(R"([{"type":"function","function":{"name":7}},
+    {"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"n":{"type":"integer"}}}}}])");
+  std::string why;
+  const auto call =
+      parse_xml_tool_call("<tool_call>\n<function=f>\n<parameter=n>\n5\n</parameter>\n</function>\n</tool_call>", tools,
+                          &why);
+  ASSERT_TRUE(call) << why;
+  EXPECT_EQ(call->name, "f");
+  EXPECT_EQ(call->arguments.dump(), R"({"n":5})");
+}
+
 }  // namespace
 }  // namespace fern
