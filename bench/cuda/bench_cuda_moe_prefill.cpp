@@ -76,6 +76,7 @@ int main() {
     const char* router = nullptr;
     const char* gemm = nullptr;
     const char* wg_stages = nullptr;  // FERN_GEMM_WG_STAGES
+    const char* wg_pipe = nullptr;    // FERN_GEMM_WG_PIPE
   };
   // The default tile loop is wg where the GPU and build run it (gemm_wg.h), else split.
   const Variant variants[] = {
@@ -89,10 +90,12 @@ int main() {
        nullptr, "fp16"},
       {"grouped, FERN_GEMM=fp16x2 (precise pipelined loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr,
        nullptr, nullptr, "fp16x2"},
-      {"grouped, default, FERN_GEMM_WG_STAGES=2 (two blocks per SM)", nullptr, nullptr, nullptr, nullptr, nullptr,
-       nullptr, nullptr, "2"},
-      {"grouped, default, FERN_GEMM_WG_STAGES=4 (deep pipeline)", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-       nullptr, "4"},
+      {"grouped, FERN_GEMM_WG_PIPE=sync (synchronous wgmma loop, its stage rule)", nullptr, nullptr, nullptr, nullptr,
+       nullptr, nullptr, nullptr, nullptr, "sync"},
+      {"grouped, wg sync, FERN_GEMM_WG_STAGES=2 (two blocks per SM)", nullptr, nullptr, nullptr, nullptr, nullptr,
+       nullptr, nullptr, "2", "sync"},
+      {"grouped, wg sync, FERN_GEMM_WG_STAGES=4 (deep pipeline)", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+       nullptr, "4", "sync"},
       {"grouped, default, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr},
       {"grouped, default, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
       {"grouped, default, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr},
@@ -124,6 +127,7 @@ int main() {
       set_env("FERN_MOE_ROUTER", v.router);
       set_env("FERN_GEMM", v.gemm);
       set_env("FERN_GEMM_WG_STAGES", v.wg_stages);
+      set_env("FERN_GEMM_WG_PIPE", v.wg_pipe);
       const double ms = median_ms(be.stream(), [&] {
         be.begin_forward();
         be.moe(yt, xt, w, cfg);

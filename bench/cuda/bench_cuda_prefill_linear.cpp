@@ -41,9 +41,10 @@ int main() {
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sms, cudaDevAttrMultiProcessorCount, dev));
   const bool wg = cuda::gemm_wg_supported();
   std::printf(
-      "| shape | T | GEMV row by row (ms) | split (ms) | fp16 (ms) | fp16x2 (ms) | wg, 4 stages (ms) | wg, 2 stages (ms) | x to "
-      "bf16 hi/lo alone | wg vs split | split TFLOP/s | fp16 TFLOP/s | wg TFLOP/s |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| shape | T | GEMV row by row (ms) | split (ms) | fp16 (ms) | fp16x2 (ms) | wg sync, 4 stages (ms) | wg sync, 2 stages "
+      "(ms) | wg warp-specialized (ms) | x to bf16 hi/lo alone | wg ws vs split | split TFLOP/s | fp16 TFLOP/s | wg ws "
+      "TFLOP/s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   void* ws = nullptr;
   const size_t ws_bytes = cuda::x16_bytes(4096, 4096, true);
   FERN_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
@@ -83,21 +84,26 @@ int main() {
       const double gemm = median_ms([&] { cuda::linear_gemm(ctx, q, xp, yp, T); });
       const double f16 = median_ms([&] { cuda::linear_gemm(fctx, q, xp, yp, T); });
       const double x2 = median_ms([&] { cuda::linear_gemm(pctx, q, xp, yp, T); });
-      double wgm = 0.0, wg2 = 0.0, conv = 0.0;
+      double wgm = 0.0, wg2 = 0.0, wgs = 0.0, conv = 0.0;
       if (wg) {
+        setenv("FERN_GEMM_WG_PIPE", "sync", 1);
         setenv("FERN_GEMM_WG_STAGES", "4", 1);  // the 64-token tiles in four stages, forced
         wgm = median_ms([&] { cuda::linear_gemm(wctx, q, xp, yp, T); });
         setenv("FERN_GEMM_WG_STAGES", "2", 1);  // the 64-token tiles in two stages, forced
         wg2 = median_ms([&] { cuda::linear_gemm(wctx, q, xp, yp, T); });
         unsetenv("FERN_GEMM_WG_STAGES");
+        setenv("FERN_GEMM_WG_PIPE", "ws", 1);
+        wgs = median_ms([&] { cuda::linear_gemm(wctx, q, xp, yp, T); });
+        unsetenv("FERN_GEMM_WG_PIPE");
         const cuda::X16 xs = cuda::xbf_carve(ws, T, s.in);
         conv = median_ms([&] { cuda::to_xbf(ctx, xp, T, s.in, xs); });
       }
       const double fl = 2.0 * T * s.out * s.in;
       auto tf = [&](double ms) { return ms > 0.0 ? fl / (ms * 1e-3) / 1e12 : 0.0; };
-      std::printf("| %s %ldx%ld | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.1f | %.1f | %.1f |\n",
-                  s.name, long(s.out), long(s.in), T, gemv, gemm, f16, x2, wgm, wg2, conv, wgm > 0 ? gemm / wgm : 0.0,
-                  tf(gemm), tf(f16), tf(wgm));
+      std::printf(
+          "| %s %ldx%ld | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.1f | %.1f | %.1f |\n",
+          s.name, long(s.out), long(s.in), T, gemv, gemm, f16, x2, wgm, wg2, wgs, conv, wgs > 0 ? gemm / wgs : 0.0,
+          tf(gemm), tf(f16), tf(wgs));
       std::fflush(stdout);
     }
     for (void* p : {w, sc, bi, x, y}) FERN_CUDA_CHECK(cudaFree(p));

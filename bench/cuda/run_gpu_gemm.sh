@@ -4,8 +4,9 @@
 # bench/gpu_prelude.sh says how): build fern, the two GEMM micro-benchmarks and the tests that cover the GEMMs and
 # the whole model; confirm the instructions (cuobjdump); run the tests, the micro-benchmarks (both tile loops) and
 # `fern bench --phase prefill` on the full-size synthetic model. The whole-model tests run twice: on the default
-# tile loop (wg on the H200) and with FERN_GEMM=$GEMM_ALT (default split). GEMM_STEPS=short: no fern CLI and no
-# `fern bench`.
+# tile loop (wg on the H200) and with FERN_GEMM=$GEMM_ALT (default split; none: only once). GEMM_STEPS=short: no
+# fern CLI and no `fern bench`. A first quick check (the GEMM test's mode test and one real shape, 60 s at most) stops
+# the call early when the loops fail or hang, so that a deadlock does not eat the device time.
 # Every step continues past a failure; logs under $OUT, a summary last.
 set -u
 source bench/gpu_prelude.sh
@@ -28,6 +29,17 @@ for o in linear_gemm moe_prefill_f16 linear_gemm_wg moe_prefill_wg; do
 done
 cat /tmp/regs.txt
 
+timeout 60 build/cuda_test_cuda_linear_gemm --gtest_filter='CudaGemmMode.*:CudaLinearGemm.RowsOfVeryDifferentMagnitude' \
+  >"$OUT/quick_check.log" 2>&1
+rc=$?
+note "quick check rc $rc ($(elapsed)): $(grep -c '^\[       OK' "$OUT/quick_check.log") OK"
+if [ $rc -ne 0 ]; then
+  tail -30 "$OUT/quick_check.log"
+  note "quick check failed: stopping here"
+  gpu_summary
+  exit 1
+fi
+
 GPU_TEST_FAILS=""
 for t in $TESTS; do
   timeout 150 "build/$t" >"$OUT/$t.log" 2>&1 || GPU_TEST_FAILS+=" $t"
@@ -35,6 +47,7 @@ for t in $TESTS; do
   grep -B2 -A6 "Failure" "$OUT/$t.log" | head -30
 done
 for t in cuda_test_cuda_forward cuda_test_cuda_prefill_chunks; do
+  [ "$ALT" = none ] && break
   log=/tmp/${t}_$ALT.log
   FERN_GEMM=$ALT timeout 150 "build/$t" >"$log" 2>&1 || GPU_TEST_FAILS+=" ${t}(FERN_GEMM=$ALT)"
   note "$t FERN_GEMM=$ALT: $(grep -c '^\[       OK' "$log") OK, $(grep -c '^\[  FAILED' "$log") FAILED lines"
@@ -61,6 +74,6 @@ note "fern bench prefill rc $?: $(grep -oE "prefill [0-9]+: [0-9.]+ tok/s" "$OUT
 grep -E "^\|" "$OUT/bench_prefill.log" | tail -6
 note "total $(elapsed)"
 # The table last: dense qkv at 2048/4096 rows and the MoE block at T = 2048, each loop.
-grep -E "gdn in_proj_qkv 8192x2048 \| (2048|4096)|out_proj 2048x4096 \| 2048" "$OUT/bench_prefill_linear.md"
-grep -E "^\| 2048 \| grouped, (default|FERN_GEMM=split)" "$OUT/bench_moe_prefill.md"
+grep -E "gdn in_proj_qkv 8192x2048 \| (2048|4096)|out_proj 2048x4096 \| 2048|expert-size 512x2048 \| 2048" "$OUT/bench_prefill_linear.md"
+grep -E "^\| (512|2048) \| grouped, (default|FERN_GEMM=split|FERN_GEMM_WG_PIPE)" "$OUT/bench_moe_prefill.md"
 gpu_summary

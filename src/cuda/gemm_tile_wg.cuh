@@ -75,6 +75,44 @@ __device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t&
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
+// Issues (and commits as one group) the 12 MMAs of one K tile for this warpgroup: its 64 dequantized weight rows
+// (wh, wl: hi and lo) times the NTOK x rows (xh, xl), all swizzled 128-byte rows in shared memory.
+template <int NTOK>
+__device__ __forceinline__ void mma_tile(float (&acc)[NTOK / 2], const uint8_t* wh, const uint8_t* wl,
+                                         const uint8_t* xh, const uint8_t* xl) {
+  wgmma::fence_operand(acc);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < kBK / 16; ++ks) {
+    const uint64_t dwh = wgmma::desc_sw128(wh + 32 * ks), dwl = wgmma::desc_sw128(wl + 32 * ks);
+    const uint64_t dxh = wgmma::desc_sw128(xh + 32 * ks), dxl = wgmma::desc_sw128(xl + 32 * ks);
+    wgmma::mma_bf16<NTOK>(acc, dwh, dxh);
+    wgmma::mma_bf16<NTOK>(acc, dwh, dxl);
+    wgmma::mma_bf16<NTOK>(acc, dwl, dxh);
+  }
+  wgmma::commit();
+  wgmma::fence_operand(acc);
+}
+
+// Dequantizes 16 codes (w: 2 words of 4-bit or 4 of 8-bit codes) with scale sb.x and bias sb.y into 16 bf16 hi
+// and lo values (8 pairs each), in K order.
+template <int BITS>
+__device__ __forceinline__ void dequant16(const uint32_t (&w)[BITS / 2], float2 sb, uint32_t (&hi)[8],
+                                          uint32_t (&lo)[8]) {
+#pragma unroll
+  for (int p = 0; p < 8; ++p) {
+    float a, b;
+    if constexpr (BITS == 4) {
+      a = code4(w[p / 4], 2 * (p % 4));
+      b = code4(w[p / 4], 2 * (p % 4) + 1);
+    } else {
+      a = code8(w[p / 2], 2 * (p % 2));
+      b = code8(w[p / 2], 2 * (p % 2) + 1);
+    }
+    split2(fmaf(sb.x, a, sb.y), fmaf(sb.x, b, sb.y), hi[p], lo[p]);
+  }
+}
+
 // acc (this warpgroup's 64 weight rows x NTOK tokens, wgmma layout) += W x^T over the width K.
 // xhi/xlo: the bf16 rows (row stride K); row_of(r): the global row of token-tile row r (< 0: padding);
 // wsrc: this thread's weight row (tid / 2; w == nullptr: padding); gs: the affine group size.
@@ -143,18 +181,7 @@ __device__ __forceinline__ void mainloop(Smem<NTOK, BITS, S>& sm, int K, int gs,
         w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
       }
       uint32_t hi[8], lo[8];
-#pragma unroll
-      for (int p = 0; p < 8; ++p) {
-        float a, b;
-        if constexpr (BITS == 4) {
-          a = code4(w[p / 4], 2 * (p % 4));
-          b = code4(w[p / 4], 2 * (p % 4) + 1);
-        } else {
-          a = code8(w[p / 2], 2 * (p % 2));
-          b = code8(w[p / 2], 2 * (p % 2) + 1);
-        }
-        split2(fmaf(sb[u].x, a, sb[u].y), fmaf(sb[u].x, b, sb[u].y), hi[p], lo[p]);
-      }
+      dequant16<BITS>(w, sb[u], hi, lo);
       const int c0 = 4 * half + 2 * u;  // first of the segment's two chunks
 #pragma unroll
       for (int cc = 0; cc < 2; ++cc) {
@@ -184,20 +211,8 @@ __device__ __forceinline__ void mainloop(Smem<NTOK, BITS, S>& sm, int K, int gs,
   for (int kt = 0; kt < nk; ++kt) {
     // Tile kt: weights in buffer kt % 2, x in stage kt % S, both published by the last barrier.
     const int st = kt % S, wb = kt & 1;
-    wgmma::fence_operand(acc);
-    wgmma::fence();
-    const uint8_t* wh = &sm.whi[wb][wg * 64 * kTileRowBytes];
-    const uint8_t* wl = &sm.wlo[wb][wg * 64 * kTileRowBytes];
-#pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks) {
-      const uint64_t dwh = wgmma::desc_sw128(wh + 32 * ks), dwl = wgmma::desc_sw128(wl + 32 * ks);
-      const uint64_t dxh = wgmma::desc_sw128(&sm.xhi[st][32 * ks]), dxl = wgmma::desc_sw128(&sm.xlo[st][32 * ks]);
-      wgmma::mma_bf16<NTOK>(acc, dwh, dxh);
-      wgmma::mma_bf16<NTOK>(acc, dwh, dxl);
-      wgmma::mma_bf16<NTOK>(acc, dwl, dxh);
-    }
-    wgmma::commit();
-    wgmma::fence_operand(acc);
+    mma_tile<NTOK>(acc, &sm.whi[wb][wg * 64 * kTileRowBytes], &sm.wlo[wb][wg * 64 * kTileRowBytes], sm.xhi[st],
+                   sm.xlo[st]);
 
     // Stage (kt + S - 1) % S was last read by tile kt - 1's MMAs, which completed before the last barrier.
     if (kt + S - 1 < nk) issue(kt + S - 1, (kt + S - 1) % S);

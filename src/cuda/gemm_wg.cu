@@ -82,6 +82,13 @@ int gemm_wg_stages() {
   raise_error(std::string("FERN_GEMM_WG_STAGES=") + v + ": expected 2 or 4");
 }
 
+bool gemm_wg_pipe_ws() {
+  const char* v = std::getenv("FERN_GEMM_WG_PIPE");
+  if (v == nullptr || std::strcmp(v, "ws") == 0) return true;
+  if (std::strcmp(v, "sync") == 0) return false;
+  raise_error(std::string("FERN_GEMM_WG_PIPE=") + v + ": expected ws or sync");
+}
+
 size_t xbf_bytes(int64_t rows, int64_t K) { return 2 * align256(size_t(rows) * size_t(K) * 2); }
 
 X16 xbf_carve(void* ws, int64_t rows, int64_t K) {

@@ -21,6 +21,11 @@ bool gemm_wg_supported();
 // caller choose by its measured rule (linear_gemm_wg.cu, moe_prefill_wg.cu). Read on every call.
 int gemm_wg_stages();
 
+// Whether the wgmma loop runs warp-specialized (gemm_tile_ws.cuh: producer warpgroups fill a ring of stages, the MMA
+// warpgroups never meet at a block barrier) or synchronous (gemm_tile_wg.cuh). FERN_GEMM_WG_PIPE=ws|sync forces
+// one; unset: warp-specialized. Read on every call; FERN_GEMM_WG_STAGES applies to the synchronous loop only.
+bool gemm_wg_pipe_ws();
+
 // x [rows, K] (F32) as bf16 hi rows (X16::x) and lo rows (X16::lo); scale and sums stay unset. K a multiple of 4.
 size_t xbf_bytes(int64_t rows, int64_t K);
 X16 xbf_carve(void* ws, int64_t rows, int64_t K);

@@ -1,11 +1,12 @@
-// Dense prefill linear on the wgmma tile loop (gemm_tile_wg.cuh): y[t] = x[t] W^T for 4/8-bit affine weights, a
+// Dense prefill linear on the wgmma tile loop (gemm_tile_wg.cuh, or its warp-specialized form gemm_tile_ws.cuh):
+// y[t] = x[t] W^T for 4/8-bit affine weights, a
 // block computing 128 weight rows x NTOK token rows (NTOK = 128 where that still gives two waves of blocks, else
 // 64). The accumulator holds the transposed tile (weight rows x tokens), so each thread writes single floats: for a
 // fixed token the 8 lanes of a quad column write 8 consecutive outputs (32-byte segments).
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_util.cuh"
-#include "cuda/gemm_tile_wg.cuh"
+#include "cuda/gemm_tile_ws.cuh"
 #include "cuda/gemm_wg.h"
 #include "cuda/launch.cuh"
 
@@ -13,12 +14,10 @@ namespace fern::cuda {
 namespace {
 
 using wgtile::kBW;
-using wgtile::kThreads;
 
-template <int BITS, int NTOK, int S>
-__global__ void __launch_bounds__(kThreads, 1) gemm_wg_kernel(QW W, X16 x, float* __restrict__ y, int T) {
+template <int BITS, int NTOK, int S, bool WS>
+__global__ void __launch_bounds__(wgloop::kThreads<WS>, 1) gemm_wg_kernel(QW W, X16 x, float* __restrict__ y, int T) {
   extern __shared__ unsigned char gemm_wg_smem[];
-  auto& sm = wgtile::smem_of<NTOK, BITS, S>(gemm_wg_smem);
   const int K = static_cast<int>(W.in);
   const int N = static_cast<int>(W.out);
   const int t0 = blockIdx.x * NTOK;
@@ -28,11 +27,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wg_kernel(QW W, X16 x, float
   pdl_wait();
   pdl_trigger();
 
-  const int wr = tid >> 1;
+  const int wr = (tid & 255) >> 1;
   const gemm::RowSrc wsrc = n0 + wr < N ? gemm::row_src<BITS>(W, 0, n0 + wr) : gemm::RowSrc{};
   float acc[NTOK / 2];
-  wgtile::mainloop<BITS, NTOK, S>(
-      sm, K, W.gs, x.x, x.lo, [&](int r) { return t0 + r < T ? t0 + r : -1; }, wsrc, acc);
+  if (!wgloop::run<BITS, NTOK, S, WS>(
+          gemm_wg_smem, K, W.gs, x.x, x.lo, [&](int r) { return t0 + r < T ? t0 + r : -1; }, wsrc, acc))
+    return;
 
   // acc[4 j + i]: weight row 64 wg + 16 warp + lane / 4 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
   const int lane = tid & 31;
@@ -48,13 +48,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wg_kernel(QW W, X16 x, float
   }
 }
 
-template <int BITS, int NTOK, int S>
+template <int BITS, int NTOK, int S, bool WS>
 void launch_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
-  constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, S>;
-  auto kernel = gemm_wg_kernel<BITS, NTOK, S>;
-  allow_dynamic_smem<gemm_wg_kernel<BITS, NTOK, S>>(smem);
+  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, WS>;
+  auto kernel = gemm_wg_kernel<BITS, NTOK, S, WS>;
+  allow_dynamic_smem<gemm_wg_kernel<BITS, NTOK, S, WS>>(smem);
   const dim3 grid((T + NTOK - 1) / NTOK, static_cast<unsigned>((w.out + kBW - 1) / kBW));
-  launch(c, "gemm_wg_kernel", kernel, grid, kThreads, smem, w, x, y, T);
+  launch(c, WS ? "gemm_wg_kernel (warp-specialized)" : "gemm_wg_kernel", kernel, grid, wgloop::kThreads<WS>, smem,
+         w, x, y, T);
 }
 
 template <int BITS>
@@ -62,6 +63,14 @@ void wg_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   // 128-token tiles halve the weight dequantization per token; below two waves of them, 64-token tiles keep the
   // SMs busy.
   const int64_t tall = (int64_t(T) + 127) / 128 * ((w.out + kBW - 1) / kBW);
+  if (gemm_wg_pipe_ws()) {
+    // One 512-thread block per SM; the deepest ring that fits (3 stages of 64 KB, 4 of 48 KB).
+    if (tall >= 2 * c.sms)
+      launch_wg<BITS, 128, 3, true>(c, w, x, y, T);
+    else
+      launch_wg<BITS, 64, 4, true>(c, w, x, y, T);
+    return;
+  }
   // The 64-token tiles in two stages (half the shared memory: two blocks per SM) once their grid exceeds the SMs:
   // measured on the H200 (docs/notes/cuda-prefill-v4-wg.md) out_proj 2048x4096 at 2,048 rows 0.465 -> 0.410 ms
   // (512 blocks), the 512x2048 expert-size matrix 0.076 -> 0.081 ms (128 blocks: one per SM anyway, and the
@@ -69,11 +78,11 @@ void wg_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   const int64_t short_blocks = (int64_t(T) + 63) / 64 * ((w.out + kBW - 1) / kBW);
   const int st = gemm_wg_stages();
   if (tall >= 2 * c.sms)
-    launch_wg<BITS, 128, 3>(c, w, x, y, T);
+    launch_wg<BITS, 128, 3, false>(c, w, x, y, T);
   else if (st == 2 || (st == 0 && short_blocks > c.sms))
-    launch_wg<BITS, 64, 2>(c, w, x, y, T);
+    launch_wg<BITS, 64, 2, false>(c, w, x, y, T);
   else
-    launch_wg<BITS, 64, 4>(c, w, x, y, T);
+    launch_wg<BITS, 64, 4, false>(c, w, x, y, T);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The grouped expert GEMMs of the MoE prefill (moe_prefill.h) on the wgmma tile loop (gemm_tile_wg.cuh, sm_90a):
+// The grouped expert GEMMs of the MoE prefill (moe_prefill.h) on the wgmma tile loop (gemm_tile_wg.cuh, sm_90a; by
+// default its warp-specialized form, gemm_tile_ws.cuh):
 // the tile map, work split and epilogues of moe_prefill_f16.cu, with the token tile (16, 32 or 64 rows of one
 // expert's group: the adaptive tile height) as the wgmma N side and 128 weight rows per block as the A side. The
 // inputs are bf16 hi/lo rows (gemm_wg.h: x once per chunk, h once per chunk after gate/up).
@@ -12,7 +13,7 @@
 #include <algorithm>
 
 #include "cuda/cuda_util.cuh"
-#include "cuda/gemm_tile_wg.cuh"
+#include "cuda/gemm_tile_ws.cuh"
 #include "cuda/gemm_wg.h"
 #include "cuda/launch.cuh"
 #include "cuda/moe_prefill.h"
@@ -22,15 +23,13 @@ namespace fern::cuda {
 namespace {
 
 using wgtile::kBW;
-using wgtile::kThreads;
 constexpr int kGateUpCols = kBW / 2;  // intermediate columns per gate/up block
 
-template <int BITS, int NTOK, int S>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int BITS, int NTOK, int S, bool WS>
+__global__ void __launch_bounds__(wgloop::kThreads<WS>, 1)
     gate_up_wg_kernel(QW G, QW U, QW SG, QW SU, X16 x, MoeGroups gr, int E, int topk, float* __restrict__ h_routed,
                       float* __restrict__ h_shared) {
   extern __shared__ unsigned char gu_wg_smem[];
-  auto& sm = wgtile::smem_of<NTOK, BITS, S>(gu_wg_smem);
   pdl_wait();
   pdl_trigger();
   TileInfo ti;
@@ -43,15 +42,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31;
   auto token = [&](int r) { return tile_token(gr, ti, sh, topk, r); };
 
-  const int wr = tid >> 1;  // weight-tile row this thread stages: slice wr / 16, gate for wr % 16 < 8
+  const int wr = (tid & 255) >> 1;  // weight-tile row this thread stages: slice wr / 16, gate for wr % 16 < 8
   const bool up = (wr & 15) >= 8;
   const int col = j0 + 8 * (wr >> 4) + (wr & 7);
   gemm::RowSrc wsrc;
   if (col < width) wsrc = gate_up_row<BITS>(G, U, SG, SU, ti, sh, up, col);
 
   float acc[NTOK / 2];
-  wgtile::mainloop<BITS, NTOK, S>(
-      sm, K, G.gs, x.x, x.lo, [&](int r) { return r < ti.rows ? token(r) : -1; }, wsrc, acc);
+  if (!wgloop::run<BITS, NTOK, S, WS>(
+          gu_wg_smem, K, G.gs, x.x, x.lo, [&](int r) { return r < ti.rows ? token(r) : -1; }, wsrc, acc))
+    return;
 
   // acc[4 j + i]: weight-tile row 16 (tid / 32) + lane / 4 + 8 (i / 2) (slice tid / 32), token row 8 j + 2 (lane %
   // 4) + i % 2 of the tile; i < 2 gate, i >= 2 up of column j0 + 8 (tid / 32) + lane / 4.
@@ -69,12 +69,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int BITS, int NTOK, int S>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int BITS, int NTOK, int S, bool WS>
+__global__ void __launch_bounds__(wgloop::kThreads<WS>, 1)
     down_wg_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* topk_w, const float* sgate, int E,
                    float* __restrict__ y_pair, float* __restrict__ out) {
   extern __shared__ unsigned char dn_wg_smem[];
-  auto& sm = wgtile::smem_of<NTOK, BITS, S>(dn_wg_smem);
   pdl_wait();
   pdl_trigger();
   TileInfo ti;
@@ -88,13 +87,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint16_t* hx = sh ? hs.x : hr.x;
   const uint16_t* hl = sh ? hs.lo : hr.lo;
 
-  const int wr = tid >> 1;
+  const int wr = (tid & 255) >> 1;
   gemm::RowSrc wsrc;
   if (n0 + wr < N) wsrc = group_row<BITS>(D, SD, ti, sh, n0 + wr);
 
   float acc[NTOK / 2];
-  wgtile::mainloop<BITS, NTOK, S>(
-      sm, K, D.gs, hx, hl, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, wsrc, acc);
+  if (!wgloop::run<BITS, NTOK, S, WS>(
+          dn_wg_smem, K, D.gs, hx, hl, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, wsrc, acc))
+    return;
 
   const int m = n0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
 #pragma unroll
@@ -111,25 +111,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int BITS, int NTOK, int S>
+template <int BITS, int NTOK, int S, bool WS>
 void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                 const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
-  constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, S>;
-  auto kernel = gate_up_wg_kernel<BITS, NTOK, S>;
-  allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S>>(smem);
+  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, WS>;
+  auto kernel = gate_up_wg_kernel<BITS, NTOK, S, WS>;
+  allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S, WS>>(smem);
   launch(c, "moe gate_up_wg_kernel", kernel,
-         moe_tile_grid(T, k, E, NTOK, std::max(gate.out, sgate.out), kGateUpCols), kThreads, smem, gate, up, sgate,
-         sup, x, g, E, k, h_routed, h_shared);
+         moe_tile_grid(T, k, E, NTOK, std::max(gate.out, sgate.out), kGateUpCols), wgloop::kThreads<WS>, smem, gate,
+         up, sgate, sup, x, g, E, k, h_routed, h_shared);
 }
 
-template <int BITS, int NTOK, int S>
+template <int BITS, int NTOK, int S, bool WS>
 void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
              const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
-  constexpr size_t smem = wgtile::kSmemBytes<NTOK, BITS, S>;
-  auto kernel = down_wg_kernel<BITS, NTOK, S>;
-  allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S>>(smem);
-  launch(c, "moe down_wg_kernel", kernel, moe_tile_grid(T, k, E, NTOK, down.out, kBW), kThreads, smem, down, sdown,
-         hr, hs, g, topk_w, sgate, E, y_pair, out);
+  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, WS>;
+  auto kernel = down_wg_kernel<BITS, NTOK, S, WS>;
+  allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, WS>>(smem);
+  launch(c, "moe down_wg_kernel", kernel, moe_tile_grid(T, k, E, NTOK, down.out, kBW), wgloop::kThreads<WS>, smem,
+         down, sdown, hr, hs, g, topk_w, sgate, E, y_pair, out);
 }
 
 // Pipeline depth: two stages (half the shared memory: two blocks per SM) from 1,024 rows per chunk, else 4 (3 below
@@ -141,22 +141,31 @@ inline bool two_stages(int T) {
   return st == 2 || (st == 0 && T >= 1024);
 }
 
+// Warp-specialized: one 512-thread block per SM, the deepest ring that fits (4 stages of 48 KB at 64-token tiles,
+// 5 of 40 / 36 KB below).
+template <int NTOK>
+constexpr int kWsStages = NTOK >= 64 ? 4 : 5;
+
 template <int BITS, int NTOK>
 void gate_up_wg_n(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                   const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
-  if (two_stages(T))
-    gate_up_wg<BITS, NTOK, 2>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+  if (gemm_wg_pipe_ws())
+    gate_up_wg<BITS, NTOK, kWsStages<NTOK>, true>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+  else if (two_stages(T))
+    gate_up_wg<BITS, NTOK, 2, false>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
   else
-    gate_up_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+    gate_up_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3, false>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
 }
 
 template <int BITS, int NTOK>
 void down_wg_n(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
                const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
-  if (two_stages(T))
-    down_wg<BITS, NTOK, 2>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+  if (gemm_wg_pipe_ws())
+    down_wg<BITS, NTOK, kWsStages<NTOK>, true>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+  else if (two_stages(T))
+    down_wg<BITS, NTOK, 2, false>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
   else
-    down_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+    down_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3, false>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
 }
 
 template <int BITS>

@@ -63,4 +63,36 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
+// Shared-memory barrier objects (mbarrier, sm_80+): a 64-bit counter of expected arrivals and a phase bit. A
+// producer/consumer ring uses one per stage and direction; waiting on the parity of the phase to complete.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// One arrival of this thread (release: its earlier shared-memory writes are visible to a thread whose wait sees the
+// phase complete).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}" ::"r"(smem_addr(bar)) : "memory");
+}
+// Spins until the phase of parity `parity` has completed (a fresh barrier counts its phase "-1", parity 1, as
+// complete, so a producer's first wait on an empty-slot barrier with parity 1 passes at once).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // try_wait lets the hardware suspend the thread for a while instead of spinning on the issue slots.
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+#else
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+#endif
+  } while (!done);
+}
+
 }  // namespace fern::cuda::ptx

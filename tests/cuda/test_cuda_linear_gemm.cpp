@@ -4,7 +4,7 @@
 // 128-row tile, token counts that are not a multiple of the 64- or 128-row tile, T = 2, group 32 and 128, bf16),
 // on every tile loop: the precise split loop (no workspace), the fp16 loops (a workspace in the context:
 // gemm_f16.h, gemm_tile_f16.cuh) and, on an sm_90a build on a compute-capability 9.0 GPU, the wgmma loop (gemm_wg.h,
-// gemm_tile_wg.cuh); rows of very different magnitudes (the per-row fp16 scaling); then through the backend's
+// gemm_tile_wg.cuh, and its warp-specialized form, gemm_tile_ws.cuh, bit for bit); rows of very different magnitudes (the per-row fp16 scaling); then through the backend's
 // linear()/linear_multi() dispatch (linear_gemm_wins; each FERN_GEMM value), and the widths it must refuse.
 #include <gtest/gtest.h>
 
@@ -90,7 +90,8 @@ struct Workspace {
   }
 };
 
-void run_direct(const Case& c, Loop loop) {
+// out (optional) receives the GPU result.
+void run_direct(const Case& c, Loop loop, std::vector<float>* out = nullptr) {
   SCOPED_TRACE(std::string(c.name) + " " + loop_name(loop));
   Fixture s;
   LinearWeight hw = make_weight(s, c);
@@ -112,6 +113,7 @@ void run_direct(const Case& c, Loop loop) {
   std::printf("gemm %-6s %-22s [%6ld x %5ld] %2d-bit g%-3d T=%-4d NMSE %.3e\n", loop_name(took), c.name,
               long(c.out), long(c.in), c.bits, c.gs, c.T, e);
   EXPECT_LT(e, took == Loop::Fp16 ? kNmseF16 : kNmse);
+  if (out != nullptr) *out = std::move(got);
 }
 
 void run_direct(const Case& c) {
@@ -129,9 +131,20 @@ TEST(CudaLinearGemm, RealShapes) {
                         Case{"qkv T=2100 wide tiles", 8192, 2048, 4, 64, 2100},
                         Case{"8-bit T=1100 wide tiles", 8192, 1024, 8, 64, 1100}}) {
     run_direct(c);
-    // Both pipeline depths of the 64-token tiles forced (FERN_GEMM_WG_STAGES), on the shapes that take those tiles
-    // and are cheap for the CPU reference.
-    if (cuda::gemm_wg_supported() && c.out * c.T <= 8192 * 300) {
+    if (!cuda::gemm_wg_supported()) continue;
+    // The warp-specialized wgmma loop (the default) issues the synchronous loop's MMAs on the same operands in the
+    // same order: the bits must agree, at every tile height and pipeline depth.
+    std::vector<float> ws_out, sync_out;
+    {
+      test::EnvGuard pipe("FERN_GEMM_WG_PIPE", "ws");
+      run_direct(c, Loop::Wg, &ws_out);
+    }
+    test::EnvGuard pipe("FERN_GEMM_WG_PIPE", "sync");
+    run_direct(c, Loop::Wg, &sync_out);
+    EXPECT_EQ(ws_out, sync_out) << c.name << ": the warp-specialized and synchronous wgmma loops differ";
+    // Both depths of the synchronous loop's 64-token tiles forced (FERN_GEMM_WG_STAGES), on the shapes that take
+    // those tiles and are cheap for the CPU reference.
+    if (c.out * c.T <= 8192 * 300) {
       for (const char* st : {"2", "4"}) {
         test::EnvGuard g("FERN_GEMM_WG_STAGES", st);
         run_direct(c, Loop::Wg);
@@ -332,6 +345,19 @@ TEST(CudaGemmMode, UnknownValueIsAnError) {
   {
     test::EnvGuard st("FERN_GEMM_WG_STAGES", nullptr);
     EXPECT_EQ(cuda::gemm_wg_stages(), 0);
+  }
+  {
+    // The wgmma loop's form: ws or sync (unset: warp-specialized); anything else is named.
+    test::EnvGuard p("FERN_GEMM_WG_PIPE", "async");
+    expect_error_naming([] { cuda::gemm_wg_pipe_ws(); }, "FERN_GEMM_WG_PIPE=async");
+  }
+  {
+    test::EnvGuard p("FERN_GEMM_WG_PIPE", "sync");
+    EXPECT_FALSE(cuda::gemm_wg_pipe_ws());
+  }
+  {
+    test::EnvGuard p("FERN_GEMM_WG_PIPE", nullptr);
+    EXPECT_TRUE(cuda::gemm_wg_pipe_ws());
   }
   test::EnvGuard g("FERN_GEMM", nullptr);
   // The default: the wgmma loop where it runs, else the split loop (both precise).

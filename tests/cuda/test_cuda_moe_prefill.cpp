@@ -122,6 +122,7 @@ struct Variant {
   double limit = kNmse;
   bool prefetch = false;         // FERN_MOE_PREFETCH=1 as well
   const char* gemm = nullptr;    // FERN_GEMM as well (fp16: for affine experts the limit is at least kNmseF16)
+  const char* pipe = nullptr;    // FERN_GEMM_WG_PIPE as well
 };
 
 // Runs every variant on one input against one CPU reference (the CPU side is the slow one at real shapes).
@@ -133,6 +134,7 @@ void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed,
     test::EnvGuard g(v.env != nullptr ? v.env : "FERN_MOE_UNUSED", v.value);
     test::EnvGuard pf("FERN_MOE_PREFETCH", v.prefetch ? "1" : nullptr);
     test::EnvGuard gm("FERN_GEMM", v.gemm);
+    test::EnvGuard wp("FERN_GEMM_WG_PIPE", v.pipe);
     const auto got = run_gpu(gpu, m, x, T);
     const double e = test::nmse(got.data(), ref.data(), got.size());
     const bool f16 = v.gemm != nullptr && std::string(v.gemm) == "fp16";
@@ -144,8 +146,8 @@ void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed,
   }
 }
 
-// Every tile height, with and without the register prefetch of the precise tile loop and on the fp16 loop (all with
-// the default tensor-core router); the fused router GEMV.
+// Every tile height, with and without the register prefetch of the precise tile loop, on the fp16 loops and on both
+// forms of the wgmma loop (all with the default tensor-core router); the fused router GEMV.
 std::vector<Variant> tile_variants(const char* what) {
   std::vector<Variant> vs;
   for (bool pf : {false, true})
@@ -156,6 +158,9 @@ std::vector<Variant> tile_variants(const char* what) {
   for (const char* gemm : gemms)
     for (const char* bm : {"16", "32", "64"})
       vs.push_back({std::string(what) + ", tile " + bm + " " + gemm, "FERN_MOE_TILE", bm, kNmse, false, gemm});
+  if (cuda::gemm_wg_supported())
+    for (const char* bm : {"16", "32", "64"})
+      vs.push_back({std::string(what) + ", tile " + bm + " wg sync", "FERN_MOE_TILE", bm, kNmse, false, "wg", "sync"});
   vs.push_back({std::string(what) + ", router fused", "FERN_MOE_ROUTER", "fused"});
   return vs;
 }
@@ -174,8 +179,9 @@ TEST(CudaMoePrefill, RealShapeAgainstCpu) {
                              {"real, fp16x2", nullptr, nullptr, kNmse, false, "fp16x2"}};
   if (cuda::gemm_wg_supported()) {
     vs.push_back({"real, wg", nullptr, nullptr, kNmse, false, "wg"});
-    vs.push_back({"real, wg 2 stages", "FERN_GEMM_WG_STAGES", "2", kNmse, false, "wg"});
-    vs.push_back({"real, wg 4 stages", "FERN_GEMM_WG_STAGES", "4", kNmse, false, "wg"});
+    vs.push_back({"real, wg sync", nullptr, nullptr, kNmse, false, "wg", "sync"});
+    vs.push_back({"real, wg sync 2 stages", "FERN_GEMM_WG_STAGES", "2", kNmse, false, "wg", "sync"});
+    vs.push_back({"real, wg sync 4 stages", "FERN_GEMM_WG_STAGES", "4", kNmse, false, "wg", "sync"});
   }
   for (int T : {2, 17, 64, 300, 2048}) check(*gpu, *cpu, *m, T, 100 + T, vs);
 }
@@ -230,6 +236,12 @@ TEST(CudaMoePrefill, AblationSwitches) {
   EXPECT_NE(by_mode[1], by_mode[2]) << "fp16 and fp16x2 gave the same bits";
   if (gemms.size() > 3) {
     EXPECT_NE(by_mode[0], by_mode[3]) << "FERN_GEMM=wg did not take the wgmma loop";
+    // The warp-specialized form (the default) and the synchronous one: the same MMAs in the same order, same bits.
+    test::EnvGuard gm("FERN_GEMM", "wg");
+    test::EnvGuard ws("FERN_GEMM_WG_PIPE", "ws");
+    const auto ws_out = run_gpu(*gpu, *m, x, T);
+    test::EnvGuard sync("FERN_GEMM_WG_PIPE", "sync");
+    EXPECT_EQ(ws_out, run_gpu(*gpu, *m, x, T)) << "the warp-specialized and synchronous wgmma loops differ";
   }
   test::EnvGuard e("FERN_MOE_ROUTING", "host");
   const auto host_routed = run_gpu(*gpu, *m, x, T);
