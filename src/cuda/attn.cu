@@ -5,13 +5,15 @@
 //               attn_head_groups) and one slice of the KV length; each of its warps walks positions of the slice,
 //               every lane holding D/32 dims of the block's query heads, so one coalesced read of a K row and a V
 //               row serves all of them. Partial
-//               (max, sum, acc) per split are merged by a second kernel that also applies sigmoid(gate).
+//               (max, sum, acc) per split are merged by a second kernel that also applies sigmoid(gate), which the
+//               tensor-core decode kernel (attn_decode_tc.cu) shares.
 // Inputs written by an earlier kernel are plain `const T*`, never `const T* __restrict__`: under PDL that kernel
 // may still be running while this one is resident, and const + restrict would allow the non-coherent load path
 // and its scheduling ahead of griddepcontrol.wait (qdot.cuh stage_x, docs/notes/cuda-decode-v6.md). Weights
 // and the position counter (written only by advance_kernel, the last launch of a step) may stay restrict.
 #include <cstdlib>
 
+#include "cuda/attn_decode_tc.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/cuda_util.cuh"
@@ -373,6 +375,12 @@ void attn_decode(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const 
     default: launch_split<8>(c, sh, grid, d_pos, q, k_cache, v_cache, part_ml, part_acc); break;
   }
   FERN_CUDA_LAUNCH_CHECK("attn_split_kernel");
+  attn_decode_combine(c, sh, nsplit, part_ml, part_acc, qg, o, T);
+}
+
+void attn_decode_combine(const Ctx& c, const AttnShape& sh, int nsplit, const float* part_ml, const float* part_acc,
+                         const float* qg, float* o, int T) {
+  FERN_CU_CHECK(nsplit >= 1 && nsplit <= kMaxSplits, "attention: split count");
   launch(c, "attn_combine_kernel", attn_combine_kernel, dim3(sh.Hq, T), kThreads, 0, sh, nsplit, part_ml, part_acc, qg, o);
   FERN_CUDA_LAUNCH_CHECK("attn_combine_kernel");
 }

@@ -1,0 +1,289 @@
+// Decode attention on the tensor cores (attn_decode_tc.h), flash-decoding style.
+//
+// A block (8 warps) owns one KV head, one query row and one split of the KV length in whole tiles of 64 keys. The
+// tiles stream into shared memory with 16-byte cp.async, three stages deep (two tiles in flight while one is
+// computed: 128 KB per SM at head_dim 256, ~4 us of HBM latency at the per-SM share of the bandwidth). Per tile:
+//  - S = q K^T with mma.sync m16n8k16 (bf16 operands, fp32 accumulation): the 16 A rows are the G query heads as
+//    bf16 "hi" parts (rows 0..7) and their remainders q - hi as bf16 "lo" parts (rows 8..15), so the padding rows
+//    that m16 forces on 8 heads carry the rest of q's precision for free: a head's score is row g + row g + 8
+//    (~16 significant bits of q against fp16's 11; the cache rows are bf16 and exact as operands). Each warp
+//    computes one 8-key n-tile over the whole head dim.
+//  - the tile's maximum per head over the 8 warps (shared memory, one barrier), the online-softmax update in the
+//    exp2 domain (the scale and log2(e) are folded into q), and P split the same way: hi in rows 0..7, lo in
+//    rows 8..15 of the A operand, so P V keeps ~16 bits of each weight. A warp's 8 keys are exactly half of one
+//    16-key A fragment, stored as such in shared memory (second barrier).
+//  - O += P V: each warp owns head_dim / 8 output dims over all 64 keys (V through ldmatrix.trans).
+// The split's (max, sum, unnormalised output) go to the split kernel's combine (attn.cu), which also gates.
+//
+// The KV cache and q are written by earlier kernels of the same graph: plain `const T*` (no __restrict__, so never
+// the non-coherent path), read with cp.async.cg / after the PDL wait. The position and the tiles made only of rows
+// before it are requested before the wait: their writers are at least two launches back (attn_prep, the kernel
+// just before, appends the rows [pos, pos + T); every kernel triggers its successor only after its own wait), as
+// the split kernel does (attn.cu).
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "cuda/attn_decode_tc.h"
+#include "cuda/cuda_util.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/ptx.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int BN = 64;  // keys per tile: one 8-key n-tile of S per warp
+constexpr int kStages = 3;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+using ptx::cp_async16;
+using ptx::ldmatrix_x4;
+using ptx::ldmatrix_x4_trans;
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats as one register of bf16 operands (.x, the low half, = lo).
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// x0, x1 as a bf16 pair `hi` and the pair of their remainders `lo` (x - hi is exact in fp32; its own bf16 rounding
+// leaves ~2^-17 of x).
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = bf16x2(x0, x1);
+  lo = bf16x2(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
+}
+
+// Element offset of 16-byte chunk `ch` of row `row` in a [rows, D] bf16 tile, chunks XOR-swizzled by row % 8 so
+// that the 8 rows one ldmatrix reads at the same column fall in different bank groups.
+template <int D>
+__device__ __forceinline__ int swz(int row, int ch) {
+  return row * D + ((ch ^ (row & 7)) << 3);
+}
+
+template <int D>
+constexpr size_t smem_bytes() {
+  return size_t(2 * kStages * BN + 16) * D * 2 + size_t(BN / 16) * 32 * 16 + kWarps * 8 * 4;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_decode_tc_kernel(AttnShape sh, const int32_t* __restrict__ d_pos, const float* q, const uint16_t* k_cache,
+                          const uint16_t* v_cache, float* __restrict__ part_ml, float* __restrict__ part_acc, int G) {
+  constexpr int CH = D / 8;          // 16-byte chunks per row
+  constexpr int DW = D / kWarps;     // output dims per warp in P V
+  constexpr int NT = DW / 8;         // its 8-dim n-tiles
+  constexpr int KK = D / 16;         // 16-dim k-steps of S
+  constexpr int CPT = BN * CH / kThreads;  // chunks of a K (and of a V) tile per thread
+  static_assert(NT % 2 == 0 && KK % 2 == 0 && CPT * kThreads == BN * CH, "tile shape");
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t* Ks = smem;                                         // [kStages][BN][D]
+  uint16_t* Vs = Ks + kStages * BN * D;                        // [kStages][BN][D]
+  uint16_t* Qs = Vs + kStages * BN * D;                        // [16][D]: rows 0-7 q hi, 8-15 q lo
+  uint4* Ps = reinterpret_cast<uint4*>(Qs + 16 * D);           // [BN / 16][32 lanes]: P A fragments
+  float* red = reinterpret_cast<float*>(Ps + (BN / 16) * 32);  // [kWarps][8 heads]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, c = lane & 3;  // accumulator row (head) and column pair of this lane
+  const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z, nsplit = gridDim.y;
+  const int64_t pos0 = d_pos[0];
+  const int64_t L = pos0 + t + 1;  // keys row t sees
+  const int64_t tiles_all = (L + BN - 1) / BN;
+  const int64_t per_split = (tiles_all + nsplit - 1) / nsplit;
+  const int64_t j_begin = int64_t(sp) * per_split;
+  const int64_t j_end = tiles_all < j_begin + per_split ? tiles_all : j_begin + per_split;
+  const int n_tiles = j_end > j_begin ? int(j_end - j_begin) : 0;
+  const int64_t row_stride = int64_t(sh.Hkv) * D;
+
+  // Tile j_begin + i into stage i % kStages; rows at or past L are zero-filled (never read from the cache), so a
+  // masked key's V row is 0 and not whatever bits lie there.
+  auto load_tile = [&](int i) {
+    uint16_t* ks = Ks + (i % kStages) * BN * D;
+    uint16_t* vs = Vs + (i % kStages) * BN * D;
+    const int64_t k0 = (j_begin + i) * BN;
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) {
+      const int idx = tid + u * kThreads;
+      const int r = idx / CH, ch = idx % CH;
+      const bool ok = k0 + r < L;
+      const int64_t off = (ok ? k0 + r : 0) * row_stride + int64_t(kvh) * D + ch * 8;
+      cp_async16(ks + swz<D>(r, ch), k_cache + off, ok);
+      cp_async16(vs + swz<D>(r, ch), v_cache + off, ok);
+    }
+  };
+  // Prologue: kStages - 1 commit groups, group i = tile i (empty past the split). Tiles whose rows all precede the
+  // position go before the PDL wait; the one holding the new row (always the split's last) after it.
+  int pre = 0;
+  for (; pre < kStages - 1 && pre < n_tiles && (j_begin + pre + 1) * BN <= pos0; ++pre) {
+    load_tile(pre);
+    ptx::cp_commit();
+  }
+  pdl_wait();
+  pdl_trigger();
+  for (int i = pre; i < kStages - 1; ++i) {
+    if (i < n_tiles) load_tile(i);
+    ptx::cp_commit();
+  }
+
+  // q of the block's G heads, times 1/sqrt(D) * log2(e), as hi/lo bf16 rows; padding heads (g >= G) zero.
+  const float qscale = rsqrtf(float(D)) * kLog2e;
+  for (int idx = tid; idx < 8 * CH; idx += kThreads) {
+    const int r = idx / CH, ch = idx % CH;
+    uint4 hi = make_uint4(0, 0, 0, 0), lo = make_uint4(0, 0, 0, 0);
+    if (r < G) {
+      const float4* src = reinterpret_cast<const float4*>(q + (int64_t(t) * sh.Hq + kvh * G + r) * D + ch * 8);
+      const float4 a = src[0], b = src[1];
+      split_bf16x2(a.x * qscale, a.y * qscale, hi.x, lo.x);
+      split_bf16x2(a.z * qscale, a.w * qscale, hi.y, lo.y);
+      split_bf16x2(b.x * qscale, b.y * qscale, hi.z, lo.z);
+      split_bf16x2(b.z * qscale, b.w * qscale, hi.w, lo.w);
+    }
+    *reinterpret_cast<uint4*>(Qs + swz<D>(r, ch)) = hi;
+    *reinterpret_cast<uint4*>(Qs + swz<D>(r + 8, ch)) = lo;
+  }
+  __syncthreads();
+  uint32_t qa[KK][4];  // A fragments of every k-step, kept for the whole split
+#pragma unroll
+  for (int kk = 0; kk < KK; ++kk) ldmatrix_x4(qa[kk], Qs + swz<D>(lane & 15, kk * 2 + (lane >> 4)));
+
+  float m_run = -INFINITY;  // running max of head g (log2 domain), the same in every warp
+  float l_run = 0.0f;       // this lane's share of head g's sum over this warp's keys
+  float acc[NT][4];         // rows g (P hi) and g + 8 (P lo) x this warp's dims
+#pragma unroll
+  for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+  for (int i = 0; i < n_tiles; ++i) {
+    ptx::cp_wait<kStages - 2>();
+    __syncthreads();  // tile i landed for every thread; every warp is done with tile i - 1 and the P of i - 1
+    if (i + kStages - 1 < n_tiles) load_tile(i + kStages - 1);  // into tile i - 1's stage
+    ptx::cp_commit();
+    const uint16_t* ks = Ks + (i % kStages) * BN * D;
+    const uint16_t* vs = Vs + (i % kStages) * BN * D;
+
+    // S for the warp's 8 keys over all dims; even and odd k-steps in two accumulators (two chains of KK / 2).
+    float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int kk = 0; kk < KK; kk += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, ks + swz<D>(warp * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+      ptx::mma16816<false>(s0, qa[kk], b[0], b[1]);
+      ptx::mma16816<false>(s1, qa[kk + 1], b[2], b[3]);
+    }
+    const int64_t key0 = (j_begin + i) * BN + warp * 8 + 2 * c;
+    float sc[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      sc[e] = (s0[e] + s1[e]) + (s0[2 + e] + s1[2 + e]);  // q hi . k + q lo . k
+      if (key0 + e >= L) sc[e] = -INFINITY;
+    }
+    float mx = fmaxf(sc[0], sc[1]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if (c == 0) red[warp * 8 + g] = mx;
+    __syncthreads();
+    float mt = red[g];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) mt = fmaxf(mt, red[w * 8 + g]);
+    const float m_new = fmaxf(m_run, mt);         // finite: a tile's first key is always visible
+    const float corr = fast_exp2(m_run - m_new);  // 0 on the first tile
+    m_run = m_new;
+    const float p0 = fast_exp2(sc[0] - m_new), p1 = fast_exp2(sc[1] - m_new);  // 0 where masked
+    l_run = l_run * corr + (p0 + p1);
+    uint32_t phi, plo;
+    split_bf16x2(p0, p1, phi, plo);
+    // The warp's keys are half (warp & 1) of 16-key step warp / 2: A registers {hi, lo} = {a0, a1} or {a2, a3}.
+    reinterpret_cast<uint2*>(&Ps[(warp >> 1) * 32 + lane])[warp & 1] = make_uint2(phi, plo);
+    if (corr != 1.0f) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        acc[n][0] *= corr;
+        acc[n][1] *= corr;
+        acc[n][2] *= corr;
+        acc[n][3] *= corr;
+      }
+    }
+    __syncthreads();  // P of all 64 keys published
+
+    // O += P V for the warp's dims [warp * DW, warp * DW + DW).
+#pragma unroll
+    for (int j = 0; j < BN / 16; ++j) {
+      const uint4 pa = Ps[j * 32 + lane];
+      const uint32_t a[4] = {pa.x, pa.y, pa.z, pa.w};
+#pragma unroll
+      for (int dp = 0; dp < NT / 2; ++dp) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vs + swz<D>(j * 16 + ((lane >> 3) & 1) * 8 + (lane & 7),
+                                         warp * (DW / 8) + dp * 2 + (lane >> 4)));
+        ptx::mma16816<false>(acc[2 * dp], a, b[0], b[1]);
+        ptx::mma16816<false>(acc[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+  }
+  ptx::cp_wait<0>();
+
+  // Partials: the sum of head g over the quad and the warps, the output rows hi + lo, the max in natural-log units
+  // (the combine's convention).
+  float l = l_run;
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  __syncthreads();  // every read of the last tile's maxima is done
+  if (c == 0) red[warp * 8 + g] = l;
+  __syncthreads();
+  if (g < G) {
+    const int64_t row = (int64_t(t) * sh.Hq + kvh * G + g) * nsplit + sp;
+    float* out = part_acc + row * D + warp * DW + 2 * c;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+      *reinterpret_cast<float2*>(out + n * 8) = make_float2(acc[n][0] + acc[n][2], acc[n][1] + acc[n][3]);
+    if (warp == 0 && c == 0) {
+      float lt = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) lt += red[w * 8 + g];
+      part_ml[row * 2] = m_run * kLn2;  // -inf for an empty split
+      part_ml[row * 2 + 1] = lt;
+    }
+  }
+}
+
+template <int D>
+void launch_tc(const Ctx& c, dim3 grid, const AttnShape& sh, const int32_t* d_pos, const float* q, const uint16_t* kc,
+               const uint16_t* vc, float* pml, float* pacc, int G) {
+  allow_dynamic_smem<attn_decode_tc_kernel<D>>(smem_bytes<D>());
+  launch(c, "attn_decode_tc_kernel", attn_decode_tc_kernel<D>, grid, kThreads, smem_bytes<D>(), sh, d_pos, q, kc, vc,
+         pml, pacc, G);
+}
+
+}  // namespace
+
+bool attn_decode_tc_ok(const AttnShape& sh) {
+  if (sh.Hkv < 1 || sh.Hq % sh.Hkv != 0) return false;
+  const int G = sh.Hq / sh.Hkv;
+  return (sh.D == 128 || sh.D == 256) && (G == 1 || G == 2 || G == 4 || G == 8);
+}
+
+void attn_decode_tc(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+                    const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o,
+                    int T, int nsplit) {
+  if (T <= 0) return;
+  if (!attn_decode_tc_ok(sh))
+    raise_error("attention (tensor-core decode): unsupported head shape (head_dim " + std::to_string(sh.D) + ", " +
+                std::to_string(sh.Hkv > 0 ? sh.Hq / sh.Hkv : 0) +
+                " query heads per KV head; supported: head_dim 128/256, 1/2/4/8 per KV head)");
+  FERN_CU_CHECK(nsplit >= 1, "attention: split count");  // the upper bound is the combine's
+  const dim3 grid(sh.Hkv, nsplit, T);
+  const int G = sh.Hq / sh.Hkv;
+  if (sh.D == 256) launch_tc<256>(c, grid, sh, d_pos, q, k_cache, v_cache, part_ml, part_acc, G);
+  else launch_tc<128>(c, grid, sh, d_pos, q, k_cache, v_cache, part_ml, part_acc, G);
+  FERN_CUDA_LAUNCH_CHECK("attn_decode_tc_kernel");
+  attn_decode_combine(c, sh, nsplit, part_ml, part_acc, qg, o, T);
+}
+
+}  // namespace fern::cuda
