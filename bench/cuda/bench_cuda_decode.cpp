@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/attn_decode_tc.h"
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fill.h"
@@ -92,12 +93,8 @@ void bench_gemv() {
                          Shape{"expert gate/up", 512, 2048, 4}, Shape{"expert down", 2048, 512, 4},
                          Shape{"out_proj / o_proj", 2048, 4096, 4}, Shape{"router", 256, 2048, 8},
                          Shape{"lm_head", 248320, 2048, 4},
-                         Shape{"in_proj_qkv, v4 prologue", 8192, 2048, 4, "FERN_CUDA_GEMV_PRO", "1"},
-                         Shape{"lm_head, depth 3", 248320, 2048, 4, "FERN_CUDA_GEMV_NB", "3"},
-                         Shape{"in_proj_qkv, 512 threads", 8192, 2048, 4, "FERN_CUDA_GEMV_WIDE", "1"},
-                         Shape{"in_proj_z, 512 threads", 4096, 2048, 4, "FERN_CUDA_GEMV_WIDE", "1"},
-                         Shape{"out_proj, 512 threads", 2048, 4096, 4, "FERN_CUDA_GEMV_WIDE", "1"},
-                         Shape{"lm_head, 512 threads", 248320, 2048, 4, "FERN_CUDA_GEMV_WIDE", "1"}}) {
+                         Shape{"in_proj_qkv, 256 threads", 8192, 2048, 4, "FERN_CUDA_GEMV_WIDE", "0"},
+                         Shape{"lm_head, 256 threads", 248320, 2048, 4, "FERN_CUDA_GEMV_WIDE", "0"}}) {
     if (s.env != nullptr) setenv(s.env, s.val, 1);
     CudaBackend be(0);
     const LinearWeight probe = rand_affine(be, s.out, s.in, s.bits, 1);
@@ -257,8 +254,8 @@ void bench_decode(bool splitk) {
     };
     std::vector<Row> rows = {
         {"30 x GDN mixer (4 proj + core + out)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer(l); }},
-        {"  same, 512-thread GEMV blocks (GEMV_WIDE=1)", [&] {
-           setenv("FERN_CUDA_GEMV_WIDE", "1", 1);
+        {"  same, 256-thread GEMV blocks (GEMV_WIDE=0)", [&] {
+           setenv("FERN_CUDA_GEMV_WIDE", "0", 1);
            be.begin_forward();
            for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer(l);
            unsetenv("FERN_CUDA_GEMV_WIDE");
@@ -281,6 +278,12 @@ void bench_decode(bool splitk) {
              if (cfg.is_attention_layer(l)) be.attn_core(o, qg, k, v, w->layers[l].attn, cfg, *st, l);
          }},
         {"40 x MoE block (with norm + residual)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe_residual(h, out, xn, w->layers[l].post_norm, 1e-6f, out2, w->layers[l].moe, cfg); }},
+        {"  same, code words through registers (MOE_BULK=0)", [&] {
+           setenv("FERN_CUDA_MOE_BULK", "0", 1);  // read when the launches are recorded
+           be.begin_forward();
+           for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe_residual(h, out, xn, w->layers[l].post_norm, 1e-6f, out2, w->layers[l].moe, cfg);
+           unsetenv("FERN_CUDA_MOE_BULK");
+         }},
         {"  same, 256-thread blocks (MOE_WIDE=0)", [&] {
            setenv("FERN_CUDA_MOE_WIDE", "0", 1);  // read when the launches are recorded
            be.begin_forward();
@@ -292,11 +295,12 @@ void bench_decode(bool splitk) {
         {"  three-launch path: 40 x moe_gate_up", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_gate_up(kc, cuda::make_qw(mq(l).gate), cuda::make_qw(mq(l).up), cuda::make_qw(mq(l).shared_gate), cuda::make_qw(mq(l).shared_up), xn.ptr<float>(), ms, 1, topk); }},
         {"  three-launch path: 40 x moe_down", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) cuda::moe_down(kc, cuda::make_qw(mq(l).down), cuda::make_qw(mq(l).shared_down), ms, out.ptr<float>(), 1, topk); }},
         {"  of which 10 x attn split+combine @4K", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) cuda::attn_decode(kc, ash, cst.d_pos, aq.ptr<float>(), aqg.ptr<float>(), cst.k_cache[l].ptr<uint16_t>(), cst.v_cache[l].ptr<uint16_t>(), pml.ptr<float>(), pacc.ptr<float>(), ao.ptr<float>(), 1, cst.nsplit); }},
+        {"  of which 10 x attn tc+combine @4K", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) cuda::attn_decode_tc(kc, ash, cst.d_pos, aq.ptr<float>(), aqg.ptr<float>(), cst.k_cache[l].ptr<uint16_t>(), cst.v_cache[l].ptr<uint16_t>(), pml.ptr<float>(), pacc.ptr<float>(), ao.ptr<float>(), 1, cst.nsplit); }},
         {"  of which 10 x attn_prep", [&] { for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) cuda::attn_prep(kc, ash, cst.d_pos, aqg.ptr<float>(), akv.ptr<float>(), akv.ptr<float>() + kvd, w->layers[l].attn.q_norm.ptr<float>(), w->layers[l].attn.k_norm.ptr<float>(), aq.ptr<float>(), cst.k_cache[l].ptr<uint16_t>(), cst.v_cache[l].ptr<uint16_t>(), 1); }},
         {"  (v3's 80 x add_rmsnorm, now folded)", [&] { for (int l = 0; l < 80; ++l) be.add_rmsnorm(h, out, xn, w->layers[l / 2].post_norm, 1e-6f); }},
         {"lm_head + argmax", [&] { be.begin_forward(); Tensor lg = be.scratch(DType::F32, {1, V}); be.linear(lg, xn, w->lm_head); be.argmax(tok, lg); }},
-        {"  same, 512-thread GEMV blocks (GEMV_WIDE=1)", [&] {
-           setenv("FERN_CUDA_GEMV_WIDE", "1", 1);
+        {"  same, 256-thread GEMV blocks (GEMV_WIDE=0)", [&] {
+           setenv("FERN_CUDA_GEMV_WIDE", "0", 1);
            be.begin_forward(); Tensor lg = be.scratch(DType::F32, {1, V}); be.linear(lg, xn, w->lm_head); be.argmax(tok, lg);
            unsetenv("FERN_CUDA_GEMV_WIDE");
          }},
@@ -331,8 +335,10 @@ void bench_decode(bool splitk) {
                          cuda::make_qw(m.up),     cuda::make_qw(m.down),               cuda::make_qw(m.shared_gate),
                          cuda::make_qw(m.shared_up), cuda::make_qw(m.shared_down)};
     };
-    for (const char* wide : {"0", "1"}) {
+    for (const char* bulk : {"1", "0"}) {  // 512-thread blocks, code words through bulk copies or registers
+    const char* wide = "1";
     setenv("FERN_CUDA_MOE_WIDE", wide, 1);
+    setenv("FERN_CUDA_MOE_BULK", bulk, 1);
     bool timed = true;
     const double tt = time_graph(be, [&] {
       FERN_CUDA_CHECK(cudaMemsetAsync(dst, 0, sbytes, be.stream()));
@@ -351,9 +357,9 @@ void bench_decode(bool splitk) {
       const int n = R * L;
       auto at = [&](int i, int k) { return hs[size_t(i) * cuda::kMoeStamps + k]; };
       auto first = [&](int i) { return ~at(i, cuda::kMoeStampFirstStart); };
-      std::printf("\n== fused MoE phases (moe_residual, %s blocks, %d launches, graph replay %.2f us per launch): us "
-                  "from the launch's first block start ==\n", wide[0] == '1' ? "512-thread" : "256-thread", n,
-                  tt * 1e6 / n);
+      std::printf("\n== fused MoE phases (moe_residual, %s blocks, code words %s, %d launches, graph replay %.2f us "
+                  "per launch): us from the launch's first block start ==\n", wide[0] == '1' ? "512-thread" : "256-thread",
+                  bulk[0] == '1' ? "bulk-copied" : "in registers", n, tt * 1e6 / n);
       std::printf("%-44s %8s %8s %8s\n", "point", "mean", "min", "max");
       const struct {
         const char* name;
@@ -388,19 +394,21 @@ void bench_decode(bool splitk) {
     }
     }
     unsetenv("FERN_CUDA_MOE_WIDE");
+    unsetenv("FERN_CUDA_MOE_BULK");
     FERN_CUDA_CHECK(cudaFree(dst));
   }
 
-  // Split-K choice: 10 attention cores at several contexts and split counts, for each head grouping.
-  for (const char* hg : {"2", "1"}) {
+  // Split-K choice: 10 attention cores at several contexts and split counts, for each decode kernel
+  // (FERN_CUDA_ATTN_DECODE: tensor cores, CUDA-core split kernel with its default head grouping).
+  for (const char* kern : {"tc", "split"}) {
     if (!splitk) break;
-    setenv("FERN_CUDA_ATTN_HG", hg, 1);
-    std::printf("\n== attention split-K, query heads of a KV head over %s block(s): us for 10 x attn_core (graph replay) ==\n%8s", hg, "context");
-    const int splits[] = {1, 4, 16, 32, 64, 128};
+    setenv("FERN_CUDA_ATTN_DECODE", kern, 1);
+    std::printf("\n== attention split-K, FERN_CUDA_ATTN_DECODE=%s: us for 10 x attn_core (graph replay) ==\n%8s", kern, "context");
+    const int splits[] = {4, 16, 32, 64, 128};
     for (int n : splits) std::printf(" %8s%-3d", "nsplit=", n);
     std::printf("\n");
     const int64_t qd = int64_t(cfg.num_attention_heads) * cfg.head_dim, kvd = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
-    for (int64_t ctx : {512, 4096, 32768, 131072}) {
+    for (int64_t ctx : {1024, 4096, 32768, 131072}) {
       auto st = be.new_state(cfg, ctx + 16);
       auto& cs = static_cast<CudaState&>(*st);
       fill_state(be, cs, ctx);
@@ -419,19 +427,21 @@ void bench_decode(bool splitk) {
       std::printf("   (default nsplit %d)\n", cuda::attn_splits(ctx + 256));
     }
   }
-  unsetenv("FERN_CUDA_ATTN_HG");  // the decode steps below use the default grouping
+  unsetenv("FERN_CUDA_ATTN_DECODE");  // the decode steps below use the default kernel
 
   std::printf("\n== decode steps (graph replay, 64 steps per run, median of 3 runs) ==\n");
   std::printf("%8s %10s %10s %12s %9s %8s\n", "context", "us/token", "tok/s", "bytes/token", "GB/s", "%roof");
-  // The last rows repeat 4K with one switch each (read while the step is captured): GEMV 512-thread blocks, and the
-  // fused MoE's 256-thread blocks of version 5.
+  // The last rows repeat 4K with one switch each (read while the step is captured): 256-thread blocks for every
+  // GEMV, the fused MoE's code words through registers, its 256-thread blocks of version 5.
   const struct {
     int64_t ctx;
     const char* env;
     const char* val;
   } step_rows[] = {{256, nullptr, nullptr},   {1024, nullptr, nullptr},  {4096, nullptr, nullptr},
                    {16384, nullptr, nullptr}, {32768, nullptr, nullptr}, {131072, nullptr, nullptr},
-                   {4096, "FERN_CUDA_GEMV_WIDE", "1"}, {4096, "FERN_CUDA_MOE_WIDE", "0"}};
+                   {4096, "FERN_CUDA_GEMV_WIDE", "0"}, {4096, "FERN_CUDA_MOE_BULK", "0"},
+                   {4096, "FERN_CUDA_MOE_WIDE", "0"},
+                   {4096, "FERN_CUDA_ATTN_DECODE", "split"}, {131072, "FERN_CUDA_ATTN_DECODE", "split"}};
   for (const auto& row : step_rows) {
     const int64_t ctx = row.ctx;
     if (row.env != nullptr) setenv(row.env, row.val, 1);
@@ -488,6 +498,7 @@ int main(int argc, char** argv) {
     // "steps": the GEMV table, the breakdown and the decode steps without the split-K tables (a shorter GPU call).
     if (what == "all" || what == "gemv" || what == "steps") bench_gemv();
     if (what == "all" || what == "decode" || what == "steps") bench_decode(what != "steps");
+    if (what == "attn") bench_decode(true);  // the decode breakdown, split-K tables and steps, no GEMV table
     if (what == "profile") profile_step(argc > 2 ? std::atoi(argv[2]) : 20);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
