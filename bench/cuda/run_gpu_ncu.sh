@@ -9,15 +9,19 @@ source bench/gpu_prelude.sh
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 note "ncu: ${NCU:-none}"
 [ -n "$NCU" ] || { gpu_summary; exit 1; }
-gpu_unpack_head gemm-head
-gpu_configure
-gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill
+if [ -x /tmp/w/build/bench/bench_cuda_moe_prefill ] && [ "${NCU_REUSE:-0}" = 1 ]; then
+  cd /tmp/w  # a warm machine's earlier build of the same archive
+else
+  gpu_unpack_head gemm-head
+  gpu_configure
+  gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill
+fi
 KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi3ELb1E linear:gemm_wg_kernelILi4ELi128ELi3ELb0E moe:gate_up_wg_kernelILi4ELi64ELi4ELb1E moe:gate_up_wg_kernelILi4ELi64ELi2ELb0E moe:down_wg_kernelILi4ELi64ELi4ELb1E"}
 for kv in $KERNELS; do
   b=${kv%%:*}; k=${kv#*:}
   exe=build/bench/bench_cuda_prefill_linear; [ "$b" = moe ] && exe=build/bench/bench_cuda_moe_prefill
   out="$OUT/ncu_$(echo "$k" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).txt"
-  timeout 120 "$NCU" --set detailed -k "regex:$k" -c 1 "$exe" >"$out" 2>&1
+  timeout 120 "$NCU" --set detailed --kernel-name-base mangled -k "regex:$k" -c 1 "$exe" >"$out" 2>&1
   note "ncu $k rc $? ($(elapsed))"
   grep -E "^    (Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Mem Busy|Max Bandwidth|Shared Memory Throughput|L1/TEX Hit Rate|L2 Hit Rate|Grid Size|Block Size) " "$out" |
     sed -E 's/ +/ /g' | tr '\n' ';' | cut -c1-900 | { read -r l; note "  $l"; }
