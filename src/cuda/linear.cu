@@ -119,7 +119,7 @@ __device__ __forceinline__ int mat_of(const Mats& M, int row) {
 // as the shared-expert gate logit.
 template <int BITS, int LPR, bool MULTI, bool ROUTE, bool NORM, int NB, int NT>
 __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, const float* x,
-                                                          RouteTail tail, InNorm nm, int pro) {
+                                                          RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
   extern __shared__ float4 smem[];
   constexpr int F4 = ChunkTraits<BITS>::kF4;
@@ -176,12 +176,10 @@ __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, cons
 
   // Weights do not depend on the previous kernel: the first NB steps' loads are issued before waiting for it (the
   // 8192 x 2048 projections take two steps per warp, so all their weights are requested here).
-  // pro < NB (FERN_CUDA_GEMV_PRO, for comparisons): only the first `pro` steps before the wait, the others right
-  // after staging (version 4's timing for pro = 1, NB = 2).
   StepBuf buf[NB];
 #pragma unroll
   for (int i = 0; i < NB; ++i)
-    if (i < S && i < pro) load_step(buf[i]);
+    if (i < S) load_step(buf[i]);
   float4 wn[kNormV];  // NORM: the norm weight, also constant during a step
   if constexpr (NORM) {
 #pragma unroll
@@ -199,9 +197,6 @@ __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, cons
   else
     stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
   pdl_trigger();
-#pragma unroll
-  for (int i = 0; i < NB; ++i)
-    if (i < S && i >= pro) load_step(buf[i]);
   const float4* xl = xs + sub;
   const float* xcl = xc + sub;
 
@@ -274,17 +269,14 @@ int gemv_depth() {
   return 2;
 }
 
-// Steps requested before the PDL wait: all NB (default), or FERN_CUDA_GEMV_PRO=1 for version 4's single step (read
-// at every call, for comparisons).
-int gemv_prologue() {
-  const char* e = std::getenv("FERN_CUDA_GEMV_PRO");
-  return e != nullptr && e[0] == '1' && e[1] == 0 ? 1 : 3;
-}
-
-// FERN_CUDA_GEMV_WIDE=1: 512-thread blocks for rows of 32 lanes (read at every call, for comparisons).
-bool gemv_wide() {
+// 512-thread blocks (one per SM) for a GEMV with 32 lanes per row (not the fused router): by default only where
+// the rows give every SM such a block (>= 32 rows per block x SMs: the GDN input projections, q/k/v, lm_head), not
+// where half the SMs would stream nothing (2048-row out_proj / o_proj). FERN_CUDA_GEMV_WIDE=1 takes them for every
+// such GEMV, =0 for none (read at every call, for comparisons).
+bool gemv_wide(const Ctx& c, int rows) {
   const char* e = std::getenv("FERN_CUDA_GEMV_WIDE");
-  return e != nullptr && e[0] == '1' && e[1] == 0;
+  if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
+  return rows >= (2 * kThreads / 32) * kRPI * c.sms;
 }
 
 template <int BITS, bool MULTI, bool ROUTE, bool NORM>
@@ -298,10 +290,10 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   if (smem > 48 * 1024) raise_error("linear: input width " + std::to_string(a.in) + " too large for the GEMV kernel");
   // Chunk offsets are 32-bit (qdot.cuh).
   if (int64_t(rows) * CPR >= (int64_t(1) << 31)) raise_error("linear: matrix too large for 32-bit chunk offsets");
-  // 512-thread blocks, one per SM (FERN_CUDA_GEMV_WIDE=1; 32 lanes per row, not the fused router): half the blocks
-  // staging the same row from L2. Measured on the H200 (docs/notes/cuda-decode-v6.md, run 2): 8192 x 2048 5.73 ->
-  // 5.26 us, but 2048 x 4096 3.77 -> 4.11 (64 blocks for 132 SMs) and the whole 4K step 19 us slower: off.
-  const bool wide = !ROUTE && lpr == 32 && gemv_wide();
+  // 512-thread blocks, one per SM (32 lanes per row, not the fused router; gemv_wide): half the blocks staging the
+  // same row from L2. Measured on the H200 (docs/notes/cuda-decode-v6.md, run 2): 8192 x 2048 5.73 -> 5.26 us, but
+  // 2048 x 4096 3.77 -> 4.11 (64 blocks for 132 SMs) and the whole 4K step 19 us slower when taken everywhere.
+  const bool wide = !ROUTE && lpr == 32 && gemv_wide(c, rows);
   const int nt = wide ? 2 * kThreads : kThreads;
   const int rows_per_block = (nt / 32) * (32 / lpr) * kRPI;
   const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
@@ -310,24 +302,23 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // one's math.
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : 2)));
   dim3 grid(blocks, T);
-  const int pro = gemv_prologue();
   if constexpr (!MULTI && !ROUTE && !NORM) {
     if (lpr == 32 && !wide && gemv_depth() == 3) {
       launch(c, "linear_kernel", linear_kernel<BITS, 32, false, false, false, 3, kThreads>, grid, kThreads, smem, a, m,
-             rows, x, tail, nm, pro);
+             rows, x, tail, nm);
       return;
     }
   }
   if (wide) {
     launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2, 2 * kThreads>, grid, 2 * kThreads, smem,
-           a, m, rows, x, tail, nm, pro);
+           a, m, rows, x, tail, nm);
     return;
   }
   switch (lpr) {
-    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
-    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
-    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
-    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm, pro); break;
+    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
   }
 }
 

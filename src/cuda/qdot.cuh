@@ -225,10 +225,9 @@ __device__ __forceinline__ ChunkMat chunk_mat(const QW& W, int64_t e) {
   return m;
 }
 
-// Loads chunk c of row `row` (weights, and for affine the group's scale and bias).
+// Loads the scale and bias of chunk c's group of row `row` (affine; zero for bf16).
 template <int BITS>
-__device__ __forceinline__ void load_chunk(const ChunkMat& m, int row, int c, uint4& wv, float& sc, float& bi) {
-  wv = ld_stream(m.w + (row * m.cpr + c));
+__device__ __forceinline__ void load_group(const ChunkMat& m, int row, int c, float& sc, float& bi) {
   if constexpr (BITS != 16) {
     const int g = row * m.gpr + (c >> m.gsh);
     sc = bf16_to_f32(__ldg(m.s + g));
@@ -236,6 +235,13 @@ __device__ __forceinline__ void load_chunk(const ChunkMat& m, int row, int c, ui
   } else {
     sc = bi = 0.0f;
   }
+}
+
+// Loads chunk c of row `row` (weights, and for affine the group's scale and bias).
+template <int BITS>
+__device__ __forceinline__ void load_chunk(const ChunkMat& m, int row, int c, uint4& wv, float& sc, float& bi) {
+  wv = ld_stream(m.w + (row * m.cpr + c));
+  load_group<BITS>(m, row, c, sc, bi);
 }
 
 }  // namespace fern::cuda

@@ -80,14 +80,17 @@ TEST(CudaLinear, PipelineDepths) {
   }
 }
 
-// 512-thread blocks, one per SM (FERN_CUDA_GEMV_WIDE=1, rows of 32 lanes): the real shapes, lm_head-sized and odd
-// row counts, several token rows, 8-bit and bf16, and with depth 3 requested too (the wide kernel keeps depth 2).
+// The block size forced both ways: 512-thread blocks, one per SM, for every GEMV with rows of 32 lanes
+// (FERN_CUDA_GEMV_WIDE=1), and 256-thread blocks for all (=0); by default (the other tests) 512 threads only from
+// 32 x SMs rows. The real shapes, lm_head-sized and odd row counts, several token rows, 8-bit and bf16, and with
+// depth 3 requested too (the wide kernel keeps depth 2).
 TEST(CudaLinear, WideBlocks) {
   FERN_REQUIRE_GPU();
-  test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", "1");
+  for (const char* w : {"1", "0"})
   for (const char* nb : {"2", "3"}) {
+    test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", w);
     test::EnvGuard depth("FERN_CUDA_GEMV_NB", nb);
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_NB=") + nb);
+    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_WIDE=") + w + " FERN_CUDA_GEMV_NB=" + nb);
     for (const Case& c : {Case{"wide qkv", 8192, 2048, 4, 64, 1}, Case{"wide out_proj", 2048, 4096, 4, 64, 1},
                           Case{"wide odd rows", 40001, 2048, 4, 64, 1}, Case{"wide T=3", 1000, 2048, 4, 64, 3},
                           Case{"wide 8-bit", 33333, 1024, 8, 64, 1}, Case{"wide bf16", 515, 2048, 16, 0, 2},

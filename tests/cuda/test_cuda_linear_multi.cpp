@@ -145,11 +145,14 @@ TEST(CudaLinearMulti, WithInputNorm) {
   run_table("norm mixed backend", {{64, 4}, {64, 8}, {31, 4}}, 2048, 64, 1, {true, true});  // rmsnorm + fall-back
 }
 
-// 512-thread blocks (FERN_CUDA_GEMV_WIDE=1, taken for rows of 32 lanes: 4-bit from 2048 inputs, 8-bit from 1024,
-// bf16 from 512), with and without the input norm; narrower tables keep the 256-thread kernel under the switch.
+// The block size forced both ways: 512-thread blocks (FERN_CUDA_GEMV_WIDE=1, taken for rows of 32 lanes: 4-bit from
+// 2048 inputs, 8-bit from 1024, bf16 from 512; narrower tables keep the 256-thread kernel) and 256-thread blocks
+// (=0; the default takes 512 from 32 x SMs rows), with and without the input norm.
 TEST(CudaLinearMulti, WideBlocks) {
   FERN_REQUIRE_GPU();
-  test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", "1");
+  for (const char* w : {"1", "0"}) {
+  test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", w);
+  SCOPED_TRACE(std::string("FERN_CUDA_GEMV_WIDE=") + w);
   run_table("wide gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
   run_table("wide one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
   run_table("wide 8-bit T=2", {{300, 8}, {19, 8}, {256, 8}}, 4096, 32, 2);
@@ -158,6 +161,7 @@ TEST(CudaLinearMulti, WideBlocks) {
   run_table("wide norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, {true, true});
   run_table("wide norm 8-bit T=3", {{300, 8}, {19, 8}}, 4096, 32, 3, {true, false});
   run_table("wide norm narrow", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 1, {true, false});  // 256-thread kernel
+  }
 }
 
 }  // namespace
