@@ -95,7 +95,10 @@ if [ "$MODE" = diag ]; then
   gpu_summary
   exit 0
 fi
-mine="cuda_test_cuda_linear cuda_test_cuda_linear_multi cuda_test_cuda_misc cuda_test_cuda_gdn cuda_test_cuda_attn cuda_test_cuda_moe cuda_test_cuda_forward"
+# The tests of what this work changes (GEMV, multi-matrix GEMV, MoE) and the whole-model checks; TESTS=all adds
+# the other decode kernels' tests (misc, GDN, attention).
+mine="cuda_test_cuda_linear cuda_test_cuda_linear_multi cuda_test_cuda_moe cuda_test_cuda_forward"
+[ "${TESTS:-}" = all ] && mine="$mine cuda_test_cuda_misc cuda_test_cuda_gdn cuda_test_cuda_attn"
 if [ "$MODE" = quick ]; then
   tests="cuda_test_cuda_moe cuda_test_cuda_attn cuda_test_cuda_forward"
   targets="$tests bench_cuda_decode"
