@@ -3,7 +3,7 @@
 # repository root with carry [".carry/debs", ".carry/gemm-head.tar", ".carry/gemm-head.commit"]: builds the two GEMM
 # micro-benchmarks and profiles the first launch of each kernel named in NCU_KERNELS (regular expressions on the
 # mangled names; default: the dense and MoE gate/up wgmma kernels, warp-specialized and synchronous) with the
-# "detailed" section set. Text reports under $OUT/ncu_*.txt, the key metrics in the summary.
+# "full" section set and the per-instruction stall samples. Text reports under $OUT/ncu_*.txt, the key metrics in the summary.
 set -u
 source bench/gpu_prelude.sh
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -16,13 +16,18 @@ else
   gpu_configure
   gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill
 fi
-KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi3ELb1E linear:gemm_wg_kernelILi4ELi128ELi3ELb0E moe:gate_up_wg_kernelILi4ELi64ELi4ELb1E moe:gate_up_wg_kernelILi4ELi64ELi2ELb0E moe:down_wg_kernelILi4ELi64ELi4ELb1E"}
+KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi3ELb1E moe:gate_up_wg_kernelILi4ELi64ELi4ELb1E moe:down_wg_kernelILi4ELi64ELi4ELb1E"}
 for kv in $KERNELS; do
   b=${kv%%:*}; k=${kv#*:}
   exe=build/bench/bench_cuda_prefill_linear; [ "$b" = moe ] && exe=build/bench/bench_cuda_moe_prefill
   out="$OUT/ncu_$(echo "$k" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).txt"
-  timeout 120 "$NCU" --set detailed --kernel-name-base mangled -k "regex:$k" -c 1 "$exe" >"$out" 2>&1
+  # The full set (warp-state sampling per instruction) into a report, then its details and its SASS source page
+  # with the per-instruction stall samples (CSV).
+  rep=/tmp/rep_$(basename "$out" .txt)
+  timeout 120 "$NCU" --set full --kernel-name-base mangled -k "regex:$k" -c 1 -f -o "$rep" "$exe" >"$out.run" 2>&1
   note "ncu $k rc $? ($(elapsed))"
+  "$NCU" -i "$rep.ncu-rep" --page details --print-details all >"$out" 2>&1
+  "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"${out%.txt}.sass.csv.gz"
   grep -E "^    (Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Mem Busy|Max Bandwidth|Shared Memory Throughput|L1/TEX Hit Rate|L2 Hit Rate|Grid Size|Block Size) " "$out" |
     sed -E 's/ +/ /g' | tr '\n' ';' | cut -c1-900 | { read -r l; note "  $l"; }
   grep -E "Stall|stall" "$out" | head -12 >>"$OUT/stalls.txt"
