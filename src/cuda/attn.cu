@@ -12,6 +12,8 @@
 // and its scheduling ahead of griddepcontrol.wait (qdot.cuh stage_x, docs/notes/cuda-decode-v6.md). Weights
 // and the position counter (written only by advance_kernel, the last launch of a step) may stay restrict.
 #include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "cuda/attn_decode_tc.h"
 #include "cuda/kernels.h"
@@ -318,6 +320,91 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(AttnShape sh, in
   }
 }
 
+// Combine, version 2 (the default; FERN_CUDA_ATTN_COMBINE=v1 selects the one above). The one above makes three
+// dependent trips to memory after the PDL wait: the (max, sum) pairs, then (after two block reductions) the
+// partial rows in rounds of 32 splits, then the gate. Here each thread owns 4 dims (one float4) of one group of
+// splits (s = group mod NG) and requests its splits' pairs and partial rows together (up to kBatch splits at a
+// time: one round trip at <= 64 splits for head dim 256), merges them with its own running max, and the NG groups
+// are merged once through shared memory. The gate is requested before the wait: its writer (the q/gate projection)
+// is three launches back, finished before this kernel starts (every kernel triggers only after its own wait).
+constexpr int kCombineBatch = 16;
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) attn_combine2_kernel(AttnShape sh, int nsplit, const float* part_ml,
+                                                                 const float* part_acc, const float* qg,
+                                                                 float* __restrict__ o) {
+  constexpr int VD = D / 4;          // float4 columns of a row
+  constexpr int NG = kThreads / VD;  // split groups
+  __shared__ float gm[NG], gl[NG];
+  __shared__ __align__(16) float gacc[NG][D];
+  const int h = blockIdx.x, t = blockIdx.y;
+  const int col = threadIdx.x % VD, grp = threadIdx.x / VD;
+  const int64_t row = int64_t(t) * sh.Hq + h;
+  float4 gate = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (grp == 0) gate = reinterpret_cast<const float4*>(qg + row * 2 * D + D)[col];
+  pdl_wait();
+  pdl_trigger();
+  const float2* ml = reinterpret_cast<const float2*>(part_ml + row * nsplit * 2);
+  const float4* acc = reinterpret_cast<const float4*>(part_acc + row * nsplit * D) + col;
+  float m = -INFINITY, l = 0.0f;
+  float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s0 = grp; s0 < nsplit; s0 += NG * kCombineBatch) {
+    float2 ms[kCombineBatch];
+    float4 a[kCombineBatch];
+#pragma unroll
+    for (int u = 0; u < kCombineBatch; ++u) {
+      const int s = s0 + u * NG;
+      ms[u] = s < nsplit ? ml[s] : make_float2(-INFINITY, 0.0f);
+      a[u] = s < nsplit ? acc[int64_t(s) * VD] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float mb = m;
+#pragma unroll
+    for (int u = 0; u < kCombineBatch; ++u) mb = fmaxf(mb, ms[u].x);
+    if (mb == -INFINITY) continue;  // only empty splits so far (max -inf, sum 0, rows 0)
+    const float f0 = m == -INFINITY ? 0.0f : __expf(m - mb);
+    l *= f0;
+    num = make_float4(num.x * f0, num.y * f0, num.z * f0, num.w * f0);
+#pragma unroll
+    for (int u = 0; u < kCombineBatch; ++u) {
+      const float f = ms[u].x == -INFINITY ? 0.0f : __expf(ms[u].x - mb);
+      l = fmaf(ms[u].y, f, l);
+      num = make_float4(fmaf(a[u].x, f, num.x), fmaf(a[u].y, f, num.y), fmaf(a[u].z, f, num.z),
+                        fmaf(a[u].w, f, num.w));
+    }
+    m = mb;
+  }
+  if (col == 0) {
+    gm[grp] = m;  // the same in every thread of the group
+    gl[grp] = l;
+  }
+  *reinterpret_cast<float4*>(&gacc[grp][col * 4]) = num;
+  __syncthreads();
+  if (grp != 0) return;
+  float M = -INFINITY;
+#pragma unroll
+  for (int g = 0; g < NG; ++g) M = fmaxf(M, gm[g]);  // finite: split 0 always holds position 0
+  float den = 0.0f;
+  float4 r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int g = 0; g < NG; ++g) {
+    const float f = gm[g] == -INFINITY ? 0.0f : __expf(gm[g] - M);
+    den = fmaf(gl[g], f, den);
+    const float4 v = *reinterpret_cast<const float4*>(&gacc[g][col * 4]);
+    r = make_float4(fmaf(v.x, f, r.x), fmaf(v.y, f, r.y), fmaf(v.z, f, r.z), fmaf(v.w, f, r.w));
+  }
+  const float inv = 1.0f / den;
+  reinterpret_cast<float4*>(o + row * D)[col] = make_float4(r.x * inv * sigmoid(gate.x), r.y * inv * sigmoid(gate.y),
+                                                            r.z * inv * sigmoid(gate.z), r.w * inv * sigmoid(gate.w));
+}
+
+// FERN_CUDA_ATTN_COMBINE: unset/empty/v2 -> version 2, v1 -> the first (read at every call, for the benchmark).
+bool combine_v1() {
+  const char* e = std::getenv("FERN_CUDA_ATTN_COMBINE");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "v2") == 0) return false;
+  if (std::strcmp(e, "v1") == 0) return true;
+  raise_error(std::string("FERN_CUDA_ATTN_COMBINE=") + e + ": expected v1 or v2");
+}
+
 template <int G>
 void launch_split(const Ctx& c, const AttnShape& sh, dim3 grid, const int32_t* d_pos, const float* q,
                   const uint16_t* kc, const uint16_t* vc, float* pml, float* pacc) {
@@ -341,8 +428,17 @@ int attn_head_groups(int G, int64_t capacity) {
 
 }  // namespace
 
+// Tuned for the tensor-core kernel (the default; its pieces are whole 64-key tiles). Measured on the H200
+// (docs/notes/cuda-decode-v7-attn.md, 10 cores, us): 1K 83 / 82 / 106 with 16 / 32 / 64 splits, 4K 121 / 107 / 124,
+// 32K 437 / 274 / 273, 128K 1,496 / 814 / 728 (and 777 with 128: two waves of one block per SM). So about two
+// tiles per piece, at least 16 pieces (or one per tile) and at most 64. The split kernel (FERN_CUDA_ATTN_DECODE=split)
+// measured 204 / 186 us at 4K with 32 / 64 splits in the same run: with this rule (34 at 4K) it is ~10% slower
+// there than with the previous rule (capacity / 64, at most 64); from 8K of capacity on both rules give 64.
 int attn_splits(int64_t capacity) {
-  const int64_t s = (capacity + 63) / 64;
+  const int64_t tiles = (capacity + 63) / 64;
+  const int64_t lo = tiles < 16 ? tiles : 16;
+  int64_t s = (tiles + 1) / 2;
+  s = s < lo ? lo : s;
   return static_cast<int>(s < 1 ? 1 : (s > 64 ? 64 : s));
 }
 
@@ -381,7 +477,13 @@ void attn_decode(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const 
 void attn_decode_combine(const Ctx& c, const AttnShape& sh, int nsplit, const float* part_ml, const float* part_acc,
                          const float* qg, float* o, int T) {
   FERN_CU_CHECK(nsplit >= 1 && nsplit <= kMaxSplits, "attention: split count");
-  launch(c, "attn_combine_kernel", attn_combine_kernel, dim3(sh.Hq, T), kThreads, 0, sh, nsplit, part_ml, part_acc, qg, o);
+  const dim3 grid(sh.Hq, T);
+  if (combine_v1() || (sh.D != 128 && sh.D != 256))
+    launch(c, "attn_combine_kernel", attn_combine_kernel, grid, kThreads, 0, sh, nsplit, part_ml, part_acc, qg, o);
+  else if (sh.D == 256)
+    launch(c, "attn_combine2_kernel", attn_combine2_kernel<256>, grid, kThreads, 0, sh, nsplit, part_ml, part_acc, qg, o);
+  else
+    launch(c, "attn_combine2_kernel", attn_combine2_kernel<128>, grid, kThreads, 0, sh, nsplit, part_ml, part_acc, qg, o);
   FERN_CUDA_LAUNCH_CHECK("attn_combine_kernel");
 }
 

@@ -67,10 +67,11 @@ TEST(CudaAttn, LongContextSplitK) {
   run(16, 2, 256, 4096, {1, 1500, 1, 1, 333, 1, 1}, 5);
 }
 
-// The decode kernel with each head grouping (FERN_CUDA_ATTN_HG, read at every call): all 8 query heads of a KV
-// head in one block (218 registers), 4 per block (the default for 8), 2 per block.
+// The split decode kernel with each head grouping (FERN_CUDA_ATTN_HG, read at every call): all 8 query heads of a
+// KV head in one block (218 registers), 4 per block (the default for 8), 2 per block.
 TEST(CudaAttn, DecodeHeadGroups) {
   FERN_REQUIRE_GPU();
+  test::EnvGuard split("FERN_CUDA_ATTN_DECODE", "split");  // the grouping is the split kernel's
   for (const char* hg : {"1", "2", "4"}) {
     SCOPED_TRACE(hg);
     test::EnvGuard g("FERN_CUDA_ATTN_HG", hg);
@@ -124,6 +125,15 @@ TEST(CudaAttn, DecodeKernelSwitch) {
     FAIL() << "no error for an unknown value";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("FERN_CUDA_ATTN_DECODE=tensor"), std::string::npos) << e.what();
+  }
+  // The combine's switch is read before anything is launched.
+  test::EnvGuard gc("FERN_CUDA_ATTN_COMBINE", "v3");
+  try {
+    cuda::attn_decode_combine(cuda::Ctx{}, cuda::AttnShape{16, 2, 256, 64, 1e7f, 1e-6f, 64}, 4, nullptr, nullptr,
+                              nullptr, nullptr, 1);
+    FAIL() << "no error for an unknown value";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FERN_CUDA_ATTN_COMBINE=v3"), std::string::npos) << e.what();
   }
 }
 
@@ -229,13 +239,18 @@ TEST(CudaAttn, DecodeKernelsLongContexts) {
   uint64_t seed = 100;
   for (const KernelCase& k : cases) {
     const KernelData d = make_kernel_data(*gpu, k, seed += 10);
-    // The state's default split count for this length, and awkward ones (a prime; more splits than 64-key tiles).
-    for (int nsplit : {cuda::attn_splits(k.L), 7, 128}) {
-      for (bool tc : {true, false}) {
-        const double e = kernel_nmse(*gpu, k, d, tc, nsplit);
-        std::printf("attn decode kernel %-5s Hq=%d Hkv=%d D=%d L=%ld qmax=%g nsplit=%d  NMSE %.3e\n", tc ? "tc" : "split",
-                    k.Hq, k.Hkv, k.D, long(k.L), double(k.qmax), nsplit, e);
-        EXPECT_LT(e, kKernelNmse) << (tc ? "tc" : "split") << " L=" << k.L << " nsplit=" << nsplit;
+    // The state's default split count for this length, and awkward ones (a prime; more splits than 64-key tiles;
+    // 200: more than one batch of splits per thread in the combine), with both combines (FERN_CUDA_ATTN_COMBINE).
+    for (int nsplit : {cuda::attn_splits(k.L), 7, 128, 200}) {
+      for (const char* comb : {"v2", "v1"}) {
+        test::EnvGuard gc("FERN_CUDA_ATTN_COMBINE", comb);
+        for (bool tc : {true, false}) {
+          const double e = kernel_nmse(*gpu, k, d, tc, nsplit);
+          std::printf("attn decode kernel %-5s combine %s Hq=%d Hkv=%d D=%d L=%ld qmax=%g nsplit=%d  NMSE %.3e\n",
+                      tc ? "tc" : "split", comb, k.Hq, k.Hkv, k.D, long(k.L), double(k.qmax), nsplit, e);
+          EXPECT_LT(e, kKernelNmse) << (tc ? "tc" : "split") << " combine " << comb << " L=" << k.L
+                                    << " nsplit=" << nsplit;
+        }
       }
     }
   }
