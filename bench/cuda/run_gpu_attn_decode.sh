@@ -26,5 +26,5 @@ left=$(( budget - $(date +%s) + gpu_start ))
 [ $left -lt 20 ] && left=20
 timeout $left build/bench/bench_cuda_decode attn >"$OUT/bench.log" 2>&1
 note "bench_cuda_decode attn (rc $?, limit $left s) ($(elapsed))"
-grep -E "attn|attention|context|^ +[0-9]+ " "$OUT/bench.log" | head -60
+grep -iE "attn|attention|combine|context|^ +[0-9]+ " "$OUT/bench.log" | head -60
 gpu_summary
