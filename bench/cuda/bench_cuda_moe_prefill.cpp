@@ -90,6 +90,8 @@ int main() {
        nullptr, "fp16"},
       {"grouped, FERN_GEMM=fp16x2 (precise pipelined loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr,
        nullptr, nullptr, "fp16x2"},
+      {"grouped, FERN_GEMM_WG_PIPE=ws (warp-specialized hi/lo wgmma loop)", nullptr, nullptr, nullptr, nullptr,
+       nullptr, nullptr, nullptr, nullptr, "ws"},
       {"grouped, FERN_GEMM_WG_PIPE=sync (synchronous wgmma loop, its stage rule)", nullptr, nullptr, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, "sync"},
       {"grouped, wg sync, FERN_GEMM_WG_STAGES=2 (two blocks per SM)", nullptr, nullptr, nullptr, nullptr, nullptr,

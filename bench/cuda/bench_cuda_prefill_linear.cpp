@@ -42,9 +42,9 @@ int main() {
   const bool wg = cuda::gemm_wg_supported();
   std::printf(
       "| shape | T | GEMV row by row (ms) | split (ms) | fp16 (ms) | fp16x2 (ms) | wg sync, 4 stages (ms) | wg sync, 2 stages "
-      "(ms) | wg warp-specialized (ms) | x to bf16 hi/lo alone | wg ws vs split | split TFLOP/s | fp16 TFLOP/s | wg ws "
-      "TFLOP/s |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "(ms) | wg warp-specialized (ms) | wg exact codes (q4, default) (ms) | x to bf16 hi/lo alone | q4 vs split | split "
+      "TFLOP/s | fp16 TFLOP/s | wg ws TFLOP/s | q4 TFLOP/s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   void* ws = nullptr;
   const size_t ws_bytes = cuda::x16_bytes(4096, 4096, true);
   FERN_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
@@ -84,7 +84,7 @@ int main() {
       const double gemm = median_ms([&] { cuda::linear_gemm(ctx, q, xp, yp, T); });
       const double f16 = median_ms([&] { cuda::linear_gemm(fctx, q, xp, yp, T); });
       const double x2 = median_ms([&] { cuda::linear_gemm(pctx, q, xp, yp, T); });
-      double wgm = 0.0, wg2 = 0.0, wgs = 0.0, conv = 0.0;
+      double wgm = 0.0, wg2 = 0.0, wgs = 0.0, q4 = 0.0, conv = 0.0;
       if (wg) {
         setenv("FERN_GEMM_WG_PIPE", "sync", 1);
         setenv("FERN_GEMM_WG_STAGES", "4", 1);  // the 64-token tiles in four stages, forced
@@ -94,16 +94,18 @@ int main() {
         unsetenv("FERN_GEMM_WG_STAGES");
         setenv("FERN_GEMM_WG_PIPE", "ws", 1);
         wgs = median_ms([&] { cuda::linear_gemm(wctx, q, xp, yp, T); });
-        unsetenv("FERN_GEMM_WG_PIPE");
+        unsetenv("FERN_GEMM_WG_PIPE");  // the default: the exact-code loop for these 4-bit group-64 weights
+        q4 = median_ms([&] { cuda::linear_gemm(wctx, q, xp, yp, T); });
         const cuda::X16 xs = cuda::xbf_carve(ws, T, s.in);
         conv = median_ms([&] { cuda::to_xbf(ctx, xp, T, s.in, xs); });
       }
       const double fl = 2.0 * T * s.out * s.in;
       auto tf = [&](double ms) { return ms > 0.0 ? fl / (ms * 1e-3) / 1e12 : 0.0; };
       std::printf(
-          "| %s %ldx%ld | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.1f | %.1f | %.1f |\n",
-          s.name, long(s.out), long(s.in), T, gemv, gemm, f16, x2, wgm, wg2, wgs, conv, wgs > 0 ? gemm / wgs : 0.0,
-          tf(gemm), tf(f16), tf(wgs));
+          "| %s %ldx%ld | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.1f | %.1f | %.1f "
+          "| %.1f |\n",
+          s.name, long(s.out), long(s.in), T, gemv, gemm, f16, x2, wgm, wg2, wgs, q4, conv, q4 > 0 ? gemm / q4 : 0.0,
+          tf(gemm), tf(f16), tf(wgs), tf(q4));
       std::fflush(stdout);
     }
     for (void* p : {w, sc, bi, x, y}) FERN_CUDA_CHECK(cudaFree(p));

@@ -166,21 +166,27 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   if (wg || f16) {
     // x converted once (bf16 hi/lo rows for wg, gemm_wg.h; fp16 rows for fp16/fp16x2, gemm_f16.h), gate/up, h
     // converted once the same way, down (docs/notes/cuda-prefill-v3-gemm.md, cuda-prefill-v4-wg.md).
+    // The exact-code wgmma loop (4-bit experts, FERN_GEMM_WG_PIPE unset or q4) takes its own row layout, decided
+    // per GEMM: gate/up (x) and down (h) independently.
     const bool precise = mode == cuda::GemmMode::Fp16x2;
-    auto rows = [&](const float* src, int64_t n, int64_t K) {
+    const bool q4_pipe = wg && cuda::gemm_wg_pipe() == cuda::WgPipe::Q4;
+    auto rows = [&](const float* src, int64_t n, int64_t K, bool q4) {
       const size_t bytes = wg ? cuda::xbf_bytes(n, K) : cuda::x16_bytes(n, K, precise);
       void* ws = scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data;
-      const cuda::X16 r = wg ? cuda::xbf_carve(ws, n, K) : cuda::x16_carve(ws, n, K, precise);
-      if (wg)
+      const cuda::X16 r = wg ? cuda::xbf_carve(ws, n, K, q4) : cuda::x16_carve(ws, n, K, precise);
+      if (q4)
+        cuda::to_xbf_q4(ctx(), src, n, K, r);
+      else if (wg)
         cuda::to_xbf(ctx(), src, n, K, r);
       else
         cuda::to_x16(ctx(), src, n, K, r);
       return r;
     };
-    const cuda::X16 xs = rows(xp, T, H);
+    const cuda::X16 xs = rows(xp, T, H, q4_pipe && cuda::moe_grouped_q4_ok(gate, up, sgate, sup));
     (wg ? cuda::moe_grouped_gate_up_wg : cuda::moe_grouped_gate_up_f16)(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei,
                                                                         bm, h_routed, h_shared);
-    const cuda::X16 hrs = rows(h_routed, int64_t(T) * k, I), hss = rows(h_shared, T, Is);
+    const bool q4_down = q4_pipe && cuda::moe_grouped_q4_ok(down, sdown, down, sdown);
+    const cuda::X16 hrs = rows(h_routed, int64_t(T) * k, I, q4_down), hss = rows(h_shared, T, Is, q4_down);
     (wg ? cuda::moe_grouped_down_wg : cuda::moe_grouped_down_f16)(ctx(), down, sdown, hrs, hss, g, s.topk_w, s.sgate,
                                                                   T, k, Ei, bm, y_pair, op);
     cuda::moe_combine(ctx(), y_pair, op, T, k, H);

@@ -191,26 +191,3 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
 }
 
 }  // namespace fern::cuda::wstile
-
-namespace fern::cuda::wgloop {
-
-// The prefill tile loop a kernel instantiates: warp-specialized (WS, 512 threads) or synchronous (256 threads).
-// Both read the weight row of thread tid % 256 (wsrc) and leave the results in threads 0..255.
-template <bool WS>
-constexpr int kThreads = WS ? wstile::kThreads : wgtile::kThreads;
-template <int BITS, int NTOK, int S, bool WS>
-constexpr size_t kSmemBytes = WS ? wstile::kSmemBytes<NTOK, S> : wgtile::kSmemBytes<NTOK, BITS, S>;
-
-// Runs the loop on the block's dynamic shared memory `raw`; false for the threads that hold no results.
-template <int BITS, int NTOK, int S, bool WS, class RowOf>
-__device__ __forceinline__ bool run(unsigned char* raw, int K, int gs, const uint16_t* xhi, const uint16_t* xlo,
-                                    RowOf row_of, const gemm::RowSrc& wsrc, float (&acc)[NTOK / 2]) {
-  if constexpr (WS) {
-    return wstile::mainloop<BITS, NTOK, S>(wstile::smem_of<NTOK, S>(raw), K, gs, xhi, xlo, row_of, wsrc, acc);
-  } else {
-    wgtile::mainloop<BITS, NTOK, S>(wgtile::smem_of<NTOK, BITS, S>(raw), K, gs, xhi, xlo, row_of, wsrc, acc);
-    return true;
-  }
-}
-
-}  // namespace fern::cuda::wgloop

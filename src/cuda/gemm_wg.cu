@@ -40,6 +40,48 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_kernel(const float* x, int
   }
 }
 
+// The exact-code loop's rows (gemm_tile_q4.cuh): hi and lo of each 8-wide chunk stored in the K order 0 4 1 5 2 6 3 7
+// (the order its unpacked codes come in), and the sum of hi + lo over each 64-wide group. A lane takes one chunk,
+// the 8 lanes of a group add up with shuffles. K a multiple of 64, so a warp's 32 chunks are 4 whole groups.
+__global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, int64_t rows, int K,
+                                                                uint16_t* __restrict__ hi, uint16_t* __restrict__ lo,
+                                                                float* __restrict__ sums) {
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int chunks = K / 8;
+  const float4* src = reinterpret_cast<const float4*>(x + row * K);
+  uint4* dh = reinterpret_cast<uint4*>(hi + row * K);
+  uint4* dl = reinterpret_cast<uint4*>(lo + row * K);
+  for (int c0 = 0; c0 < chunks; c0 += 32) {
+    const int c = c0 + lane;
+    float sum = 0.0f;
+    if (c < chunks) {
+      const float4 a = src[2 * c], b = src[2 * c + 1];
+      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      uint32_t h[4], l[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // pair j: elements j and j + 4
+        const __nv_bfloat162 hp = __floats2bfloat162_rn(v[j], v[j + 4]);
+        const float2 hf = __bfloat1622float2(hp);
+        const __nv_bfloat162 lp = __floats2bfloat162_rn(v[j] - hf.x, v[j + 4] - hf.y);
+        const float2 lf = __bfloat1622float2(lp);
+        sum += (hf.x + lf.x) + (hf.y + lf.y);
+        h[j] = *reinterpret_cast<const uint32_t*>(&hp);
+        l[j] = *reinterpret_cast<const uint32_t*>(&lp);
+      }
+      dh[c] = make_uint4(h[0], h[1], h[2], h[3]);
+      dl[c] = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    if (c < chunks && (lane & 7) == 0) sums[row * (K / 64) + c / 8] = sum;
+  }
+}
+
 // Writes 1 where the code was compiled with the wgmma instructions (sm_90a), 0 elsewhere.
 __global__ void wg_probe_kernel(int* out) { *out = FERN_HAS_WGMMA; }
 
@@ -82,20 +124,33 @@ int gemm_wg_stages() {
   raise_error(std::string("FERN_GEMM_WG_STAGES=") + v + ": expected 2 or 4");
 }
 
-bool gemm_wg_pipe_ws() {
+WgPipe gemm_wg_pipe() {
   const char* v = std::getenv("FERN_GEMM_WG_PIPE");
-  if (v == nullptr || std::strcmp(v, "ws") == 0) return true;
-  if (std::strcmp(v, "sync") == 0) return false;
-  raise_error(std::string("FERN_GEMM_WG_PIPE=") + v + ": expected ws or sync");
+  if (v == nullptr || std::strcmp(v, "q4") == 0) return WgPipe::Q4;
+  if (std::strcmp(v, "ws") == 0) return WgPipe::Ws;
+  if (std::strcmp(v, "sync") == 0) return WgPipe::Sync;
+  raise_error(std::string("FERN_GEMM_WG_PIPE=") + v + ": expected q4, ws or sync");
 }
 
-size_t xbf_bytes(int64_t rows, int64_t K) { return 2 * align256(size_t(rows) * size_t(K) * 2); }
+bool gemm_q4_ok(const QW& w) {
+  return w.bits == 4 && w.gs > 0 && w.gs % 64 == 0 && w.in > 0 && w.in % 64 == 0 && w.in % w.gs == 0;
+}
 
-X16 xbf_carve(void* ws, int64_t rows, int64_t K) {
+size_t xbf_bytes(int64_t rows, int64_t K) {
+  return 2 * align256(size_t(rows) * size_t(K) * 2) + align256(size_t(rows) * size_t(K / 64) * 4);
+}
+
+X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4) {
   char* p = static_cast<char*>(ws);
   X16 r;
+  const size_t half = align256(size_t(rows) * size_t(K) * 2);
   r.x = reinterpret_cast<uint16_t*>(p);
-  r.lo = reinterpret_cast<uint16_t*>(p + align256(size_t(rows) * size_t(K) * 2));
+  r.lo = reinterpret_cast<uint16_t*>(p + half);
+  if (q4) {
+    r.sums = reinterpret_cast<float*>(p + 2 * half);
+    r.ks = K / 64;
+    r.q4 = true;
+  }
   return r;
 }
 
@@ -106,6 +161,16 @@ void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& ou
   FERN_CU_CHECK(blocks < (int64_t(1) << 31), "to_xbf: too many rows");
   launch(c, "to_xbf_kernel", to_xbf_kernel, static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows,
          static_cast<int>(K), out.x, out.lo);
+}
+
+void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out) {
+  FERN_CU_CHECK(K > 0 && K % 64 == 0 && K < (int64_t(1) << 30) && out.q4 && out.sums != nullptr && out.ks == K / 64,
+                "to_xbf_q4: width must be a positive multiple of 64, rows carved for the exact-code loop");
+  if (rows <= 0) return;
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  FERN_CU_CHECK(blocks < (int64_t(1) << 31), "to_xbf_q4: too many rows");
+  launch(c, "to_xbf_q4_kernel", to_xbf_q4_kernel, static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows,
+         static_cast<int>(K), out.x, out.lo, out.sums);
 }
 
 }  // namespace fern::cuda

@@ -21,18 +21,28 @@ bool gemm_wg_supported();
 // caller choose by its measured rule (linear_gemm_wg.cu, moe_prefill_wg.cu). Read on every call.
 int gemm_wg_stages();
 
-// Whether the wgmma loop runs warp-specialized (gemm_tile_ws.cuh: producer warpgroups fill a ring of stages, the MMA
-// warpgroups never meet at a block barrier) or synchronous (gemm_tile_wg.cuh). FERN_GEMM_WG_PIPE=ws|sync forces
-// one; unset: warp-specialized. Read on every call; FERN_GEMM_WG_STAGES applies to the synchronous loop only.
-bool gemm_wg_pipe_ws();
+// The form of the wgmma loop, FERN_GEMM_WG_PIPE (read on every call):
+//   q4    (default) the exact-code loop (gemm_tile_q4.cuh) where the weights allow it (gemm_q4_ok: 4-bit codes,
+//         groups a multiple of 64), else the synchronous loop;
+//   ws    the warp-specialized hi/lo loop (gemm_tile_ws.cuh: producer warpgroups fill a ring, the MMA warpgroups
+//         never meet at a block barrier);
+//   sync  the synchronous hi/lo loop (gemm_tile_wg.cuh); FERN_GEMM_WG_STAGES applies to it only.
+// ws and sync compute the same products in the same order (bit-identical results).
+enum class WgPipe { Q4, Ws, Sync };
+WgPipe gemm_wg_pipe();
+// Whether the exact-code loop takes these weights (format only).
+bool gemm_q4_ok(const QW& w);
 
 // x [rows, K] (F32) as bf16 hi rows (X16::x) and lo rows (X16::lo); scale and sums stay unset. K a multiple of 4.
+// xbf_bytes leaves room for the exact-code loop's sums as well; xbf_carve(..., q4 = true) lays them out (K a multiple
+// of 64) and marks the rows for that loop, which to_xbf_q4 then fills (hi/lo in its K order, and the 64-wide sums).
 size_t xbf_bytes(int64_t rows, int64_t K);
-X16 xbf_carve(void* ws, int64_t rows, int64_t K);
+X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4 = false);
 void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
+void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 
-// Dense y [T, w.out] = x W^T on the wgmma loop from the split rows of x (to_xbf). linear_gemm_wg_ok: 4/8-bit affine
-// weights, K a multiple of 64, groups a multiple of 16.
+// Dense y [T, w.out] = x W^T on the wgmma loop from the split rows of x (to_xbf, or to_xbf_q4 for the exact-code loop:
+// the loop follows x.q4). linear_gemm_wg_ok: 4/8-bit affine weights, K a multiple of 64, groups a multiple of 16.
 bool linear_gemm_wg_ok(const QW& w);
 void linear_gemm_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T);
 

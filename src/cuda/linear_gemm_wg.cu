@@ -6,7 +6,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_util.cuh"
-#include "cuda/gemm_tile_ws.cuh"
+#include "cuda/gemm_loop_wg.cuh"
 #include "cuda/gemm_wg.h"
 #include "cuda/launch.cuh"
 
@@ -15,8 +15,8 @@ namespace {
 
 using wgtile::kBW;
 
-template <int BITS, int NTOK, int S, bool WS>
-__global__ void __launch_bounds__(wgloop::kThreads<WS>, 1) gemm_wg_kernel(QW W, X16 x, float* __restrict__ y, int T) {
+template <int BITS, int NTOK, int S, int P>
+__global__ void __launch_bounds__(wgloop::kThreads<P>, 1) gemm_wg_kernel(QW W, X16 x, float* __restrict__ y, int T) {
   extern __shared__ unsigned char gemm_wg_smem[];
   const int K = static_cast<int>(W.in);
   const int N = static_cast<int>(W.out);
@@ -27,11 +27,11 @@ __global__ void __launch_bounds__(wgloop::kThreads<WS>, 1) gemm_wg_kernel(QW W, 
   pdl_wait();
   pdl_trigger();
 
-  const int wr = (tid & 255) >> 1;
+  const int wr = wgloop::weight_row<P>(tid);
   const gemm::RowSrc wsrc = n0 + wr < N ? gemm::row_src<BITS>(W, 0, n0 + wr) : gemm::RowSrc{};
   float acc[NTOK / 2];
-  if (!wgloop::run<BITS, NTOK, S, WS>(
-          gemm_wg_smem, K, W.gs, x.x, x.lo, [&](int r) { return t0 + r < T ? t0 + r : -1; }, wsrc, acc))
+  if (!wgloop::run<BITS, NTOK, S, P>(
+          gemm_wg_smem, K, W.gs, x, [&](int r) { return t0 + r < T ? t0 + r : -1; }, wsrc, acc))
     return;
 
   // acc[4 j + i]: weight row 64 wg + 16 warp + lane / 4 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
@@ -48,14 +48,15 @@ __global__ void __launch_bounds__(wgloop::kThreads<WS>, 1) gemm_wg_kernel(QW W, 
   }
 }
 
-template <int BITS, int NTOK, int S, bool WS>
+template <int BITS, int NTOK, int S, int P>
 void launch_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
-  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, WS>;
-  auto kernel = gemm_wg_kernel<BITS, NTOK, S, WS>;
-  allow_dynamic_smem<gemm_wg_kernel<BITS, NTOK, S, WS>>(smem);
+  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
+  auto kernel = gemm_wg_kernel<BITS, NTOK, S, P>;
+  allow_dynamic_smem<gemm_wg_kernel<BITS, NTOK, S, P>>(smem);
   const dim3 grid((T + NTOK - 1) / NTOK, static_cast<unsigned>((w.out + kBW - 1) / kBW));
-  launch(c, WS ? "gemm_wg_kernel (warp-specialized)" : "gemm_wg_kernel", kernel, grid, wgloop::kThreads<WS>, smem,
-         w, x, y, T);
+  launch(c, P == wgloop::kQ4 ? "gemm_wg_kernel (exact codes)" : P == wgloop::kWs ? "gemm_wg_kernel (warp-specialized)"
+                                                                                 : "gemm_wg_kernel",
+         kernel, grid, wgloop::kThreads<P>, smem, w, x, y, T);
 }
 
 template <int BITS>
@@ -63,12 +64,21 @@ void wg_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   // 128-token tiles halve the weight dequantization per token; below two waves of them, 64-token tiles keep the
   // SMs busy.
   const int64_t tall = (int64_t(T) + 127) / 128 * ((w.out + kBW - 1) / kBW);
-  if (gemm_wg_pipe_ws()) {
+  if constexpr (BITS == 4) {
+    if (x.q4) {  // the exact-code loop (to_xbf_q4 rows), one 384-thread block per SM
+      if (tall >= 2 * c.sms)
+        launch_wg<4, 128, wgloop::kQ4Stages<128>, wgloop::kQ4>(c, w, x, y, T);
+      else
+        launch_wg<4, 64, wgloop::kQ4Stages<64>, wgloop::kQ4>(c, w, x, y, T);
+      return;
+    }
+  }
+  if (gemm_wg_pipe() == WgPipe::Ws) {
     // One 512-thread block per SM; the deepest ring that fits (3 stages of 64 KB, 4 of 48 KB).
     if (tall >= 2 * c.sms)
-      launch_wg<BITS, 128, 3, true>(c, w, x, y, T);
+      launch_wg<BITS, 128, 3, wgloop::kWs>(c, w, x, y, T);
     else
-      launch_wg<BITS, 64, 4, true>(c, w, x, y, T);
+      launch_wg<BITS, 64, 4, wgloop::kWs>(c, w, x, y, T);
     return;
   }
   // The 64-token tiles in two stages (half the shared memory: two blocks per SM) once their grid exceeds the SMs:
@@ -78,11 +88,11 @@ void wg_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   const int64_t short_blocks = (int64_t(T) + 63) / 64 * ((w.out + kBW - 1) / kBW);
   const int st = gemm_wg_stages();
   if (tall >= 2 * c.sms)
-    launch_wg<BITS, 128, 3, false>(c, w, x, y, T);
+    launch_wg<BITS, 128, 3, wgloop::kSync>(c, w, x, y, T);
   else if (st == 2 || (st == 0 && short_blocks > c.sms))
-    launch_wg<BITS, 64, 2, false>(c, w, x, y, T);
+    launch_wg<BITS, 64, 2, wgloop::kSync>(c, w, x, y, T);
   else
-    launch_wg<BITS, 64, 4, false>(c, w, x, y, T);
+    launch_wg<BITS, 64, 4, wgloop::kSync>(c, w, x, y, T);
 }
 
 }  // namespace
@@ -94,6 +104,7 @@ bool linear_gemm_wg_ok(const QW& w) {
 
 void linear_gemm_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   FERN_CU_CHECK(linear_gemm_wg_ok(w), "linear_gemm_wg: unsupported weight shape or format");
+  FERN_CU_CHECK(!x.q4 || gemm_q4_ok(w), "linear_gemm_wg: exact-code rows for weights that loop does not take");
   FERN_CU_CHECK((w.out + kBW - 1) / kBW <= 65535, "linear_gemm_wg: too many output rows");
   if (T <= 0) return;
   if (w.bits == 4)

@@ -65,8 +65,11 @@ void moe_grouped_down_f16(const Ctx& c, const QW& down, const QW& sdown, const X
                           float* y_pair, float* out);
 // The same two GEMMs on the wgmma tile loop (moe_prefill_wg.cu, gemm_tile_wg.cuh; sm_90a, gemm_wg_supported) for
 // 4/8-bit experts whose widths are multiples of 64 (moe_grouped_wg_ok): the inputs are bf16 hi/lo rows (gemm_wg.h:
-// to_xbf), x [T, H] for gate/up, h_routed [T k, I] and h_shared [T, Is] for down.
+// to_xbf), x [T, H] for gate/up, h_routed [T k, I] and h_shared [T, Is] for down. Rows converted by to_xbf_q4 (X16::q4)
+// run the exact-code loop (gemm_tile_q4.cuh), which takes 4-bit codes with groups a multiple of 64 only
+// (moe_grouped_q4_ok on the four matrices of each GEMM: gate, up, shared gate, shared up; down, shared down).
 bool moe_grouped_wg_ok(const QW& gate, const QW& down, const QW& sdown);
+bool moe_grouped_q4_ok(const QW& a, const QW& b, const QW& c, const QW& d);
 void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup,
                             const X16& x, const MoeGroups& g, int T, int k, int E, int bm, float* h_routed,
                             float* h_shared);

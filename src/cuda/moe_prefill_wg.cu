@@ -13,7 +13,7 @@
 #include <algorithm>
 
 #include "cuda/cuda_util.cuh"
-#include "cuda/gemm_tile_ws.cuh"
+#include "cuda/gemm_loop_wg.cuh"
 #include "cuda/gemm_wg.h"
 #include "cuda/launch.cuh"
 #include "cuda/moe_prefill.h"
@@ -25,8 +25,8 @@ namespace {
 using wgtile::kBW;
 constexpr int kGateUpCols = kBW / 2;  // intermediate columns per gate/up block
 
-template <int BITS, int NTOK, int S, bool WS>
-__global__ void __launch_bounds__(wgloop::kThreads<WS>, 1)
+template <int BITS, int NTOK, int S, int P>
+__global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
     gate_up_wg_kernel(QW G, QW U, QW SG, QW SU, X16 x, MoeGroups gr, int E, int topk, float* __restrict__ h_routed,
                       float* __restrict__ h_shared) {
   extern __shared__ unsigned char gu_wg_smem[];
@@ -42,15 +42,15 @@ __global__ void __launch_bounds__(wgloop::kThreads<WS>, 1)
   const int tid = threadIdx.x, lane = tid & 31;
   auto token = [&](int r) { return tile_token(gr, ti, sh, topk, r); };
 
-  const int wr = (tid & 255) >> 1;  // weight-tile row this thread stages: slice wr / 16, gate for wr % 16 < 8
+  const int wr = wgloop::weight_row<P>(tid);  // weight-tile row this thread stages: slice wr / 16, gate for wr % 16 < 8
   const bool up = (wr & 15) >= 8;
   const int col = j0 + 8 * (wr >> 4) + (wr & 7);
   gemm::RowSrc wsrc;
   if (col < width) wsrc = gate_up_row<BITS>(G, U, SG, SU, ti, sh, up, col);
 
   float acc[NTOK / 2];
-  if (!wgloop::run<BITS, NTOK, S, WS>(
-          gu_wg_smem, K, G.gs, x.x, x.lo, [&](int r) { return r < ti.rows ? token(r) : -1; }, wsrc, acc))
+  if (!wgloop::run<BITS, NTOK, S, P>(
+          gu_wg_smem, K, G.gs, x, [&](int r) { return r < ti.rows ? token(r) : -1; }, wsrc, acc))
     return;
 
   // acc[4 j + i]: weight-tile row 16 (tid / 32) + lane / 4 + 8 (i / 2) (slice tid / 32), token row 8 j + 2 (lane %
@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(wgloop::kThreads<WS>, 1)
   }
 }
 
-template <int BITS, int NTOK, int S, bool WS>
-__global__ void __launch_bounds__(wgloop::kThreads<WS>, 1)
+template <int BITS, int NTOK, int S, int P>
+__global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
     down_wg_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* topk_w, const float* sgate, int E,
                    float* __restrict__ y_pair, float* __restrict__ out) {
   extern __shared__ unsigned char dn_wg_smem[];
@@ -84,16 +84,16 @@ __global__ void __launch_bounds__(wgloop::kThreads<WS>, 1)
   const int n0 = blockIdx.y * kBW;
   const int tid = threadIdx.x, lane = tid & 31;
   const int hrow0 = sh ? ti.row0 : ti.base;  // rows of h: the shared expert's by token, routed by expert order
-  const uint16_t* hx = sh ? hs.x : hr.x;
-  const uint16_t* hl = sh ? hs.lo : hr.lo;
+  X16 hx = hr;  // by value: a reference to either parameter would put both in local memory
+  if (sh) hx = hs;
 
-  const int wr = (tid & 255) >> 1;
+  const int wr = wgloop::weight_row<P>(tid);
   gemm::RowSrc wsrc;
   if (n0 + wr < N) wsrc = group_row<BITS>(D, SD, ti, sh, n0 + wr);
 
   float acc[NTOK / 2];
-  if (!wgloop::run<BITS, NTOK, S, WS>(
-          dn_wg_smem, K, D.gs, hx, hl, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, wsrc, acc))
+  if (!wgloop::run<BITS, NTOK, S, P>(
+          dn_wg_smem, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, wsrc, acc))
     return;
 
   const int m = n0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
@@ -111,24 +111,24 @@ __global__ void __launch_bounds__(wgloop::kThreads<WS>, 1)
   }
 }
 
-template <int BITS, int NTOK, int S, bool WS>
+template <int BITS, int NTOK, int S, int P>
 void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                 const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
-  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, WS>;
-  auto kernel = gate_up_wg_kernel<BITS, NTOK, S, WS>;
-  allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S, WS>>(smem);
+  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
+  auto kernel = gate_up_wg_kernel<BITS, NTOK, S, P>;
+  allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S, P>>(smem);
   launch(c, "moe gate_up_wg_kernel", kernel,
-         moe_tile_grid(T, k, E, NTOK, std::max(gate.out, sgate.out), kGateUpCols), wgloop::kThreads<WS>, smem, gate,
+         moe_tile_grid(T, k, E, NTOK, std::max(gate.out, sgate.out), kGateUpCols), wgloop::kThreads<P>, smem, gate,
          up, sgate, sup, x, g, E, k, h_routed, h_shared);
 }
 
-template <int BITS, int NTOK, int S, bool WS>
+template <int BITS, int NTOK, int S, int P>
 void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
              const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
-  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, WS>;
-  auto kernel = down_wg_kernel<BITS, NTOK, S, WS>;
-  allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, WS>>(smem);
-  launch(c, "moe down_wg_kernel", kernel, moe_tile_grid(T, k, E, NTOK, down.out, kBW), wgloop::kThreads<WS>, smem,
+  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
+  auto kernel = down_wg_kernel<BITS, NTOK, S, P>;
+  allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, P>>(smem);
+  launch(c, "moe down_wg_kernel", kernel, moe_tile_grid(T, k, E, NTOK, down.out, kBW), wgloop::kThreads<P>, smem,
          down, sdown, hr, hs, g, topk_w, sgate, E, y_pair, out);
 }
 
@@ -141,31 +141,49 @@ inline bool two_stages(int T) {
   return st == 2 || (st == 0 && T >= 1024);
 }
 
-// Warp-specialized: one 512-thread block per SM, the deepest ring that fits (4 stages of 48 KB at 64-token tiles,
-// 5 of 40 / 36 KB below).
+// The loop follows the rows' layout: the exact-code loop for to_xbf_q4 rows (4-bit codes only), else by
+// FERN_GEMM_WG_PIPE: warp-specialized (one 512-thread block per SM, the deepest ring that fits: 4 stages of 48 KB at
+// 64-token tiles, 5 of 40 / 36 KB below) or synchronous (the default for these kernels where the exact-code loop
+// does not apply: measured faster than ws on the MoE block, docs/notes/cuda-prefill-v5-ws.md).
 template <int NTOK>
 constexpr int kWsStages = NTOK >= 64 ? 4 : 5;
 
 template <int BITS, int NTOK>
 void gate_up_wg_n(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                   const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
-  if (gemm_wg_pipe_ws())
-    gate_up_wg<BITS, NTOK, kWsStages<NTOK>, true>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+  if constexpr (BITS == 4) {
+    if (x.q4) {
+      gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed,
+                                                                h_shared);
+      return;
+    }
+  }
+  if (gemm_wg_pipe() == WgPipe::Ws)
+    gate_up_wg<BITS, NTOK, kWsStages<NTOK>, wgloop::kWs>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
   else if (two_stages(T))
-    gate_up_wg<BITS, NTOK, 2, false>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+    gate_up_wg<BITS, NTOK, 2, wgloop::kSync>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
   else
-    gate_up_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3, false>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+    gate_up_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3, wgloop::kSync>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed,
+                                                              h_shared);
 }
 
 template <int BITS, int NTOK>
 void down_wg_n(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
                const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
-  if (gemm_wg_pipe_ws())
-    down_wg<BITS, NTOK, kWsStages<NTOK>, true>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+  if constexpr (BITS == 4) {
+    if (hr.q4) {
+      down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair,
+                                                             out);
+      return;
+    }
+  }
+  if (gemm_wg_pipe() == WgPipe::Ws)
+    down_wg<BITS, NTOK, kWsStages<NTOK>, wgloop::kWs>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
   else if (two_stages(T))
-    down_wg<BITS, NTOK, 2, false>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+    down_wg<BITS, NTOK, 2, wgloop::kSync>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
   else
-    down_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3, false>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+    down_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3, wgloop::kSync>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair,
+                                                           out);
 }
 
 template <int BITS>
@@ -190,6 +208,10 @@ void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, 
 
 }  // namespace
 
+bool moe_grouped_q4_ok(const QW& a, const QW& b, const QW& c, const QW& d) {
+  return gemm_q4_ok(a) && gemm_q4_ok(b) && gemm_q4_ok(c) && gemm_q4_ok(d);
+}
+
 bool moe_grouped_wg_ok(const QW& gate, const QW& down, const QW& sdown) {
   return (gate.bits == 4 || gate.bits == 8) && gate.in % wgtile::kBK == 0 && down.in % wgtile::kBK == 0 &&
          sdown.in % wgtile::kBK == 0;
@@ -200,6 +222,7 @@ void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW
                             float* h_shared) {
   FERN_CU_CHECK(moe_tile_rows_ok(bm) && (gate.bits == 4 || gate.bits == 8) && gate.in % wgtile::kBK == 0,
                 "moe gate/up wg: tile rows, format or width");
+  FERN_CU_CHECK(!x.q4 || moe_grouped_q4_ok(gate, up, sgate, sup), "moe gate/up wg: exact-code rows, other weights");
   if (gate.bits == 4)
     gate_up_wg_bits<4>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared);
   else
@@ -212,6 +235,8 @@ void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X1
   FERN_CU_CHECK(moe_tile_rows_ok(bm) && (down.bits == 4 || down.bits == 8) && down.in % wgtile::kBK == 0 &&
                     sdown.in % wgtile::kBK == 0,
                 "moe down wg: tile rows, format or width");
+  FERN_CU_CHECK(h_routed.q4 == h_shared.q4 && (!h_routed.q4 || moe_grouped_q4_ok(down, sdown, down, sdown)),
+                "moe down wg: exact-code rows, other weights");
   if (down.bits == 4)
     down_wg_bits<4>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out);
   else

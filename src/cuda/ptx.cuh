@@ -27,6 +27,11 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 8 : 0)
                : "memory");
 }
+// 4-byte copy (cached in L1); `valid` as above.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
@@ -72,6 +77,11 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 // phase complete).
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}" ::"r"(smem_addr(bar)) : "memory");
+}
+// An arrival on `bar` once every cp.async this thread has issued so far has landed; counts as one of the expected
+// arrivals (.noinc).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 // Spins until the phase of parity `parity` has completed (a fresh barrier counts its phase "-1", parity 1, as
 // complete, so a producer's first wait on an empty-slot barrier with parity 1 passes at once).

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <utility>
 
 #include "cuda/gemm_f16.h"
 #include "cuda/gemm_wg.h"
@@ -132,8 +133,9 @@ TEST(CudaLinearGemm, RealShapes) {
                         Case{"8-bit T=1100 wide tiles", 8192, 1024, 8, 64, 1100}}) {
     run_direct(c);
     if (!cuda::gemm_wg_supported()) continue;
-    // The warp-specialized wgmma loop (the default) issues the synchronous loop's MMAs on the same operands in the
-    // same order: the bits must agree, at every tile height and pipeline depth.
+    // The default wgmma loop is the exact-code one where the format allows (run_direct above, against the CPU). The
+    // warp-specialized hi/lo loop issues the synchronous loop's MMAs on the same operands in the same order: the
+    // bits must agree, at every tile height and pipeline depth.
     std::vector<float> ws_out, sync_out;
     {
       test::EnvGuard pipe("FERN_GEMM_WG_PIPE", "ws");
@@ -347,17 +349,18 @@ TEST(CudaGemmMode, UnknownValueIsAnError) {
     EXPECT_EQ(cuda::gemm_wg_stages(), 0);
   }
   {
-    // The wgmma loop's form: ws or sync (unset: warp-specialized); anything else is named.
+    // The wgmma loop's form: q4, ws or sync (unset: q4); anything else is named.
     test::EnvGuard p("FERN_GEMM_WG_PIPE", "async");
-    expect_error_naming([] { cuda::gemm_wg_pipe_ws(); }, "FERN_GEMM_WG_PIPE=async");
+    expect_error_naming([] { cuda::gemm_wg_pipe(); }, "FERN_GEMM_WG_PIPE=async");
   }
-  {
-    test::EnvGuard p("FERN_GEMM_WG_PIPE", "sync");
-    EXPECT_FALSE(cuda::gemm_wg_pipe_ws());
+  for (const auto& [value, pipe] : {std::pair{"q4", cuda::WgPipe::Q4}, std::pair{"ws", cuda::WgPipe::Ws},
+                                    std::pair{"sync", cuda::WgPipe::Sync}}) {
+    test::EnvGuard p("FERN_GEMM_WG_PIPE", value);
+    EXPECT_EQ(cuda::gemm_wg_pipe(), pipe) << value;
   }
   {
     test::EnvGuard p("FERN_GEMM_WG_PIPE", nullptr);
-    EXPECT_TRUE(cuda::gemm_wg_pipe_ws());
+    EXPECT_EQ(cuda::gemm_wg_pipe(), cuda::WgPipe::Q4);
   }
   test::EnvGuard g("FERN_GEMM", nullptr);
   // The default: the wgmma loop where it runs, else the split loop (both precise).

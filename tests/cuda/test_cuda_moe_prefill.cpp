@@ -179,6 +179,7 @@ TEST(CudaMoePrefill, RealShapeAgainstCpu) {
                              {"real, fp16x2", nullptr, nullptr, kNmse, false, "fp16x2"}};
   if (cuda::gemm_wg_supported()) {
     vs.push_back({"real, wg", nullptr, nullptr, kNmse, false, "wg"});
+    vs.push_back({"real, wg ws", nullptr, nullptr, kNmse, false, "wg", "ws"});
     vs.push_back({"real, wg sync", nullptr, nullptr, kNmse, false, "wg", "sync"});
     vs.push_back({"real, wg sync 2 stages", "FERN_GEMM_WG_STAGES", "2", kNmse, false, "wg", "sync"});
     vs.push_back({"real, wg sync 4 stages", "FERN_GEMM_WG_STAGES", "4", kNmse, false, "wg", "sync"});

@@ -1,0 +1,48 @@
+// The Hopper prefill tile loop a kernel instantiates (gemm_wg.h, FERN_GEMM_WG_PIPE): the synchronous hi/lo loop
+// (gemm_tile_wg.cuh, 256 threads), its warp-specialized form (gemm_tile_ws.cuh, 512 threads) or the exact-code loop
+// for 4-bit codes (gemm_tile_q4.cuh, 384 threads). All three leave the results in threads 0..255 in the same
+// accumulator layout, so one epilogue serves them; they differ in which threads stage which weight row.
+#pragma once
+#include "cuda/gemm_f16.h"
+#include "cuda/gemm_tile_q4.cuh"
+#include "cuda/gemm_tile_wg.cuh"
+#include "cuda/gemm_tile_ws.cuh"
+
+namespace fern::cuda::wgloop {
+
+enum : int { kSync = 0, kWs = 1, kQ4 = 2 };
+
+template <int P>
+constexpr int kThreads = P == kSync ? wgtile::kThreads : P == kWs ? wstile::kThreads : q4tile::kThreads;
+template <int BITS, int NTOK, int S, int P>
+constexpr size_t kSmemBytes = P == kSync ? wgtile::kSmemBytes<NTOK, BITS, S>
+                              : P == kWs ? wstile::kSmemBytes<NTOK, S>
+                                         : q4tile::kSmemBytes<NTOK, S>;
+
+// The weight-tile row thread `tid` stages (the caller computes that row's RowSrc).
+template <int P>
+__device__ __forceinline__ int weight_row(int tid) {
+  return P == kQ4 ? q4tile::weight_row(tid) : (tid & 255) >> 1;
+}
+
+// Runs the loop on the block's dynamic shared memory `raw` over the rows of x (the loop's layout: x.q4 for kQ4);
+// false for the threads that hold no results.
+template <int BITS, int NTOK, int S, int P, class RowOf>
+__device__ __forceinline__ bool run(unsigned char* raw, int K, int gs, const X16& x, RowOf row_of,
+                                    const gemm::RowSrc& wsrc, float (&acc)[NTOK / 2]) {
+  if constexpr (P == kQ4) {
+    static_assert(BITS == 4, "the exact-code loop takes 4-bit codes");
+    return q4tile::mainloop<NTOK, S>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, row_of, wsrc, acc);
+  } else if constexpr (P == kWs) {
+    return wstile::mainloop<BITS, NTOK, S>(wstile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, row_of, wsrc, acc);
+  } else {
+    wgtile::mainloop<BITS, NTOK, S>(wgtile::smem_of<NTOK, BITS, S>(raw), K, gs, x.x, x.lo, row_of, wsrc, acc);
+    return true;
+  }
+}
+
+// Ring depth of the exact-code loop: the deepest that fits one block per SM (~200 KB).
+template <int NTOK>
+constexpr int kQ4Stages = NTOK >= 128 ? 4 : NTOK >= 64 ? 6 : 8;
+
+}  // namespace fern::cuda::wgloop
