@@ -14,6 +14,10 @@
 #                                      phases, decode steps); `fern bench --phase decode` at 4K and 128K;
 #                                      compute-sanitizer memcheck of captured decode steps last; a short summary.
 #   bash bench/cuda/run_gpu.sh quick   the MoE, attention and whole-model tests and `bench_cuda_decode decode`.
+#   bash bench/cuda/run_gpu.sh final   the shortest check of a tree to leave: the whole-model decode checks with PDL
+#                                      on, the MoE tests, `bench_cuda_decode blocks` (the 4K breakdown and the MoE
+#                                      phases), `fern bench --phase decode` at 4K and 128K, the whole-model checks
+#                                      with PDL off last.
 #   bash bench/cuda/run_gpu.sh diag    the whole-model decode checks under each switch back to an earlier form.
 # Optional: carry .carry/decode-sass-src.tar (`git archive -o .carry/decode-sass-src.tar COMMIT src`) to get the SASS
 # of that commit's linear.cu and moe_fused.cu next to this build's (sass/*.sass.gz, and per kernel the loads that
@@ -98,6 +102,24 @@ fi
 # The tests of what this work changes (GEMV, multi-matrix GEMV, MoE) and the whole-model checks; TESTS=all adds
 # the other decode kernels' tests (misc, GDN, attention).
 mine="cuda_test_cuda_linear cuda_test_cuda_linear_multi cuda_test_cuda_moe cuda_test_cuda_forward"
+if [ "$MODE" = final ]; then
+  gpu_build cuda_test_cuda_forward cuda_test_cuda_moe bench_cuda_decode fern
+  run_fwd default
+  FERN_CUDA_PDL=1 timeout $(left 40) ./build/cuda_test_cuda_moe >"$L/moe.pdl1.log" 2>&1
+  note "cuda_test_cuda_moe (PDL on) rc=$?: $(grep -c '^\[       OK' "$L/moe.pdl1.log") OK ($(elapsed))"
+  grep -hB3 -A10 "Failure\|FAILED  \]" "$L"/*.log | head -30
+  FERN_CUDA_PDL=1 timeout $(left 60) ./build/bench/bench_cuda_decode blocks >"$OUT/bench_decode.log" 2>&1
+  note "bench_cuda_decode blocks rc=$? ($(elapsed))"
+  grep -E "^[ 0-9(a-z]" "$OUT/bench_decode.log" | grep -vE "^programmatic" | head -60
+  timeout $(left 80) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 \
+    --runs 3 >"$OUT/fern_bench.log" 2>&1
+  note "fern bench rc=$? ($(elapsed)): $(grep -E 'decode ctx' "$OUT/fern_bench.log" | sed 's/.*decode/decode/' | tr '\n' ' ')"
+  run_fwd pdl-off FERN_CUDA_PDL=0
+  note "total $(elapsed)"
+  tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$L"
+  gpu_summary
+  exit 0
+fi
 [ "${TESTS:-}" = all ] && mine="$mine cuda_test_cuda_misc cuda_test_cuda_gdn cuda_test_cuda_attn"
 if [ "$MODE" = quick ]; then
   tests="cuda_test_cuda_moe cuda_test_cuda_attn cuda_test_cuda_forward"

@@ -270,13 +270,18 @@ int gemv_depth() {
 }
 
 // 512-thread blocks (one per SM) for a GEMV with 32 lanes per row (not the fused router): by default only where
-// the rows give every SM such a block (>= 32 rows per block x SMs: the GDN input projections, q/k/v, lm_head), not
-// where half the SMs would stream nothing (2048-row out_proj / o_proj). FERN_CUDA_GEMV_WIDE=1 takes them for every
-// such GEMV, =0 for none (read at every call, for comparisons).
+// every block walks at least kWideGroups row groups of 32 rows (>= 67,584 rows on 132 SMs: lm_head). Measured on
+// the H200 (docs/notes/cuda-decode-v7.md, run 1): alone with a cold L2 they are faster from 8192 rows (8192 x 2048
+// 6.55 -> 5.21 us, lm_head 97.2 -> 93.8), but inside the step's chain of dependent launches the 30 GDN mixers
+// took 636.9 us with them on the 12,352-row input projections against 623.2 without, while lm_head + argmax gained
+// (109.5 -> 106.8). (A 512-thread block at 128 registers fills an SM's register file, so under PDL the next
+// kernel's blocks cannot become resident before it ends.) FERN_CUDA_GEMV_WIDE=1 takes them for every GEMV with
+// 32 lanes per row, =0 for none (read at every call, for comparisons).
+constexpr int kWideGroups = 16;
 bool gemv_wide(const Ctx& c, int rows) {
   const char* e = std::getenv("FERN_CUDA_GEMV_WIDE");
   if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
-  return rows >= (2 * kThreads / 32) * kRPI * c.sms;
+  return int64_t(rows) >= int64_t(kWideGroups) * (2 * kThreads / 32) * kRPI * c.sms;
 }
 
 template <int BITS, bool MULTI, bool ROUTE, bool NORM>

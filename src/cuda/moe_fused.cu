@@ -19,9 +19,10 @@
 // handoff, chunk sums by shuffles (one barrier less per staging), the top-k on redux.sync, the residual row read
 // together with h. Version 6 (docs/notes/cuda-decode-v6.md) reads every input of an earlier kernel through L2
 // (stage_x: its const __restrict__ reads raced with the previous kernel under PDL) and can run 512-thread blocks.
-// Version 7 (docs/notes/cuda-decode-v7.md) can move the experts' code words with bulk copies into per-warp shared
-// buffers (BULK kernels, FERN_CUDA_MOE_BULK): the gate/up segment streamed ~14 MB at ~2 TB/s with every byte in
-// flight held in registers; version 5's comparison switches (FERN_CUDA_MOE_V4) are gone.
+// Version 7 (docs/notes/cuda-decode-v7.md) drops version 5's comparison switches (FERN_CUDA_MOE_V4; 128 registers
+// and no spill in every instantiation now: 20.9 us per launch against 21.6). Its other candidate, the experts' code
+// words through per-warp bulk copies (cp.async.bulk) into shared memory instead of registers, measured slower on
+// the H200 (23.5 us per launch; the gate/up segment 9.7 us against ~7.5) and is not kept.
 //
 // Handoff counters (ctx.counters[0, kMoeFusedCounters)): [0] an epoch, [1..2] arrivals at the router handoff, [3..4]
 // arrivals at the h handoff, one of each pair per epoch parity. A launch reads the epoch after its PDL wait (the
@@ -36,7 +37,6 @@
 
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
-#include "cuda/ptx.cuh"
 #include "cuda/qdot.cuh"
 #include "cuda/topk.cuh"
 
@@ -53,8 +53,6 @@ constexpr int kDownU = 5;
 // Dynamic shared memory limit (x twice and h; the real model needs 37 KB). Two blocks per SM fit with room to
 // spare; a larger need falls back to the three launches.
 constexpr size_t kMaxSmem = 96 * 1024;
-// With the BULK buffers (the real model: 16 warps x 6.4 KB more per block); a larger need runs the register form.
-constexpr size_t kMaxSmemBulk = 200 * 1024;
 
 // Chunks per lane per pass of a 2048-wide row: 2 (4-bit, 64 chunks), 4 (8-bit, 128 chunks). Wider rows take more
 // passes (loaded and consumed one after another), narrower ones leave lanes idle.
@@ -70,8 +68,7 @@ struct Rows {
 
 // Pass `pass` of rows row[r] of matrix mat(r) (row < 0: none): lane takes chunks lane + 32 * (pass * NCH + u).
 // `mat` returns a view (from registers or from a shared-memory table, so that no view stays live in registers).
-// GROUPS_ONLY: the scales and biases alone (the code words come from shared memory, BULK kernels).
-template <int BITS, int N, bool GROUPS_ONLY = false, typename Mat>
+template <int BITS, int N, typename Mat>
 __device__ __forceinline__ void load_rows(const Mat& mat, const int (&row)[N], int pass, int cpr, int lane,
                                           Rows<BITS, N>& R) {
   constexpr int NCH = kNch<BITS>;
@@ -81,10 +78,7 @@ __device__ __forceinline__ void load_rows(const Mat& mat, const int (&row)[N], i
 #pragma unroll
     for (int r = 0; r < N; ++r) {
       if (row[r] >= 0 && c < cpr) {
-        if constexpr (GROUPS_ONLY)
-          load_group<BITS>(mat(r), row[r], c, R.s[u][r], R.b[u][r]);
-        else
-          load_chunk<BITS>(mat(r), row[r], c, R.w[u][r], R.s[u][r], R.b[u][r]);
+        load_chunk<BITS>(mat(r), row[r], c, R.w[u][r], R.s[u][r], R.b[u][r]);
       } else {
         R.w[u][r] = make_uint4(0, 0, 0, 0);
         R.s[u][r] = R.b[u][r] = 0.0f;
@@ -127,75 +121,6 @@ __device__ __forceinline__ void finish_rows(const Mat& mat, const int (&row)[N],
   }
 #pragma unroll
   for (int r = 0; r < N; ++r) out[r] = warp_sum(acc[r]);
-}
-
-// The same as finish_rows for the BULK kernels: row r's code words are at buf + r * cpr in shared memory (complete:
-// the caller has waited for its bulk copies), `first` holds the first pass's scales and biases and is reused for
-// the later passes' ones.
-template <int BITS, int N, typename Mat>
-__device__ __forceinline__ void finish_rows_smem(const Mat& mat, const int (&row)[N], Rows<BITS, N>& first, int cpr,
-                                                 const float4* xs, const float* xc, int lane, const uint4* buf,
-                                                 float (&out)[N]) {
-  constexpr int NCH = kNch<BITS>;
-  float acc[N];
-#pragma unroll
-  for (int r = 0; r < N; ++r) acc[r] = 0.0f;
-  const int passes = (cpr + 32 * NCH - 1) / (32 * NCH);
-  for (int p = 0; p < passes; ++p) {
-    if (p > 0) load_rows<BITS, N, true>(mat, row, p, cpr, lane, first);
-#pragma unroll
-    for (int u = 0; u < NCH; ++u) {
-      const int c = lane + 32 * (p * NCH + u);
-#pragma unroll
-      for (int r = 0; r < N; ++r) first.w[u][r] = row[r] >= 0 && c < cpr ? buf[r * cpr + c] : make_uint4(0, 0, 0, 0);
-    }
-    dot_rows<BITS, N>(first, p, cpr, xs, xc, lane, acc);
-  }
-#pragma unroll
-  for (int r = 0; r < N; ++r) out[r] = warp_sum(acc[r]);
-}
-
-// Bulk copies (BULK kernels): the experts' code words move from global to shared memory through the copy engine
-// (cp.async.bulk, one copy per row segment, completion counted in bytes on a per-warp mbarrier) instead of through
-// 16-byte register loads, so that the bytes a warp has in flight are not bounded by its registers (128 per thread
-// at 512 threads; the register form holds 4 gate/up rows and one down row, ~6.5 KB per warp). sm_90 and later:
-// the host launches the BULK kernels only there (bulk_capable); elsewhere they are compiled as traps.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define FERN_MOE_BULK_PTX 1
-#endif
-__device__ __forceinline__ void bulk_init_fence() {
-#ifdef FERN_MOE_BULK_PTX
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // the barriers, visible to the copy engine
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void bulk_expect(uint64_t* bar, uint32_t bytes) {
-#ifdef FERN_MOE_BULK_PTX
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ptx::smem_addr(bar)), "r"(bytes)
-               : "memory");
-#else
-  (void)bar, (void)bytes;
-  __trap();
-#endif
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#ifdef FERN_MOE_BULK_PTX
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   ptx::smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(ptx::smem_addr(bar))
-               : "memory");
-#else
-  (void)dst, (void)src, (void)bytes, (void)bar;
-  __trap();
-#endif
-}
-// Orders this thread's earlier generic-proxy shared-memory accesses (the warp's reads of a buffer, gathered by a
-// __syncwarp) before the async proxy's next writes to it.
-__device__ __forceinline__ void proxy_fence() {
-#ifdef FERN_MOE_BULK_PTX
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
 }
 
 __device__ __forceinline__ int ld_acquire(const int* p) {
@@ -351,7 +276,7 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
   xs[x_slot<BITS, 32>(f / F4, f % F4)] = v;
 }
 
-template <int RB, int B, bool TIMED, int NT, bool BULK>
+template <int RB, int B, bool TIMED, int NT>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   constexpr int kWarps = NT / 32;
   const Stamps<TIMED> st{a.stamps};
@@ -364,17 +289,14 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   __shared__ int32_t ids_s[32];
   __shared__ float wts_s[32], sg_s;
   __shared__ int epoch_s;
-  __shared__ uint64_t bars[BULK ? 2 * kWarps : 1];  // BULK: per warp, its gate/up and its down copies
   constexpr int FB = ChunkTraits<B>::kF4, EB = ChunkTraits<B>::kElems;
   const int H = static_cast<int>(a.router.in);
   const int E = static_cast<int>(a.router.out);
   const int I = static_cast<int>(a.gate.out), Is = static_cast<int>(a.sgate.out);
   const int k = a.topk;
   const int nx = k * I + Is;
-  const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
   const int W = gridDim.x * kWarps;
-  const int cprd = I / EB;
-  const int routed_items = k * cprd, items = routed_items + Is / EB;
   // Warp order: block index fastest, so that the first tasks of each phase spread over all SMs.
   const int v = (threadIdx.x >> 5) * gridDim.x + blockIdx.x;
 
@@ -385,19 +307,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   float* xec = reinterpret_cast<float*>(xe + x_slots<B, 32>(H));
   float4* xh = reinterpret_cast<float4*>(xec + (H / EB + 31) / 32 * 32);
   float* xhc = reinterpret_cast<float*>(xh + x_slots<B, 32>(nx));
-  // BULK: then per warp the code words of its 4 gate/up rows (cpr_e chunks each) and of its down row (items chunks).
-  uint4* gbuf = reinterpret_cast<uint4*>(xhc + (nx / EB + 31) / 32 * 32) + wi * (4 * (H / EB) + items);
-  uint4* dbuf = gbuf + 4 * (H / EB);
-  uint64_t* bar_gu = bars + 2 * wi;
-  uint64_t* bar_dn = bars + (BULK ? 2 * wi + 1 : 0);
-  if constexpr (BULK) {
-    if (lane == 0) {
-      ptx::mbar_init(bar_gu, 1);
-      ptx::mbar_init(bar_dn, 1);
-      bulk_init_fence();
-    }
-    __syncwarp();
-  }
 
   // ---- phase 1: router rows [0, E), the shared-expert gate row E, shared gate/up rows E + 1 + [0, Is) ----
   const ChunkMat m_router = chunk_mat<RB>(a.router, 0), m_sgr = chunk_mat<RB>(a.sgr, 0);
@@ -534,39 +443,25 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   __syncthreads();
 
   // ---- phase 2: request this warp's first down row, then the routed gate/up rows (two tasks per warp pass) ----
+  const int cprd = I / EB;
+  const int routed_items = k * cprd, items = routed_items + Is / EB;
   auto item_slot = [&](int j) { return j < routed_items ? j / cprd : k; };
   auto item_chunk = [&](int j) { return j < routed_items ? j - (j / cprd) * cprd : j - routed_items; };
-  uint4 dw[BULK ? 1 : kDownU];  // BULK: the code words are in dbuf
+  uint4 dw[kDownU];
   float ds[kDownU], db[kDownU];
   auto load_down = [&](int n, int j0) {
 #pragma unroll
     for (int q = 0; q < kDownU; ++q) {
       const int j = j0 + 32 * q;
       if (j < items) {
-        if constexpr (BULK)
-          load_group<B>(md[item_slot(j)], n, item_chunk(j), ds[q], db[q]);
-        else
-          load_chunk<B>(md[item_slot(j)], n, item_chunk(j), dw[q], ds[q], db[q]);
+        load_chunk<B>(md[item_slot(j)], n, item_chunk(j), dw[q], ds[q], db[q]);
       } else {
-        if constexpr (!BULK) dw[q] = make_uint4(0, 0, 0, 0);
+        dw[q] = make_uint4(0, 0, 0, 0);
         ds[q] = db[q] = 0.0f;
       }
     }
   };
-  // BULK: down row n's code words into dbuf, slot by slot (item j = slot * cprd + chunk; the shared expert's last).
-  auto issue_down = [&](int n) {
-    __syncwarp();  // every lane has read the previous row's words
-    if (lane == 0) {
-      proxy_fence();
-      bulk_expect(bar_dn, uint32_t(items) * 16u);
-      for (int sl = 0; sl <= k; ++sl) bulk_copy(dbuf + sl * cprd, md[sl].w + n * md[sl].cpr, md[sl].cpr * 16u, bar_dn);
-    }
-  };
-  uint32_t ph_gu = 0, ph_dn = 0;  // BULK: the phase parity each barrier completes next
   st.at(kMoeStampRouted);
-  // BULK: the down row's words are requested after the first pass's gate/up rows (needed first); the register form
-  // requests the down row first (its loads then overlap the whole gate/up phase).
-  bool down_pending = BULK && v < H;
   if (v < H) load_down(v, lane);
 
   const int ntask = k * I;
@@ -579,38 +474,14 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     auto mat = [&](int r) -> const ChunkMat& { return r == 0 ? mg[s0] : r == 1 ? mu[s0] : r == 2 ? mg[s1] : mu[s1]; };
     const int row[4] = {r0, r0, r1, r1};
     Rows<B, 4> R;
+    load_rows<B, 4>(mat, row, 0, cpr_e, lane, R);
     float d[4];
-    if constexpr (BULK) {
-      __syncwarp();  // every lane has read the previous pass's words
-      if (lane == 0) {
-        proxy_fence();
-        const uint32_t rb = uint32_t(cpr_e) * 16u;
-        bulk_expect(bar_gu, (ok1 ? 4u : 2u) * rb);
-        bulk_copy(gbuf, mg[s0].w + r0 * cpr_e, rb, bar_gu);
-        bulk_copy(gbuf + cpr_e, mu[s0].w + r0 * cpr_e, rb, bar_gu);
-        if (ok1) {
-          bulk_copy(gbuf + 2 * cpr_e, mg[s1].w + r1 * cpr_e, rb, bar_gu);
-          bulk_copy(gbuf + 3 * cpr_e, mu[s1].w + r1 * cpr_e, rb, bar_gu);
-        }
-      }
-      if (down_pending) {
-        issue_down(v);
-        down_pending = false;
-      }
-      load_rows<B, 4, true>(mat, row, 0, cpr_e, lane, R);
-      ptx::mbar_wait(bar_gu, ph_gu);
-      ph_gu ^= 1u;
-      finish_rows_smem<B, 4>(mat, row, R, cpr_e, xe, xec, lane, gbuf, d);
-    } else {
-      load_rows<B, 4>(mat, row, 0, cpr_e, lane, R);
-      finish_rows<B, 4>(mat, row, R, cpr_e, xe, xec, lane, d);
-    }
+    finish_rows<B, 4>(mat, row, R, cpr_e, xe, xec, lane, d);
     if (lane == 0) {
       a.s.h[u0] = silu(d[0]) * d[1];  // task u = slot * I + row is also h's index
       if (ok1) a.s.h[u1] = silu(d[2]) * d[3];
     }
   }
-  if (down_pending) issue_down(v);  // a warp without gate/up rows
   grid_handoff(a.counters + 3 + par, epoch + 1, a.counters, true, st, kMoeStampArrive2, kMoeStampLastArrive2,
                kMoeStampPass2);
 
@@ -621,11 +492,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   stage_x<B, 32>(a.s.h, nx, xh, xhc);
   st.at(kMoeStampHStaged);
   for (int n = v; n < H; n += W) {
-    if constexpr (BULK) {
-      if (n != v) issue_down(n);
-      ptx::mbar_wait(bar_dn, ph_dn);
-      ph_dn ^= 1u;
-    }
     float acc = 0.0f;
     for (int j0 = lane; j0 < items; j0 += 32 * kDownU) {
       if (n != v || j0 != lane) load_down(n, j0);
@@ -633,7 +499,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       for (int q = 0; q < kDownU; ++q) {
         const int j = j0 + 32 * q;
         if (j < items) {
-          const uint4 w1[1] = {BULK ? dbuf[j] : dw[BULK ? 0 : q]};
+          const uint4 w1[1] = {dw[q]};
           float d[1];
           chunk_dot<B, 32, 1>(w1, xh + (j >> 5) * (FB * 32) + (j & 31), d);
           acc = fmaf(fac[item_slot(j)], apply_group<B>(d[0], ds[q], db[q], xhc[j]), acc);
@@ -660,21 +526,14 @@ size_t fused_smem(int64_t H, int64_t nx) {
          size_t(cols(nx / EB)) * (FB * 16 + 4);
 }
 
-// The BULK kernels' per-warp code-word buffers: 4 gate/up rows and one down row.
-template <int B>
-size_t bulk_smem(int nt, int64_t H, int64_t I, int64_t Is, int topk) {
-  constexpr int EB = ChunkTraits<B>::kElems;
-  return size_t(nt / 32) * size_t(4 * (H / EB) + topk * (I / EB) + Is / EB) * 16;
-}
-
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED, int NT, bool BULK>
+template <int RB, int B, bool TIMED, int NT>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, BULK>, NT, smem) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT>, NT, smem) !=
         cudaSuccess)
       per_sm = 0;
     cached = per_sm;
@@ -683,23 +542,21 @@ int resident_blocks(const Ctx& c, size_t smem) {
   return std::min(cached, 512 / NT) * c.sms;
 }
 
-template <int RB, int B, bool TIMED, int NT, bool BULK>
+template <int RB, int B, bool TIMED, int NT>
 bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
-  size_t smem = fused_smem<RB, B>(a.router.in, nx);
-  if constexpr (BULK) smem += bulk_smem<B>(NT, a.router.in, a.gate.out, a.sgate.out, a.topk);
-  const size_t limit = BULK ? kMaxSmemBulk : kMaxSmem;
-  if (smem > limit) return false;
+  const size_t smem = fused_smem<RB, B>(a.router.in, nx);
+  if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(limit)),
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT, BULK>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT>(c, smem);
   if (blocks <= 0) return false;
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, BULK>, blocks, NT, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
@@ -710,36 +567,9 @@ bool moe_wide() {
   return !(e != nullptr && e[0] == '0' && e[1] == 0);
 }
 
-// The experts' code words through bulk copies into shared memory (BULK kernels) unless FERN_CUDA_MOE_BULK=0 (read
-// at every call, for comparisons). Where the buffers do not fit, the register form runs.
-bool moe_bulk() {
-  const char* e = std::getenv("FERN_CUDA_MOE_BULK");
-  return !(e != nullptr && e[0] == '0' && e[1] == 0);
-}
-
-// Whether the current device has the bulk copies (compute capability 9.0 or later), asked once per device.
-bool bulk_capable() {
-  thread_local int dev = -1;
-  thread_local bool ok = false;
-  int d = 0;
-  if (cudaGetDevice(&d) != cudaSuccess) return false;
-  if (d != dev) {
-    int major = 0;
-    ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) == cudaSuccess && major >= 9;
-    dev = d;
-  }
-  return ok;
-}
-
-template <int RB, int B, bool TIMED, int NT>
-bool launch_fused_bulk(const Ctx& c, const FusedArgs& a) {
-  if (moe_bulk() && bulk_capable() && launch_fused_nt<RB, B, TIMED, NT, true>(c, a)) return true;
-  return launch_fused_nt<RB, B, TIMED, NT, false>(c, a);
-}
-
 template <int RB, int B, bool TIMED>
 bool launch_fused(const Ctx& c, const FusedArgs& a) {
-  return moe_wide() ? launch_fused_bulk<RB, B, TIMED, 512>(c, a) : launch_fused_bulk<RB, B, TIMED, kThreads>(c, a);
+  return moe_wide() ? launch_fused_nt<RB, B, TIMED, 512>(c, a) : launch_fused_nt<RB, B, TIMED, kThreads>(c, a);
 }
 
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).

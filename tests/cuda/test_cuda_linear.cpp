@@ -81,9 +81,9 @@ TEST(CudaLinear, PipelineDepths) {
 }
 
 // The block size forced both ways: 512-thread blocks, one per SM, for every GEMV with rows of 32 lanes
-// (FERN_CUDA_GEMV_WIDE=1), and 256-thread blocks for all (=0); by default (the other tests) 512 threads only from
-// 32 x SMs rows. The real shapes, lm_head-sized and odd row counts, several token rows, 8-bit and bf16, and with
-// depth 3 requested too (the wide kernel keeps depth 2).
+// (FERN_CUDA_GEMV_WIDE=1), and 256-thread blocks for all (=0); by default (the other tests) 512 threads only for
+// lm_head-sized GEMVs. The real shapes, lm_head-sized and odd row counts, several token rows, 8-bit and bf16, and
+// with depth 3 requested too (the wide kernel keeps depth 2).
 TEST(CudaLinear, WideBlocks) {
   FERN_REQUIRE_GPU();
   for (const char* w : {"1", "0"})

@@ -147,7 +147,7 @@ TEST(CudaLinearMulti, WithInputNorm) {
 
 // The block size forced both ways: 512-thread blocks (FERN_CUDA_GEMV_WIDE=1, taken for rows of 32 lanes: 4-bit from
 // 2048 inputs, 8-bit from 1024, bf16 from 512; narrower tables keep the 256-thread kernel) and 256-thread blocks
-// (=0; the default takes 512 from 32 x SMs rows), with and without the input norm.
+// (=0; the default takes 512 for lm_head-sized GEMVs only), with and without the input norm.
 TEST(CudaLinearMulti, WideBlocks) {
   FERN_REQUIRE_GPU();
   for (const char* w : {"1", "0"}) {

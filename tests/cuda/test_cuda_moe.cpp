@@ -161,14 +161,7 @@ cuda::MoeScratch fused_scratch(CudaBackend& gpu, const MoeCase& c) {
 // experts it chose against the three-launch router's. Shapes: the real one; a 4-bit router; an awkward small one
 // (E 40, k 5, widths of 10 and 6 chunks: most lanes idle); 2 passes per gate/up and router row (H 4096); 2 passes per
 // down row (k 8 x I 1024: 272 chunks > 5 x 32); 600 experts (the 32-values-per-lane top-k). Both block sizes
-// (FERN_CUDA_MOE_WIDE: 256 threads, two blocks per SM; 512 threads, one), each with the experts' code words through
-// bulk copies into shared memory and through registers (FERN_CUDA_MOE_BULK=1 / 0).
-struct FusedVariant {
-  const char* wide;
-  const char* bulk;
-};
-constexpr FusedVariant kVariants[] = {{"1", "1"}, {"1", "0"}, {"0", "1"}, {"0", "0"}};
-
+// (FERN_CUDA_MOE_WIDE: 256 threads, two blocks per SM; 512 threads, one).
 TEST(CudaMoe, FusedDecodeMatchesCpu) {
   FERN_REQUIRE_GPU();
   const MoeCase cases[] = {
@@ -179,11 +172,10 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
       {"fused wide down", 64, 1024, 1024, 512, 8, 4, 1},
       {"fused 600 experts", 600, 256, 64, 64, 10, 4, 1},
   };
-  for (const FusedVariant& fv : kVariants)
+  for (const char* wide : {"0", "1"})
   for (const MoeCase& c : cases) {
-    const char* wide = fv.wide;
-    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide), gb("FERN_CUDA_MOE_BULK", fv.bulk);
-    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide + " FERN_CUDA_MOE_BULK=" + fv.bulk);
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
+    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
     auto gpu = test::make_gpu();
     auto cpu = make_cpu_backend();
     test::OwnedStorage st;
@@ -208,8 +200,8 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
       ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
       auto got = test::download(*gpu, dy);
       const double e = test::nmse(got.data(), ref.data(), got.size());
-      std::printf("moe %-18s E=%ld H=%ld I=%ld Is=%ld k=%d wide %s bulk %s call %d  NMSE %.3e\n", c.name,
-                  long(c.E), long(c.H), long(c.I), long(c.Is), c.k, wide, fv.bulk, rep, e);
+      std::printf("moe %-18s E=%ld H=%ld I=%ld Is=%ld k=%d wide %s call %d  NMSE %.3e\n", c.name, long(c.E),
+                  long(c.H), long(c.I), long(c.Is), c.k, wide, rep, e);
       EXPECT_LT(e, kNmse);  // the same threshold as the three-launch path (run_case)
       cuda::moe_route(ctx3, cuda::make_qw(dw.router), cuda::make_qw(dw.shared_expert_gate), dx.ptr<float>(), s3, 1, c.k);
       std::vector<int32_t> a(size_t(c.k)), b(size_t(c.k));
@@ -238,18 +230,17 @@ TEST(CudaMoe, FusedDecodeRefusesOtherFormats) {
 // moe and add: the MoE output, the final residual and the normed row. Twice per case (both counter pairs). The norm
 // is exact up to fp32 rounding of one sum (the previous version of this test measured 0 on the H200); the MoE output
 // has the threshold of run_case. The first call runs the kernel directly, the second through
-// CudaBackend::moe_residual. Both block sizes and both ways of loading the code words, as above.
+// CudaBackend::moe_residual. Both block sizes, as above.
 TEST(CudaMoe, FusedDecodeWithResidual) {
   FERN_REQUIRE_GPU();
   const MoeCase cases[] = {
       {"norm real", 256, 2048, 512, 512, 8, 4, 1},
       {"norm small odd", 40, 320, 192, 64, 5, 4, 1},
   };
-  for (const FusedVariant& fv : kVariants)
+  for (const char* wide : {"0", "1"})
   for (const MoeCase& c : cases) {
-    const char* wide = fv.wide;
-    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide), gb("FERN_CUDA_MOE_BULK", fv.bulk);
-    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide + " FERN_CUDA_MOE_BULK=" + fv.bulk);
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
+    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
     auto gpu = test::make_gpu();
     auto cpu = make_cpu_backend();
     test::OwnedStorage st;
@@ -291,8 +282,8 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
       const double e_out = test::nmse(out.data(), out_cpu.data(), out.size());
       const double e_r = test::nmse(r.data(), r_cpu.data(), r.size());
       const double e_xn = test::nmse(xn.data(), xn_cpu.data(), xn.size());
-      std::printf("moe %-18s wide %s bulk %s call %d  NMSE out %.3e resid %.3e xn %.3e\n", c.name, wide, fv.bulk, rep,
-                  e_out, e_r, e_xn);
+      std::printf("moe %-18s wide %s call %d  NMSE out %.3e resid %.3e xn %.3e\n", c.name, wide, rep, e_out, e_r,
+                  e_xn);
       EXPECT_LT(e_out, kNmse);
       // resid + delta is exact (the same fp32 add); adding the MoE output carries its error, scaled down by the
       // residual's larger norm: below the MoE threshold.
