@@ -93,7 +93,7 @@ void bench_gemv() {
                          Shape{"expert gate/up", 512, 2048, 4}, Shape{"expert down", 2048, 512, 4},
                          Shape{"out_proj / o_proj", 2048, 4096, 4}, Shape{"router", 256, 2048, 8},
                          Shape{"lm_head", 248320, 2048, 4},
-                         Shape{"in_proj_qkv, 256 threads", 8192, 2048, 4, "FERN_CUDA_GEMV_WIDE", "0"},
+                         Shape{"in_proj_qkv, 512 threads", 8192, 2048, 4, "FERN_CUDA_GEMV_WIDE", "1"},
                          Shape{"lm_head, 256 threads", 248320, 2048, 4, "FERN_CUDA_GEMV_WIDE", "0"}}) {
     if (s.env != nullptr) setenv(s.env, s.val, 1);
     CudaBackend be(0);
@@ -178,7 +178,7 @@ void profile_step(int reps) {
   std::printf("profiled %d replays of the 4K step\n", reps);
 }
 
-void bench_decode(bool splitk) {
+void bench_decode(bool splitk, bool steps = true) {
   const ModelConfig cfg = full_config();
   CudaBackend be(0);
   auto w = cuda::random_device_weights(be, cfg, 1);
@@ -254,8 +254,8 @@ void bench_decode(bool splitk) {
     };
     std::vector<Row> rows = {
         {"30 x GDN mixer (4 proj + core + out)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer(l); }},
-        {"  same, 256-thread GEMV blocks (GEMV_WIDE=0)", [&] {
-           setenv("FERN_CUDA_GEMV_WIDE", "0", 1);
+        {"  same, 512-thread GEMV blocks (GEMV_WIDE=1)", [&] {
+           setenv("FERN_CUDA_GEMV_WIDE", "1", 1);
            be.begin_forward();
            for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer(l);
            unsetenv("FERN_CUDA_GEMV_WIDE");
@@ -278,12 +278,6 @@ void bench_decode(bool splitk) {
              if (cfg.is_attention_layer(l)) be.attn_core(o, qg, k, v, w->layers[l].attn, cfg, *st, l);
          }},
         {"40 x MoE block (with norm + residual)", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe_residual(h, out, xn, w->layers[l].post_norm, 1e-6f, out2, w->layers[l].moe, cfg); }},
-        {"  same, code words through registers (MOE_BULK=0)", [&] {
-           setenv("FERN_CUDA_MOE_BULK", "0", 1);  // read when the launches are recorded
-           be.begin_forward();
-           for (int l = 0; l < cfg.num_hidden_layers; ++l) be.moe_residual(h, out, xn, w->layers[l].post_norm, 1e-6f, out2, w->layers[l].moe, cfg);
-           unsetenv("FERN_CUDA_MOE_BULK");
-         }},
         {"  same, 256-thread blocks (MOE_WIDE=0)", [&] {
            setenv("FERN_CUDA_MOE_WIDE", "0", 1);  // read when the launches are recorded
            be.begin_forward();
@@ -341,10 +335,9 @@ void bench_decode(bool splitk) {
                          cuda::make_qw(m.up),     cuda::make_qw(m.down),               cuda::make_qw(m.shared_gate),
                          cuda::make_qw(m.shared_up), cuda::make_qw(m.shared_down)};
     };
-    for (const char* bulk : {"1", "0"}) {  // 512-thread blocks, code words through bulk copies or registers
-    const char* wide = "1";
+    for (const char* wide : {"1", "0"}) {
+    if (!steps && wide[0] == '0') break;  // "blocks": the default block size only
     setenv("FERN_CUDA_MOE_WIDE", wide, 1);
-    setenv("FERN_CUDA_MOE_BULK", bulk, 1);
     bool timed = true;
     const double tt = time_graph(be, [&] {
       FERN_CUDA_CHECK(cudaMemsetAsync(dst, 0, sbytes, be.stream()));
@@ -363,9 +356,9 @@ void bench_decode(bool splitk) {
       const int n = R * L;
       auto at = [&](int i, int k) { return hs[size_t(i) * cuda::kMoeStamps + k]; };
       auto first = [&](int i) { return ~at(i, cuda::kMoeStampFirstStart); };
-      std::printf("\n== fused MoE phases (moe_residual, %s blocks, code words %s, %d launches, graph replay %.2f us "
-                  "per launch): us from the launch's first block start ==\n", wide[0] == '1' ? "512-thread" : "256-thread",
-                  bulk[0] == '1' ? "bulk-copied" : "in registers", n, tt * 1e6 / n);
+      std::printf("\n== fused MoE phases (moe_residual, %s blocks, %d launches, graph replay %.2f us per launch): us "
+                  "from the launch's first block start ==\n", wide[0] == '1' ? "512-thread" : "256-thread", n,
+                  tt * 1e6 / n);
       std::printf("%-44s %8s %8s %8s\n", "point", "mean", "min", "max");
       const struct {
         const char* name;
@@ -400,7 +393,6 @@ void bench_decode(bool splitk) {
     }
     }
     unsetenv("FERN_CUDA_MOE_WIDE");
-    unsetenv("FERN_CUDA_MOE_BULK");
     FERN_CUDA_CHECK(cudaFree(dst));
   }
 
@@ -435,18 +427,18 @@ void bench_decode(bool splitk) {
   }
   unsetenv("FERN_CUDA_ATTN_DECODE");  // the decode steps below use the default kernel
 
+  if (!steps) return;  // "blocks": the breakdown and the MoE phases only
   std::printf("\n== decode steps (graph replay, 64 steps per run, median of 3 runs) ==\n");
   std::printf("%8s %10s %10s %12s %9s %8s\n", "context", "us/token", "tok/s", "bytes/token", "GB/s", "%roof");
   // The last rows repeat 4K with one switch each (read while the step is captured): 256-thread blocks for every
-  // GEMV, the fused MoE's code words through registers, its 256-thread blocks of version 5.
+  // GEMV, the fused MoE's 256-thread blocks of version 5.
   const struct {
     int64_t ctx;
     const char* env;
     const char* val;
   } step_rows[] = {{256, nullptr, nullptr},   {1024, nullptr, nullptr},  {4096, nullptr, nullptr},
                    {16384, nullptr, nullptr}, {32768, nullptr, nullptr}, {131072, nullptr, nullptr},
-                   {4096, "FERN_CUDA_GEMV_WIDE", "0"}, {4096, "FERN_CUDA_MOE_BULK", "0"},
-                   {4096, "FERN_CUDA_MOE_WIDE", "0"},
+                   {4096, "FERN_CUDA_GEMV_WIDE", "0"}, {4096, "FERN_CUDA_MOE_WIDE", "0"},
                    {4096, "FERN_CUDA_ATTN_DECODE", "split"}, {131072, "FERN_CUDA_ATTN_DECODE", "split"}};
   for (const auto& row : step_rows) {
     const int64_t ctx = row.ctx;
@@ -505,6 +497,7 @@ int main(int argc, char** argv) {
     if (what == "all" || what == "gemv" || what == "steps") bench_gemv();
     if (what == "all" || what == "decode" || what == "steps") bench_decode(what != "steps");
     if (what == "attn") bench_decode(true);  // the decode breakdown, split-K tables and steps, no GEMV table
+    if (what == "blocks") bench_decode(false, false);  // the 4K breakdown and the MoE phases alone
     if (what == "profile") profile_step(argc > 2 ? std::atoi(argv[2]) : 20);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
