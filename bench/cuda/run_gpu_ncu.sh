@@ -18,13 +18,14 @@ else
 fi
 KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi3ELb1E moe:gate_up_wg_kernelILi4ELi64ELi4ELb1E moe:down_wg_kernelILi4ELi64ELi4ELb1E"}
 for kv in $KERNELS; do
-  b=${kv%%:*}; k=${kv#*:}
+  b=${kv%%:*}; k=${kv#*:}; skip=0
+  case "$k" in *:*) skip=${k##*:}; k=${k%:*} ;; esac  # bench:regex[:launches to skip]
   exe=build/bench/bench_cuda_prefill_linear; [ "$b" = moe ] && exe=build/bench/bench_cuda_moe_prefill
   out="$OUT/ncu_$(echo "$k" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).txt"
   # The full set (warp-state sampling per instruction) into a report, then its details and its SASS source page
   # with the per-instruction stall samples (CSV).
   rep=/tmp/rep_$(basename "$out" .txt)
-  timeout 120 "$NCU" --set full --kernel-name-base mangled -k "regex:$k" -c 1 -f -o "$rep" "$exe" >"$out.run" 2>&1
+  timeout 120 "$NCU" --set full --kernel-name-base mangled -k "regex:$k" --launch-skip "$skip" -c 1 -f -o "$rep" "$exe" >"$out.run" 2>&1
   note "ncu $k rc $? ($(elapsed))"
   "$NCU" -i "$rep.ncu-rep" --page details --print-details all >"$out" 2>&1
   "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"${out%.txt}.sass.csv.gz"

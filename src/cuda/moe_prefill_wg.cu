@@ -33,10 +33,10 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   pdl_wait();
   pdl_trigger();
   TileInfo ti;
-  if (!tile_info(gr, NTOK, ti)) return;
+  if (!tile_info(gr, NTOK, static_cast<int>(blockIdx.y), ti)) return;
   const bool sh = ti.group == E;
   const int width = static_cast<int>(sh ? SG.out : G.out);
-  const int j0 = blockIdx.y * kGateUpCols;
+  const int j0 = blockIdx.x * kGateUpCols;
   if (j0 >= width) return;
   const int K = static_cast<int>(G.in);
   const int tid = threadIdx.x, lane = tid & 31;
@@ -77,11 +77,11 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   pdl_wait();
   pdl_trigger();
   TileInfo ti;
-  if (!tile_info(gr, NTOK, ti)) return;
+  if (!tile_info(gr, NTOK, static_cast<int>(blockIdx.y), ti)) return;
   const bool sh = ti.group == E;
   const int K = static_cast<int>(sh ? SD.in : D.in);
   const int N = static_cast<int>(D.out);
-  const int n0 = blockIdx.y * kBW;
+  const int n0 = blockIdx.x * kBW;
   const int tid = threadIdx.x, lane = tid & 31;
   const int hrow0 = sh ? ti.row0 : ti.base;  // rows of h: the shared expert's by token, routed by expert order
   X16 hx = hr;  // by value: a reference to either parameter would put both in local memory
@@ -117,9 +117,9 @@ void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, con
   constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
   auto kernel = gate_up_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S, P>>(smem);
-  launch(c, "moe gate_up_wg_kernel", kernel,
-         moe_tile_grid(T, k, E, NTOK, std::max(gate.out, sgate.out), kGateUpCols), wgloop::kThreads<P>, smem, gate,
-         up, sgate, sup, x, g, E, k, h_routed, h_shared);
+  const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, std::max(gate.out, sgate.out), kGateUpCols);
+  launch(c, "moe gate_up_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, gate, up, sgate, sup, x, g, E, k,
+         h_routed, h_shared);
 }
 
 template <int BITS, int NTOK, int S, int P>
@@ -128,8 +128,9 @@ void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const
   constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
   auto kernel = down_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, P>>(smem);
-  launch(c, "moe down_wg_kernel", kernel, moe_tile_grid(T, k, E, NTOK, down.out, kBW), wgloop::kThreads<P>, smem,
-         down, sdown, hr, hs, g, topk_w, sgate, E, y_pair, out);
+  const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, down.out, kBW);
+  launch(c, "moe down_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, down, sdown, hr, hs, g, topk_w, sgate, E,
+         y_pair, out);
 }
 
 // Pipeline depth: two stages (half the shared memory: two blocks per SM) from 1,024 rows per chunk, else 4 (3 below

@@ -15,14 +15,16 @@ struct TileInfo {
   int group, row0, rows, base;
 };
 
-__device__ __forceinline__ bool tile_info(const MoeGroups& g, int BM, TileInfo& ti) {
-  const int tile = blockIdx.x;
+__device__ __forceinline__ bool tile_info(const MoeGroups& g, int BM, int tile, TileInfo& ti) {
   if (tile >= *g.n_tiles) return false;
   ti.group = g.tiles[2 * tile];
   ti.row0 = g.tiles[2 * tile + 1];
   ti.rows = min(BM, g.counts[ti.group] - ti.row0);
   ti.base = g.offsets[ti.group] + ti.row0;
   return true;
+}
+__device__ __forceinline__ bool tile_info(const MoeGroups& g, int BM, TileInfo& ti) {
+  return tile_info(g, BM, static_cast<int>(blockIdx.x), ti);
 }
 
 // The token of row r of the tile: the shared expert's rows are the tokens themselves, a routed row is a (token,
@@ -85,6 +87,13 @@ inline dim3 moe_tile_grid(int T, int k, int E, int bm, int64_t cols, int cols_pe
   const int64_t nb = (cols + cols_per_block - 1) / cols_per_block;
   FERN_CU_CHECK(tiles < (int64_t(1) << 31) && nb <= 65535, "moe prefill: grid too large");
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(nb));
+}
+// The same grid with the column blocks in x (varying fastest) and the tiles in y: the blocks resident at one time
+// share a few token tiles, whose rows then stay in L2 while every column block reads them (the wgmma kernels).
+inline dim3 moe_tile_grid_cols_first(int T, int k, int E, int bm, int64_t cols, int cols_per_block) {
+  const dim3 g = moe_tile_grid(T, k, E, bm, cols, cols_per_block);
+  FERN_CU_CHECK(g.x <= 65535, "moe prefill: too many tiles");
+  return dim3(g.y, g.x);
 }
 
 }  // namespace fern::cuda
