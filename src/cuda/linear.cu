@@ -271,12 +271,13 @@ int gemv_depth() {
 
 // 512-thread blocks (one per SM) for a GEMV with 32 lanes per row (not the fused router): by default only where
 // every block walks at least kWideGroups row groups of 32 rows (>= 67,584 rows on 132 SMs: lm_head). Measured on
-// the H200 (docs/notes/cuda-decode-v7.md, run 1): alone with a cold L2 they are faster from 8192 rows (8192 x 2048
-// 6.55 -> 5.21 us, lm_head 97.2 -> 93.8), but inside the step's chain of dependent launches the 30 GDN mixers
-// took 636.9 us with them on the 12,352-row input projections against 623.2 without, while lm_head + argmax gained
-// (109.5 -> 106.8). (A 512-thread block at 128 registers fills an SM's register file, so under PDL the next
-// kernel's blocks cannot become resident before it ends.) FERN_CUDA_GEMV_WIDE=1 takes them for every GEMV with
-// 32 lanes per row, =0 for none (read at every call, for comparisons).
+// the H200 (docs/notes/cuda-decode-v7.md): alone with a cold L2 they are faster from 8192 rows (8192 x 2048
+// 6.55 -> 5.21 us, lm_head 97.2 -> 93.8); lm_head + argmax in the step's chain gained in both runs (109.5 -> 106.8,
+// 108.1 -> 105.7), but for the 30 GDN mixers the two runs disagree by more than the effect (run 1: 636.9 us with
+// them on the input projections against 623.2 without; run 2: 602.2 with them everywhere against 608.0 without;
+// in both the row timed second was the faster), so the projections keep 256 threads until a step-level
+// comparison decides. FERN_CUDA_GEMV_WIDE=1 takes them for every GEMV with 32 lanes per row, =0 for none (read at
+// every call, for comparisons).
 constexpr int kWideGroups = 16;
 bool gemv_wide(const Ctx& c, int rows) {
   const char* e = std::getenv("FERN_CUDA_GEMV_WIDE");
