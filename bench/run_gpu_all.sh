@@ -41,13 +41,13 @@ if [ "$MICRO" = 1 ]; then
   note "bench_cuda_moe_prefill rc $? ($(elapsed))"
   grep -E "^\| (T \||512|2048)" "$OUT/bench_moe_prefill.md" | head -32
 fi
-if [ "${ALL_DECODE:-1}" = 1 ] && [ "$(left)" -gt 200 ]; then
+if [ "${ALL_DECODE:-1}" = 1 ] && [ "$(left)" -gt 110 ]; then
   timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
     --json "$OUT/decode.json" >"$OUT/bench_decode.log" 2>&1
   note "decode: $(grep -oE "decode ctx [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode.log" | tr "\n" " ") ($(elapsed))"
 fi
-if [ "$(left)" -gt 120 ]; then
-  timeout $(( $(left) - 60 )) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
+if [ "$(left)" -gt 60 ]; then
+  timeout $(( $(left) - 15 )) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
     --lengths "${PREFILL_LENGTHS:-4096,32768,131072}" --runs 2 --json "$OUT/prefill.json" >"$OUT/bench_prefill.log" 2>&1
   grep -E "^\|" "$OUT/bench_prefill.log" | tail -5
   note "prefill: $(grep -oE "prefill [0-9]+: [0-9.]+ tok/s" "$OUT/bench_prefill.log" | tr "\n" " ") ($(elapsed))"

@@ -6,8 +6,8 @@
 //   FERN_MOE_PATH=rows        the decode kernels over the rows (the path before the grouped GEMMs)
 //   FERN_MOE_ROUTER=fused     the fused router GEMV of the decode path (cuda::moe_route) instead of the tensor cores
 //   FERN_MOE_ROUTING=host     the top-k ids copied to the host, the grouping built there and uploaded
-//   FERN_MOE_TILE=fixed|16|32|64|adaptive   token rows per GEMM tile (fixed = 64; adaptive, the default, from the
-//                             mean rows per expert, see tile_rows)
+//   FERN_MOE_TILE=fixed|16|32|64|96|adaptive   token rows per GEMM tile (fixed = 64; 96 on the exact-code wgmma
+//                             loop only; adaptive, the default, from the mean rows per expert, see tile_rows)
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
 //   FERN_MOE_PREFETCH=1       the tile loop issues the next k tile's global loads before the current tile's MMAs
 //                             (measured slower at every tile height: docs/notes/cuda-prefill-v2-moe.md)
@@ -48,17 +48,21 @@ bool env_is(const char* name, const char* value) {
 // m = 16 (T = 512): 32 rows 1.12 ms, 16 rows 1.24, 64 rows 1.57; m = 64 (T = 2048): 64 rows 2.98 ms, 32 rows 3.16,
 // 16 rows 3.95. Hence 32 up to m = 32 and 64 above (the switch point between the two measured means is a guess);
 // 16 only for m <= 4 (short chunks: most experts hold one or two rows, and 16-row tiles issue half the MMAs of
-// 32-row ones for the same weight reads; not measured).
-int tile_rows(int T, int k, int E) {
+// 32-row ones for the same weight reads; not measured). With the exact-code wgmma loop (q4: both GEMMs on it),
+// 96-row tiles from m = 48: at m = 64 an expert's rows (about 64 +- 8 with even routing) then fit one tile instead
+// of two mostly empty ones (docs/notes/cuda-prefill-v5-ws.md).
+int tile_rows(int T, int k, int E, bool q4) {
   const char* v = std::getenv("FERN_MOE_TILE");
   if (v != nullptr && std::strcmp(v, "adaptive") != 0) {
     if (std::strcmp(v, "fixed") == 0) return 64;
     const int bm = std::atoi(v);
-    if (!cuda::moe_tile_rows_ok(bm)) fail("FERN_MOE_TILE={}: expected fixed, adaptive, 16, 32 or 64", v);
+    if (bm == 96 && !q4) fail("FERN_MOE_TILE=96: only the exact-code wgmma loop takes 96-row tiles (FERN_GEMM=wg, "
+                              "FERN_GEMM_WG_PIPE=q4, 4-bit experts with groups a multiple of 64)");
+    if (!cuda::moe_tile_rows_wg_ok(bm, q4)) fail("FERN_MOE_TILE={}: expected fixed, adaptive, 16, 32, 64 or 96", v);
     return bm;
   }
   const double mean = double(T) * k / E;
-  return mean <= 4 ? 16 : mean <= 32 ? 32 : 64;
+  return mean <= 4 ? 16 : mean <= 32 ? 32 : (q4 && mean >= 48) ? 96 : 64;
 }
 
 // The grouping of moe_prefill.h built on the host from the downloaded top-k ids (ablation: the host round trip).
@@ -127,8 +131,15 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   if (env_is("FERN_MOE_ROUTER", "fused") || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k))
     cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);
 
+  const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");
+  const cuda::GemmMode mode = cuda::gemm_mode();
+  const bool separate = env_is("FERN_MOE_DEQUANT", "separate") && gate.bits != 16;
+  // Both grouped GEMMs on the exact-code wgmma loop (decides the tile heights it alone takes).
+  const bool q4_all = mode == cuda::GemmMode::Wg && !prefetch && !separate && cuda::moe_grouped_wg_ok(gate, down, sdown) &&
+                      cuda::gemm_wg_pipe() == cuda::WgPipe::Q4 && cuda::moe_grouped_q4_ok(gate, up, sgate, sup) &&
+                      cuda::moe_grouped_q4_ok(down, sdown, down, sdown);
   const int Ei = static_cast<int>(E);
-  const int bm = tile_rows(T, k, Ei);
+  const int bm = tile_rows(T, k, Ei, q4_all);
   cuda::MoeGroups g;
   g.counts = scratch(DType::I32, {E + 1}).ptr<int32_t>();
   g.offsets = scratch(DType::I32, {E + 1}).ptr<int32_t>();
@@ -140,7 +151,7 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   else
     cuda::moe_group(ctx(), s.topk_ids, T, k, Ei, bm, g);
 
-  if (env_is("FERN_MOE_DEQUANT", "separate") && gate.bits != 16) {
+  if (separate) {
     // Every matrix of the block as bf16 in scratch ([experts, out, in], the dense layout), then the bf16 GEMMs.
     auto to_bf16 = [&](cuda::QW& q) {
       uint16_t* d = scratch(DType::BF16, {std::max<int64_t>(q.experts, 1), q.out, q.in}).ptr<uint16_t>();
@@ -158,8 +169,6 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   float* h_routed = scratch(DType::F32, {int64_t(T) * k, I}).ptr<float>();
   float* h_shared = scratch(DType::F32, {T, Is}).ptr<float>();
   float* y_pair = scratch(DType::F32, {int64_t(T) * k, H}).ptr<float>();
-  const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");
-  const cuda::GemmMode mode = cuda::gemm_mode();
   const bool wg = mode == cuda::GemmMode::Wg && !prefetch && cuda::moe_grouped_wg_ok(gate, down, sdown);
   const bool f16 = !wg && cuda::gemm_f16_format_ok(gate) && !prefetch &&
                    (mode == cuda::GemmMode::Fp16 || mode == cuda::GemmMode::Fp16x2);

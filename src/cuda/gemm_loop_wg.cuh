@@ -3,6 +3,8 @@
 // for 4-bit codes (gemm_tile_q4.cuh, 384 threads). All three leave the results in threads 0..255 in the same
 // accumulator layout, so one epilogue serves them; they differ in which threads stage which weight row.
 #pragma once
+#include <algorithm>
+
 #include "cuda/gemm_f16.h"
 #include "cuda/gemm_tile_q4.cuh"
 #include "cuda/gemm_tile_wg.cuh"
@@ -41,8 +43,9 @@ __device__ __forceinline__ bool run(unsigned char* raw, int K, int gs, const X16
   }
 }
 
-// Ring depth of the exact-code loop: the deepest that fits one block per SM (~200 KB).
+// Ring depth of the exact-code loop: the deepest (at most 8) that fits one block per SM in 227 KB of shared memory.
 template <int NTOK>
-constexpr int kQ4Stages = NTOK >= 128 ? 4 : NTOK >= 64 ? 6 : 8;
+constexpr int kQ4Stages = std::min<int>(8, (227 * 1024 - 2048) / int(sizeof(q4tile::Smem<NTOK, 1>)));
+static_assert(kQ4Stages<64> == 6 && kQ4Stages<96> == 5 && kQ4Stages<128> == 4, "ring depths as documented");
 
 }  // namespace fern::cuda::wgloop

@@ -393,7 +393,7 @@ bool moe_grouped_ok(const QW& gate, const QW& up, const QW& down, const QW& sgat
 }
 
 void moe_group(const Ctx& c, const int32_t* topk_ids, int T, int k, int E, int bm, const MoeGroups& g) {
-  FERN_CU_CHECK(E >= 1 && E <= kGroupThreads && moe_tile_rows_ok(bm) && int64_t(T) * k < (int64_t(1) << 30),
+  FERN_CU_CHECK(E >= 1 && E <= kGroupThreads && moe_tile_rows_wg_ok(bm, true) && int64_t(T) * k < (int64_t(1) << 30),
                 "moe_group: shape out of range");
   launch(c, "moe group_kernel", group_kernel, 1, kGroupThreads, size_t(3) * E * sizeof(int), topk_ids, T, k, E, bm,
          g);

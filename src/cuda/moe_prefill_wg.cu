@@ -190,6 +190,12 @@ void down_wg_n(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, con
 template <int BITS>
 void gate_up_wg_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                      const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared) {
+  if constexpr (BITS == 4) {
+    if (bm == 96) {  // tall tiles: the exact-code loop only (moe_tile_rows_wg_ok)
+      gate_up_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+      return;
+    }
+  }
   switch (bm) {
     case 16: gate_up_wg_n<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
     case 32: gate_up_wg_n<BITS, 32>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
@@ -200,6 +206,13 @@ void gate_up_wg_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate
 template <int BITS>
 void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
                   const float* topk_w, const float* sgate, int T, int k, int E, int bm, float* y_pair, float* out) {
+  if constexpr (BITS == 4) {
+    if (bm == 96) {
+      down_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair,
+                                                         out);
+      return;
+    }
+  }
   switch (bm) {
     case 16: down_wg_n<BITS, 16>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
     case 32: down_wg_n<BITS, 32>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
@@ -208,6 +221,8 @@ void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, 
 }
 
 }  // namespace
+
+bool moe_tile_rows_wg_ok(int bm, bool q4) { return moe_tile_rows_ok(bm) || (q4 && bm == 96); }
 
 bool moe_grouped_q4_ok(const QW& a, const QW& b, const QW& c, const QW& d) {
   return gemm_q4_ok(a) && gemm_q4_ok(b) && gemm_q4_ok(c) && gemm_q4_ok(d);
@@ -221,7 +236,7 @@ bool moe_grouped_wg_ok(const QW& gate, const QW& down, const QW& sdown) {
 void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup,
                             const X16& x, const MoeGroups& g, int T, int k, int E, int bm, float* h_routed,
                             float* h_shared) {
-  FERN_CU_CHECK(moe_tile_rows_ok(bm) && (gate.bits == 4 || gate.bits == 8) && gate.in % wgtile::kBK == 0,
+  FERN_CU_CHECK(moe_tile_rows_wg_ok(bm, x.q4) && (gate.bits == 4 || gate.bits == 8) && gate.in % wgtile::kBK == 0,
                 "moe gate/up wg: tile rows, format or width");
   FERN_CU_CHECK(!x.q4 || moe_grouped_q4_ok(gate, up, sgate, sup), "moe gate/up wg: exact-code rows, other weights");
   if (gate.bits == 4)
@@ -233,7 +248,7 @@ void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW
 void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& h_routed, const X16& h_shared,
                          const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
                          float* y_pair, float* out) {
-  FERN_CU_CHECK(moe_tile_rows_ok(bm) && (down.bits == 4 || down.bits == 8) && down.in % wgtile::kBK == 0 &&
+  FERN_CU_CHECK(moe_tile_rows_wg_ok(bm, h_routed.q4) && (down.bits == 4 || down.bits == 8) && down.in % wgtile::kBK == 0 &&
                     sdown.in % wgtile::kBK == 0,
                 "moe down wg: tile rows, format or width");
   FERN_CU_CHECK(h_routed.q4 == h_shared.q4 && (!h_routed.q4 || moe_grouped_q4_ok(down, sdown, down, sdown)),

@@ -148,7 +148,8 @@ void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed,
 
 // Every tile height, with and without the register prefetch of the precise tile loop, on the fp16 loops and on both
 // forms of the wgmma loop (all with the default tensor-core router); the fused router GEMV.
-std::vector<Variant> tile_variants(const char* what) {
+// tall: the experts are 4-bit with groups of 64, so the exact-code loop also runs 96-row tiles.
+std::vector<Variant> tile_variants(const char* what, bool tall) {
   std::vector<Variant> vs;
   for (bool pf : {false, true})
     for (const char* bm : {"16", "32", "64"})
@@ -158,14 +159,19 @@ std::vector<Variant> tile_variants(const char* what) {
   for (const char* gemm : gemms)
     for (const char* bm : {"16", "32", "64"})
       vs.push_back({std::string(what) + ", tile " + bm + " " + gemm, "FERN_MOE_TILE", bm, kNmse, false, gemm});
-  if (cuda::gemm_wg_supported())
+  if (cuda::gemm_wg_supported()) {
     for (const char* bm : {"16", "32", "64"})
       vs.push_back({std::string(what) + ", tile " + bm + " wg sync", "FERN_MOE_TILE", bm, kNmse, false, "wg", "sync"});
+    // 96-row tiles: the exact-code loop only (the default wg form for 4-bit experts with groups of 64)
+    if (tall) vs.push_back({std::string(what) + ", tile 96 wg", "FERN_MOE_TILE", "96", kNmse, false, "wg"});
+  }
   vs.push_back({std::string(what) + ", router fused", "FERN_MOE_ROUTER", "fused"});
   return vs;
 }
 
 const Shape kReal{"real", 256, 2048, 512, 512, 8, 4, 64};
+
+bool q4_shape(const Shape& s) { return s.bits == 4 && s.gs % 64 == 0; }
 
 TEST(CudaMoePrefill, RealShapeAgainstCpu) {
   FERN_REQUIRE_GPU();
@@ -196,7 +202,7 @@ TEST(CudaMoePrefill, AblationSwitches) {
   auto cpu = make_cpu_backend();
   auto m = make_model(*gpu, kReal, 12, false);
   const int T = 300;
-  auto vs = tile_variants("real");
+  auto vs = tile_variants("real", true);
   vs.push_back({"real, tile fixed", "FERN_MOE_TILE", "fixed"});
   vs.push_back({"real, tile adaptive", "FERN_MOE_TILE", "adaptive"});
   vs.push_back({"real, routing host", "FERN_MOE_ROUTING", "host"});
@@ -251,6 +257,12 @@ TEST(CudaMoePrefill, AblationSwitches) {
     test::EnvGuard bad_gemm("FERN_GEMM", "fast");
     EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
   }
+  {
+    // 96-row tiles where the exact-code loop does not run: a named user error, not a wrong result.
+    test::EnvGuard split("FERN_GEMM", "split");
+    test::EnvGuard tall("FERN_MOE_TILE", "96");
+    EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
+  }
   test::EnvGuard bad("FERN_MOE_TILE", "48");
   EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
 }
@@ -275,7 +287,7 @@ TEST(CudaMoePrefill, HotAndEmptyExperts) {
         ASSERT_NE(std::find(b, e, 0), e) << "token " << t << " does not pick expert 0";
         ASSERT_EQ(std::find(b, e, int32_t(s.E - 1)), e) << "token " << t << " picks expert E-1";
       }
-      check(*gpu, *cpu, *m, T, 200 + T, tile_variants((std::string("hot/empty ") + s.name).c_str()), 0.5f);
+      check(*gpu, *cpu, *m, T, 200 + T, tile_variants((std::string("hot/empty ") + s.name).c_str(), q4_shape(s)), 0.5f);
     }
   }
 }
@@ -295,7 +307,7 @@ TEST(CudaMoePrefill, AwkwardShapesAndFormats) {
     SCOPED_TRACE(s.name);
     auto m = make_model(*gpu, s, 14, false);
     ASSERT_TRUE(grouped_ok(*m));
-    for (int T : {2, 17, 300}) check(*gpu, *cpu, *m, T, 300 + T, tile_variants(s.name));
+    for (int T : {2, 17, 300}) check(*gpu, *cpu, *m, T, 300 + T, tile_variants(s.name, q4_shape(s)));
   }
 }
 
