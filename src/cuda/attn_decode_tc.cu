@@ -41,13 +41,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 using ptx::cp_async16;
 using ptx::ldmatrix_x4;
+using ptx::fast_exp2;
 using ptx::ldmatrix_x4_trans;
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Two floats as one register of bf16 operands (.x, the low half, = lo).
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {

@@ -36,13 +36,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 using ptx::cp_async16;
 using ptx::ldmatrix_x4;
+using ptx::fast_exp2;
 using ptx::ldmatrix_x4_trans;
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Two floats as one register of 16-bit operands (.x, the low half, = lo). fp16: one cvt with .satfinite (finite
 // values past the range become +-65504, NaN stays NaN; sm_80+), cheaper than clamping each value first.

@@ -28,6 +28,7 @@
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_tile.cuh"
 #include "cuda/ptx.cuh"
+#include "cuda/gemm_tile_wg.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace fern::cuda::q4tile {
@@ -57,8 +58,7 @@ constexpr size_t kSmemBytes = sizeof(Smem<NTOK, S>) + 1024;  // + alignment slac
 
 template <int NTOK, int S>
 __device__ __forceinline__ Smem<NTOK, S>& smem_of(unsigned char* raw) {
-  const uintptr_t p = (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023);
-  return *reinterpret_cast<Smem<NTOK, S>*>(p);
+  return wgmma::smem_at_atom<Smem<NTOK, S>>(raw);
 }
 
 // The weight-tile row thread `tid` stages (producers only; other threads get a row too, unused).
@@ -144,10 +144,8 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
   constexpr int kXPer = kXChunks / kProducers;
   static_assert(kXChunks % kProducers == 0, "whole x chunks per producer");
   const int p = tid - kConsumers;
-  const int xch = p & 7;
   int xrow[kXPer];  // global rows of this thread's x chunks (-1: padding)
-#pragma unroll
-  for (int j = 0; j < kXPer; ++j) xrow[j] = row_of((p >> 3) + (kProducers / 8) * j);
+  wgtile::x_rows<NTOK, kProducers>(xrow, row_of, p);
   const int srow = p < NTOK ? row_of(p) : -1;  // the token row whose sums this thread copies
   const int groups = K / kBK;
   const char* wbase = static_cast<const char*>(wsrc.w);
@@ -173,16 +171,7 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
     const int st = kt % S;
     load(kt + 2, n2);  // two tiles ahead: their latency hides behind this tile's and the next one's work
     ptx::mbar_wait(&sm.empty[st], ((kt / S) & 1) ^ 1);
-    const int k0 = kt * kBK;
-#pragma unroll
-    for (int j = 0; j < kXPer; ++j) {
-      const int r = (p >> 3) + (kProducers / 8) * j;
-      const bool ok = xrow[j] >= 0;
-      const int64_t off = ok ? int64_t(xrow[j]) * K + k0 + 8 * xch : 0;
-      const uint32_t d = wgmma::sw128(r, xch);
-      ptx::cp_async16(&sm.xhi[st][d], xhi + off, ok);
-      ptx::cp_async16(&sm.xlo[st][d], xlo + off, ok);
-    }
+    wgtile::copy_x_tile<NTOK, kProducers>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
     if (p < NTOK)
       ptx::cp_async4(&sm.xs[st][p], srow >= 0 ? xsum + int64_t(srow) * groups + kt : xsum, srow >= 0);
     ptx::cp_async_arrive_noinc(&sm.full[st]);

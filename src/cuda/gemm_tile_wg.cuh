@@ -54,8 +54,7 @@ constexpr size_t kSmemBytes = sizeof(Smem<NTOK, BITS, S>) + 1024;  // + alignmen
 
 template <int NTOK, int BITS, int S>
 __device__ __forceinline__ Smem<NTOK, BITS, S>& smem_of(unsigned char* raw) {
-  const uintptr_t p = (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023);
-  return *reinterpret_cast<Smem<NTOK, BITS, S>*>(p);
+  return wgmma::smem_at_atom<Smem<NTOK, BITS, S>>(raw);
 }
 
 // fp32 value of 4-bit code n of word w (exact: 2^23 + q as a float, minus 2^23).
@@ -73,6 +72,34 @@ __device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t&
   const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
   hi = *reinterpret_cast<const uint32_t*>(&h);
   lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// The x rows of a token tile, NT threads per block side: thread t (< NT) copies 16-byte chunk t % 8 of tile rows
+// t / 8 + (NT / 8) j, j < PER. xrow caches their global rows (row_of(r); -1 for padding, copied as zeros).
+template <int NTOK, int NT, int PER, class RowOf>
+__device__ __forceinline__ void x_rows(int (&xrow)[PER], RowOf row_of, int t) {
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int r = (t >> 3) + (NT / 8) * j;
+    xrow[j] = r < NTOK ? row_of(r) : -1;
+  }
+}
+// Issues the cp.async copies of this thread's chunks of K tile k0 .. k0 + 63 into the swizzled stage tiles dhi, dlo.
+template <int NTOK, int NT, int PER>
+__device__ __forceinline__ void copy_x_tile(uint8_t* dhi, uint8_t* dlo, const uint16_t* xhi, const uint16_t* xlo,
+                                            const int (&xrow)[PER], int t, int K, int k0) {
+  const int xch = t & 7;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int r = (t >> 3) + (NT / 8) * j;
+    if (r < NTOK) {
+      const bool ok = xrow[j] >= 0;
+      const int64_t off = ok ? int64_t(xrow[j]) * K + k0 + 8 * xch : 0;
+      const uint32_t d = wgmma::sw128(r, xch);
+      ptx::cp_async16(dhi + d, xhi + off, ok);
+      ptx::cp_async16(dlo + d, xlo + off, ok);
+    }
+  }
 }
 
 // Issues (and commits as one group) the 12 MMAs of one K tile for this warpgroup: its 64 dequantized weight rows
@@ -129,28 +156,13 @@ __device__ __forceinline__ void mainloop(Smem<NTOK, BITS, S>& sm, int K, int gs,
   const int tid = threadIdx.x, wg = tid >> 7;
 
   int xrow[kXPer];  // global rows of this thread's x chunks (-1: padding)
-  const int xch = tid & 7;
-#pragma unroll
-  for (int j = 0; j < kXPer; ++j) {
-    const int r = (tid >> 3) + 32 * j;
-    xrow[j] = r < NTOK ? row_of(r) : -1;
-  }
+  x_rows<NTOK, kThreads>(xrow, row_of, tid);
   const int wr = tid >> 1, half = tid & 1;
   const char* wbase = static_cast<const char*>(wsrc.w);
 
   auto issue = [&](int kt, int st) {
     const int k0 = kt * kBK;
-#pragma unroll
-    for (int j = 0; j < kXPer; ++j) {
-      const int r = (tid >> 3) + 32 * j;
-      if (r < NTOK) {
-        const bool ok = xrow[j] >= 0;
-        const int64_t off = ok ? int64_t(xrow[j]) * K + k0 + 8 * xch : 0;
-        const uint32_t d = wgmma::sw128(r, xch);
-        ptx::cp_async16(&sm.xhi[st][d], xhi + off, ok);
-        ptx::cp_async16(&sm.xlo[st][d], xlo + off, ok);
-      }
-    }
+    copy_x_tile<NTOK, kThreads>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, tid, K, k0);
     // This thread's half of its weight row: kCB / 2 bytes (16 or 32).
     const bool ok = wbase != nullptr;
     const char* src = ok ? wbase + (int64_t(k0) * BITS) / 8 + half * (kCB / 2) : static_cast<const char*>(nullptr);

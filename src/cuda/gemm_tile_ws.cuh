@@ -45,8 +45,7 @@ constexpr size_t kSmemBytes = sizeof(Smem<NTOK, S>) + 1024;  // + alignment slac
 
 template <int NTOK, int S>
 __device__ __forceinline__ Smem<NTOK, S>& smem_of(unsigned char* raw) {
-  const uintptr_t p = (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023);
-  return *reinterpret_cast<Smem<NTOK, S>*>(p);
+  return wgmma::smem_at_atom<Smem<NTOK, S>>(raw);
 }
 
 // The codes of one thread's half weight row for one K tile (16 or 32 bytes) and the scale/bias of its two 16-wide
@@ -104,13 +103,8 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
   constexpr int kXPer = (kXChunks + kProducers - 1) / kProducers;
   constexpr int kHalfBytes = BITS * kBK / 16;  // code bytes of a half row per tile: 16 or 32
   const int p = tid - kConsumers;
-  const int xch = p & 7;
   int xrow[kXPer];  // global rows of this thread's x chunks (-1: padding)
-#pragma unroll
-  for (int j = 0; j < kXPer; ++j) {
-    const int r = (p >> 3) + 32 * j;
-    xrow[j] = r < NTOK ? row_of(r) : -1;
-  }
+  wgtile::x_rows<NTOK, kProducers>(xrow, row_of, p);
   const int wr = p >> 1, half = p & 1;
   const char* wbase = static_cast<const char*>(wsrc.w);
 
@@ -134,18 +128,7 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
     }
   };
   auto copy_x = [&](int kt, int st) {
-    const int k0 = kt * kBK;
-#pragma unroll
-    for (int j = 0; j < kXPer; ++j) {
-      const int r = (p >> 3) + 32 * j;
-      if (r < NTOK) {
-        const bool ok = xrow[j] >= 0;
-        const int64_t off = ok ? int64_t(xrow[j]) * K + k0 + 8 * xch : 0;
-        const uint32_t d = wgmma::sw128(r, xch);
-        ptx::cp_async16(&sm.xhi[st][d], xhi + off, ok);
-        ptx::cp_async16(&sm.xlo[st][d], xlo + off, ok);
-      }
-    }
+    wgtile::copy_x_tile<NTOK, kProducers>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
   };
   // This thread's half row of the tile: two 16-wide segments, chunks 4 half .. 4 half + 3 of row wr.
   auto dequant = [&](const HalfTile<BITS>& h, int st) {

@@ -50,6 +50,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(smem_addr(p)));
 }
 
+// 2^x on the special-function unit (approximate, flushes denormals): the softmax exponentials of the attention
+// kernels.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // d += a b for one m16n8k16 tile (a: 4 registers of 16-bit pairs, b: 2, d: 4 fp32); F16: fp16 operands, else bf16.
 template <bool F16>
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

@@ -31,6 +31,14 @@ __device__ __forceinline__ uint64_t desc_sw128(const void* p) {
   return uint64_t((a & 0x3ffffu) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// The block's dynamic shared memory as a T starting at the next 1024-byte boundary (the swizzle atom: every tile of
+// the tile loops' shared-memory structs starts on one; the kernels ask for 1024 bytes of slack).
+template <class T>
+__device__ __forceinline__ T& smem_at_atom(unsigned char* raw) {
+  const uintptr_t p = (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023);
+  return *reinterpret_cast<T*>(p);
+}
+
 // Byte offset of 16-byte chunk c of row r in a K-major 128-byte-swizzled tile.
 __device__ __forceinline__ uint32_t sw128(int r, int c) { return uint32_t(r) * 128u + (uint32_t(c ^ (r & 7)) << 4); }
 
