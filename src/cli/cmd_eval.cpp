@@ -8,13 +8,13 @@
 #include <cmath>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <vector>
 
 #include "cli/command.h"
 #include "cli/setup.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "engine/reference_logits.h"
 
 namespace fern::cli {
 namespace {
@@ -78,28 +78,13 @@ void accumulate(const float* test, const float* ref, int64_t V, int32_t next_tok
 }
 
 std::vector<Case> cases_from_file(const std::string& prefix, int64_t V) {
-  std::ifstream jf(prefix + ".json");
-  if (!jf) fail("--reference {}: cannot read {}.json", prefix, prefix);
-  nlohmann::json meta = nlohmann::json::parse(jf, nullptr, false);
-  if (meta.is_discarded() || !meta.contains("cases")) fail("{}.json: not a reference-logits file", prefix);
-  if (meta.value("vocab_size", int64_t(0)) != V)
-    fail("{}.json: vocab_size {} differs from the model's {}", prefix, meta.value("vocab_size", int64_t(0)), V);
-  std::ifstream bf(prefix + ".f32", std::ios::binary);
-  if (!bf) fail("--reference {}: cannot read {}.f32", prefix, prefix);
-  std::stringstream ss;
-  ss << bf.rdbuf();
-  const std::string blob = ss.str();
   std::vector<Case> out;
-  for (const auto& c : meta["cases"]) {
+  for (ReferenceCase& r : read_reference_logits(prefix, V)) {
     Case k;
-    k.tokens = c.at("prompt").get<std::vector<int32_t>>();
+    k.tokens = std::move(r.prompt);
     k.score_from = k.tokens.empty() ? 0 : k.tokens.size() - 1;
-    for (int32_t t : c.at("generated").get<std::vector<int32_t>>()) k.tokens.push_back(t);
-    const int64_t off = c.at("row_offset").get<int64_t>(), rows = c.at("rows").get<int64_t>();
-    if (rows != int64_t(k.tokens.size())) fail("{}.json: case rows {} != tokens {}", prefix, rows, k.tokens.size());
-    if (size_t((off + rows) * V) * 4 > blob.size()) fail("{}.f32: too short for its cases", prefix);
-    k.ref.assign(reinterpret_cast<const float*>(blob.data()) + off * V,
-                 reinterpret_cast<const float*>(blob.data()) + (off + rows) * V);
+    k.tokens.insert(k.tokens.end(), r.generated.begin(), r.generated.end());
+    k.ref = std::move(r.logits);
     out.push_back(std::move(k));
   }
   return out;
