@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -57,40 +58,41 @@ TEST(ReferenceLogits, ReadsTheCheckedInGoldenFiles) {
   for (const auto& c : cases) EXPECT_EQ(c.logits.size(), (c.prompt.size() + c.generated.size()) * 1024);
 }
 
+// One case of the cases array with the given fields (a JSON object body).
+std::string one_case(const std::string& fields) { return R"({"vocab_size": 5, "cases": [{)" + fields + "}]}"; }
+
 TEST(ReferenceLogits, MalformedFilesAreNamedErrors) {
   const std::string b = blob_of(6);
-  expect_error("not json", b, "ref.json: not a JSON object");
-  expect_error("[1, 2]", b, "ref.json: not a JSON object");
-  expect_error(R"({"cases": []})", b, "vocab_size: expected an integer");
-  expect_error(R"({"vocab_size": "5", "cases": []})", b, "vocab_size: expected an integer");
-  expect_error(R"({"vocab_size": 7, "cases": []})", b, "vocab_size 7 differs from the model's 5");
-  expect_error(R"({"vocab_size": 5, "cases": {}})", b, "cases: expected an array");
-  expect_error(R"({"vocab_size": 5, "cases": []})", b, "no cases");
-  expect_error(R"({"vocab_size": 5, "cases": [3]})", b, "cases[0]: expected an object");
-  expect_error(R"({"vocab_size": 5, "cases": [{"generated": [], "row_offset": 0, "rows": 0}]})", b,
-               "cases[0].prompt: expected an array");
-  expect_error(R"({"vocab_size": 5, "cases": [{"prompt": ["a"], "generated": [], "row_offset": 0, "rows": 1}]})", b,
-               "cases[0].prompt: \"a\" is not a token id");
-  expect_error(R"({"vocab_size": 5, "cases": [{"prompt": [5], "generated": [], "row_offset": 0, "rows": 1}]})", b,
-               "cases[0].prompt: 5 is not a token id below the vocabulary size 5");
-  expect_error(R"({"vocab_size": 5, "cases": [{"prompt": [-1], "generated": [], "row_offset": 0, "rows": 1}]})", b,
-               "is not a token id");
-  expect_error(R"({"vocab_size": 5, "cases": [{"prompt": [1], "generated": 2, "row_offset": 0, "rows": 1}]})", b,
-               "cases[0].generated: expected an array");
-  expect_error(R"({"vocab_size": 5, "cases": [{"prompt": [1], "generated": [], "row_offset": -3, "rows": 1}]})", b,
-               "cases[0].row_offset: expected a non-negative integer");
-  expect_error(R"({"vocab_size": 5, "cases": [{"prompt": [1], "generated": [], "row_offset": 0, "rows": 1.5}]})", b,
-               "cases[0].rows: expected a non-negative integer");
-  expect_error(R"({"vocab_size": 5, "cases": [{"prompt": [1], "generated": [2], "row_offset": 0, "rows": 3}]})", b,
-               "rows 3 != prompt 1 + generated 1 tokens");
-  expect_error(R"({"vocab_size": 5, "cases": [{"prompt": [], "generated": [], "row_offset": 0, "rows": 0}]})", b,
-               "cases[0]: no tokens");
-  // Rows past the end of the logits, including an offset whose product with the vocabulary would overflow.
-  expect_error(R"({"vocab_size": 5, "cases": [{"prompt": [1, 2], "generated": [], "row_offset": 5, "rows": 2}]})", b,
-               "cases[0] needs rows 5 .. 6, the file holds 6");
-  expect_error(
-      R"({"vocab_size": 5, "cases": [{"prompt": [1], "generated": [], "row_offset": 4611686018427387904, "rows": 1}]})",
-      b, "the file holds 6");
+  const std::pair<std::string, std::string> cases[] = {
+      {"not json", "ref.json: not a JSON object"},
+      {"[1, 2]", "ref.json: not a JSON object"},
+      {R"({"cases": []})", "vocab_size: expected an integer"},
+      {R"({"vocab_size": "5", "cases": []})", "vocab_size: expected an integer"},
+      {R"({"vocab_size": 7, "cases": []})", "vocab_size 7 differs from the model's 5"},
+      {R"({"vocab_size": 5, "cases": {}})", "cases: expected an array"},
+      {R"({"vocab_size": 5, "cases": []})", "no cases"},
+      {R"({"vocab_size": 5, "cases": [3]})", "cases[0]: expected an object"},
+      {one_case(R"("generated": [], "row_offset": 0, "rows": 0)"), "cases[0].prompt: expected an array"},
+      {one_case(R"("prompt": ["a"], "generated": [], "row_offset": 0, "rows": 1)"),
+       "cases[0].prompt: \"a\" is not a token id"},
+      {one_case(R"("prompt": [5], "generated": [], "row_offset": 0, "rows": 1)"),
+       "cases[0].prompt: 5 is not a token id below the vocabulary size 5"},
+      {one_case(R"("prompt": [-1], "generated": [], "row_offset": 0, "rows": 1)"), "is not a token id"},
+      {one_case(R"("prompt": [1], "generated": 2, "row_offset": 0, "rows": 1)"),
+       "cases[0].generated: expected an array"},
+      {one_case(R"("prompt": [1], "generated": [], "row_offset": -3, "rows": 1)"),
+       "cases[0].row_offset: expected a non-negative integer"},
+      {one_case(R"("prompt": [1], "generated": [], "row_offset": 0, "rows": 1.5)"),
+       "cases[0].rows: expected a non-negative integer"},
+      {one_case(R"("prompt": [1], "generated": [2], "row_offset": 0, "rows": 3)"),
+       "rows 3 != prompt 1 + generated 1 tokens"},
+      {one_case(R"("prompt": [], "generated": [], "row_offset": 0, "rows": 0)"), "cases[0]: no tokens"},
+      // rows past the end of the logits, including an offset whose product with the vocabulary would overflow
+      {one_case(R"("prompt": [1, 2], "generated": [], "row_offset": 5, "rows": 2)"),
+       "cases[0] needs rows 5 .. 6, the file holds 6"},
+      {one_case(R"("prompt": [1], "generated": [], "row_offset": 4611686018427387904, "rows": 1)"), "the file holds 6"},
+  };
+  for (const auto& [json, needle] : cases) expect_error(json, b, needle);
   // A logits file cut inside a row.
   expect_error(kGood, b.substr(0, b.size() - 3), "is not a whole number of rows");
 }
