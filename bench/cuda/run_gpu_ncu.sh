@@ -2,8 +2,10 @@
 # One GPU call that profiles the prefill tile loops with Nsight Compute (docs/notes/cuda-prefill-v5-ws.md), from the
 # repository root with carry [".carry/debs", ".carry/gemm-head.tar", ".carry/gemm-head.commit"]: builds the two GEMM
 # micro-benchmarks and profiles the first launch of each kernel named in NCU_KERNELS (regular expressions on the
-# mangled names; default: the dense and MoE gate/up wgmma kernels, warp-specialized and synchronous) with the
-# "full" section set and the per-instruction stall samples. Text reports under $OUT/ncu_*.txt, the key metrics in the summary.
+# mangled names, each optionally followed by :N launches to skip; default: the exact-code loop's dense 128-token
+# kernel and the MoE block's 96-row gate/up and down kernels, first launched at T = 2,048) with the
+# "full" section set and the per-instruction stall samples. Text reports (details, and the SASS source page with
+# the stall samples as CSV) packed into $OUT/ncu_reports.tar.gz, the key metrics in the summary.
 set -u
 source bench/gpu_prelude.sh
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -16,7 +18,7 @@ else
   gpu_configure
   gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill
 fi
-KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi3ELb1E moe:gate_up_wg_kernelILi4ELi64ELi4ELb1E moe:down_wg_kernelILi4ELi64ELi4ELb1E"}
+KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi4ELi2E moe:gate_up_wg_kernelILi4ELi96ELi5ELi2E moe:down_wg_kernelILi4ELi96ELi5ELi2E"}
 for kv in $KERNELS; do
   b=${kv%%:*}; k=${kv#*:}; skip=0
   case "$k" in *:*) skip=${k##*:}; k=${k%:*} ;; esac  # bench:regex[:launches to skip]
@@ -33,4 +35,6 @@ for kv in $KERNELS; do
     sed -E 's/ +/ /g' | tr '\n' ';' | cut -c1-900 | { read -r l; note "  $l"; }
   grep -E "Stall|stall" "$out" | head -12 >>"$OUT/stalls.txt"
 done
+# At most 8 files come back from a call (docs/GPU.md): the reports travel as one archive.
+(cd "$OUT" && tar -czf ncu_reports.tar.gz ncu_* stalls.txt 2>/dev/null && rm -f ncu_*.txt ncu_*.txt.run ncu_*.csv.gz stalls.txt)
 gpu_summary
