@@ -134,12 +134,14 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");
   const cuda::GemmMode mode = cuda::gemm_mode();
   const bool separate = env_is("FERN_MOE_DEQUANT", "separate") && gate.bits != 16;
-  // Both grouped GEMMs on the exact-code wgmma loop (decides the tile heights it alone takes).
-  const bool q4_all = mode == cuda::GemmMode::Wg && !prefetch && !separate && cuda::moe_grouped_wg_ok(gate, down, sdown) &&
-                      cuda::gemm_wg_pipe() == cuda::WgPipe::Q4 && cuda::moe_grouped_q4_ok(gate, up, sgate, sup) &&
-                      cuda::moe_grouped_q4_ok(down, sdown, down, sdown);
+  // The wgmma loops (FERN_MOE_DEQUANT=separate and FERN_MOE_PREFETCH=1 take split); the exact-code one is decided
+  // per GEMM (its own row layout for x and h), and both GEMMs on it allow the tile heights it alone takes.
+  const bool wg = mode == cuda::GemmMode::Wg && !prefetch && !separate && cuda::moe_grouped_wg_ok(gate, down, sdown);
+  const bool q4_pipe = wg && cuda::gemm_wg_pipe() == cuda::WgPipe::Q4;
+  const bool q4_gate_up = q4_pipe && cuda::moe_grouped_q4_ok(gate, up, sgate, sup);
+  const bool q4_down = q4_pipe && cuda::moe_grouped_q4_ok(down, sdown, down, sdown);
   const int Ei = static_cast<int>(E);
-  const int bm = tile_rows(T, k, Ei, q4_all);
+  const int bm = tile_rows(T, k, Ei, q4_gate_up && q4_down);
   cuda::MoeGroups g;
   g.counts = scratch(DType::I32, {E + 1}).ptr<int32_t>();
   g.offsets = scratch(DType::I32, {E + 1}).ptr<int32_t>();
@@ -169,16 +171,12 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   float* h_routed = scratch(DType::F32, {int64_t(T) * k, I}).ptr<float>();
   float* h_shared = scratch(DType::F32, {T, Is}).ptr<float>();
   float* y_pair = scratch(DType::F32, {int64_t(T) * k, H}).ptr<float>();
-  const bool wg = mode == cuda::GemmMode::Wg && !prefetch && cuda::moe_grouped_wg_ok(gate, down, sdown);
   const bool f16 = !wg && cuda::gemm_f16_format_ok(gate) && !prefetch &&
                    (mode == cuda::GemmMode::Fp16 || mode == cuda::GemmMode::Fp16x2);
   if (wg || f16) {
     // x converted once (bf16 hi/lo rows for wg, gemm_wg.h; fp16 rows for fp16/fp16x2, gemm_f16.h), gate/up, h
     // converted once the same way, down (docs/notes/cuda-prefill-v3-gemm.md, cuda-prefill-v4-wg.md).
-    // The exact-code wgmma loop (4-bit experts, FERN_GEMM_WG_PIPE unset or q4) takes its own row layout, decided
-    // per GEMM: gate/up (x) and down (h) independently.
     const bool precise = mode == cuda::GemmMode::Fp16x2;
-    const bool q4_pipe = wg && cuda::gemm_wg_pipe() == cuda::WgPipe::Q4;
     auto rows = [&](const float* src, int64_t n, int64_t K, bool q4) {
       const size_t bytes = wg ? cuda::xbf_bytes(n, K) : cuda::x16_bytes(n, K, precise);
       void* ws = scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data;
@@ -191,10 +189,9 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
         cuda::to_x16(ctx(), src, n, K, r);
       return r;
     };
-    const cuda::X16 xs = rows(xp, T, H, q4_pipe && cuda::moe_grouped_q4_ok(gate, up, sgate, sup));
+    const cuda::X16 xs = rows(xp, T, H, q4_gate_up);
     (wg ? cuda::moe_grouped_gate_up_wg : cuda::moe_grouped_gate_up_f16)(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei,
                                                                         bm, h_routed, h_shared);
-    const bool q4_down = q4_pipe && cuda::moe_grouped_q4_ok(down, sdown, down, sdown);
     const cuda::X16 hrs = rows(h_routed, int64_t(T) * k, I, q4_down), hss = rows(h_shared, T, Is, q4_down);
     (wg ? cuda::moe_grouped_down_wg : cuda::moe_grouped_down_f16)(ctx(), down, sdown, hrs, hss, g, s.topk_w, s.sgate,
                                                                   T, k, Ei, bm, y_pair, op);
