@@ -3,7 +3,8 @@
 # repository root with carry [".carry/debs", ".carry/gemm-head.tar", ".carry/gemm-head.commit"]: builds the two GEMM
 # micro-benchmarks and profiles the first launch of each kernel named in NCU_KERNELS (regular expressions on the
 # mangled names, each optionally followed by :N launches to skip; default: the exact-code loop's dense 128-token
-# kernel and the MoE block's 96-row gate/up and down kernels, first launched at T = 2,048) with the
+# kernel and the MoE block's 96-row gate/up and down kernels, first launched at T = 2,048; `decode:REGEX` profiles a
+# kernel of bench_cuda_decode's 4K step, e.g. decode:moe_fused_kernel:40) with the
 # "full" section set and the per-instruction stall samples. Text reports (details, and the SASS source page with
 # the stall samples as CSV) packed into $OUT/ncu_reports.tar.gz, the key metrics in the summary.
 set -u
@@ -16,18 +17,22 @@ if [ -x /tmp/w/build/bench/bench_cuda_moe_prefill ] && [ "${NCU_REUSE:-0}" = 1 ]
 else
   gpu_unpack_head gemm-head
   gpu_configure
-  gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill
+  gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill bench_cuda_decode
 fi
 KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi4ELi2E moe:gate_up_wg_kernelILi4ELi96ELi5ELi2E moe:down_wg_kernelILi4ELi96ELi5ELi2E"}
 for kv in $KERNELS; do
   b=${kv%%:*}; k=${kv#*:}; skip=0
   case "$k" in *:*) skip=${k##*:}; k=${k%:*} ;; esac  # bench:regex[:launches to skip]
-  exe=build/bench/bench_cuda_prefill_linear; [ "$b" = moe ] && exe=build/bench/bench_cuda_moe_prefill
+  case "$b" in  # bench names: linear, moe (prefill micro-benchmarks), decode (the 4K step by block)
+    moe) exe=(build/bench/bench_cuda_moe_prefill) ;;
+    decode) exe=(build/bench/bench_cuda_decode blocks) ;;
+    *) exe=(build/bench/bench_cuda_prefill_linear) ;;
+  esac
   out="$OUT/ncu_$(echo "$k" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).txt"
   # The full set (warp-state sampling per instruction) into a report, then its details and its SASS source page
   # with the per-instruction stall samples (CSV).
   rep=/tmp/rep_$(basename "$out" .txt)
-  timeout 120 "$NCU" --set full --kernel-name-base mangled -k "regex:$k" --launch-skip "$skip" -c 1 -f -o "$rep" "$exe" >"$out.run" 2>&1
+  timeout 120 "$NCU" --set full --kernel-name-base mangled -k "regex:$k" --launch-skip "$skip" -c 1 -f -o "$rep" "${exe[@]}" >"$out.run" 2>&1
   note "ncu $k rc $? ($(elapsed))"
   "$NCU" -i "$rep.ncu-rep" --page details --print-details all >"$out" 2>&1
   "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"${out%.txt}.sass.csv.gz"

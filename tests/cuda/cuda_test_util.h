@@ -19,21 +19,36 @@ namespace fern::test {
 inline std::unique_ptr<CudaBackend> make_gpu() { return std::make_unique<CudaBackend>(0); }
 
 // Two sets of logits rows [rows, V] (row-major, rows = size / V): NMSE over all values, the fraction of rows with
-// the same argmax, and whether every value of `got` is finite.
+// the same argmax, and whether every value of `got` is finite; also the rows' own NMSEs (the worst row and the
+// median), which tell one outlying row (a near-tied routing choice that flips at one position) from an error
+// spread over every row (a kernel that is off everywhere).
 struct LogitAgreement {
   double nmse = 0;
   double top1 = 0;
   bool finite = true;
+  double worst_row_nmse = 0;
+  int64_t worst_row = -1;
+  double median_row_nmse = 0;
 };
 inline LogitAgreement logit_agreement(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
   LogitAgreement a;
   a.nmse = nmse(got.data(), ref.data(), got.size());
   const int64_t rows = static_cast<int64_t>(ref.size()) / V;
   int same = 0;
+  std::vector<double> row_nmse;
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = got.data() + r * V;
     const float* f = ref.data() + r * V;
     same += (std::max_element(g, g + V) - g) == (std::max_element(f, f + V) - f);
+    row_nmse.push_back(nmse(g, f, size_t(V)));
+    if (row_nmse.back() > a.worst_row_nmse) {
+      a.worst_row_nmse = row_nmse.back();
+      a.worst_row = r;
+    }
+  }
+  if (!row_nmse.empty()) {
+    std::nth_element(row_nmse.begin(), row_nmse.begin() + row_nmse.size() / 2, row_nmse.end());
+    a.median_row_nmse = row_nmse[row_nmse.size() / 2];
   }
   for (float v : got) a.finite = a.finite && std::isfinite(v);
   a.top1 = rows > 0 ? double(same) / double(rows) : 0.0;

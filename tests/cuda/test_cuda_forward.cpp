@@ -71,6 +71,8 @@ TEST(CudaForward, RandomModelMatchesCpu) {
   auto [pre, dec] = run_model(test::random_weights(cfg, o), 192, 32, 21);
   std::printf("random 8-layer model: prefill 192 NMSE %.3e top-1 %.4f | decode 32 NMSE %.3e top-1 %.4f\n", pre.nmse,
               pre.top1, dec.nmse, dec.top1);
+  std::printf("  prefill rows: worst %lld NMSE %.3e, median %.3e\n", static_cast<long long>(pre.worst_row),
+              pre.worst_row_nmse, pre.median_row_nmse);
   // fp32 on both sides except the BF16 KV cache on the GPU: measured NMSE 9e-6 (prefill), 6e-8 (decode), top-1
   // agreement 1.0 on the H200. 1e-4 flags a broken layer
   // (those give > 1e-2). Top-1 may differ only where two logits are within rounding of each other.
