@@ -72,10 +72,12 @@ __device__ __forceinline__ uint4 unpack8(uint32_t w) {
                     ((w >> 12) & kMask) | kExp);
 }
 
-// One weight row's codes for one tile (32 bytes) and its group's scale and bias.
+// One weight row's codes for one tile (32 bytes) and its group's scale and bias, as loaded: the bf16 bits are
+// converted only when the tile is unpacked, two tiles later (converting at the load made every producer iteration
+// wait for its own loads: the profile's top producer stall).
 struct RowTile {
   uint4 lo, hi;  // codes 0..31, 32..63
-  float s, b;
+  uint16_t s, b;
 };
 
 // acc (MMA warpgroup's 64 weight rows x NTOK tokens, wgmma layout) = W x^T over the width K, for the MMA threads;
@@ -149,19 +151,20 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
   const int srow = p < NTOK ? row_of(p) : -1;  // the token row whose sums this thread copies
   const int groups = K / kBK;
   const char* wbase = static_cast<const char*>(wsrc.w);
+  const int gsh = 31 - __clz(gs / kBK);  // tiles per group: a power of two (make_qw checks the group size)
 
   auto load = [&](int kt, RowTile& t) {
     if (wbase == nullptr || kt >= nk) {  // padding row (zero codes, scale and bias: exact zeros) or past the end
       t.lo = t.hi = make_uint4(0, 0, 0, 0);
-      t.s = t.b = 0.0f;
+      t.s = t.b = 0;
       return;
     }
     const uint4* src = reinterpret_cast<const uint4*>(wbase + int64_t(kt) * (kBK / 2));
     t.lo = __ldg(src);
     t.hi = __ldg(src + 1);
-    const int g = kt * kBK / gs;
-    t.s = bf16_at(wsrc.s, g);
-    t.b = bf16_at(wsrc.b, g);
+    const int g = kt >> gsh;
+    t.s = __ldg(wsrc.s + g);
+    t.b = __ldg(wsrc.b + g);
   };
 
   RowTile cur, n1, n2;
@@ -178,7 +181,8 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
     const uint32_t words[8] = {cur.lo.x, cur.lo.y, cur.lo.z, cur.lo.w, cur.hi.x, cur.hi.y, cur.hi.z, cur.hi.w};
 #pragma unroll
     for (int c = 0; c < 8; ++c) *reinterpret_cast<uint4*>(&sm.w[st][wgmma::sw128(p, c)]) = unpack8(words[c]);
-    sm.sb[st][p] = make_float2(cur.s, fmaf(-128.0f, cur.s, cur.b));
+    const float sc = bf16_to_f32(cur.s), bi = bf16_to_f32(cur.b);
+    sm.sb[st][p] = make_float2(sc, fmaf(-128.0f, sc, bi));
     wgmma::fence_proxy_async();
     ptx::mbar_arrive(&sm.full[st]);
     cur = n1;
