@@ -121,6 +121,9 @@ int main() {
     Tensor yt(y.data, DType::F32, {T, H}, Device::Cuda);
     double base = 0.0;
     for (const Variant& v : variants) {
+      // FERN_BENCH_DEFAULT_ONLY=1: the default variant alone (comparing builds in one short GPU call).
+      const char* only = std::getenv("FERN_BENCH_DEFAULT_ONLY");
+      if (only != nullptr && only[0] == '1' && &v != &variants[1]) continue;
       set_env("FERN_MOE_PATH", v.path);
       set_env("FERN_MOE_ROUTING", v.routing);
       set_env("FERN_MOE_TILE", v.tile);

@@ -4,7 +4,8 @@
 // where the GPU and build run it, the wgmma loop (wg: x split once into bf16 hi/lo rows); each timed with its
 // conversion. Against the row-by-row GEMV (the T > 1 path before the GEMM), at the real 4-bit shapes, for several
 // token counts. Weights and activations are random device fills; each figure is the median of 7 timed launches
-// (CUDA events, after one warm-up). Effective TFLOP/s counts 2 * T * out * in.
+// (CUDA events, after one warm-up). Effective TFLOP/s counts 2 * T * out * in. FERN_BENCH_DEFAULT_ONLY=1 times only
+// the default path (the other columns 0): for comparing builds of the same loop in one short GPU call.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,6 +41,8 @@ int main() {
   FERN_CUDA_CHECK(cudaGetDevice(&dev));
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sms, cudaDevAttrMultiProcessorCount, dev));
   const bool wg = cuda::gemm_wg_supported();
+  const char* only = std::getenv("FERN_BENCH_DEFAULT_ONLY");
+  const bool default_only = only != nullptr && only[0] == '1';
   std::printf(
       "| shape | T | GEMV row by row (ms) | split (ms) | fp16 (ms) | fp16x2 (ms) | wg sync, 4 stages (ms) | wg sync, 2 stages "
       "(ms) | wg warp-specialized (ms) | wg exact codes (q4, default) (ms) | x to bf16 hi/lo alone | q4 vs split | split "
@@ -80,12 +83,16 @@ int main() {
       if (T > maxT) continue;
       float* xp = static_cast<float*>(x);
       float* yp = static_cast<float*>(y);
-      const double gemv = median_ms([&] { cuda::linear_gemv(ctx, q, xp, yp, T); });
-      const double gemm = median_ms([&] { cuda::linear_gemm(ctx, q, xp, yp, T); });
-      const double f16 = median_ms([&] { cuda::linear_gemm(fctx, q, xp, yp, T); });
-      const double x2 = median_ms([&] { cuda::linear_gemm(pctx, q, xp, yp, T); });
-      double wgm = 0.0, wg2 = 0.0, wgs = 0.0, q4 = 0.0, conv = 0.0;
-      if (wg) {
+      double gemv = 0.0, gemm = 0.0, f16 = 0.0, x2 = 0.0, wgm = 0.0, wg2 = 0.0, wgs = 0.0, q4 = 0.0, conv = 0.0;
+      if (default_only) {
+        q4 = median_ms([&] { cuda::linear_gemm(wg ? wctx : ctx, q, xp, yp, T); });
+      } else {
+        gemv = median_ms([&] { cuda::linear_gemv(ctx, q, xp, yp, T); });
+        gemm = median_ms([&] { cuda::linear_gemm(ctx, q, xp, yp, T); });
+        f16 = median_ms([&] { cuda::linear_gemm(fctx, q, xp, yp, T); });
+        x2 = median_ms([&] { cuda::linear_gemm(pctx, q, xp, yp, T); });
+      }
+      if (wg && !default_only) {
         setenv("FERN_GEMM_WG_PIPE", "sync", 1);
         setenv("FERN_GEMM_WG_STAGES", "4", 1);  // the 64-token tiles in four stages, forced
         wgm = median_ms([&] { cuda::linear_gemm(wctx, q, xp, yp, T); });
