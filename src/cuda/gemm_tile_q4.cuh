@@ -18,8 +18,8 @@
 // for these threads: weight_row()). The producers fill a ring of S stages: cp.async of the x rows and of the row
 // sums (their completion arrives on the stage's "full" mbarrier by itself: cp.async.mbarrier.arrive.noinc), the
 // codes loaded two tiles ahead into registers, unpacked into the stage's swizzled tile, then a proxy fence and a
-// second arrival. The MMA warpgroups wait on "full", issue the tile's 8 MMAs in turns (named barriers), wait for
-// them, promote and hand the stage back on "empty"; taking turns, one promotes while the other's MMAs run.
+// second arrival. The MMA warpgroups wait on "full", issue the tile's 8 MMAs, wait for them, hand the stage back on
+// "empty" and promote; the two warpgroups interleave, so one promotes while the other's MMAs run.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -39,7 +39,6 @@ constexpr int kRowBytes = 128;
 constexpr int kConsumers = 256;
 constexpr int kProducers = 128;
 constexpr int kThreads = kConsumers + kProducers;
-constexpr int kTurnBar = 1;  // named barriers 1 (warpgroup 0 may issue) and 2 (warpgroup 1 may issue)
 
 // Shared memory: S stages of the unpacked weight tile, the x hi and lo tiles (each on a 1024-byte boundary, the
 // swizzle atom), the rows' (s, b - 128 s) and the token rows' sums; then the barriers.
@@ -119,11 +118,6 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
       wgmma::fence_operand(part);
       wgmma::fence();
       const uint8_t* w = &sm.w[st][wg * 64 * kRowBytes];
-      // The warpgroups take turns issuing (0 tile kt, 1 tile kt, 0 tile kt + 1, ...), so that the tensor cores run
-      // one warpgroup's MMAs while the other promotes its partial; left alone, both wait on the same stage barrier,
-      // issue together, wait together and promote together, with the tensor cores idle meanwhile (the profile's
-      // largest stall was the MMA wait).
-      if (wg == 1 || kt > 0) ptx::bar_sync(kTurnBar + wg, kConsumers);
 #pragma unroll
       for (int ks = 0; ks < kBK / 16; ++ks) {
         const uint64_t dw = wgmma::desc_sw128(w + 32 * ks);
@@ -131,7 +125,6 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
         wgmma::mma_bf16<NTOK>(part, dw, wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
       }
       wgmma::commit();
-      if (wg == 0 || kt + 1 < nk) ptx::bar_arrive(kTurnBar + (wg ^ 1), kConsumers);
       wgmma::wait<0>();
       wgmma::fence_operand(part);
       // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.

@@ -86,11 +86,6 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}" ::"r"(smem_addr(bar)) : "memory");
 }
-// Named barriers (id 1..15; 0 is __syncthreads) over `n` threads, a multiple of 32: bar_arrive counts the calling
-// warp in without waiting, bar_sync counts it in and waits until all n have arrived. One side arriving and the other
-// syncing orders two groups of warps without stopping the first.
-__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 // An arrival on `bar` once every cp.async this thread has issued so far has landed; counts as one of the expected
 // arrivals (.noinc).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
