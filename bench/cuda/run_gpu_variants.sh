@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call that compares builds of the prefill tile loops side by side, from the repository root with carry
-# [".carry/debs", ".carry/var-NAME.tar", ".carry/var-NAME.commit" for each NAME in VARIANTS] (each archive made with
-# `git archive -o .carry/var-NAME.tar COMMIT; git rev-parse --short=12 COMMIT >.carry/var-NAME.commit`).
+# [".carry/debs", ".carry/var"], the folder holding NAME.tar and NAME.commit for each NAME in VARIANTS (each made with
+# `git archive -o .carry/var/NAME.tar COMMIT; git rev-parse --short=12 COMMIT >.carry/var/NAME.commit`).
 # Every variant is built in its own folder (in parallel) with this tree's two GEMM micro-benchmarks (their
 # FERN_BENCH_DEFAULT_ONLY mode: only the default path), then the benchmarks run ROUNDS times in turn (variant after
 # variant, so that clock drift hits all alike). The variant FULL (default: the last) also runs the GEMM and MoE tests
@@ -17,11 +17,11 @@ note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); 
 TESTS="cuda_test_cuda_linear_gemm cuda_test_cuda_moe_prefill"
 build_variant() {
   local v=$1 d=/tmp/v_$1 targets="bench_cuda_prefill_linear bench_cuda_moe_prefill"
-  rm -rf "$d" && mkdir -p "$d" && tar -C "$d" -xf ".carry/var-$v.tar" || return 1
+  rm -rf "$d" && mkdir -p "$d" && tar -C "$d" -xf ".carry/var/$v.tar" || return 1
   cp bench/cuda/bench_cuda_prefill_linear.cpp bench/cuda/bench_cuda_moe_prefill.cpp bench/cuda/bench_timing.h "$d/bench/cuda/"
   [ "$v" = "$FULL" ] && targets="$targets $TESTS cuda_test_cuda_forward" && [ "${FULL_BENCH:-0}" = 1 ] && targets="$targets fern"
   (cd "$d" && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real \
-      -DFERN_GIT_COMMIT="$(cat "$ROOT/.carry/var-$v.commit")" >"$OUT/cmake_$v.log" 2>&1 &&
+      -DFERN_GIT_COMMIT="$(cat "$ROOT/.carry/var/$v.commit")" >"$OUT/cmake_$v.log" 2>&1 &&
     ninja -C build -k 0 -j8 $targets >"$OUT/build_$v.log" 2>&1)
 }
 for v in $VARIANTS; do build_variant "$v" & done
