@@ -195,7 +195,9 @@ void bench_decode(bool splitk, bool steps = true) {
     cuda::fill_random_f32(be.stream(), out.ptr<float>(), H, 2, -0.1f, 0.1f);
     cuda::fill_random_f32(be.stream(), xn.ptr<float>(), H, 3, -1, 1);
     cuda::fill_random_f32(be.stream(), h.ptr<float>(), H, 4, -1, 1);
-    auto gdn_mixer = [&](int l) {
+    // unfused: the core with its gated norm (gdn_core), then out_proj as a plain GEMV (before version 8 of the
+    // decode GDN; forward.cpp now calls gdn_core_linear, whose GEMV applies the norm).
+    auto gdn_mixer_as = [&](int l, bool unfused) {
       const GdnWeights& g = w->layers[l].gdn;
       Tensor mixed = be.scratch(DType::F32, {1, cfg.gdn_conv_dim()}), z = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
       Tensor b = be.scratch(DType::F32, {1, cfg.linear_num_value_heads}), a = be.scratch(DType::F32, {1, cfg.linear_num_value_heads});
@@ -203,9 +205,14 @@ void bench_decode(bool splitk, bool steps = true) {
       const Tensor po[] = {mixed, z, b, a};  // as forward.cpp: the input norm and the four projections in one launch
       const LinearWeight* const pw[] = {&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a};
       be.rmsnorm_linear_multi(po, h, w->layers[l].input_norm, 1e-6f, xn, pw);
-      be.gdn_core(y, mixed, z, b, a, g, cfg, *st, l);
-      be.linear(out, y, g.out_proj);
+      if (unfused) {
+        be.gdn_core(y, mixed, z, b, a, g, cfg, *st, l);
+        be.linear(out, y, g.out_proj);
+      } else {
+        be.gdn_core_linear(out, y, mixed, z, b, a, g, cfg, *st, l);
+      }
     };
+    auto gdn_mixer = [&](int l) { gdn_mixer_as(l, false); };
     auto attn_mixer = [&](int l) {
       const AttnWeights& at = w->layers[l].attn;
       const int64_t qd = int64_t(cfg.num_attention_heads) * cfg.head_dim, kvd = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
@@ -260,6 +267,10 @@ void bench_decode(bool splitk, bool steps = true) {
            for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer(l);
            unsetenv("FERN_CUDA_GEMV_WIDE");
          }},
+        {"  same, unfused (gdn_core with its norm, then out_proj)", [&] {
+           be.begin_forward();
+           for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer_as(l, true);
+         }},
         {"10 x attention mixer @4K", [&] { be.begin_forward(); for (int l = 0; l < cfg.num_hidden_layers; ++l) if (cfg.is_attention_layer(l)) attn_mixer(l); }},
         {"  of which 30 x gdn_core", [&] {
            be.begin_forward();
@@ -268,6 +279,33 @@ void bench_decode(bool splitk, bool steps = true) {
            Tensor y = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
            for (int l = 0; l < cfg.num_hidden_layers; ++l)
              if (!cfg.is_attention_layer(l)) be.gdn_core(y, mixed, z, b, a, w->layers[l].gdn, cfg, *st, l);
+         }},
+        {"  of which 30 x raw step kernel (no norm)", [&] {
+           be.begin_forward();
+           Tensor mixed = be.scratch(DType::F32, {1, cfg.gdn_conv_dim()});
+           Tensor b = be.scratch(DType::F32, {1, cfg.linear_num_value_heads}), a = be.scratch(DType::F32, {1, cfg.linear_num_value_heads});
+           Tensor y = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
+           const cuda::GdnShape gsh{cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                    cfg.linear_value_head_dim, static_cast<int>(cfg.gdn_conv_dim()),
+                                    cfg.linear_conv_kernel_dim, static_cast<float>(cfg.rms_norm_eps)};
+           for (int l = 0; l < cfg.num_hidden_layers; ++l)
+             if (!cfg.is_attention_layer(l)) {
+               const GdnWeights& g = w->layers[l].gdn;
+               auto& cs = static_cast<CudaState&>(*st);
+               cuda::gdn_step_raw(kc, gsh, 0, mixed.ptr<float>(), b.ptr<float>(), a.ptr<float>(), g.conv_w.ptr<float>(),
+                                  g.A_log.ptr<float>(), g.dt_bias.ptr<float>(), cs.conv_state[l].ptr<float>(),
+                                  cs.recurrent_state[l].ptr<float>(), y.ptr<float>(), true);
+             }
+         }},
+        {"  of which 30 x out_proj with the gated norm", [&] {
+           be.begin_forward();
+           Tensor y = be.scratch(DType::F32, {1, cfg.gdn_value_dim()}), z = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
+           for (int l = 0; l < cfg.num_hidden_layers; ++l)
+             if (!cfg.is_attention_layer(l)) {
+               const GdnWeights& g = w->layers[l].gdn;
+               cuda::linear_gated_norm(kc, cuda::make_qw(g.out_proj), y.ptr<float>(), z.ptr<float>(), g.norm_w.ptr<float>(),
+                                       1e-6f, cfg.linear_value_head_dim, out.ptr<float>(), true);
+             }
          }},
         {"  of which 10 x attn_core @4K", [&] {
            be.begin_forward();

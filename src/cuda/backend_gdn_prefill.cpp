@@ -1,7 +1,7 @@
 // Gated DeltaNet core for a chunk of T > 1 prompt rows (prefill). Shapes are checked by gdn_core.
 // Supported head shapes (all real ones) run the multi-row kernels: the conv/norm pre-pass, the delta rule as the
 // register-resident scan (gdn_prefill.cu) or in the chunked WY form on the tensor cores (gdn_chunked.cu), the gated
-// norm. Any other shape keeps the one-token kernel, launched once per row.
+// norm. Any other shape keeps the one-token kernel, launched once per row, then the gated norm over all rows.
 //   FERN_GDN_PREFILL unset or "auto": the faster form for T (kChunkedMinRows below);
 //                    "scan" / "chunked": that form for every T > 1 (chunked where gdn_chunked_ok, else the scan);
 //                    "rows": the one-token kernel per row (to bisect whole-model differences).
@@ -53,11 +53,12 @@ void CudaBackend::gdn_prefill_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tenso
                       f32(w.norm_w, "norm_w"), conv, rec, f32(y, "gdn y"), f32(xc, "gdn scratch"), form);
   } else {
     const bool early = last_gdn_state_ != rec;
-    // Rows are sequential through the state: one decode-step launch per row.
+    // Rows are sequential through the state: one decode-step launch per row, then the gated norm of all rows.
     for (int t = 0; t < T; ++t)
-      cuda::gdn_step(ctx(0), sh, t, f32(mixed, "gdn mixed"), f32(z, "gdn z"), f32(b, "gdn b"), f32(a, "gdn a"),
-                     f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"),
-                     f32(w.norm_w, "norm_w"), conv, rec, f32(y, "gdn y"), early);
+      cuda::gdn_step_raw(ctx(0), sh, t, f32(mixed, "gdn mixed"), f32(b, "gdn b"), f32(a, "gdn a"),
+                         f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"), conv, rec,
+                         f32(y, "gdn y"), early);
+    cuda::gdn_gated_norm(ctx(0), sh, T, f32(z, "gdn z"), f32(w.norm_w, "norm_w"), f32(y, "gdn y"));
   }
   last_gdn_state_ = rec;
 }

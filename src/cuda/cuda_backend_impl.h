@@ -54,6 +54,8 @@ class CudaBackend : public Backend {
   void linear_multi(std::span<const Tensor> outs, Tensor x, std::span<const LinearWeight* const> ws) override;
   void gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
                 SequenceState& state, int layer) override;
+  void gdn_core_linear(Tensor out, Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
+                       const ModelConfig& cfg, SequenceState& state, int layer) override;
   void attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
                  SequenceState& state, int layer) override;
   void moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) override;

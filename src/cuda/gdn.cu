@@ -1,13 +1,19 @@
-// Gated DeltaNet step for one token row (MODEL.md 2.4 steps 3-9), fused into one launch.
+// Gated DeltaNet step for one token row (MODEL.md 2.4 steps 3-8), fused into one launch; the gated RMSNorm of
+// step 9 is left to the consumer (the out_proj GEMV stages it, linear.cu linear_gated_norm) or to
+// gdn_gated_norm_kernel below (gdn_step).
 // Grid (Hv value heads, Dv/32 column blocks); 256 threads = 32 state columns x 8 slices of the key dimension.
 // Each block recomputes the causal conv + SiLU for the q/k channels of its key head and the v channels of its
 // columns (cheap: 2*Dk + 32 channels), the l2 norms and the gates, then runs the delta rule on its 32 columns of
 // the fp32 state, which stay in registers between the decay, the read-out m = S^T k, the rank-1 update and the
 // read-out o = S^T q (each state element is read once and written once: the state is 60 MiB per token and
 // dominates this kernel's time).
-// Cross-block steps use "last block" counters instead of extra launches:
-//  - the last block of a value head applies the gated RMSNorm to the head's 128 outputs;
-//  - the last block of a key head shifts the conv state of its channels (nobody reads them after that).
+// The conv state is shifted from registers, without reloading anything: each block's v channels are read by that
+// block alone, so it writes them itself; the q/k channels of a key head are read by all its blocks, so the last
+// of them to have consumed its conv inputs writes them ("last block" counter per key head). That counter's fence
+// and atomic come right after the conv, before any state store, so the fence waits for no store and the kernel's
+// tail is stores only (version 7 kept a per-value-head counter after the state stores, with the fence waiting
+// for them, and the head's last block re-read, normalised and rewrote its 128 outputs: a chain of L2 round trips
+// at the end of every block that the next kernel waited for).
 // Inputs written by an earlier kernel are plain `const T*`, never `const T* __restrict__`: under PDL that kernel
 // may still be running while this one is resident, and const + restrict would allow the non-coherent load path
 // and its scheduling ahead of griddepcontrol.wait (qdot.cuh stage_x, docs/notes/cuda-decode-v6.md). Weights
@@ -31,21 +37,19 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1
 
 // MAXKS: conv taps held in registers (4 for the model: the variant measured on the H200; 8 for longer kernels).
 template <int MAXKS>
-__global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const float* mixed,
-                                                       const float* z, const float* bgate,
+__global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const float* mixed, const float* bgate,
                                                        const float* agate,
                                                        const float* __restrict__ conv_w,
                                                        const float* __restrict__ A_log,
-                                                       const float* __restrict__ dt_bias,
-                                                       const float* __restrict__ norm_w, float* conv_state,
+                                                       const float* __restrict__ dt_bias, float* conv_state,
                                                        float* state, float* y, int* counters, int early_state) {
   // The recurrent and conv states of this layer were last written by this layer's kernel of the previous token.
   // When that is at least two launches back (early_state: the first row of a call), they are complete before this
   // kernel starts: every kernel calls pdl_trigger() only after its own pdl_wait(), so when kernel N starts, kernel
-  // N-2 has finished. Everything that does not come from the previous kernel is requested before the PDL wait: the conv taps, A_log,
-  // dt_bias and the norm weight (weights), and with early_state the recurrent and conv state; after the wait, the
-  // inputs (mixed, b, a, z) are requested together in one round (version 3 waited for the conv loads, then the gates
-  // after two block reductions, then z in the last block: three dependent round trips more).
+  // N-2 has finished. Everything that does not come from the previous kernel is requested before the PDL wait: the
+  // conv taps, A_log and dt_bias (weights), and with early_state the recurrent and conv state; after the wait, the
+  // inputs (mixed, b, a) are requested together in one round (version 3 waited for the conv loads, then the gates
+  // after two block reductions: dependent round trips more).
   const int jj = threadIdx.x % kCols, sl = threadIdx.x / kCols;
   const int j = blockIdx.y * kCols + jj;
   const int R = sh.Dk / kSlices;
@@ -84,7 +88,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
     for (int r = 0; r < MAXKS; ++r) cw[q][r] = idx < nconv && r < KS ? __ldg(conv_w + int64_t(channel(idx)) * KS + r) : 0.0f;
   }
   const float a_log = __ldg(A_log + h), dtb = __ldg(dt_bias + h);
-  const float nw = tid < Dv ? __ldg(norm_w + tid) : 0.0f;
   if (early_state) {
     load_state();
     load_conv_state();
@@ -102,11 +105,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
     mx[q] = idx < nconv ? mixed[channel(idx)] : 0.0f;
   }
   const float bg = bgate[h], ag = agate[h];
-  const float zv = tid < Dv ? z[int64_t(h) * Dv + tid] : 0.0f;
   __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kCols];
   __shared__ float part[kSlices][kCols];
   __shared__ float red[32];
-  __shared__ bool last_v, last_k;
+  __shared__ bool last_k;
 
   // Causal conv + SiLU of the channels this block needs (the newest input has the last tap).
 #pragma unroll
@@ -128,7 +130,30 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
       else vs[idx - 2 * Dk] = v;
     }
   }
-  __syncthreads();
+  // The shifted conv state of channel idx: rows 1.. of the old state, then the new input (registers only).
+  auto shift_conv = [&](int q) {
+    const int64_t ch = channel(tid + q * kThreads);
+#pragma unroll
+    for (int r = 0; r < MAXKS - 1; ++r) {
+      if (r + 1 < KS - 1) conv_state[int64_t(r) * C + ch] = cs[q][r + 1];
+      else if (r == KS - 2) conv_state[int64_t(r) * C + ch] = mx[q];
+    }
+  };
+  // This block's v channels: no other block reads them, and this thread has read its own before writing.
+#pragma unroll
+  for (int q = 0; q < kConvPer; ++q) {
+    const int idx = tid + q * kThreads;
+    if (idx >= 2 * Dk && idx < nconv) shift_conv(q);
+  }
+  __syncthreads();  // every thread's conv inputs consumed (their values are in shared memory)
+  // The count's old value is first used at the end of the kernel (last_k), so its L2 round trip overlaps the delta
+  // rule instead of stalling thread 0, and with it the block, at the next barrier.
+  int arrived = 0;
+  if (tid == 0) {
+    // No global store of this block precedes the fence: it orders the block's conv-state reads before the count.
+    __threadfence();
+    arrived = atomicAdd(&counters[kh], 1);
+  }
   // l2 norms (eps inside the square root of the sum), q also scaled by Dk^-1/2.
   const float q2 = block_sum(tid < Dk ? qs[tid] * qs[tid] : 0.0f, red);
   const float k2 = block_sum(tid < Dk ? ks[tid] * ks[tid] : 0.0f, red);
@@ -165,63 +190,89 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
   }
   __syncthreads();  // everyone has read part[] for m
   part[sl][jj] = o;
+  if (tid == 0) last_k = arrived == int(gridDim.y) * (sh.Hv / sh.Hk) - 1;
   __syncthreads();
-  float* yh = y + int64_t(h) * Dv;
   if (sl == 0) {
     float oj = 0.0f;
 #pragma unroll
     for (int p = 0; p < kSlices; ++p) oj += part[p][jj];
-    yh[j] = oj;  // raw delta-rule output; normalised below by the head's last block
-  }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int nb_v = gridDim.y;
-    const int nb_k = nb_v * (sh.Hv / sh.Hk);
-    last_v = atomicAdd(&counters[h], 1) == nb_v - 1;
-    last_k = atomicAdd(&counters[sh.Hv + kh], 1) == nb_k - 1;
-  }
-  __syncthreads();
-  if (last_v) {
-    __threadfence();
-    const float ov = tid < Dv ? __ldcg(yh + tid) : 0.0f;
-    const float ss = block_sum(ov * ov, red);
-    if (tid < Dv) {
-      const float n = ov * rsqrtf(ss / float(Dv) + sh.eps);
-      yh[tid] = n * nw * silu(zv);
-    }
-    if (tid == 0) counters[h] = 0;
+    y[int64_t(h) * Dv + j] = oj;  // raw delta-rule output (step 8); the gated norm is the consumer's
   }
   if (last_k) {
-    // Shift the conv state of this key head's channels: q, k and the v channels of its value heads.
-    const int vph = sh.Hv / sh.Hk;
-    const int nch = 2 * Dk + vph * Dv;
-    for (int idx = tid; idx < nch; idx += kThreads) {
-      int ch;
-      if (idx < Dk) ch = kh * Dk + idx;
-      else if (idx < 2 * Dk) ch = key_dim + kh * Dk + (idx - Dk);
-      else ch = 2 * key_dim + kh * vph * Dv + (idx - 2 * Dk);
-      for (int r = 0; r + 1 < KS - 1; ++r) conv_state[int64_t(r) * C + ch] = conv_state[int64_t(r + 1) * C + ch];
-      conv_state[int64_t(KS - 2) * C + ch] = mixed[ch];
-    }
-    if (tid == 0) counters[sh.Hv + kh] = 0;
+    // Every block of the key head has read the q/k channels' conv state: shift them (stores only).
+#pragma unroll
+    for (int q = 0; q < kConvPer; ++q)
+      if (tid + q * kThreads < 2 * Dk) shift_conv(q);
+    if (tid == 0) counters[kh] = 0;
+  }
+}
+
+// Step 9 on its own: y = rmsnorm(y) * norm_w * silu(z) per value head, in place; one warp per (row, value head).
+constexpr int kNormWarps = 8;
+constexpr int kMaxDvPerLane = kThreads / 32;  // Dv <= 256
+
+__global__ void __launch_bounds__(kNormWarps * 32) gdn_gated_norm_kernel(GdnShape sh, int64_t heads, const float* z,
+                                                                         const float* __restrict__ norm_w,
+                                                                         float* y) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t hd = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+  if (hd >= heads) return;  // whole warps
+  const int lane = threadIdx.x & 31, Dv = sh.Dv;
+  float* yr = y + hd * Dv;
+  const float* zr = z + hd * Dv;
+  float o[kMaxDvPerLane], zv[kMaxDvPerLane];
+  float ss = 0.0f;
+#pragma unroll
+  for (int m = 0; m < kMaxDvPerLane; ++m) {
+    const int c = lane + 32 * m;
+    o[m] = c < Dv ? yr[c] : 0.0f;
+    zv[m] = c < Dv ? zr[c] : 0.0f;
+    ss = fmaf(o[m], o[m], ss);
+  }
+  const float inv = rsqrtf(warp_sum(ss) / float(Dv) + sh.eps);
+#pragma unroll
+  for (int m = 0; m < kMaxDvPerLane; ++m) {
+    const int c = lane + 32 * m;
+    if (c < Dv) yr[c] = o[m] * inv * __ldg(norm_w + c) * silu(zv[m]);
   }
 }
 
 }  // namespace
 
+bool gdn_step_ok(const GdnShape& sh) {
+  return sh.Dk % kSlices == 0 && sh.Dk > 0 && sh.Dk <= kMaxDk && sh.Dv % kCols == 0 && sh.Dv > 0 &&
+         sh.Dv <= kThreads && sh.Hk > 0 && sh.Hv % sh.Hk == 0 && sh.kernel >= 2 && sh.kernel <= kMaxKS &&
+         sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv;
+}
+
+void gdn_step_raw(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* b, const float* a,
+                  const float* conv_w, const float* A_log, const float* dt_bias, float* conv_state, float* state,
+                  float* y, bool early_state) {
+  FERN_CU_CHECK(gdn_step_ok(sh), "gdn: unsupported head shape");
+  const int64_t vd = int64_t(sh.Hv) * sh.Dv;
+  dim3 grid(sh.Hv, sh.Dv / kCols);
+  launch(c, "gdn_kernel", sh.kernel <= 4 ? gdn_kernel<4> : gdn_kernel<kMaxKS>, grid, kThreads, 0, sh,
+         mixed + int64_t(t) * sh.conv_dim, b + int64_t(t) * sh.Hv, a + int64_t(t) * sh.Hv, conv_w, A_log, dt_bias,
+         conv_state, state, y + t * vd, c.counters, early_state && t == 0 ? 1 : 0);
+  FERN_CUDA_LAUNCH_CHECK("gdn_kernel");
+}
+
+void gdn_gated_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, const float* norm_w, float* y) {
+  FERN_CU_CHECK(gdn_step_ok(sh), "gdn: unsupported head shape");
+  if (T <= 0) return;
+  const int64_t heads = int64_t(T) * sh.Hv;
+  launch(c, "gdn_gated_norm_kernel", gdn_gated_norm_kernel, dim3(unsigned((heads + kNormWarps - 1) / kNormWarps)),
+         kNormWarps * 32, 0, sh, heads, z, norm_w, y);
+  FERN_CUDA_LAUNCH_CHECK("gdn_gated_norm_kernel");
+}
+
 void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* z, const float* b,
               const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
               float* conv_state, float* state, float* y, bool early_state) {
-  FERN_CU_CHECK(sh.Dk % kSlices == 0 && sh.Dk <= kMaxDk && sh.Dv % kCols == 0 && sh.Dv <= kThreads &&
-                    sh.Hk > 0 && sh.Hv % sh.Hk == 0 && sh.kernel >= 2 && sh.kernel <= kMaxKS && sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv,
-                "gdn: unsupported head shape");
+  gdn_step_raw(c, sh, t, mixed, b, a, conv_w, A_log, dt_bias, conv_state, state, y, early_state);
   const int64_t vd = int64_t(sh.Hv) * sh.Dv;
-  dim3 grid(sh.Hv, sh.Dv / kCols);
-  launch(c, "gdn_kernel", sh.kernel <= 4 ? gdn_kernel<4> : gdn_kernel<kMaxKS>, grid, kThreads, 0, sh, mixed + int64_t(t) * sh.conv_dim, z + t * vd, b + int64_t(t) * sh.Hv,
-                                              a + int64_t(t) * sh.Hv, conv_w, A_log, dt_bias, norm_w, conv_state,
-                                              state, y + t * vd, c.counters, early_state && t == 0 ? 1 : 0);
-  FERN_CUDA_LAUNCH_CHECK("gdn_kernel");
+  gdn_gated_norm(c, sh, 1, z + t * vd, norm_w, y + t * vd);
 }
 
 }  // namespace fern::cuda

@@ -51,6 +51,14 @@ void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, 
 // GEMV: decode; width <= 4096). xn (may be null) receives the normed rows.
 void linear_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
                        float* const* ys, int n, int T);
+// out = g W^T for one token row, where g is the GDN core's gated RMSNorm (MODEL.md 2.4 step 9) of its raw output
+// y [n]: per head of `head` values g = y * rsqrt(mean(y^2) + eps) * norm_w * silu(z), norm_w [head] shared by all
+// heads. Every block of the GEMV computes g while staging its input (no launch, no round trip for the norm).
+// early_z: the caller guarantees that z was written at least two launches before this one (the GDN core launch
+// sits between), so it is read before the PDL wait (gdn.cu's rule for the state). Needs linear_gated_norm_ok.
+bool linear_gated_norm_ok(const QW& w, int head);
+void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z, const float* norm_w, float eps,
+                       int head, float* out, bool early_z = false);
 // Prefill: token rows from which linear/linear_multi may use the tensor-core kernel below instead of the GEMV
 // (they do when linear_gemm_wins: a supported shape and a grid large enough to fill the GPU).
 constexpr int kGemmMinRows = 16;
@@ -136,14 +144,23 @@ struct GdnShape {
   int Hk, Hv, Dk, Dv, conv_dim, kernel;
   float eps;
 };
-// Processes row t: conv over mixed[t] with conv_state [kernel-1, conv_dim] (F32, oldest first; updated), gates,
-// l2 norms, the delta rule on state [Hv, Dk, Dv] (F32, updated), gated RMSNorm with z -> y[t].
-// Uses counters[0, Hv + Hk).
+// Head shapes the one-token kernel takes: Dk a multiple of 8 up to 128, Dv a multiple of 32 up to 256, conv
+// kernel 2..8, Hv a multiple of Hk.
+bool gdn_step_ok(const GdnShape& sh);
+// Processes row t (MODEL.md 2.4 steps 3-8): conv over mixed[t] with conv_state [kernel-1, conv_dim] (F32, oldest
+// first; updated), gates, l2 norms, the delta rule on state [Hv, Dk, Dv] (F32, updated) -> y[t], the raw
+// delta-rule output before the gated norm (step 9: gdn_gated_norm, or the consumer: linear_gated_norm).
+// Uses counters[0, Hk). early_state: the caller guarantees that the kernel launched just before this one does not
+// write `state` (then, for t = 0, the state loads are issued before the PDL wait; gdn.cu says why that is safe).
+void gdn_step_raw(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* b, const float* a,
+                  const float* conv_w, const float* A_log, const float* dt_bias, float* conv_state, float* state,
+                  float* y, bool early_state = false);
+// Step 9 in place on T rows of y [T, Hv*Dv]: per value head y = rmsnorm(y) * norm_w * silu(z) (eps = sh.eps).
+void gdn_gated_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, const float* norm_w, float* y);
+// Steps 3-9 of row t: gdn_step_raw, then gdn_gated_norm of that row (two launches).
 void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* z, const float* b,
               const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
               float* conv_state, float* state, float* y, bool early_state = false);
-// early_state: the caller guarantees that the kernel launched just before this one does not write `state` (then, for
-// t = 0, the state loads are issued before the PDL wait; gdn.cu says why that is safe).
 
 // ---- Gated attention (MODEL.md 2.3) ----
 struct AttnShape {

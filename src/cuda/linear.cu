@@ -45,11 +45,20 @@ struct RouteTail {
 
 // Optional RMSNorm of the input row, computed by every block while staging it (linear_multi_norm: a layer's input
 // norm folded into its mixer projections, one launch less per layer). w == nullptr: x is used as it is.
+// The same struct carries the gated norm of the GDN core's output (linear_gated_norm): w is then the per-head norm
+// weight, z the gate row, head the head width.
 struct InNorm {
   const float* w = nullptr;
   float eps = 0.0f;
   float* xn = nullptr;  // the normed rows, written by the blocks of grid column 0 (may be null)
+  const float* z = nullptr;
+  int head = 0;
+  int z_early = 0;  // z may be read before the PDL wait (linear_gated_norm's early_z)
 };
+
+// How a block stages its input row: as it is (stage_x), RMSNorm-ed (stage_x_norm), or gated-RMSNorm-ed per head
+// (stage_x_gated_norm).
+enum Stage : int { kStagePlain = 0, kStageNorm = 1, kStageGatedNorm = 2 };
 
 // Float4s of the row each thread keeps in registers for the norm (rows up to 4 * kThreads * kNormV = 4096 wide).
 constexpr int kNormV = 4;
@@ -93,6 +102,47 @@ __device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[
   __syncthreads();
 }
 
+// stage_x (qdot.cuh) of the GDN core's gated RMSNorm (MODEL.md 2.4 step 9) of its raw output y [n]: per head of
+// hd values, y * rsqrt(mean(y^2) + eps) * w * silu(z). Thread f holds float4 f of the row (f = threadIdx.x + q * NT);
+// a head is hd/4 consecutive float4s, so hd/4 consecutive lanes of one warp (hd <= 128, a power of two; at the
+// real hd = 128 the 32 lanes of a warp hold exactly one head for each q): its sum of squares is a shuffle
+// reduction within those lanes, no block barrier. The norm weight's float4 is the same for every q of a thread
+// (wn: loaded before the PDL wait), and so is z when the caller allows it (zv, early); y is read through L2 after
+// the wait (stage_x says why never through the non-coherent path).
+template <int BITS, int LPR, int NT>
+__device__ __forceinline__ void stage_x_gated_norm(const float* y, const float* z, float4 (&zv)[kNormV], bool z_ready,
+                                                   float4 wn, float eps, int n, int hd, float4* xs, float* xc) {
+  constexpr int F4 = ChunkTraits<BITS>::kF4;
+  const float4* y4 = reinterpret_cast<const float4*>(y);
+  const float4* z4 = reinterpret_cast<const float4*>(z);
+  const int hl = hd / 4;  // lanes per head
+  float4 yv[kNormV];
+#pragma unroll
+  for (int q = 0; q < kNormV; ++q) {
+    const int f = threadIdx.x + q * NT;
+    yv[q] = f < n / 4 ? __ldcg(y4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);
+    if (!z_ready) zv[q] = f < n / 4 ? __ldcg(z4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int q = 0; q < kNormV; ++q) {
+    if (q * NT >= n / 4) break;  // the same on every thread: all lanes take part in the shuffles
+    const int f = threadIdx.x + q * NT;
+    float ss = (yv[q].x * yv[q].x + yv[q].y * yv[q].y) + (yv[q].z * yv[q].z + yv[q].w * yv[q].w);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      if (o < hl) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = rsqrtf(ss / float(hd) + eps);
+    const float4 o = make_float4(yv[q].x * inv * wn.x * silu(zv[q].x), yv[q].y * inv * wn.y * silu(zv[q].y),
+                                 yv[q].z * inv * wn.z * silu(zv[q].z), yv[q].w * inv * wn.w * silu(zv[q].w));
+    if (f < n / 4) xs[x_slot<BITS, LPR>(f / F4, f % F4)] = o;
+    if constexpr (BITS != 16) {
+      const float s = chunk_sum_lanes<BITS>(o);  // zero beyond the row (yv is)
+      if (f < n / 4 && f % F4 == 0) xc[f / F4] = s;
+    }
+  }
+  __syncthreads();
+}
+
 // Up to kMaxMats matrices of one width and format, concatenated by rows: matrix q holds rows [start[q],
 // start[q + 1]) and writes y[q] [T, start[q + 1] - start[q]]. Unused entries have start = INT_MAX.
 struct Mats {
@@ -117,7 +167,7 @@ __device__ __forceinline__ int mat_of(const Mats& M, int row) {
 // A's shape and format describe every matrix; the rows come from M. With ROUTE (two matrices: the router, then the
 // shared-expert gate's single row) the last block of each token row runs the router's top-k over y[0] with y[1]
 // as the shared-expert gate logit.
-template <int BITS, int LPR, bool MULTI, bool ROUTE, bool NORM, int NB, int NT>
+template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT>
 __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
@@ -180,20 +230,35 @@ __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, cons
 #pragma unroll
   for (int i = 0; i < NB; ++i)
     if (i < S) load_step(buf[i]);
-  float4 wn[kNormV];  // NORM: the norm weight, also constant during a step
-  if constexpr (NORM) {
+  float4 wn[kNormV];  // kStageNorm: the norm weight, also constant during a step
+  if constexpr (STAGE == kStageNorm) {
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
       const int f = threadIdx.x + q * NT;
       wn[q] = f < K / 4 ? __ldg(reinterpret_cast<const float4*>(nm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
+  float4 zv[kNormV];  // kStageGatedNorm: the gate row, read here when the caller allows it (early_z)
+  if constexpr (STAGE == kStageGatedNorm) {
+    wn[0] = __ldg(reinterpret_cast<const float4*>(nm.w) + threadIdx.x % (nm.head / 4));
+    if (nm.z_early) {
+#pragma unroll
+      for (int q = 0; q < kNormV; ++q) {
+        const int f = threadIdx.x + q * NT;
+        zv[q] = f < K / 4 ? __ldcg(reinterpret_cast<const float4*>(nm.z + int64_t(t) * K) + f)
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+  }
   pdl_wait();
   float4* xs = smem;
   float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, LPR>(K));
-  if constexpr (NORM)
+  if constexpr (STAGE == kStageNorm)
     stage_x_norm<BITS, LPR, NT>(x + int64_t(t) * K, wn, nm.eps, K, xs, xc,
                             blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
+  else if constexpr (STAGE == kStageGatedNorm)
+    stage_x_gated_norm<BITS, LPR, NT>(x + int64_t(t) * K, nm.z + int64_t(t) * K, zv, nm.z_early != 0, wn[0], nm.eps,
+                                      K, nm.head, xs, xc);
   else
     stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
   pdl_trigger();
@@ -285,7 +350,7 @@ bool gemv_wide(const Ctx& c, int rows) {
   return int64_t(rows) >= int64_t(kWideGroups) * (2 * kThreads / 32) * kRPI * c.sms;
 }
 
-template <int BITS, bool MULTI, bool ROUTE, bool NORM>
+template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
   constexpr int E = ChunkTraits<BITS>::kElems;
@@ -308,7 +373,7 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // one's math.
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : 2)));
   dim3 grid(blocks, T);
-  if constexpr (!MULTI && !ROUTE && !NORM) {
+  if constexpr (!MULTI && !ROUTE && STAGE == kStagePlain) {
     if (lpr == 32 && !wide && gemv_depth() == 3) {
       launch(c, "linear_kernel", linear_kernel<BITS, 32, false, false, false, 3, kThreads>, grid, kThreads, smem, a, m,
              rows, x, tail, nm);
@@ -316,25 +381,25 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
     }
   }
   if (wide) {
-    launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2, 2 * kThreads>, grid, 2 * kThreads, smem,
+    launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, 2 * kThreads>, grid, 2 * kThreads, smem,
            a, m, rows, x, tail, nm);
     return;
   }
   switch (lpr) {
-    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
-    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
-    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
-    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, NORM, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, STAGE, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, STAGE, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
+    default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, STAGE, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
   }
 }
 
-template <bool MULTI, bool ROUTE, bool NORM = false>
+template <bool MULTI, bool ROUTE, int STAGE = kStagePlain>
 void launch_any(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                 const InNorm& nm = InNorm{}) {
   switch (a.bits) {
-    case 4: launch_bits<4, MULTI, ROUTE, NORM>(c, a, m, rows, x, tail, T, nm); break;
-    case 8: launch_bits<8, MULTI, ROUTE, NORM>(c, a, m, rows, x, tail, T, nm); break;
-    default: launch_bits<16, MULTI, ROUTE, NORM>(c, a, m, rows, x, tail, T, nm); break;
+    case 4: launch_bits<4, MULTI, ROUTE, STAGE>(c, a, m, rows, x, tail, T, nm); break;
+    case 8: launch_bits<8, MULTI, ROUTE, STAGE>(c, a, m, rows, x, tail, T, nm); break;
+    default: launch_bits<16, MULTI, ROUTE, STAGE>(c, a, m, rows, x, tail, T, nm); break;
   }
 }
 
@@ -412,7 +477,27 @@ void linear_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* 
   nm.w = norm_w;
   nm.eps = eps;
   nm.xn = xn;
-  launch_any<true, false, true>(c, ws[0], make_mats(ws, ys, n), rows, x, RouteTail{}, T, nm);
+  launch_any<true, false, kStageNorm>(c, ws[0], make_mats(ws, ys, n), rows, x, RouteTail{}, T, nm);
+}
+
+bool linear_gated_norm_ok(const QW& w, int head) {
+  // head: a power of two whose float4s fit one warp; the row within the kNormV float4s per thread.
+  return head >= 4 && head <= 128 && (head & (head - 1)) == 0 && w.in % head == 0 &&
+         w.in <= 4 * kThreads * kNormV && w.experts == 0 && w.out < (int64_t(1) << 31);
+}
+
+void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z, const float* norm_w, float eps,
+                       int head, float* out, bool early_z) {
+  FERN_CU_CHECK(linear_gated_norm_ok(w, head) && norm_w != nullptr && z != nullptr,
+                "linear_gated_norm: width, head width or norm weight");
+  InNorm nm;
+  nm.w = norm_w;
+  nm.eps = eps;
+  nm.z = z;
+  nm.head = head;
+  nm.z_early = early_z ? 1 : 0;
+  launch_any<false, false, kStageGatedNorm>(c, w, make_mats(&w, &out, 1), static_cast<int>(w.out), y, RouteTail{}, 1,
+                                            nm);
 }
 
 bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,

@@ -93,6 +93,15 @@ class Backend {
   // Uses positions [state.pos, state.pos + T); does not advance state.pos.
   virtual void gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
                         const ModelConfig& cfg, SequenceState& state, int layer) = 0;
+  // The GDN core and the mixer's output projection, MODEL.md 2.4 steps 3-9 and out_proj: gdn_core(y, ...), then
+  // out = y W_out^T (w.out_proj). y [T, value_dim] is scratch whose contents afterwards are unspecified: a backend
+  // may leave the raw delta-rule output there and apply the gated RMSNorm inside the projection kernel (the CUDA
+  // decode path does); by default, one op after the other.
+  virtual void gdn_core_linear(Tensor out, Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
+                               const ModelConfig& cfg, SequenceState& state, int layer) {
+    gdn_core(y, mixed, z, b, a, w, cfg, state, layer);
+    linear(out, y, w.out_proj);
+  }
   // Gated attention core, MODEL.md 2.3 steps 3-7: q/k RMSNorm, partial RoPE at positions state.pos + t, append
   // k and v to the KV cache, causal GQA attention over [0, state.pos + t], o *= sigmoid(gate).
   // qg [T, heads*head_dim*2] (per head [query | gate]), k and v [T, kv_heads*head_dim] -> o [T, heads*head_dim].

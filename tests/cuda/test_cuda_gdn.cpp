@@ -1,6 +1,8 @@
 // CUDA Gated DeltaNet core against the CPU backend at the real shapes (16 key heads, 32 value heads, 128 dims,
 // conv kernel 4) over a sequence of decode steps and multi-row calls, checking every output and the carried
-// conv and recurrent states; plus a smaller head count.
+// conv and recurrent states; plus a smaller head count. The same sequence through gdn_core_linear (the forward
+// pass's op: the core with out_proj; on the GPU for one row the step kernel's raw output normalised inside the
+// out_proj GEMV, linear_gated_norm) against the CPU's gdn_core followed by linear().
 #include <gtest/gtest.h>
 
 #include "cuda_test_util.h"
@@ -13,7 +15,10 @@ namespace {
 // norm gives > 1e-3.
 constexpr double kNmse = 1e-8;
 
-void run(int Hk, int Hv, uint64_t seed) {
+// with_out_proj: both sides run gdn_core_linear with a random 4-bit out_proj; the projected outputs are compared.
+// Their error is the core's (above) plus the GEMV's (NMSE 1.6e-12..3.9e-12 at 4 bits, test_cuda_linear.cpp); the
+// same bound. A norm skipped or applied twice gives NMSE ~1.
+void run(int Hk, int Hv, uint64_t seed, bool with_out_proj = false) {
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
   ModelConfig cfg;
@@ -34,7 +39,10 @@ void run(int Hk, int Hv, uint64_t seed) {
   hw.A_log = vec(Hv, 0.5f, 0.8f, seed + 2);
   hw.dt_bias = vec(Hv, -1.0f, 0.5f, seed + 3);
   hw.norm_w = vec(128, 1.0f, 0.1f, seed + 4);
+  const int64_t H = 2048;
+  hw.out_proj = test::raw_affine(st, "out_proj", 0, H, V, 4, 64, seed + 5);
   GdnWeights dw;
+  dw.out_proj = gpu->to_device(hw.out_proj);
   dw.conv_w = gpu->to_device(hw.conv_w);
   dw.A_log = gpu->to_device(hw.A_log);
   dw.dt_bias = gpu->to_device(hw.dt_bias);
@@ -48,26 +56,40 @@ void run(int Hk, int Hv, uint64_t seed) {
     auto z = test::randn(size_t(T * V), seed + 10 * step + 1);
     auto b = test::randn(size_t(T * Hv), seed + 10 * step + 2);
     auto a = test::randn(size_t(T * Hv), seed + 10 * step + 3);
-    std::vector<float> ref(size_t(T * V));
+    std::vector<float> ref(size_t(T * V)), ref_out(size_t(T * H));
     cpu->begin_forward();
-    cpu->gdn_core(test::host_f32(ref, {T, V}), test::host_f32(mixed, {T, C}), test::host_f32(z, {T, V}),
-                  test::host_f32(b, {T, Hv}), test::host_f32(a, {T, Hv}), hw, cfg, *cs, 0);
+    if (with_out_proj)
+      cpu->gdn_core_linear(test::host_f32(ref_out, {T, H}), test::host_f32(ref, {T, V}), test::host_f32(mixed, {T, C}),
+                           test::host_f32(z, {T, V}), test::host_f32(b, {T, Hv}), test::host_f32(a, {T, Hv}), hw, cfg,
+                           *cs, 0);
+    else
+      cpu->gdn_core(test::host_f32(ref, {T, V}), test::host_f32(mixed, {T, C}), test::host_f32(z, {T, V}),
+                    test::host_f32(b, {T, Hv}), test::host_f32(a, {T, Hv}), hw, cfg, *cs, 0);
     cpu->advance(*cs, T);
     gpu->begin_forward();
     Tensor dy = gpu->scratch(DType::F32, {T, V});
-    gpu->gdn_core(dy, test::upload_f32(*gpu, mixed, {T, C}), test::upload_f32(*gpu, z, {T, V}),
-                  test::upload_f32(*gpu, b, {T, Hv}), test::upload_f32(*gpu, a, {T, Hv}), dw, cfg, *gs, 0);
+    Tensor dout = test::nan_filled(*gpu, T, H);
+    if (with_out_proj)
+      gpu->gdn_core_linear(dout, dy, test::upload_f32(*gpu, mixed, {T, C}), test::upload_f32(*gpu, z, {T, V}),
+                           test::upload_f32(*gpu, b, {T, Hv}), test::upload_f32(*gpu, a, {T, Hv}), dw, cfg, *gs, 0);
+    else
+      gpu->gdn_core(dy, test::upload_f32(*gpu, mixed, {T, C}), test::upload_f32(*gpu, z, {T, V}),
+                    test::upload_f32(*gpu, b, {T, Hv}), test::upload_f32(*gpu, a, {T, Hv}), dw, cfg, *gs, 0);
     gpu->advance(*gs, T);
-    auto got = test::download(*gpu, dy);
+    if (with_out_proj) ref = ref_out;
+    auto got = test::download(*gpu, with_out_proj ? dout : dy);
     const double e = test::nmse(got.data(), ref.data(), got.size());
     EXPECT_LT(e, kNmse) << "step " << step << " T=" << T;
-    if (step == 15) std::printf("gdn Hk=%d Hv=%d after %d calls: output NMSE %.3e\n", Hk, Hv, step, e);
+    if (step == 15)
+      std::printf("gdn%s Hk=%d Hv=%d after %d calls: output NMSE %.3e\n", with_out_proj ? " + out_proj" : "", Hk, Hv,
+                  step, e);
   }
   auto rec = test::download(*gpu, gs->recurrent_state[0]);
   auto conv = test::download(*gpu, gs->conv_state[0]);
   const double er = test::nmse(rec.data(), cs->recurrent_state[0].ptr<float>(), rec.size());
   const double ec = test::nmse(conv.data(), cs->conv_state[0].ptr<float>(), conv.size());
-  std::printf("gdn Hk=%d Hv=%d state NMSE %.3e conv state NMSE %.3e\n", Hk, Hv, er, ec);
+  std::printf("gdn%s Hk=%d Hv=%d state NMSE %.3e conv state NMSE %.3e\n", with_out_proj ? " + out_proj" : "", Hk, Hv,
+              er, ec);
   EXPECT_LT(er, kNmse);
   EXPECT_EQ(ec, 0.0);  // the conv state is a copy of inputs: exact
 }
@@ -80,6 +102,24 @@ TEST(CudaGdn, RealShapes) {
 TEST(CudaGdn, FewHeads) {
   FERN_REQUIRE_GPU();
   run(2, 4, 11);
+}
+
+TEST(CudaGdn, WithOutProjRealShapes) {
+  FERN_REQUIRE_GPU();
+  run(16, 32, 7, true);
+}
+
+TEST(CudaGdn, WithOutProjFewHeads) {
+  FERN_REQUIRE_GPU();
+  run(2, 4, 11, true);
+}
+
+// The multi-row fallback of an unsupported prefill shape (one step launch per row, then the gated norm of all
+// rows) forced for the real shape.
+TEST(CudaGdn, RowsFallback) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard rows("FERN_GDN_PREFILL", "rows");
+  run(16, 32, 13);
 }
 
 }  // namespace
