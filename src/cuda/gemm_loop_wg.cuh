@@ -46,6 +46,6 @@ __device__ __forceinline__ bool run(unsigned char* raw, int K, int gs, const X16
 // Ring depth of the exact-code loop: the deepest (at most 8) that fits one block per SM in 227 KB of shared memory.
 template <int NTOK>
 constexpr int kQ4Stages = std::min<int>(8, (227 * 1024 - 2048) / int(sizeof(q4tile::Smem<NTOK, 1>)));
-static_assert(kQ4Stages<64> == 6 && kQ4Stages<96> == 5 && kQ4Stages<128> == 4, "ring depths as documented");
+static_assert(kQ4Stages<64> == 8 && kQ4Stages<96> == 7 && kQ4Stages<128> == 5, "ring depths as documented");
 
 }  // namespace fern::cuda::wgloop

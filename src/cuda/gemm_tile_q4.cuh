@@ -3,10 +3,15 @@
 // (gemm_tile_ws.cuh; docs/notes/cuda-prefill-v5-ws.md) showed its MMA warps waiting ~40% of the time for the
 // producers, whose dequantization (s q + b in fp32, split into bf16 hi + lo: ~15 ALU/FMA instructions per weight pair)
 // saturated the integer pipe and waited on the scale loads. Here the weights enter the MMA as their codes:
-//  - a code q is exact in bf16 as the number 128 + q: one LOP3 per pair of codes ((w & 0x000f000f) | 0x43004300 puts
-//    codes i and i + 4 of a word into one bf16x2 register), so the producers only unpack and store. The pairs come
-//    out in the K order n0 n4 n1 n5 n2 n6 n3 n7 inside each 8-code word; the x rows are written in the same order by
-//    to_xbf_q4 (gemm_wg.h), and a dot product does not care about the order of its terms;
+//  - a code q is exact in bf16 as the number 128 + q: one LOP3 per pair of codes ((w >> 4 j) & 0x000f000f | 0x43004300
+//    puts codes j and j + 4 of a word into one bf16x2 register). The pairs come out in the K order n0 n4 n1 n5 n2 n6
+//    n3 n7 inside each 8-code word; the x rows are written in the same order by to_xbf_q4 (gemm_wg.h), and a dot
+//    product does not care about the order of its terms;
+//  - the codes stay packed in shared memory (32 bytes per weight row and tile) and the MMA warps unpack them straight
+//    into the MMA's register operand (wgmma with A from registers): each thread's fragment needs pair j = lane % 4 of
+//    two words per 16-wide K step and row, one shift + LOP3 each. (Version 5 unpacked them in the producers into a
+//    16 KB bf16 tile per stage for a shared-memory operand: the unpack, its stores and their proxy fence cost ~16% of
+//    the dense loop, docs/notes/cuda-prefill-v6-q4.md);
 //  - two MMAs per K step, (128 + q) x_hi and (128 + q) x_lo, into a per-tile fp32 partial P (64 K = one group, or
 //    part of one: groups a multiple of 64);
 //  - per tile, the MMA warps promote the partial in fp32: acc += s P + (b - 128 s) xs, where xs is the tile's sum of
@@ -15,11 +20,11 @@
 // Roles (384 threads, one block per SM): two MMA warpgroups (threads 0..255, warpgroup g owns weight rows 64 g ..
 // 64 g + 63, the same accumulator layout and epilogue mapping as the other wgmma loops) and one producer warpgroup
 // (threads 256..383: thread 256 + r stages weight row r of the tile, so the caller computes its RowSrc from tid % 128
-// for these threads: weight_row()). The producers fill a ring of S stages: cp.async of the x rows and of the row
-// sums (their completion arrives on the stage's "full" mbarrier by itself: cp.async.mbarrier.arrive.noinc), the
-// codes loaded two tiles ahead into registers, unpacked into the stage's swizzled tile, then a proxy fence and a
-// second arrival. The MMA warpgroups wait on "full", issue the tile's 8 MMAs, wait for them, hand the stage back on
-// "empty" and promote; the two warpgroups interleave, so one promotes while the other's MMAs run.
+// for these threads: weight_row()). The producers fill a ring of S stages with cp.async only (x rows, row sums, the
+// packed codes; their completion arrives on the stage's "full" mbarrier by itself: cp.async.mbarrier.arrive.noinc),
+// plus each row's scale and bias (loaded two tiles ahead, converted and stored, then a second arrival). The MMA
+// warpgroups wait on "full", unpack, issue the tile's 8 MMAs, wait for them, promote, and hand the stage back on
+// "empty".
 #pragma once
 #include <cuda_bf16.h>
 
@@ -40,14 +45,14 @@ constexpr int kConsumers = 256;
 constexpr int kProducers = 128;
 constexpr int kThreads = kConsumers + kProducers;
 
-// Shared memory: S stages of the unpacked weight tile, the x hi and lo tiles (each on a 1024-byte boundary, the
-// swizzle atom), the rows' (s, b - 128 s) and the token rows' sums; then the barriers.
+// Shared memory: S stages of the x hi and lo tiles (each on a 1024-byte boundary, the swizzle atom), the packed
+// codes, the rows' (s, b - 128 s) and the token rows' sums; then the barriers.
 template <int NTOK, int S>
 struct Smem {
   static_assert(NTOK % 8 == 0, "token tiles of whole 8-row atoms");
-  uint8_t w[S][kBW * kRowBytes];
   uint8_t xhi[S][NTOK * kRowBytes];
   uint8_t xlo[S][NTOK * kRowBytes];
+  uint4 codes[S][kBW][2];  // weight row r's 32 bytes, its two 16-byte halves stored swapped when (r / 4) is odd
   float2 sb[S][kBW];
   float xs[S][NTOK];
   uint64_t full[S];
@@ -61,22 +66,21 @@ __device__ __forceinline__ Smem<NTOK, S>& smem_of(unsigned char* raw) {
   return wgmma::smem_at_atom<Smem<NTOK, S>>(raw);
 }
 
+// Where half h of weight row r's codes sits: the halves of rows 4..7 (mod 8) swapped, so that the 8 rows a warp's
+// 16-byte reads touch at once (lane / 4) fall on distinct banks.
+__device__ __forceinline__ int code_half(int r, int h) { return h ^ ((r >> 2) & 1); }
+
+// bf16x2 (128 + code j, 128 + code j + 4) of an 8-code word: one shift and one LOP3.
+__device__ __forceinline__ uint32_t code_pair(uint32_t w, int j) {
+  return ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+}
+
 // The weight-tile row thread `tid` stages (producers only; other threads get a row too, unused).
 __device__ __forceinline__ int weight_row(int tid) { return tid & (kProducers - 1); }
 
-// Eight 4-bit codes (one word, code i in bits 4 i .. 4 i + 3) as four bf16x2 words of 128 + q, in the order
-// (q0, q4), (q1, q5), (q2, q6), (q3, q7).
-__device__ __forceinline__ uint4 unpack8(uint32_t w) {
-  constexpr uint32_t kMask = 0x000f000fu, kExp = 0x43004300u;  // bf16 128.0 in both halves
-  return make_uint4((w & kMask) | kExp, ((w >> 4) & kMask) | kExp, ((w >> 8) & kMask) | kExp,
-                    ((w >> 12) & kMask) | kExp);
-}
-
-// One weight row's codes for one tile (32 bytes) and its group's scale and bias, as loaded: the bf16 bits are
-// converted only when the tile is unpacked, two tiles later (converting at the load made every producer iteration
-// wait for its own loads: the profile's top producer stall).
-struct RowTile {
-  uint4 lo, hi;  // codes 0..31, 32..63
+// One weight row's scale and bias for one tile, as loaded (the bf16 bits are converted only when the tile is staged,
+// two tiles later: converting at the load made every producer iteration wait for its own loads).
+struct RowSb {
   uint16_t s, b;
 };
 
@@ -96,7 +100,7 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      ptx::mbar_init(&sm.full[s], 2 * kProducers);  // per producer: its copies landing, its unpacked codes
+      ptx::mbar_init(&sm.full[s], 2 * kProducers);  // per producer: its copies landing, its scale and bias
       ptx::mbar_init(&sm.empty[s], kConsumers);
     }
   }
@@ -105,6 +109,7 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
   if (tid < kConsumers) {
     const int wg = tid >> 7, lane = tid & 31;
     const int r0 = 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2);  // this thread's rows r0 and r0 + 8
+    const int jq = lane & 3;  // its K pair in each 8-wide step of the MMA fragment
     float part[NTOK / 2];
 #pragma unroll
     for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
@@ -113,16 +118,32 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
       ptx::mbar_wait(&sm.full[st], (kt / S) & 1);
       wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
       const float2 sb0 = sm.sb[st][r0], sb1 = sm.sb[st][r0 + 8];
+      // The packed codes of rows r0 and r0 + 8: 8 words each, word 2 ks + h holding K 16 ks + 8 h .. + 7.
+      uint32_t c0[8], c1[8];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 a = sm.codes[st][r0][code_half(r0, h)], b = sm.codes[st][r0 + 8][code_half(r0 + 8, h)];
+        c0[4 * h + 0] = a.x, c0[4 * h + 1] = a.y, c0[4 * h + 2] = a.z, c0[4 * h + 3] = a.w;
+        c1[4 * h + 0] = b.x, c1[4 * h + 1] = b.y, c1[4 * h + 2] = b.z, c1[4 * h + 3] = b.w;
+      }
+      // The MMA fragments of the four 16-wide steps, all written before the wgmma fence (registers an MMA reads must
+      // be written before the fence that precedes it).
+      uint32_t a[kBK / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        a[ks][0] = code_pair(c0[2 * ks], jq);
+        a[ks][1] = code_pair(c1[2 * ks], jq);
+        a[ks][2] = code_pair(c0[2 * ks + 1], jq);
+        a[ks][3] = code_pair(c1[2 * ks + 1], jq);
+      }
 #pragma unroll
       for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;
       wgmma::fence_operand(part);
       wgmma::fence();
-      const uint8_t* w = &sm.w[st][wg * 64 * kRowBytes];
 #pragma unroll
       for (int ks = 0; ks < kBK / 16; ++ks) {
-        const uint64_t dw = wgmma::desc_sw128(w + 32 * ks);
-        wgmma::mma_bf16<NTOK>(part, dw, wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
-        wgmma::mma_bf16<NTOK>(part, dw, wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
+        wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
+        wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
       }
       wgmma::commit();
       wgmma::wait<0>();
@@ -153,37 +174,33 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
   const char* wbase = static_cast<const char*>(wsrc.w);
   const int gsh = 31 - __clz(gs / kBK);  // tiles per group: a power of two (make_qw checks the group size)
 
-  auto load = [&](int kt, RowTile& t) {
+  auto load_sb = [&](int kt, RowSb& t) {
     if (wbase == nullptr || kt >= nk) {  // padding row (zero codes, scale and bias: exact zeros) or past the end
-      t.lo = t.hi = make_uint4(0, 0, 0, 0);
       t.s = t.b = 0;
       return;
     }
-    const uint4* src = reinterpret_cast<const uint4*>(wbase + int64_t(kt) * (kBK / 2));
-    t.lo = __ldg(src);
-    t.hi = __ldg(src + 1);
     const int g = kt >> gsh;
     t.s = __ldg(wsrc.s + g);
     t.b = __ldg(wsrc.b + g);
   };
 
-  RowTile cur, n1, n2;
-  load(0, cur);
-  load(1, n1);
+  RowSb cur, n1, n2;
+  load_sb(0, cur);
+  load_sb(1, n1);
   for (int kt = 0; kt < nk; ++kt) {
     const int st = kt % S;
-    load(kt + 2, n2);  // two tiles ahead: their latency hides behind this tile's and the next one's work
+    load_sb(kt + 2, n2);  // two tiles ahead: their latency hides behind this tile's and the next one's work
     ptx::mbar_wait(&sm.empty[st], ((kt / S) & 1) ^ 1);
     wgtile::copy_x_tile<NTOK, kProducers>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
     if (p < NTOK)
       ptx::cp_async4(&sm.xs[st][p], srow >= 0 ? xsum + int64_t(srow) * groups + kt : xsum, srow >= 0);
-    ptx::cp_async_arrive_noinc(&sm.full[st]);
-    const uint32_t words[8] = {cur.lo.x, cur.lo.y, cur.lo.z, cur.lo.w, cur.hi.x, cur.hi.y, cur.hi.z, cur.hi.w};
+    // This row's 32 bytes of codes (zeros for a padding row: cp.async with no source bytes fills zeros).
+    const char* src = wbase != nullptr ? wbase + int64_t(kt) * (kBK / 2) : reinterpret_cast<const char*>(xsum);
 #pragma unroll
-    for (int c = 0; c < 8; ++c) *reinterpret_cast<uint4*>(&sm.w[st][wgmma::sw128(p, c)]) = unpack8(words[c]);
+    for (int h = 0; h < 2; ++h) ptx::cp_async16(&sm.codes[st][p][code_half(p, h)], src + 16 * h, wbase != nullptr);
+    ptx::cp_async_arrive_noinc(&sm.full[st]);
     const float sc = bf16_to_f32(cur.s), bi = bf16_to_f32(cur.b);
     sm.sb[st][p] = make_float2(sc, fmaf(-128.0f, sc, bi));
-    wgmma::fence_proxy_async();
     ptx::mbar_arrive(&sm.full[st]);
     cur = n1;
     n1 = n2;
