@@ -267,6 +267,12 @@ void bench_decode(bool splitk, bool steps = true) {
            for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer(l);
            unsetenv("FERN_CUDA_GEMV_WIDE");
          }},
+        {"  same, out_proj with the norm at 512 threads (GNORM_WIDE=1)", [&] {
+           setenv("FERN_CUDA_GNORM_WIDE", "1", 1);
+           be.begin_forward();
+           for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer(l);
+           unsetenv("FERN_CUDA_GNORM_WIDE");
+         }},
         {"  same, unfused (gdn_core with its norm, then out_proj)", [&] {
            be.begin_forward();
            for (int l = 0; l < cfg.num_hidden_layers; ++l) if (!cfg.is_attention_layer(l)) gdn_mixer_as(l, true);
@@ -306,6 +312,12 @@ void bench_decode(bool splitk, bool steps = true) {
                cuda::linear_gated_norm(kc, cuda::make_qw(g.out_proj), y.ptr<float>(), z.ptr<float>(), g.norm_w.ptr<float>(),
                                        1e-6f, cfg.linear_value_head_dim, out.ptr<float>(), true);
              }
+         }},
+        {"  of which 30 x out_proj, plain GEMV", [&] {
+           be.begin_forward();
+           Tensor y = be.scratch(DType::F32, {1, cfg.gdn_value_dim()});
+           for (int l = 0; l < cfg.num_hidden_layers; ++l)
+             if (!cfg.is_attention_layer(l)) cuda::linear(kc, cuda::make_qw(w->layers[l].gdn.out_proj), y.ptr<float>(), out.ptr<float>(), 1);
          }},
         {"  of which 10 x attn_core @4K", [&] {
            be.begin_forward();

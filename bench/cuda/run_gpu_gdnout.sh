@@ -16,14 +16,21 @@ for t in gdn linear_gated_norm linear forward; do
   note "cuda_test_cuda_$t rc $? ($(grep -c '^\[       OK' "$OUT/test_$t.log") OK) ($(elapsed))"
   grep -B2 -A8 "Failure" "$OUT/test_$t.log" | head -30
 done
+FERN_CUDA_GNORM_WIDE=1 timeout 60 build/cuda_test_cuda_forward >"$OUT/test_forward_gnorm_wide.log" 2>&1
+note "cuda_test_cuda_forward with FERN_CUDA_GNORM_WIDE=1 rc $? ($(grep -c '^\[       OK' "$OUT/test_forward_gnorm_wide.log") OK) ($(elapsed))"
+grep -hE "^(random|graph)" "$OUT/test_forward_gnorm_wide.log" | cut -c1-170
 grep -hE "^(gdn|gated_norm_linear|random|  prefill|bf16 model|synth|graph)" "$OUT"/test_gdn.log \
   "$OUT"/test_linear_gated_norm.log "$OUT"/test_forward.log | cut -c1-170 | head -60
 timeout 70 build/bench/bench_cuda_decode blocks >"$OUT/bench_blocks.md" 2>&1
 note "bench_cuda_decode blocks rc $? ($(elapsed))"
-grep -E "GDN|gdn|out_proj|step kernel|attention mixer|MoE block|lm_head|sum of" "$OUT/bench_blocks.md" | head -20
+grep -E "GDN|gdn|out_proj|unfused|GNORM|GEMV_WIDE=1|step kernel|attention mixer|MoE block|lm_head|sum of" "$OUT/bench_blocks.md" | head -20
 timeout 150 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
   >"$OUT/bench_decode.log" 2>&1
-note "fern bench decode rc $?: $(grep -oE "decode [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode.log" | tr "\n" " ") ($(elapsed))"
+note "fern bench decode rc $?: $(grep -E "^\| [0-9]+ " "$OUT/bench_decode.log" | cut -d"|" -f2,3 | tr "\n" " ") ($(elapsed))"
 grep -E "^\|" "$OUT/bench_decode.log" | tail -6
+FERN_CUDA_GNORM_WIDE=1 timeout 60 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode \
+  --lengths 4096 --runs 3 >"$OUT/bench_decode_gnorm_wide.log" 2>&1
+note "fern bench decode FERN_CUDA_GNORM_WIDE=1 rc $?: $(grep -E "^\| [0-9]+ " \
+  "$OUT/bench_decode_gnorm_wide.log" | cut -d"|" -f2,3 | tr "\n" " ") ($(elapsed))"
 note "total $(elapsed)"
 gpu_summary

@@ -102,38 +102,46 @@ __device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[
   __syncthreads();
 }
 
+// The gate of the GDN core's gated norm for one float4: silu(z) * w.
+__device__ __forceinline__ float4 norm_gate(const float4& z, const float4& w) {
+  return make_float4(silu(z.x) * w.x, silu(z.y) * w.y, silu(z.z) * w.z, silu(z.w) * w.w);
+}
+
 // stage_x (qdot.cuh) of the GDN core's gated RMSNorm (MODEL.md 2.4 step 9) of its raw output y [n]: per head of
 // hd values, y * rsqrt(mean(y^2) + eps) * w * silu(z). Thread f holds float4 f of the row (f = threadIdx.x + q * NT);
 // a head is hd/4 consecutive float4s, so hd/4 consecutive lanes of one warp (hd <= 128, a power of two; at the
 // real hd = 128 the 32 lanes of a warp hold exactly one head for each q): its sum of squares is a shuffle
-// reduction within those lanes, no block barrier. The norm weight's float4 is the same for every q of a thread
-// (wn: loaded before the PDL wait), and so is z when the caller allows it (zv, early); y is read through L2 after
-// the wait (stage_x says why never through the non-coherent path).
+// reduction within those lanes, no block barrier. gv holds the gate silu(z) * w of each float4: computed before
+// the PDL wait by the caller when z may be read there (gate_ready), else here from z read through L2 (the norm
+// weight's float4 w is the same for every q of a thread). y is read through L2 after the wait (stage_x says why
+// never through the non-coherent path).
 template <int BITS, int LPR, int NT>
-__device__ __forceinline__ void stage_x_gated_norm(const float* y, const float* z, float4 (&zv)[kNormV], bool z_ready,
-                                                   float4 wn, float eps, int n, int hd, float4* xs, float* xc) {
+__device__ __forceinline__ void stage_x_gated_norm(const float* y, const float* z, float4 (&gv)[kNormV],
+                                                   bool gate_ready, float4 w, float eps, int n, int hd, float4* xs,
+                                                   float* xc) {
   constexpr int F4 = ChunkTraits<BITS>::kF4;
   const float4* y4 = reinterpret_cast<const float4*>(y);
   const float4* z4 = reinterpret_cast<const float4*>(z);
   const int hl = hd / 4;  // lanes per head
-  float4 yv[kNormV];
+  float4 yv[kNormV], zv[kNormV];
 #pragma unroll
   for (int q = 0; q < kNormV; ++q) {
     const int f = threadIdx.x + q * NT;
     yv[q] = f < n / 4 ? __ldcg(y4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);
-    if (!z_ready) zv[q] = f < n / 4 ? __ldcg(z4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);
+    if (!gate_ready) zv[q] = f < n / 4 ? __ldcg(z4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
   for (int q = 0; q < kNormV; ++q) {
     if (q * NT >= n / 4) break;  // the same on every thread: all lanes take part in the shuffles
     const int f = threadIdx.x + q * NT;
+    if (!gate_ready) gv[q] = norm_gate(zv[q], w);
     float ss = (yv[q].x * yv[q].x + yv[q].y * yv[q].y) + (yv[q].z * yv[q].z + yv[q].w * yv[q].w);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
       if (o < hl) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float inv = rsqrtf(ss / float(hd) + eps);
-    const float4 o = make_float4(yv[q].x * inv * wn.x * silu(zv[q].x), yv[q].y * inv * wn.y * silu(zv[q].y),
-                                 yv[q].z * inv * wn.z * silu(zv[q].z), yv[q].w * inv * wn.w * silu(zv[q].w));
+    const float4 o = make_float4(yv[q].x * inv * gv[q].x, yv[q].y * inv * gv[q].y, yv[q].z * inv * gv[q].z,
+                                 yv[q].w * inv * gv[q].w);
     if (f < n / 4) xs[x_slot<BITS, LPR>(f / F4, f % F4)] = o;
     if constexpr (BITS != 16) {
       const float s = chunk_sum_lanes<BITS>(o);  // zero beyond the row (yv is)
@@ -238,15 +246,19 @@ __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, cons
       wn[q] = f < K / 4 ? __ldg(reinterpret_cast<const float4*>(nm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
-  float4 zv[kNormV];  // kStageGatedNorm: the gate row, read here when the caller allows it (early_z)
+  // kStageGatedNorm: the norm weight's float4 of this thread, and with early_z the gates silu(z) * w, computed here
+  // so that only the norm itself is left after the wait (the first version read z here but left the gates, 16
+  // silu per thread, after it).
+  float4 gnw = make_float4(0.f, 0.f, 0.f, 0.f), gv[kNormV];
   if constexpr (STAGE == kStageGatedNorm) {
-    wn[0] = __ldg(reinterpret_cast<const float4*>(nm.w) + threadIdx.x % (nm.head / 4));
+    gnw = __ldg(reinterpret_cast<const float4*>(nm.w) + threadIdx.x % (nm.head / 4));
     if (nm.z_early) {
 #pragma unroll
       for (int q = 0; q < kNormV; ++q) {
         const int f = threadIdx.x + q * NT;
-        zv[q] = f < K / 4 ? __ldcg(reinterpret_cast<const float4*>(nm.z + int64_t(t) * K) + f)
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
+        gv[q] = norm_gate(f < K / 4 ? __ldcg(reinterpret_cast<const float4*>(nm.z + int64_t(t) * K) + f)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f),
+                          gnw);
       }
     }
   }
@@ -257,7 +269,7 @@ __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, cons
     stage_x_norm<BITS, LPR, NT>(x + int64_t(t) * K, wn, nm.eps, K, xs, xc,
                             blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
   else if constexpr (STAGE == kStageGatedNorm)
-    stage_x_gated_norm<BITS, LPR, NT>(x + int64_t(t) * K, nm.z + int64_t(t) * K, zv, nm.z_early != 0, wn[0], nm.eps,
+    stage_x_gated_norm<BITS, LPR, NT>(x + int64_t(t) * K, nm.z + int64_t(t) * K, gv, nm.z_early != 0, gnw, nm.eps,
                                       K, nm.head, xs, xc);
   else
     stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
@@ -350,6 +362,15 @@ bool gemv_wide(const Ctx& c, int rows) {
   return int64_t(rows) >= int64_t(kWideGroups) * (2 * kThreads / 32) * kRPI * c.sms;
 }
 
+// Block size of the out_proj GEMV with the gated norm (linear_gated_norm): the GEMV rule above unless
+// FERN_CUDA_GNORM_WIDE=1 / 0 forces 512 / 256 threads (read at every call, for comparisons: with 512 threads each
+// block stages the row with half the work per thread, in half as many blocks).
+bool gated_norm_wide(const Ctx& c, int rows) {
+  const char* e = std::getenv("FERN_CUDA_GNORM_WIDE");
+  if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
+  return gemv_wide(c, rows);
+}
+
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
@@ -364,7 +385,7 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // 512-thread blocks, one per SM (32 lanes per row, not the fused router; gemv_wide): half the blocks staging the
   // same row from L2. Measured on the H200 (docs/notes/cuda-decode-v6.md, run 2): 8192 x 2048 5.73 -> 5.26 us, but
   // 2048 x 4096 3.77 -> 4.11 (64 blocks for 132 SMs) and the whole 4K step 19 us slower when taken everywhere.
-  const bool wide = !ROUTE && lpr == 32 && gemv_wide(c, rows);
+  const bool wide = !ROUTE && lpr == 32 && (STAGE == kStageGatedNorm ? gated_norm_wide(c, rows) : gemv_wide(c, rows));
   const int nt = wide ? 2 * kThreads : kThreads;
   const int rows_per_block = (nt / 32) * (32 / lpr) * kRPI;
   const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
