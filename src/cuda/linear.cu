@@ -123,6 +123,7 @@ __device__ __forceinline__ void stage_x_gated_norm(const float* y, const float* 
   const float4* y4 = reinterpret_cast<const float4*>(y);
   const float4* z4 = reinterpret_cast<const float4*>(z);
   const int hl = hd / 4;  // lanes per head
+  const float rhd = 1.0f / float(hd);  // exact (hd a power of two): a multiply instead of a division per float4
   float4 yv[kNormV], zv[kNormV];
 #pragma unroll
   for (int q = 0; q < kNormV; ++q) {
@@ -139,7 +140,7 @@ __device__ __forceinline__ void stage_x_gated_norm(const float* y, const float* 
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
       if (o < hl) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = rsqrtf(ss / float(hd) + eps);
+    const float inv = rsqrtf(ss * rhd + eps);
     const float4 o = make_float4(yv[q].x * inv * gv[q].x, yv[q].y * inv * gv[q].y, yv[q].z * inv * gv[q].z,
                                  yv[q].w * inv * gv[q].w);
     if (f < n / 4) xs[x_slot<BITS, LPR>(f / F4, f % F4)] = o;
