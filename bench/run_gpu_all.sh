@@ -8,7 +8,8 @@
 #   `small` synthetic checkpoint with peaked logits.
 # Logs under $OUT; a summary last. Steps are skipped once the time budget (BUDGET seconds) is spent. Knobs: ALL_BISECT=0
 # and ALL_EVAL=0 skip steps 3 and 6, ALL_NODE=0 skips step 4, ALL_DECODE=0 the decode bench; ALL_TESTS="names" runs
-# only those CUDA test binaries; ALL_MICRO=1 adds the MoE and dense GEMM micro-benchmarks (ablation rows, tile-loop
+# only those CUDA test binaries; ALL_DECODE_ALT="VAR=VALUE" repeats the decode bench with that switch; ALL_MICRO=1
+# adds the MoE and dense GEMM micro-benchmarks (ablation rows, tile-loop
 # columns); PREFILL_LENGTHS (default 4096,32768,131072).
 set -u
 BUDGET=${BUDGET:-560}
@@ -45,6 +46,12 @@ if [ "${ALL_DECODE:-1}" = 1 ] && [ "$(left)" -gt 110 ]; then
   timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
     --json "$OUT/decode.json" >"$OUT/bench_decode.log" 2>&1
   note "decode: $(grep -oE "decode ctx [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode.log" | tr "\n" " ") ($(elapsed))"
+fi
+# ALL_DECODE_ALT="VAR=VALUE": the decode bench once more with that switch (a default under question, same call).
+if [ -n "${ALL_DECODE_ALT:-}" ] && [ "$(left)" -gt 110 ]; then
+  env "$ALL_DECODE_ALT" timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode \
+    --lengths 4096,131072 --runs 3 >"$OUT/bench_decode_alt.log" 2>&1
+  note "decode $ALL_DECODE_ALT: $(grep -oE "decode ctx [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode_alt.log" | tr "\n" " ") ($(elapsed))"
 fi
 if [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 15 )) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
