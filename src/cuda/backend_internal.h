@@ -12,8 +12,9 @@ namespace fern::cuda_backend_detail {
 constexpr int kArgmaxCounterBase = 1024;
 constexpr int kMoeCounterBase = 1 << 16;
 constexpr int kCounters = kMoeCounterBase + 4096;
-// The one-launch MoE of decode (moe_fused.cu) keeps its handoff counters at the top of the GDN slice, which uses
-// [0, Hk + Hv): moe_decode_ takes that path only for models with Hk + Hv <= kMoeFusedCounterBase.
+// The one-launch MoE of decode (moe_fused.cu) keeps its handoff counters at the top of the GDN slice, whose step
+// kernel uses [0, Hk) (one counter per key head; [0, Hk + Hv) before the gated norm moved to the out_proj GEMV):
+// moe_decode_ takes that path only for models with Hk + Hv <= kMoeFusedCounterBase (the older, larger bound kept).
 constexpr int kMoeFusedCounterBase = kArgmaxCounterBase - 16;
 
 inline float* f32(const Tensor& t, const char* what) {
