@@ -259,7 +259,7 @@ void gdn_step_raw(const Ctx& c, const GdnShape& sh, int t, const float* mixed, c
 }
 
 void gdn_gated_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, const float* norm_w, float* y) {
-  FERN_CU_CHECK(gdn_step_ok(sh), "gdn: unsupported head shape");
+  FERN_CU_CHECK(sh.Dv > 0 && sh.Dv <= 32 * kMaxDvPerLane && sh.Hv > 0, "gdn_gated_norm: unsupported head width");
   if (T <= 0) return;
   const int64_t heads = int64_t(T) * sh.Hv;
   launch(c, "gdn_gated_norm_kernel", gdn_gated_norm_kernel, dim3(unsigned((heads + kNormWarps - 1) / kNormWarps)),

@@ -9,7 +9,7 @@
 //     of q, k, v are staged through shared memory 16 at a time with cp.async, one batch ahead. One pass over the
 //     registers per row does the decay and rank-1 update, o_j = S[:, j] . q_t and S[:, j] . k_{t+1}, which is what
 //     the next row needs for m = S^T k (times its decay), so a row costs one pass and one P-lane shuffle reduction.
-//  3. gdn_out_norm_kernel: gated RMSNorm with z, one warp per (row, value head), in place on y.
+//  3. gdn_gated_norm (gdn.cu, shared with decode): gated RMSNorm with z, one warp per (row, value head), in place.
 // With GdnForm::Chunked, gdn_prefill runs the chunked WY form (gdn_chunked.cu, two launches) in place of kernel 2.
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
@@ -19,7 +19,7 @@
 namespace fern::cuda {
 namespace {
 
-constexpr int kMaxHeadDim = 256;  // largest Dk / Dv of a head the pre-pass and the norm take
+constexpr int kMaxHeadDim = 256;  // largest Dk / Dv of a head the pre-pass takes (gdn_gated_norm: the same)
 constexpr int kMaxKernel = 8;     // largest conv kernel
 
 // ---- 1. conv + SiLU + l2 norms ----
@@ -293,37 +293,6 @@ __global__ void __launch_bounds__(32 * P / NC) gdn_scan_kernel(GdnShape sh, int 
     for (int ii = 0; ii < R; ++ii) S[int64_t(sl * R + ii) * Dv + j[c]] = s[c][ii];
 }
 
-// ---- 3. gated RMSNorm: y = rmsnorm(o) * norm_w * silu(z), per (row, value head) ----
-constexpr int kNormWarps = 8;
-
-__global__ void __launch_bounds__(kNormWarps * 32) gdn_out_norm_kernel(GdnShape sh, int64_t rows,
-                                                                      const float* __restrict__ z,
-                                                                      const float* __restrict__ norm_w,
-                                                                      float* __restrict__ y) {
-  pdl_wait();
-  pdl_trigger();
-  const int64_t row = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
-  if (row >= rows) return;  // whole warps
-  const int lane = threadIdx.x & 31, Dv = sh.Dv;
-  float* yr = y + row * Dv;
-  const float* zr = z + row * Dv;
-  float o[kMaxHeadDim / 32];
-  float ss = 0.0f;
-#pragma unroll
-  for (int m = 0; m < kMaxHeadDim / 32; ++m) {
-    const int c = lane + 32 * m;
-    o[m] = c < Dv ? yr[c] : 0.0f;
-    ss = fmaf(o[m], o[m], ss);
-  }
-  ss = warp_sum(ss);
-  const float inv = rsqrtf(ss / float(Dv) + sh.eps);
-#pragma unroll
-  for (int m = 0; m < kMaxHeadDim / 32; ++m) {
-    const int c = lane + 32 * m;
-    if (c < Dv) yr[c] = o[m] * inv * norm_w[c] * silu(zr[c]);
-  }
-}
-
 template <int P, int R, int NC>
 void launch_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
                  const float* A_log, const float* dt_bias, float* state, float* y) {
@@ -393,10 +362,7 @@ void gdn_prefill_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, 
 
 void gdn_prefill_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, const float* norm_w, float* y) {
   FERN_CU_CHECK(gdn_prefill_ok(sh), "gdn_prefill: unsupported head shape");
-  const int64_t rows = int64_t(T) * sh.Hv;
-  launch(c, "gdn_out_norm_kernel", gdn_out_norm_kernel, dim3(unsigned((rows + kNormWarps - 1) / kNormWarps)),
-         kNormWarps * 32, 0, sh, rows, z, norm_w, y);
-  FERN_CUDA_LAUNCH_CHECK("gdn_out_norm_kernel");
+  gdn_gated_norm(c, sh, T, z, norm_w, y);  // the decode step's kernel (gdn.cu), over every (row, value head)
 }
 
 void gdn_prefill(const Ctx& c, const GdnShape& sh, int T, const float* mixed, const float* z, const float* b,
