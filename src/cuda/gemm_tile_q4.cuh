@@ -38,9 +38,9 @@
 
 namespace fern::cuda::q4tile {
 
-constexpr int kBW = 128;  // weight rows per block: two MMA warpgroups of 64
-constexpr int kBK = 64;   // K per tile: one 128-byte swizzled row of bf16
-constexpr int kRowBytes = 128;
+using wgtile::kBK;  // K per tile: one 128-byte swizzled row of bf16
+using wgtile::kBW;  // weight rows per block: two MMA warpgroups of 64
+constexpr int kRowBytes = wgtile::kTileRowBytes;
 constexpr int kConsumers = 256;
 constexpr int kProducers = 128;
 constexpr int kThreads = kConsumers + kProducers;

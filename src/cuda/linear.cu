@@ -397,7 +397,7 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   dim3 grid(blocks, T);
   if constexpr (!MULTI && !ROUTE && STAGE == kStagePlain) {
     if (lpr == 32 && !wide && gemv_depth() == 3) {
-      launch(c, "linear_kernel", linear_kernel<BITS, 32, false, false, false, 3, kThreads>, grid, kThreads, smem, a, m,
+      launch(c, "linear_kernel", linear_kernel<BITS, 32, false, false, kStagePlain, 3, kThreads>, grid, kThreads, smem, a, m,
              rows, x, tail, nm);
       return;
     }
