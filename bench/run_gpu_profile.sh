@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# One GPU call that says where the time goes, kernel by kernel, in `fern bench` prefill and decode on the full-size
-# synthetic model, from the repository root with carry [".carry/debs", ".carry/prof-head.tar",
-# ".carry/prof-head.commit"] (make the archive as for the other scripts, bench/gpu_prelude.sh):
-#  1. Nsight Systems (CUDA trace; graph nodes traced one by one) around `fern bench --phase prefill` at PROF_PREFILL
-#     tokens (default 4096, one warm-up and one timed run) and `--phase decode` at 4K (a few graph steps); the
-#     per-kernel sums as CSV, and the top kernels with their share in the summary. Without nsys: Nsight Compute's
-#     per-kernel duration over a 2,048-token prefill instead.
+# One GPU call that says where the time goes, kernel by kernel, in `fern bench` prefill on the full-size synthetic
+# model, from the repository root with carry [".carry/debs", ".carry/prof-head.tar", ".carry/prof-head.commit"]
+# (make the archive as for the other scripts, bench/gpu_prelude.sh):
+#  1. Nsight Compute's per-kernel duration over `fern bench --phase prefill` at PROF_PREFILL tokens (default 2,048;
+#     one warm-up and one timed pass), summed per kernel, the top kernels with their share in the summary. (For the
+#     decode step by block: bench_cuda_decode blocks.)
 #  2. The random 8-layer whole-model check under each prefill tile loop (PROF_PIPES, default "q4 sync"), with the
 #     per-row NMSE (worst row and median: one outlying row is a flipped near-tie, every row off is a kernel error).
 #  3. PROF_NCU=1: bench/cuda/run_gpu_ncu.sh on this build (NCU_KERNELS as there).
@@ -17,55 +16,14 @@ gpu_configure
 gpu_build fern cuda_test_cuda_forward bench_cuda_prefill_linear bench_cuda_moe_prefill bench_cuda_decode
 mkdir -p "$OUT/prof"
 P=$OUT/prof
-NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
-  /usr/local/cuda/nsight-systems-*/bin/nsys 2>/dev/null | head -1)
-note "nsys: ${NSYS:-none}"
 SYN=(--synth qwen3.6-35b-a3b --backend cuda)
-
-# The top kernels of a per-kernel CSV (name, total ns), with their share of the sum.
-top_kernels() {
-  python3 - "$1" "$2" <<'EOF'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-key_t = next(k for k in rows[0] if k.lower().startswith("total time"))
-key_n = next(k for k in rows[0] if k.lower() in ("name", "kernel name"))
-key_c = next((k for k in rows[0] if k.lower() in ("instances", "count")), None)
-tot = {}
-cnt = {}
-for r in rows:
-    n = r[key_n].split("(")[0].split("<")[0][:48]
-    if n.startswith("fern::cuda::"):
-        n = n[len("fern::cuda::"):]
-    tot[n] = tot.get(n, 0.0) + float(r[key_t])
-    cnt[n] = cnt.get(n, 0) + int(float(r[key_c])) if key_c else 0
-s = sum(v for n, v in tot.items() if "fill" not in n)
-print(f"{sys.argv[2]}: {s/1e6:.1f} ms of kernels (fill kernels excluded)")
-for n, v in sorted(tot.items(), key=lambda kv: -kv[1])[:18]:
-    if "fill" in n:
-        continue
-    print(f"  {v/1e6:9.2f} ms {100*v/s:5.1f}%  x{cnt[n]:<6d} {n}")
-EOF
-}
-
-if [ -n "$NSYS" ]; then
-  timeout 200 "$NSYS" profile -t cuda --cuda-graph-trace=node -f true -o /tmp/prof_prefill \
-    ./build/fern bench "${SYN[@]}" --phase prefill --lengths "${PROF_PREFILL:-4096}" --runs 1 >"$P/prefill_run.log" 2>&1
-  note "nsys prefill rc $? ($(elapsed)): $(grep -E 'tok/s|^ *[0-9]' "$P/prefill_run.log" | tail -2 | tr '\n' ' ')"
-  "$NSYS" stats -r cuda_gpu_kern_sum -f csv -o "$P/prefill" /tmp/prof_prefill.nsys-rep >/dev/null 2>&1
-  timeout 200 "$NSYS" profile -t cuda --cuda-graph-trace=node -f true -o /tmp/prof_decode \
-    ./build/fern bench "${SYN[@]}" --phase decode --lengths 4096 --runs 1 --steps 32 --warmup 4 >"$P/decode_run.log" 2>&1
-  note "nsys decode rc $? ($(elapsed))"
-  "$NSYS" stats -r cuda_gpu_kern_sum -f csv -o "$P/decode" /tmp/prof_decode.nsys-rep >/dev/null 2>&1
-  for w in prefill decode; do
-    f=$(ls "$P/${w}"*kern_sum*.csv 2>/dev/null | head -1)
-    [ -n "$f" ] && top_kernels "$f" "$w" | tee "$P/${w}_top.txt" | while IFS= read -r l; do note "$l"; done
-  done
-else
-  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  timeout 300 "$NCU" --csv --metrics gpu__time_duration.sum ./build/fern bench "${SYN[@]}" --phase prefill \
-    --lengths 2048 --runs 1 >"$P/prefill_ncu.csv" 2>"$P/prefill_ncu.err"
-  note "ncu prefill rc $? ($(elapsed))"
-  python3 - "$P/prefill_ncu.csv" >"$P/prefill_top.txt" <<'EOF'
+# Nsight Systems is not installed on the GPU machine; Nsight Compute's per-kernel durations serve instead (kernels
+# serialized, so the shares, not the sum, are the figure to read).
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+timeout 300 "$NCU" --csv --metrics gpu__time_duration.sum ./build/fern bench "${SYN[@]}" --phase prefill \
+  --lengths "${PROF_PREFILL:-2048}" --runs 1 >"$P/prefill_ncu.csv" 2>"$P/prefill_ncu.err"
+note "ncu prefill rc $? ($(elapsed))"
+python3 - "$P/prefill_ncu.csv" >"$P/prefill_top.txt" <<'EOF2'
 import csv, sys
 lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
 tot = {}
@@ -73,13 +31,12 @@ for r in csv.DictReader(lines):
     n = r["Kernel Name"].split("(")[0].split("<")[0][:48]
     tot[n] = tot.get(n, 0.0) + float(r["Metric Value"].replace(",", ""))
 s = sum(v for n, v in tot.items() if "fill" not in n)
-print(f"prefill 2048 (ncu, serialized): {s/1e6:.1f} ms")
+print(f"prefill (ncu, serialized, fill kernels excluded): {s/1e6:.1f} ms")
 for n, v in sorted(tot.items(), key=lambda kv: -kv[1])[:18]:
     if "fill" not in n:
         print(f"  {v/1e6:9.2f} ms {100*v/s:5.1f}%  {n}")
-EOF
-  while IFS= read -r l; do note "$l"; done <"$P/prefill_top.txt"
-fi
+EOF2
+while IFS= read -r l; do note "$l"; done <"$P/prefill_top.txt"
 
 for pipe in ${PROF_PIPES:-q4 sync}; do
   FERN_GEMM_WG_PIPE=$pipe timeout 200 ./build/cuda_test_cuda_forward --gtest_filter='*RandomModel*' >"$P/forward_$pipe.log" 2>&1
