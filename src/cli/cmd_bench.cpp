@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <fstream>
 #include <random>
@@ -45,6 +46,9 @@ struct Options {
   int threads = 0;
   bool host_loop = false;  // decode through Engine::decode (logits to the host every step) even on CUDA
   std::string json_path, md_path;
+  // "NAME=v1,v2,...": decode once per value of the environment switch NAME in each run, the values interleaved
+  // run by run (same weights, same process: a comparison that drift between processes or machines cannot blur).
+  std::string decode_switch;
 };
 
 std::vector<int64_t> parse_lengths(const std::string& s) {
@@ -223,7 +227,41 @@ int run_bench(const Options& o) {
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(std::min<int64_t>(cfg.vocab_size, 151000) - 1));
   std::vector<float> logits;
 
-  if (o.phase == "decode" || o.phase == "both") {
+  if ((o.phase == "decode" || o.phase == "both") && !o.decode_switch.empty()) {
+    const size_t eq = o.decode_switch.find('=');
+    FERN_CHECK(eq != std::string::npos && eq > 0, "--decode-switch wants NAME=v1,v2,..., got '{}'", o.decode_switch);
+    const std::string name = o.decode_switch.substr(0, eq);
+    std::vector<std::string> values;
+    for (size_t p = eq + 1; p <= o.decode_switch.size();) {
+      size_t e = o.decode_switch.find(',', p);
+      if (e == std::string::npos) e = o.decode_switch.size();
+      values.push_back(o.decode_switch.substr(p, e - p));
+      p = e + 1;
+    }
+    Options one = o;
+    one.runs = 1;
+    md += fmt::format("| context | {} | tok/s (median of {}) | min-max |\n|---:|---|---:|---:|\n", name, o.runs);
+    for (int64_t L : lengths) {
+      std::vector<std::vector<double>> rates(values.size());
+      for (int r = 0; r < o.runs; ++r) {
+        for (size_t i = 0; i < values.size(); ++i) {
+          ::setenv(name.c_str(), values[i].c_str(), 1);
+          auto st = engine.new_state(L + o.warmup + int64_t(o.steps) + 2);
+          fill_state(engine.backend(), *st, L);
+          bool graph = false;
+          rates[i].push_back(time_decode(engine, *st, one, tok(rng), &graph).at(0));
+        }
+      }
+      for (size_t i = 0; i < values.size(); ++i) {
+        const Stat s = stat_of(rates[i]);
+        md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} |\n", L, values[i], s.median, s.min, s.max);
+        results.push_back({{"phase", "decode"}, {"context", L}, {"switch", name + "=" + values[i]},
+                           {"tok_s_median", s.median}, {"tok_s_min", s.min}, {"tok_s_max", s.max}, {"runs", o.runs},
+                           {"steps", o.steps}});
+        log::info("decode ctx {} {}={}: {:.1f} tok/s", L, name, values[i], s.median);
+      }
+    }
+  } else if (o.phase == "decode" || o.phase == "both") {
     md += "| context | tok/s (median) | min-max | bytes/token | GB/s | % of H200 roofline |\n|---:|---:|---:|---:|---:|---:|\n";
     for (int64_t L : lengths) {
       const int64_t cap = L + o.warmup + int64_t(o.steps) * o.runs + 2;
@@ -292,6 +330,8 @@ Command reg("bench", "Measure decode and prefill throughput against the roofline
   app.add_option("--runs", o->runs, "Timed runs per length (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--threads", o->threads, "CPU threads (0 = all)");
   app.add_flag("--host-loop", o->host_loop, "Decode through the host (logits copied back each step) even on CUDA");
+  app.add_option("--decode-switch", o->decode_switch,
+                 "NAME=v1,v2,...: decode once per value of environment switch NAME in every run (interleaved)");
   app.add_option("--json", o->json_path, "Write results as JSON");
   app.add_option("--md", o->md_path, "Write the markdown table");
   return [o] { return run_bench(*o); };
