@@ -23,8 +23,8 @@
 // for these threads: weight_row()). The producers fill a ring of S stages with cp.async only (x rows, row sums, the
 // packed codes; their completion arrives on the stage's "full" mbarrier by itself: cp.async.mbarrier.arrive.noinc),
 // plus each row's scale and bias (loaded two tiles ahead, converted and stored, then a second arrival). The MMA
-// warpgroups wait on "full", unpack, issue the tile's MMAs in two halves of its tokens (one half's MMAs run while
-// the other half is promoted) and hand the stage back on "empty".
+// warpgroups wait on "full", unpack, issue the tile's 8 MMAs, wait for them, promote, and hand the stage back on
+// "empty".
 #pragma once
 #include <cuda_bf16.h>
 
@@ -107,95 +107,57 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
   __syncthreads();
 
   if (tid < kConsumers) {
-    // The tile's tokens in two halves, each with its own partial: the MMAs of one half run while the other half is
-    // promoted, so the tensor cores are not idle during the promotion (version 6 waited for all 8 MMAs of a tile,
-    // then promoted with the tensor cores idle unless the other warpgroup happened to be issuing). Order per tile
-    // kt: wait for half B of kt - 1 (its MMAs read the fragments about to be rebuilt), build the fragments, issue
-    // half A, promote half B of kt - 1 and hand stage kt - 1 back, issue half B, wait for half A, promote it. A stage
-    // is held until the next tile's half A is issued, so the producers run S - 2 stages ahead.
-    constexpr int NH = NTOK / 2;  // tokens per half
-    constexpr int RH = NTOK / 4;  // accumulator registers per half
-    static_assert(NH % 8 == 0, "halves of whole 8-row atoms (1024-byte aligned in the x tiles, an MMA width)");
     const int wg = tid >> 7, lane = tid & 31;
     const int r0 = 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2);  // this thread's rows r0 and r0 + 8
     const int jq = lane & 3;  // its K pair in each 8-wide step of the MMA fragment
-    float pa[RH], pb[RH];     // partials of tokens [0, NH) and [NH, NTOK)
+    float part[NTOK / 2];
 #pragma unroll
     for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
-    uint32_t a[kBK / 16][4];
-    float2 sbp0 = make_float2(0.f, 0.f), sbp1 = sbp0;  // stage kt - 1's scale and bias, for half B's promotion
-    // acc += s P + (b - 128 s) xs over one half's partial (p[4 j + i]: row r0 + 8 (i / 2), token base + 8 j +
-    // 2 (lane % 4) + i % 2).
-    auto promote = [&](const float(&p)[RH], int half, int st, float2 s0, float2 s1) {
-#pragma unroll
-      for (int j = 0; j < NH / 8; ++j) {
-        const int jj = half * (NH / 8) + j;
-        const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * jj + 2 * (lane & 3)]);
-        acc[4 * jj + 0] = fmaf(s0.x, p[4 * j + 0], fmaf(s0.y, xs.x, acc[4 * jj + 0]));
-        acc[4 * jj + 1] = fmaf(s0.x, p[4 * j + 1], fmaf(s0.y, xs.y, acc[4 * jj + 1]));
-        acc[4 * jj + 2] = fmaf(s1.x, p[4 * j + 2], fmaf(s1.y, xs.x, acc[4 * jj + 2]));
-        acc[4 * jj + 3] = fmaf(s1.x, p[4 * j + 3], fmaf(s1.y, xs.y, acc[4 * jj + 3]));
-      }
-    };
     for (int kt = 0; kt < nk; ++kt) {
       const int st = kt % S;
       ptx::mbar_wait(&sm.full[st], (kt / S) & 1);
       wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
       const float2 sb0 = sm.sb[st][r0], sb1 = sm.sb[st][r0 + 8];
-      wgmma::wait<0>();  // half B of kt - 1: done reading the fragments
-      wgmma::fence_operand(pb);
-      // The MMA fragments of the four 16-wide steps from the packed codes of rows r0 and r0 + 8 (word 2 ks + h holds
-      // K 16 ks + 8 h .. + 7), all written before the wgmma fence (registers an MMA reads must be written before the
-      // fence that precedes it).
+      // The packed codes of rows r0 and r0 + 8: 8 words each, word 2 ks + h holding K 16 ks + 8 h .. + 7.
+      uint32_t c0[8], c1[8];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint4 c0 = sm.codes[st][r0][code_half(r0, h)], c1 = sm.codes[st][r0 + 8][code_half(r0 + 8, h)];
-        a[2 * h + 0][0] = code_pair(c0.x, jq);
-        a[2 * h + 0][1] = code_pair(c1.x, jq);
-        a[2 * h + 0][2] = code_pair(c0.y, jq);
-        a[2 * h + 0][3] = code_pair(c1.y, jq);
-        a[2 * h + 1][0] = code_pair(c0.z, jq);
-        a[2 * h + 1][1] = code_pair(c1.z, jq);
-        a[2 * h + 1][2] = code_pair(c0.w, jq);
-        a[2 * h + 1][3] = code_pair(c1.w, jq);
+        const uint4 a = sm.codes[st][r0][code_half(r0, h)], b = sm.codes[st][r0 + 8][code_half(r0 + 8, h)];
+        c0[4 * h + 0] = a.x, c0[4 * h + 1] = a.y, c0[4 * h + 2] = a.z, c0[4 * h + 3] = a.w;
+        c1[4 * h + 0] = b.x, c1[4 * h + 1] = b.y, c1[4 * h + 2] = b.z, c1[4 * h + 3] = b.w;
+      }
+      // The MMA fragments of the four 16-wide steps, all written before the wgmma fence (registers an MMA reads must
+      // be written before the fence that precedes it).
+      uint32_t a[kBK / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        a[ks][0] = code_pair(c0[2 * ks], jq);
+        a[ks][1] = code_pair(c1[2 * ks], jq);
+        a[ks][2] = code_pair(c0[2 * ks + 1], jq);
+        a[ks][3] = code_pair(c1[2 * ks + 1], jq);
       }
 #pragma unroll
-      for (int i = 0; i < RH; ++i) pa[i] = 0.0f;
-      wgmma::fence_operand(pa);
+      for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;
+      wgmma::fence_operand(part);
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kBK / 16; ++ks) {
-        wgmma::mma_bf16_rs<NH>(pa, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
-        wgmma::mma_bf16_rs<NH>(pa, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
+        wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
+        wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
       }
       wgmma::commit();
-      if (kt > 0) {  // half B of kt - 1, while half A of kt runs
-        const int sp = (kt - 1) % S;
-        promote(pb, 1, sp, sbp0, sbp1);
-        ptx::mbar_arrive(&sm.empty[sp]);  // stage kt - 1's operands, sums and scales are all read
-      }
+      wgmma::wait<0>();
+      wgmma::fence_operand(part);
+      // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
 #pragma unroll
-      for (int i = 0; i < RH; ++i) pb[i] = 0.0f;
-      wgmma::fence_operand(pb);
-      wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) {
-        wgmma::mma_bf16_rs<NH>(pb, a[ks], wgmma::desc_sw128(&sm.xhi[st][NH * kRowBytes + 32 * ks]));
-        wgmma::mma_bf16_rs<NH>(pb, a[ks], wgmma::desc_sw128(&sm.xlo[st][NH * kRowBytes + 32 * ks]));
+      for (int j = 0; j < NTOK / 8; ++j) {
+        const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * j + 2 * (lane & 3)]);
+        acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], fmaf(sb0.y, xs.x, acc[4 * j + 0]));
+        acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
+        acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
+        acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
       }
-      wgmma::commit();
-      wgmma::wait<1>();  // half A of kt
-      wgmma::fence_operand(pa);
-      promote(pa, 0, st, sb0, sb1);
-      sbp0 = sb0;
-      sbp1 = sb1;
-    }
-    wgmma::wait<0>();
-    wgmma::fence_operand(pb);
-    if (nk > 0) {
-      const int sp = (nk - 1) % S;
-      promote(pb, 1, sp, sbp0, sbp1);
-      ptx::mbar_arrive(&sm.empty[sp]);
+      ptx::mbar_arrive(&sm.empty[st]);  // the stage's operands, sums and scales are all read
     }
     return true;
   }

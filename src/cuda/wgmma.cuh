@@ -112,8 +112,6 @@ __device__ __forceinline__ void fence_operand(float (&d)[R]) {
     __trap();                                                                                                       \
   }
 #endif
-FERN_WG_WRAPPERS(8, 4, "%0, %1, %2, %3", "%4, %5, p, 1, 1, 0, 0", "{%4, %5, %6, %7}, %8, p, 1, 1, 0",
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]))
 FERN_WG_WRAPPERS(16, 8,
                  "%0, %1, %2, %3, %4, %5, %6, %7",
                  "%8, %9, p, 1, 1, 0, 0", "{%8, %9, %10, %11}, %12, p, 1, 1, 0",
@@ -122,11 +120,6 @@ FERN_WG_WRAPPERS(32, 16,
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15",
                  "%16, %17, p, 1, 1, 0, 0", "{%16, %17, %18, %19}, %20, p, 1, 1, 0",
                  FERN_WG_D8(0), FERN_WG_D8(8))
-FERN_WG_WRAPPERS(48, 24,
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23",
-                 "%24, %25, p, 1, 1, 0, 0", "{%24, %25, %26, %27}, %28, p, 1, 1, 0",
-                 FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16))
 FERN_WG_WRAPPERS(64, 32,
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31",
@@ -152,15 +145,11 @@ FERN_WG_WRAPPERS(128, 64,
 
 template <int N>
 __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t da, uint64_t db) {
-  static_assert(N == 8 || N == 16 || N == 32 || N == 48 || N == 64 || N == 96 || N == 128, "instantiated widths");
-  if constexpr (N == 8)
-    mma_bf16_n8(d, da, db);
-  else if constexpr (N == 16)
+  static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "instantiated widths");
+  if constexpr (N == 16)
     mma_bf16_n16(d, da, db);
   else if constexpr (N == 32)
     mma_bf16_n32(d, da, db);
-  else if constexpr (N == 48)
-    mma_bf16_n48(d, da, db);
   else if constexpr (N == 64)
     mma_bf16_n64(d, da, db);
   else if constexpr (N == 96)
@@ -172,15 +161,11 @@ __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t da, uint64_
 
 template <int N>
 __device__ __forceinline__ void mma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db) {
-  static_assert(N == 8 || N == 16 || N == 32 || N == 48 || N == 64 || N == 96 || N == 128, "instantiated widths");
-  if constexpr (N == 8)
-    mma_bf16_rs_n8(d, a, db);
-  else if constexpr (N == 16)
+  static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "instantiated widths");
+  if constexpr (N == 16)
     mma_bf16_rs_n16(d, a, db);
   else if constexpr (N == 32)
     mma_bf16_rs_n32(d, a, db);
-  else if constexpr (N == 48)
-    mma_bf16_rs_n48(d, a, db);
   else if constexpr (N == 64)
     mma_bf16_rs_n64(d, a, db);
   else if constexpr (N == 96)
