@@ -10,7 +10,8 @@
 # and ALL_EVAL=0 skip steps 3 and 6, ALL_NODE=0 skips step 4, ALL_DECODE=0 the decode bench; ALL_TESTS="names" runs
 # only those CUDA test binaries; ALL_DECODE_ALT="VAR=VALUE" repeats the decode bench with that switch; ALL_MICRO=1
 # adds the MoE and dense GEMM micro-benchmarks (ablation rows, tile-loop
-# columns); PREFILL_LENGTHS (default 4096,32768,131072).
+# columns); ALL_GEMV=1 adds bench_cuda_decode's GEMV table (cold and warm L2); PREFILL_LENGTHS (default
+# 4096,32768,131072).
 set -u
 BUDGET=${BUDGET:-560}
 source bench/gpu_prelude.sh
@@ -19,8 +20,10 @@ export PYTHONUNBUFFERED=1
 gpu_unpack_head all-head
 gpu_configure
 MICRO=${ALL_MICRO:-0}
-if [ "$MICRO" = 1 ]; then gpu_build fern $(gpu_cuda_test_targets) bench_cuda_moe_prefill bench_cuda_prefill_linear
-else gpu_build fern $(gpu_cuda_test_targets); fi
+EXTRA=""
+[ "$MICRO" = 1 ] && EXTRA="bench_cuda_moe_prefill bench_cuda_prefill_linear"
+[ "${ALL_GEMV:-0}" = 1 ] && EXTRA="$EXTRA bench_cuda_decode"
+gpu_build fern $(gpu_cuda_test_targets) $EXTRA
 if [ -n "${ALL_TESTS:-}" ]; then
   GPU_TEST_FAILS=""
   for t in $ALL_TESTS; do
@@ -41,6 +44,11 @@ if [ "$MICRO" = 1 ]; then
   timeout 60 build/bench/bench_cuda_moe_prefill >"$OUT/bench_moe_prefill.md" 2>&1
   note "bench_cuda_moe_prefill rc $? ($(elapsed))"
   grep -E "^\| (T \||512|2048)" "$OUT/bench_moe_prefill.md" | head -32
+fi
+if [ "${ALL_GEMV:-0}" = 1 ]; then
+  timeout 90 build/bench/bench_cuda_decode gemv >"$OUT/bench_gemv.md" 2>&1
+  note "bench_cuda_decode gemv rc $? ($(elapsed))"
+  grep -A12 "== GEMV" "$OUT/bench_gemv.md"
 fi
 if [ "${ALL_DECODE:-1}" = 1 ] && [ "$(left)" -gt 110 ]; then
   timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \

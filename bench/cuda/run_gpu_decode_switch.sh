@@ -2,7 +2,7 @@
 # A decode switch compared in one process (fern bench --decode-switch: the values interleaved run by run), with the
 # tests that guard it, on the GPU machine from the repository root. Carry [".carry/debs", ".carry/sw-head.tar",
 # ".carry/sw-head.commit"] (bench/gpu_prelude.sh says how to make the archive). Knobs:
-#   SW_SWITCH   NAME=v1,v2,...              (default FERN_CUDA_PREFETCH=0,1,2,3,4)
+#   SW_SWITCH   NAME=v1,v2,...              (required)
 #   SW_LENGTHS  decode contexts             (default 4096,131072)
 #   SW_RUNS     runs per value              (default 3)
 #   SW_TESTS    CUDA test binaries to run first, each once plainly and once under every SW_TEST_ENV assignment
@@ -35,7 +35,7 @@ grep -E "^(synth small|chunk |random)" "$OUT/tests.log" 2>/dev/null | head -20
 if [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 20 )) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode \
     --lengths "${SW_LENGTHS:-4096,131072}" --runs "${SW_RUNS:-3}" \
-    --decode-switch "${SW_SWITCH:-FERN_CUDA_PREFETCH=0,1,2,3,4}" --json "$OUT/decode_switch.json" \
+    --decode-switch "${SW_SWITCH:?set SW_SWITCH=NAME=v1,v2,...}" --json "$OUT/decode_switch.json" \
     >"$OUT/decode_switch.log" 2>&1
   note "decode switch rc $? ($(elapsed))"
   grep -E "^\|" "$OUT/decode_switch.log"

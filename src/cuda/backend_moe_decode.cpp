@@ -52,11 +52,7 @@ bool CudaBackend::moe_fused_(Tensor out, const float* x, const MoeWeights& w, co
   const cuda::MoeQW q{cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), cuda::make_qw(w.gate),
                       cuda::make_qw(w.up),     cuda::make_qw(w.down),               cuda::make_qw(w.shared_gate),
                       cuda::make_qw(w.shared_up), cuda::make_qw(w.shared_down)};
-  // The hint of prefetch_layer applies to this launch only.
-  const cuda::L2Prefetch pf = pending_pf_;
-  pending_pf_ = cuda::L2Prefetch{};
-  return cuda::moe_fused(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters), q, x, s, f32(out, "moe out"), k, norm,
-                         pf.count > 0 ? &pf : nullptr);
+  return cuda::moe_fused(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters), q, x, s, f32(out, "moe out"), k, norm);
 }
 
 void CudaBackend::moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {

@@ -63,7 +63,6 @@ class CudaBackend : public Backend {
                     const ModelConfig& cfg) override;
   void rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, Tensor norm_w, float eps, Tensor xn,
                             std::span<const LinearWeight* const> ws) override;
-  void prefetch_layer(const LayerWeights& next, SequenceState& state, int layer, int64_t T) override;
   void argmax(Tensor ids, Tensor logits) override;
   void advance(SequenceState& state, int64_t n) override;
 
@@ -164,7 +163,6 @@ class CudaBackend : public Backend {
   bool branches_ = true;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
-  cuda::L2Prefetch pending_pf_;      // from prefetch_layer, for the next fused MoE launch (backend_prefetch.cpp)
   bool side_busy_ = false;           // side stream has work not yet joined
   const void* group_x_ = nullptr;    // input of the current group of independent linears
   std::vector<Span> group_out_;      // outputs written by that group so far

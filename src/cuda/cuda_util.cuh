@@ -6,7 +6,6 @@
 
 #include "core/bf16.h"
 #include "cuda/cuda_check.h"
-#include "cuda/kernels.h"
 
 namespace fern::cuda {
 
@@ -67,31 +66,6 @@ __device__ __forceinline__ void pdl_wait() {
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Asks the L2 cache to load the ranges of `pf` (kernels.h), split into 16 KB pieces dealt round-robin to `parts`
-// callers; this one is `part`. Fire and forget: nothing waits for the data, and a range's ends are rounded inwards
-// to 16 bytes (the instruction's unit), so nothing outside it is touched. A no-op below sm_90.
-__device__ __forceinline__ void prefetch_l2(const L2Prefetch& pf, int part, int parts) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr uint32_t kPiece = 16384;
-  int first = 0;  // index of range r's first piece in the global numbering
-  for (int r = 0; r < pf.count; ++r) {
-    const uintptr_t b = (reinterpret_cast<uintptr_t>(pf.p[r]) + 15) & ~uintptr_t(15);
-    const uintptr_t e = (reinterpret_cast<uintptr_t>(pf.p[r]) + pf.n[r]) & ~uintptr_t(15);
-    if (e <= b) continue;
-    const int pieces = static_cast<int>((e - b + kPiece - 1) / kPiece);
-    // this part's first piece of the range: the smallest i >= 0 with (first + i) % parts == part
-    for (int i = ((part - first) % parts + parts) % parts; i < pieces; i += parts) {
-      const uintptr_t a = b + uintptr_t(i) * kPiece;
-      const uint32_t len = static_cast<uint32_t>(e - a < kPiece ? e - a : kPiece);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(len) : "memory");
-    }
-    first += pieces;
-  }
-#else
-  (void)pf, (void)part, (void)parts;
 #endif
 }
 

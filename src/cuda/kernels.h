@@ -125,20 +125,8 @@ struct MoeNorm {
   float* xn = nullptr;
   bool add_out = false;
 };
-// Byte ranges of device memory that a kernel asks the L2 cache to load (cp.async.bulk.prefetch.L2, sm_90+; a no-op
-// on older GPUs): weights and state that a later kernel of the step reads, requested while this one leaves memory
-// bandwidth idle. `at` says where in moe_fused (kL2PrefetchAt*).
-constexpr int kL2PrefetchRanges = 16;
-enum L2PrefetchAt { kL2PrefetchOff, kL2PrefetchBeforeWait, kL2PrefetchAfterWait, kL2PrefetchAfterRoute,
-                    kL2PrefetchAfterExperts };
-struct L2Prefetch {
-  const char* p[kL2PrefetchRanges] = {};
-  uint32_t n[kL2PrefetchRanges] = {};
-  int count = 0;
-  int at = kL2PrefetchOff;
-};
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
-               const MoeNorm* norm = nullptr, const L2Prefetch* pf = nullptr);
+               const MoeNorm* norm = nullptr);
 // Phase timing of moe_fused (docs/notes/cuda-decode-v5.md): the same launch with %globaltimer stamps (ns) written
 // to stamps[kMoeStamps] (zero before the launch): block 0's thread 0 at each point, and the latest (or, stored
 // inverted, the earliest) block at a few. Compiled only with -DFERN_MOE_PHASE_TIMING (a separate instantiation;

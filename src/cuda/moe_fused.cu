@@ -264,15 +264,7 @@ struct FusedArgs {
   int topk;
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
-  L2Prefetch pf;               // ranges for the L2 cache, requested at pf.at (a later kernel's weights and state)
 };
-
-// The L2 prefetch of the launch, if this is its point: by warp 0 of every block, one 16 KB piece per thread at a
-// time (a layer's mixer weights are ~1,200 pieces, ~0.3 per thread of a 132-block grid).
-__device__ __forceinline__ void prefetch_at(const L2Prefetch& pf, int point) {
-  if (pf.at == point && threadIdx.x < 32) prefetch_l2(pf, int(threadIdx.x) * int(gridDim.x) + int(blockIdx.x),
-                                                      32 * int(gridDim.x));
-}
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
 constexpr int kNormV = 2;
@@ -343,10 +335,8 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       wn[q] = f < H / 4 ? __ldg(reinterpret_cast<const float4*>(a.norm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
-  prefetch_at(a.pf, kL2PrefetchBeforeWait);
   pdl_wait();
   st.at(kMoeStampWaited);
-  prefetch_at(a.pf, kL2PrefetchAfterWait);
   if (threadIdx.x == 0) {
     const int ep = __ldcg(a.counters);
     epoch_s = ep;
@@ -473,7 +463,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   };
   st.at(kMoeStampRouted);
   if (v < H) load_down(v, lane);
-  prefetch_at(a.pf, kL2PrefetchAfterRoute);
 
   const int ntask = k * I;
   for (int u0 = v; u0 < ntask; u0 += 2 * W) {
@@ -498,7 +487,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
 
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----
   // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
-  prefetch_at(a.pf, kL2PrefetchAfterExperts);
   const bool resid_early = a.norm.add_out;
   const float resid_v = resid_early && lane == 0 && v < H ? __ldcg(a.norm.resid + v) : 0.0f;
   stage_x<B, 32>(a.s.h, nx, xh, xhc);
@@ -604,17 +592,16 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr, L2Prefetch{}};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr};
   return true;
 }
 
 }  // namespace
 
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
-               const MoeNorm* norm, const L2Prefetch* pf) {
+               const MoeNorm* norm) {
   FusedArgs a;
   if (!fused_args(c, w, x, s, out, topk, norm, a)) return false;
-  if (pf != nullptr) a.pf = *pf;
   return w.router.bits == 8 ? launch_fused<8, 4, false>(c, a) : launch_fused<4, 4, false>(c, a);
 }
 

@@ -87,7 +87,6 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
     else
       attn_mixer(be, L.attn, cfg, st, il, h, L.input_norm, eps, xn, mix, delta);
     dump(fmt::format("L{}.mixer_out", il), delta);
-    if (il + 1 < cfg.num_hidden_layers) be.prefetch_layer(w.layers[il + 1], st, il + 1, T);  // a hint only
     // r = h + a; xn = RMSNorm(r); delta = MoE(xn); h = r + delta.
     be.moe_residual(h, delta, xn, L.post_norm, eps, delta, L.moe, cfg);
     dump(fmt::format("L{}.moe_out", il), delta);

@@ -120,13 +120,6 @@ class Backend {
     moe(out, xn, w, cfg);
     add(resid, resid, out);
   }
-  // A hint, enqueued just before the MoE block of the layer before `layer`: `next` (layer `layer`'s weights) and
-  // that layer's state are what the step reads next, T rows. A backend whose steps leave memory bandwidth idle may
-  // start loading them into a cache while the MoE block runs (the CUDA decode path). Never changes a result; by
-  // default nothing.
-  virtual void prefetch_layer(const LayerWeights& next, SequenceState& state, int layer, int64_t T) {
-    (void)next, (void)state, (void)layer, (void)T;
-  }
   // ids[t] = argmax_j logits[t, j] (lowest index on ties). logits [T, V] -> ids I32 [T].
   virtual void argmax(Tensor ids, Tensor logits) = 0;
   // state.pos += n (a backend that keeps a device copy of the position updates it too).
