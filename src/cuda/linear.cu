@@ -354,12 +354,13 @@ int gemv_depth() {
 // 108.1 -> 105.7), but for the 30 GDN mixers the two runs disagree by more than the effect (run 1: 636.9 us with
 // them on the input projections against 623.2 without; run 2: 602.2 with them everywhere against 608.0 without;
 // in both the row timed second was the faster), so the projections keep 256 threads until a step-level
-// comparison decides. FERN_CUDA_GEMV_WIDE=1 takes them for every GEMV with 32 lanes per row, =0 for none (read at
-// every call, for comparisons).
+// comparison decides. FERN_CUDA_GEMV_WIDE=1 takes them for every GEMV with 32 lanes per row, =0 for none, =N > 1
+// from N rows (read at every call, for comparisons).
 constexpr int kWideGroups = 16;
 bool gemv_wide(const Ctx& c, int rows) {
   const char* e = std::getenv("FERN_CUDA_GEMV_WIDE");
   if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
+  if (e != nullptr && e[0] >= '1' && e[0] <= '9') return rows >= std::atoi(e);
   return int64_t(rows) >= int64_t(kWideGroups) * (2 * kThreads / 32) * kRPI * c.sms;
 }
 
