@@ -4,7 +4,7 @@
 # micro-benchmarks and profiles the first launch of each kernel named in NCU_KERNELS (regular expressions on the
 # mangled names, each optionally followed by :N launches to skip; default: the exact-code loop's dense 128-token
 # kernel and the MoE block's 96-row gate/up and down kernels, first launched at T = 2,048; `decode:REGEX` profiles a
-# kernel of bench_cuda_decode's 4K step, e.g. decode:moe_fused_kernel:40) with the
+# kernel of bench_cuda_decode's 4K step, e.g. decode:moe_fused_kernel:40, `gemv:REGEX` one of its GEMV table) with the
 # "full" section set and the per-instruction stall samples. Text reports (details, and the SASS source page with
 # the stall samples as CSV) packed into $OUT/ncu_reports.tar.gz, the key metrics in the summary.
 set -u
@@ -26,6 +26,7 @@ for kv in $KERNELS; do
   case "$b" in  # bench names: linear, moe (prefill micro-benchmarks), decode (the 4K step by block)
     moe) exe=(build/bench/bench_cuda_moe_prefill) ;;
     decode) exe=(build/bench/bench_cuda_decode blocks) ;;
+    gemv) exe=(build/bench/bench_cuda_decode gemv) ;;  # the GEMV table (its first launch: in_proj_qkv, eager)
     *) exe=(build/bench/bench_cuda_prefill_linear) ;;
   esac
   out="$OUT/ncu_$(echo "$k" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).txt"

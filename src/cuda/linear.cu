@@ -354,8 +354,11 @@ int gemv_depth() {
 // 108.1 -> 105.7), but for the 30 GDN mixers the two runs disagree by more than the effect (run 1: 636.9 us with
 // them on the input projections against 623.2 without; run 2: 602.2 with them everywhere against 608.0 without;
 // in both the row timed second was the faster), so the projections keep 256 threads until a step-level
-// comparison decides. FERN_CUDA_GEMV_WIDE=1 takes them for every GEMV with 32 lanes per row, =0 for none, =N > 1
-// from N rows (read at every call, for comparisons).
+// comparison decides. That comparison (docs/notes/cuda-decode-v9-prefetch.md, fern bench --decode-switch, five
+// interleaved runs): 4K 574.0 tok/s with this rule, 563.6 with wide blocks from 8,192 rows, 564.8 from 12,000 (the
+// GDN input projections only), 561.4 everywhere; 128K 415.3 against 410.8 / 410.9 / 409.5: the rule stays.
+// FERN_CUDA_GEMV_WIDE=1 takes them for every GEMV with 32 lanes per row, =0 for none, =N > 1 from N rows (read at
+// every call, for comparisons).
 constexpr int kWideGroups = 16;
 bool gemv_wide(const Ctx& c, int rows) {
   const char* e = std::getenv("FERN_CUDA_GEMV_WIDE");
