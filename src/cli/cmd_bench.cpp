@@ -229,7 +229,7 @@ int run_bench(const Options& o) {
 
   if ((o.phase == "decode" || o.phase == "both") && !o.decode_switch.empty()) {
     const size_t eq = o.decode_switch.find('=');
-    FERN_CHECK(eq != std::string::npos && eq > 0, "--decode-switch wants NAME=v1,v2,..., got '{}'", o.decode_switch);
+    if (eq == std::string::npos || eq == 0) fail("--decode-switch wants NAME=v1,v2,..., got '{}'", o.decode_switch);
     const std::string name = o.decode_switch.substr(0, eq);
     std::vector<std::string> values;
     for (size_t p = eq + 1; p <= o.decode_switch.size();) {
