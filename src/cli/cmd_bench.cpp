@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -238,6 +239,8 @@ int run_bench(const Options& o) {
       values.push_back(o.decode_switch.substr(p, e - p));
       p = e + 1;
     }
+    const char* before = std::getenv(name.c_str());
+    const std::optional<std::string> saved = before ? std::optional<std::string>(before) : std::nullopt;
     Options one = o;
     one.runs = 1;
     md += fmt::format("| context | {} | tok/s (median of {}) | min-max |\n|---:|---|---:|---:|\n", name, o.runs);
@@ -260,6 +263,11 @@ int run_bench(const Options& o) {
                            {"steps", o.steps}});
         log::info("decode ctx {} {}={}: {:.1f} tok/s", L, name, values[i], s.median);
       }
+    }
+    if (saved) {  // the switch as it was, for the prefill phase of --phase both
+      ::setenv(name.c_str(), saved->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
     }
   } else if (o.phase == "decode" || o.phase == "both") {
     md += "| context | tok/s (median) | min-max | bytes/token | GB/s | % of H200 roofline |\n|---:|---:|---:|---:|---:|---:|\n";
