@@ -213,6 +213,16 @@ std::vector<double> time_decode(Engine& engine, SequenceState& st, const Options
   return rates;
 }
 
+// `runs` timed decode runs (tok/s each) from a state freshly filled to context L, sized for them.
+std::vector<double> decode_runs(Engine& engine, const Options& o, int64_t L, int runs, int32_t first_token,
+                                bool* used_graph) {
+  Options r = o;
+  r.runs = runs;
+  auto st = engine.new_state(L + o.warmup + int64_t(o.steps) * runs + 2);
+  fill_state(engine.backend(), *st, L);
+  return time_decode(engine, *st, r, first_token, used_graph);
+}
+
 int run_bench(const Options& o) {
   auto weights = o.source.load();
   auto backend = make_backend(o.backend, o.threads);
@@ -241,18 +251,14 @@ int run_bench(const Options& o) {
     }
     const char* before = std::getenv(name.c_str());
     const std::optional<std::string> saved = before ? std::optional<std::string>(before) : std::nullopt;
-    Options one = o;
-    one.runs = 1;
     md += fmt::format("| context | {} | tok/s (median of {}) | min-max |\n|---:|---|---:|---:|\n", name, o.runs);
     for (int64_t L : lengths) {
       std::vector<std::vector<double>> rates(values.size());
       for (int r = 0; r < o.runs; ++r) {
         for (size_t i = 0; i < values.size(); ++i) {
           ::setenv(name.c_str(), values[i].c_str(), 1);
-          auto st = engine.new_state(L + o.warmup + int64_t(o.steps) + 2);
-          fill_state(engine.backend(), *st, L);
           bool graph = false;
-          rates[i].push_back(time_decode(engine, *st, one, tok(rng), &graph).at(0));
+          rates[i].push_back(decode_runs(engine, o, L, 1, tok(rng), &graph).at(0));
         }
       }
       for (size_t i = 0; i < values.size(); ++i) {
@@ -272,11 +278,8 @@ int run_bench(const Options& o) {
   } else if (o.phase == "decode" || o.phase == "both") {
     md += "| context | tok/s (median) | min-max | bytes/token | GB/s | % of H200 roofline |\n|---:|---:|---:|---:|---:|---:|\n";
     for (int64_t L : lengths) {
-      const int64_t cap = L + o.warmup + int64_t(o.steps) * o.runs + 2;
-      auto st = engine.new_state(cap);
-      fill_state(engine.backend(), *st, L);
       bool graph = false;
-      Stat s = stat_of(time_decode(engine, *st, o, tok(rng), &graph));
+      Stat s = stat_of(decode_runs(engine, o, L, o.runs, tok(rng), &graph));
       // Bytes at the mean context of the timed steps.
       DecodeCost cost = decode_cost(*weights, L + o.warmup + int64_t(o.steps) * o.runs / 2, kv_bytes);
       const double gbs = cost.total() * s.median / 1e9;
