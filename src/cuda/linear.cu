@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstdlib>
 
+#include "cuda/gemv_tc.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
@@ -67,10 +68,9 @@ constexpr int kNormV = 4;
 // wait) and the row read once into registers. Block 0 of the row's grid column also writes the row to xn.
 // (The first version re-read the row and read the weight after the reduction: two more dependent round trips,
 // measured ~1.9 us per GDN projection launch against 1.33 us for the separate norm launch it replaced.)
-template <int BITS, int LPR, int NT>
-__device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[kNormV], float eps,
-                                             int n, float4* xs, float* xc, float* xn) {
-  constexpr int F4 = ChunkTraits<BITS>::kF4;
+template <int NT, typename Sink>
+__device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[kNormV], float eps, int n,
+                                             const Sink& sink, float* xn) {
   __shared__ float red[32];
   const float4* x4 = reinterpret_cast<const float4*>(x);
   float4 xv[kNormV];
@@ -82,22 +82,16 @@ __device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[
     ss += (xv[q].x * xv[q].x + xv[q].y * xv[q].y) + (xv[q].z * xv[q].z + xv[q].w * xv[q].w);
   }
   const float inv = rsqrtf(block_sum(ss, red) / float(n) + eps);
-  // The chunk sums come from shuffles (qdot.cuh, chunk_sum_lanes): thread f holds float4 f, so a chunk's float4s
-  // sit in consecutive lanes; no second pass over shared memory behind another barrier.
+  // The sink's sums come from shuffles (qdot.cuh, ChunkSink): thread f holds float4 f, so a chunk's float4s sit in
+  // consecutive lanes; no second pass over shared memory behind another barrier.
 #pragma unroll
   for (int q = 0; q < kNormV; ++q) {
     if (q * NT >= n / 4) break;  // the same on every thread: all lanes take part in the shuffles
     const int f = threadIdx.x + q * NT;
     const float4 o = make_float4(xv[q].x * inv * wn[q].x, xv[q].y * inv * wn[q].y, xv[q].z * inv * wn[q].z,
                                  xv[q].w * inv * wn[q].w);  // zero beyond the row (xv and wn are)
-    if (f < n / 4) {
-      xs[x_slot<BITS, LPR>(f / F4, f % F4)] = o;
-      if (xn != nullptr) reinterpret_cast<float4*>(xn)[f] = o;
-    }
-    if constexpr (BITS != 16) {
-      const float s = chunk_sum_lanes<BITS>(o);
-      if (f < n / 4 && f % F4 == 0) xc[f / F4] = s;
-    }
+    if (f < n / 4 && xn != nullptr) reinterpret_cast<float4*>(xn)[f] = o;
+    sink(f, f < n / 4, o);
   }
   __syncthreads();
 }
@@ -115,11 +109,10 @@ __device__ __forceinline__ float4 norm_gate(const float4& z, const float4& w) {
 // the PDL wait by the caller when z may be read there (gate_ready), else here from z read through L2 (the norm
 // weight's float4 w is the same for every q of a thread). y is read through L2 after the wait (stage_x says why
 // never through the non-coherent path).
-template <int BITS, int LPR, int NT>
+template <int NT, typename Sink>
 __device__ __forceinline__ void stage_x_gated_norm(const float* y, const float* z, float4 (&gv)[kNormV],
-                                                   bool gate_ready, float4 w, float eps, int n, int hd, float4* xs,
-                                                   float* xc) {
-  constexpr int F4 = ChunkTraits<BITS>::kF4;
+                                                   bool gate_ready, float4 w, float eps, int n, int hd,
+                                                   const Sink& sink) {
   const float4* y4 = reinterpret_cast<const float4*>(y);
   const float4* z4 = reinterpret_cast<const float4*>(z);
   const int hl = hd / 4;  // lanes per head
@@ -142,15 +135,55 @@ __device__ __forceinline__ void stage_x_gated_norm(const float* y, const float* 
       if (o < hl) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float inv = rsqrtf(ss * rhd + eps);
     const float4 o = make_float4(yv[q].x * inv * gv[q].x, yv[q].y * inv * gv[q].y, yv[q].z * inv * gv[q].z,
-                                 yv[q].w * inv * gv[q].w);
-    if (f < n / 4) xs[x_slot<BITS, LPR>(f / F4, f % F4)] = o;
-    if constexpr (BITS != 16) {
-      const float s = chunk_sum_lanes<BITS>(o);  // zero beyond the row (yv is)
-      if (f < n / 4 && f % F4 == 0) xc[f / F4] = s;
-    }
+                                 yv[q].w * inv * gv[q].w);  // zero beyond the row (yv is)
+    sink(f, f < n / 4, o);
   }
   __syncthreads();
 }
+
+// The staging of a kernel's input row, split around the PDL wait: before_wait() requests what does not depend on
+// the previous kernel (kStageNorm: the norm weight; kStageGatedNorm: the norm weight's float4 of this thread and,
+// with early_z, the gates silu(z) * w, so that only the norm itself is left after the wait: the first version read
+// z there but left the gates, 16 silu per thread, after it), run() stages token row t through `sink` after it.
+template <int STAGE, int NT>
+struct InputStage {
+  float4 wn[kNormV];
+  float4 gnw = make_float4(0.f, 0.f, 0.f, 0.f), gv[kNormV];
+
+  __device__ __forceinline__ void before_wait(const InNorm& nm, int K, int t) {
+    if constexpr (STAGE == kStageNorm) {
+#pragma unroll
+      for (int q = 0; q < kNormV; ++q) {
+        const int f = threadIdx.x + q * NT;
+        wn[q] = f < K / 4 ? __ldg(reinterpret_cast<const float4*>(nm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+    if constexpr (STAGE == kStageGatedNorm) {
+      gnw = __ldg(reinterpret_cast<const float4*>(nm.w) + threadIdx.x % (nm.head / 4));
+      if (nm.z_early) {
+#pragma unroll
+        for (int q = 0; q < kNormV; ++q) {
+          const int f = threadIdx.x + q * NT;
+          gv[q] = norm_gate(f < K / 4 ? __ldcg(reinterpret_cast<const float4*>(nm.z + int64_t(t) * K) + f)
+                                      : make_float4(0.f, 0.f, 0.f, 0.f),
+                            gnw);
+        }
+      }
+    }
+  }
+
+  template <typename Sink>
+  __device__ __forceinline__ void run(const float* x, const InNorm& nm, int K, int t, const Sink& sink) {
+    if constexpr (STAGE == kStageNorm)
+      stage_x_norm<NT>(x + int64_t(t) * K, wn, nm.eps, K, sink,
+                       blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
+    else if constexpr (STAGE == kStageGatedNorm)
+      stage_x_gated_norm<NT>(x + int64_t(t) * K, nm.z + int64_t(t) * K, gv, nm.z_early != 0, gnw, nm.eps, K,
+                             nm.head, sink);
+    else
+      stage_rows(x + int64_t(t) * K, K, sink);
+  }
+};
 
 // Up to kMaxMats matrices of one width and format, concatenated by rows: matrix q holds rows [start[q],
 // start[q + 1]) and writes y[q] [T, start[q + 1] - start[q]]. Unused entries have start = INT_MAX.
@@ -239,41 +272,12 @@ __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, cons
 #pragma unroll
   for (int i = 0; i < NB; ++i)
     if (i < S) load_step(buf[i]);
-  float4 wn[kNormV];  // kStageNorm: the norm weight, also constant during a step
-  if constexpr (STAGE == kStageNorm) {
-#pragma unroll
-    for (int q = 0; q < kNormV; ++q) {
-      const int f = threadIdx.x + q * NT;
-      wn[q] = f < K / 4 ? __ldg(reinterpret_cast<const float4*>(nm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-  // kStageGatedNorm: the norm weight's float4 of this thread, and with early_z the gates silu(z) * w, computed here
-  // so that only the norm itself is left after the wait (the first version read z here but left the gates, 16
-  // silu per thread, after it).
-  float4 gnw = make_float4(0.f, 0.f, 0.f, 0.f), gv[kNormV];
-  if constexpr (STAGE == kStageGatedNorm) {
-    gnw = __ldg(reinterpret_cast<const float4*>(nm.w) + threadIdx.x % (nm.head / 4));
-    if (nm.z_early) {
-#pragma unroll
-      for (int q = 0; q < kNormV; ++q) {
-        const int f = threadIdx.x + q * NT;
-        gv[q] = norm_gate(f < K / 4 ? __ldcg(reinterpret_cast<const float4*>(nm.z + int64_t(t) * K) + f)
-                                    : make_float4(0.f, 0.f, 0.f, 0.f),
-                          gnw);
-      }
-    }
-  }
+  InputStage<STAGE, NT> in;
+  in.before_wait(nm, K, t);
   pdl_wait();
   float4* xs = smem;
   float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, LPR>(K));
-  if constexpr (STAGE == kStageNorm)
-    stage_x_norm<BITS, LPR, NT>(x + int64_t(t) * K, wn, nm.eps, K, xs, xc,
-                            blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
-  else if constexpr (STAGE == kStageGatedNorm)
-    stage_x_gated_norm<BITS, LPR, NT>(x + int64_t(t) * K, nm.z + int64_t(t) * K, gv, nm.z_early != 0, gnw, nm.eps,
-                                      K, nm.head, xs, xc);
-  else
-    stage_x<BITS, LPR>(x + int64_t(t) * K, K, xs, xc);
+  in.run(x, nm, K, t, ChunkSink<BITS, LPR>{xs, xc});
   pdl_trigger();
   const float4* xl = xs + sub;
   const float* xcl = xc + sub;
@@ -334,6 +338,160 @@ __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, cons
         topk_warp(M.y[0] + int64_t(t) * rowsA, M.y[1] + int64_t(t) * (rows - rowsA), rowsA, tail.topk,
                   tail.ids + int64_t(t) * tail.topk, tail.wts + int64_t(t) * tail.topk, tail.sgate + t);
       if (threadIdx.x == 0) tail.counters[t] = 0;
+    }
+  }
+}
+
+// ---- The tensor-core GEMV (4-bit, groups a multiple of 64; gemv_tc.cuh for the inner loop) ----
+// Work split: 16-row tiles (each matrix's rows rounded up to whole tiles, tile starts in TcTiles) times 256-wide
+// blocks of K ("items"). Block b takes tiles [b * tpb, b * tpb + tpb). With at least one tile per warp (tpb >= the
+// warps) a warp owns whole tiles (tiles w, w + W, ... of the block, every K block in order, the row sums kept in
+// registers); with fewer, the block's tile x K-block items are dealt out to its warps round-robin (an 8192 x 2048
+// matrix on 132 SMs: two tiles per block, two items per warp), each item's partial row sums go to shared memory,
+// and after a barrier the block adds them per row in K order (deterministic). As in linear_kernel, the first NB
+// items' weights are requested before the PDL wait and each buffer is refilled once consumed.
+struct TcTiles {
+  int start[kMaxMats + 1];  // first tile of each matrix; unused entries INT_MAX
+  int tiles, tpb;
+};
+
+// The tile's matrix and its first row (MULTI: the pointers of that matrix).
+template <bool MULTI>
+__device__ __forceinline__ int tc_mat_of(const TcTiles& tt, int tile) {
+  int q = 0;
+  if constexpr (MULTI) {
+#pragma unroll
+    for (int i = 1; i < kMaxMats; ++i) q += tile >= tt.start[i];
+  }
+  return q;
+}
+
+template <bool MULTI, int STAGE, int NB, int NT>
+__global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, TcTiles tt, const float* x,
+                                                       InNorm nm) {
+  extern __shared__ float4 smem[];
+  constexpr int W = NT / 32;
+  const int t = blockIdx.y;
+  const int K = static_cast<int>(A.in);
+  const int KB = tc_blocks(K);
+  const ChunkMat ma = chunk_mat<4>(A, 0);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, j = lane & 3;
+  const int tile0 = blockIdx.x * tt.tpb;
+  const int ntl = min(tt.tpb, tt.tiles - tile0);
+  const bool whole = tt.tpb >= W;  // the same in every block
+  // This warp's items as (tile of the block, K block), advanced by dkb with carries into the tile by dtl.
+  int S, ltl, lkb;
+  const int dkb = whole ? 1 : W, dtl = whole ? W : 1;
+  if (whole) {
+    S = warp < ntl ? ((ntl - 1 - warp) / W + 1) * KB : 0;
+    ltl = warp;
+    lkb = 0;
+  } else {
+    const int ni = ntl * KB;
+    S = warp < ni ? (ni - 1 - warp) / W + 1 : 0;
+    ltl = warp / KB;
+    lkb = warp - ltl * KB;
+  }
+  int ctl = ltl, ckb = lkb;  // the item being consumed
+  auto advance = [&](int& tl, int& kb) {
+    kb += dkb;
+    while (kb >= KB) {
+      kb -= KB;
+      tl += dtl;
+    }
+  };
+  // Rows of tile `tile` (its matrix's row count, the tile's first row inside it) and the matrix's view.
+  auto tile_rows = [&](int tile, int& nq, int& r0, int& q) {
+    q = tc_mat_of<MULTI>(tt, tile);
+    nq = MULTI ? M.start[q + 1] - M.start[q] : rows;
+    r0 = (tile - (MULTI ? tt.start[q] : 0)) * 16;
+  };
+  auto load_item = [&](TcItem& it) {
+    int nq, r0, q;
+    tile_rows(tile0 + ltl, nq, r0, q);
+    ChunkMat m = ma;
+    if constexpr (MULTI) {
+#pragma unroll
+      for (int i = 1; i < kMaxMats; ++i) {
+        if (q == i) {
+          m.w = static_cast<const uint4*>(M.w[i]);
+          m.s = M.s[i];
+          m.b = M.b[i];
+        }
+      }
+    }
+    const int c0 = lkb * 8 + 2 * j;  // chunks c0, c0 + 1: group j of K block lkb (cpr is even: K % 64 == 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = r0 + g + 8 * r;
+      if (row < nq && c0 < m.cpr) {
+        const uint4* p = m.w + (row * m.cpr + c0);
+        it.w[2 * r] = ld_stream(p);
+        it.w[2 * r + 1] = ld_stream(p + 1);
+        load_group<4>(m, row, c0, it.s[r], it.b[r]);
+      } else {
+        it.w[2 * r] = it.w[2 * r + 1] = make_uint4(0, 0, 0, 0);
+        it.s[r] = it.b[r] = 0.0f;
+      }
+    }
+    advance(ltl, lkb);
+  };
+
+  TcItem buf[NB];
+#pragma unroll
+  for (int i = 0; i < NB; ++i)
+    if (i < S) load_item(buf[i]);
+  InputStage<STAGE, NT> in;
+  in.before_wait(nm, K, t);
+  pdl_wait();
+  uint4* xb = reinterpret_cast<uint4*>(smem);
+  float* xg = reinterpret_cast<float*>(xb + tc_table_uint4s(K));
+  float* red = xg + KB * 4;  // split mode: [ntl][KB][16] partial row sums
+  tc_zero_tail(xb, xg, K);
+  in.run(x, nm, K, t, TcSink{xb, xg});
+  pdl_trigger();
+
+  const int bq = (g >> 1) == j ? g : -1;
+  float acc[2] = {0.0f, 0.0f};
+  auto step = [&](int s, TcItem& cur) {
+    tc_item(cur, xb, xg, ckb, j, bq, acc);
+    if (!whole || ckb == KB - 1) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
+        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
+      }
+      if (j < 2) {  // lane j = 0 writes row g, lane j = 1 row g + 8
+        const float v = j == 0 ? acc[0] : acc[1];
+        if (whole) {
+          int nq, r0, q;
+          tile_rows(tile0 + ctl, nq, r0, q);
+          const int row = r0 + g + 8 * j;
+          if (row < nq) M.y[q][int64_t(t) * nq + row] = v;
+        } else {
+          red[(ctl * KB + ckb) * 16 + g + 8 * j] = v;
+        }
+      }
+      acc[0] = acc[1] = 0.0f;
+    }
+    advance(ctl, ckb);
+    if (s + NB < S) load_item(cur);
+  };
+  for (int s = 0; s < S; s += NB) {
+#pragma unroll
+    for (int i = 0; i < NB; ++i)
+      if (s + i < S) step(s + i, buf[i]);
+  }
+  if (!whole) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < ntl * 16; e += NT) {
+      const int tl = e >> 4, r = e & 15;
+      float v = 0.0f;
+      for (int kb = 0; kb < KB; ++kb) v += red[(tl * KB + kb) * 16 + r];
+      int nq, r0, q;
+      tile_rows(tile0 + tl, nq, r0, q);
+      if (r0 + r < nq) M.y[q][int64_t(t) * nq + r0 + r] = v;
     }
   }
 }
@@ -419,9 +577,49 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   }
 }
 
+// The tensor-core GEMV (linear_tc_kernel) for 4-bit matrices whose groups are a multiple of 64, unless
+// FERN_CUDA_GEMV_TC=0 (read at every call, for comparisons). FERN_CUDA_GEMV_TC_NB=3 gives it a third item buffer.
+bool gemv_tc_wanted() {
+  const char* e = std::getenv("FERN_CUDA_GEMV_TC");
+  return !(e != nullptr && e[0] == '0' && e[1] == 0);
+}
+
+template <bool MULTI, int STAGE>
+bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, int T, const InNorm& nm) {
+  if (a.bits != 4 || a.gs % 64 != 0 || a.in % 64 != 0 || !gemv_tc_wanted()) return false;
+  const int K = static_cast<int>(a.in), KB = tc_blocks(K);
+  if (int64_t(rows) * (K / 32) >= (int64_t(1) << 31)) return false;  // 32-bit chunk offsets (qdot.cuh)
+  TcTiles tt{};
+  int tiles = 0;
+  for (int i = 0; i <= kMaxMats; ++i) {
+    if (m.start[i] == INT_MAX) {
+      tt.start[i] = INT_MAX;
+      continue;
+    }
+    tt.start[i] = tiles;
+    if (i < kMaxMats && m.start[i + 1] != INT_MAX) tiles += (m.start[i + 1] - m.start[i] + 15) / 16;
+  }
+  constexpr int NT = kThreads, W = NT / 32;
+  tt.tiles = tiles;
+  tt.tpb = (tiles + 2 * c.sms - 1) / (2 * c.sms);
+  const int blocks = (tiles + tt.tpb - 1) / tt.tpb;
+  const size_t smem = size_t(tc_smem_bytes(K)) + (tt.tpb < W ? size_t(tt.tpb) * KB * 16 * 4 : 0);
+  if (smem > 48 * 1024) return false;
+  const dim3 grid(blocks, T);
+  const char* e = std::getenv("FERN_CUDA_GEMV_TC_NB");
+  if (e != nullptr && e[0] == '3' && e[1] == 0)
+    launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 3, NT>, grid, NT, smem, a, m, rows, tt, x, nm);
+  else
+    launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 2, NT>, grid, NT, smem, a, m, rows, tt, x, nm);
+  return true;
+}
+
 template <bool MULTI, bool ROUTE, int STAGE = kStagePlain>
 void launch_any(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                 const InNorm& nm = InNorm{}) {
+  if constexpr (!ROUTE) {
+    if (launch_tc<MULTI, STAGE>(c, a, m, rows, x, T, nm)) return;
+  }
   switch (a.bits) {
     case 4: launch_bits<4, MULTI, ROUTE, STAGE>(c, a, m, rows, x, tail, T, nm); break;
     case 8: launch_bits<8, MULTI, ROUTE, STAGE>(c, a, m, rows, x, tail, T, nm); break;

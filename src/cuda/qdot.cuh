@@ -65,18 +65,36 @@ __device__ __forceinline__ float chunk_sum_lanes(const float4& v) {
   return s;
 }
 
-// Stages n floats of x (n a multiple of the chunk width) into xs (lane-major float4s) and the per-chunk sums into
-// xc. Called by the whole block (blockDim.x a multiple of 32); ends with __syncthreads(). Each thread first requests
-// all its float4s (up to 4 per pass, so that they are in flight together), then stores them; the chunk sums come
-// from shuffles (chunk_sum_lanes) in the same pass, one barrier in all.
+// Where a staged float4 of the input row goes: the lane-major chunk layout above (xs) and the per-chunk sums of x
+// (xc). Called by every lane of a warp together (chunk_sum_lanes shuffles), with f = the float4's index in the row,
+// consecutive over the lanes of a warp and starting at a multiple of 32; ok: f is inside the row (v is then zero
+// outside it). The tensor-core GEMV stages into its own layout through the same interface (gemv_tc.cuh, TcSink).
+template <int BITS, int LPR>
+struct ChunkSink {
+  float4* xs;
+  float* xc;
+  __device__ __forceinline__ void operator()(int f, bool ok, const float4& v) const {
+    constexpr int F4 = ChunkTraits<BITS>::kF4;
+    if (ok) xs[x_slot<BITS, LPR>(f / F4, f % F4)] = v;
+    if constexpr (BITS != 16) {
+      const float s = chunk_sum_lanes<BITS>(v);
+      if (ok && f % F4 == 0) xc[f / F4] = s;
+    }
+  }
+};
+
+// Stages n floats of x (n a multiple of 4) through `sink` (ChunkSink: the chunk layout and its sums). Called by the
+// whole block (blockDim.x a multiple of 32); ends with __syncthreads(). Each thread first requests all its float4s
+// (up to 4 per pass, so that they are in flight together), then hands them over; a sink's shuffles run in the same
+// pass, one barrier in all.
 // x is always read through L2 (ld.global.cg, an asm volatile load): it was written by the previous kernel (or by
 // other blocks of this one), which under PDL still runs while this kernel is resident. A `const __restrict__`
 // pointer would let the compiler use the non-coherent path (ld.global.nc), whose contract is data that is read-only
 // for the whole life of the kernel, and ptxas may then schedule those loads ahead of griddepcontrol.wait
 // (docs/notes/cuda-decode-v6.md).
-template <int BITS, int LPR>
-__device__ __forceinline__ void stage_x(const float* x, int n, float4* xs, float* xc) {
-  constexpr int F4 = ChunkTraits<BITS>::kF4, V = 4;
+template <typename Sink>
+__device__ __forceinline__ void stage_rows(const float* x, int n, const Sink& sink) {
+  constexpr int V = 4;
   const float4* x4 = reinterpret_cast<const float4*>(x);
   const int n4 = n / 4, nt = static_cast<int>(blockDim.x);
   for (int base = 0; base < n4; base += V * nt) {  // the same trip count on every thread (shuffles below)
@@ -89,16 +107,16 @@ __device__ __forceinline__ void stage_x(const float* x, int n, float4* xs, float
 #pragma unroll
     for (int q = 0; q < V; ++q) {
       const int f = base + q * nt + static_cast<int>(threadIdx.x);
-      if (f < n4) xs[x_slot<BITS, LPR>(f / F4, f % F4)] = v[q];
-      if constexpr (BITS != 16) {
-        if (base + q * nt < n4) {  // the same on every thread: all lanes take part in the shuffles
-          const float s = chunk_sum_lanes<BITS>(v[q]);
-          if (f < n4 && f % F4 == 0) xc[f / F4] = s;
-        }
-      }
+      if (base + q * nt < n4) sink(f, f < n4, v[q]);  // the same on every thread: all lanes take part
     }
   }
   __syncthreads();
+}
+
+// stage_rows into the chunk layout: xs (lane-major float4s) and xc (per-chunk sums), n a multiple of the chunk width.
+template <int BITS, int LPR>
+__device__ __forceinline__ void stage_x(const float* x, int n, float4* xs, float* xc) {
+  stage_rows(x, n, ChunkSink<BITS, LPR>{xs, xc});
 }
 
 // 128 + the byte `i` of w (a value < 16 in bits 16..19 under the exponent of 128.0f).

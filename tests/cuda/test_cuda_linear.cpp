@@ -63,13 +63,15 @@ TEST(CudaLinear, AwkwardShapes) {
     run_case(c);
 }
 
-// The GEMV's software pipeline (linear.cu): NB register buffers, the first NB steps requested before the PDL wait.
+// The CUDA-core GEMV's software pipeline (linear.cu, FERN_CUDA_GEMV_TC=0: 4-bit matrices take the tensor-core
+// kernel by default): NB register buffers, the first NB steps requested before the PDL wait.
 // Depth 2 is the default (depth 3 measured slower for lm_head); FERN_CUDA_GEMV_NB forces 2 or 3 on every plain GEMV
 // with 32 lanes per row. Row counts whose step count per warp is not a multiple of the depth, few steps per warp (8192 rows:
 // two, fewer than depth 3), several token rows, and the 8-bit and bf16 variants (32 lanes per row from 1024 and
 // 512 inputs).
 TEST(CudaLinear, PipelineDepths) {
   FERN_REQUIRE_GPU();
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
   for (const char* nb : {"2", "3"}) {
     test::EnvGuard depth("FERN_CUDA_GEMV_NB", nb);
     SCOPED_TRACE(std::string("FERN_CUDA_GEMV_NB=") + nb);
@@ -80,12 +82,13 @@ TEST(CudaLinear, PipelineDepths) {
   }
 }
 
-// The block size forced both ways: 512-thread blocks, one per SM, for every GEMV with rows of 32 lanes
+// The CUDA-core GEMV's block size (FERN_CUDA_GEMV_TC=0) forced both ways: 512-thread blocks, one per SM, for every GEMV with rows of 32 lanes
 // (FERN_CUDA_GEMV_WIDE=1), and 256-thread blocks for all (=0); by default (the other tests) 512 threads only for
 // lm_head-sized GEMVs. The real shapes, lm_head-sized and odd row counts, several token rows, 8-bit and bf16, and
 // with depth 3 requested too (the wide kernel keeps depth 2).
 TEST(CudaLinear, WideBlocks) {
   FERN_REQUIRE_GPU();
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
   for (const char* w : {"1", "0"})
   for (const char* nb : {"2", "3"}) {
     test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", w);
@@ -95,6 +98,33 @@ TEST(CudaLinear, WideBlocks) {
                           Case{"wide odd rows", 40001, 2048, 4, 64, 1}, Case{"wide T=3", 1000, 2048, 4, 64, 3},
                           Case{"wide 8-bit", 33333, 1024, 8, 64, 1}, Case{"wide bf16", 515, 2048, 16, 0, 2},
                           Case{"wide narrow (256 threads)", 300, 256, 4, 64, 1}})
+      run_case(c);
+  }
+}
+
+// The tensor-core GEMV (linear.cu linear_tc_kernel, gemv_tc.cuh; the default for 4-bit weights with groups a
+// multiple of 64), with one and two item buffers in flight per warp (FERN_CUDA_GEMV_TC_NB): blocks whose warps share
+// a tile's K blocks (few tiles per block: 8192 rows, 37 rows, one row) and blocks whose warps own whole tiles (from
+// 8 tiles per block: 40,001 rows and lm_head), row counts that leave a tile partly empty, K not a multiple of the
+// 256-wide item (192, 640, 64: the last item's groups past the row are zero), groups of 128, K = 4096, several
+// token rows; then the same shapes on the CUDA cores (FERN_CUDA_GEMV_TC=0), so both loops stay checked.
+// The bound: the tensor cores see x as bf16 hi + lo (2^-18 of x left out: NMSE ~1e-11 expected) and add in fp32;
+// the other errors are the CUDA-core loop's. 1e-9 is the GEMV bound above, and a wrong code pair, group, K slot
+// or row gives NMSE > 1e-3.
+TEST(CudaLinear, TensorCoreLoop) {
+  FERN_REQUIRE_GPU();
+  for (const char* tc : {"1", "0"})
+  for (const char* nb : {"2", "3"}) {
+    if (tc[0] == '0' && nb[0] == '3') continue;
+    test::EnvGuard on("FERN_CUDA_GEMV_TC", tc);
+    test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
+    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_TC=") + tc + " FERN_CUDA_GEMV_TC_NB=" + nb);
+    for (const Case& c : {Case{"tc qkv", 8192, 2048, 4, 64, 1}, Case{"tc out_proj", 2048, 4096, 4, 64, 1},
+                          Case{"tc odd rows", 37, 2048, 4, 64, 1}, Case{"tc one row", 1, 2048, 4, 64, 1},
+                          Case{"tc whole tiles", 40001, 2048, 4, 64, 1}, Case{"tc T=3", 33797, 1024, 4, 64, 3},
+                          Case{"tc narrow", 45, 192, 4, 64, 1}, Case{"tc group 128", 129, 640, 4, 128, 2},
+                          Case{"tc K=64", 17, 64, 4, 64, 1}, Case{"tc T=5", 1000, 2048, 4, 64, 5},
+                          Case{"tc expert down", 2048, 512, 4, 64, 1}})
       run_case(c);
   }
 }

@@ -103,12 +103,26 @@ TEST(CudaLinearGatedNorm, AwkwardShapes) {
   run_case(kAwkward[0], true);
 }
 
-// 512-thread blocks (FERN_CUDA_GEMV_WIDE=1): 16 warps, each still holding whole heads.
+// The CUDA-core kernel (FERN_CUDA_GEMV_TC=0; 4-bit weights with groups a multiple of 64 take the tensor-core
+// kernel by default) with 512-thread blocks (FERN_CUDA_GEMV_WIDE=1): 16 warps, each still holding whole heads;
+// and with its default block size.
 TEST(CudaLinearGatedNorm, WideBlocks) {
   FERN_REQUIRE_GPU();
-  test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", "1");
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
+  for (const char* w : {"1", "0"}) {
+    test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", w);
+    run_case(kReal, true);
+    run_case(kAwkward[0], false);
+    run_case(kAwkward[1], false);
+  }
+}
+
+// The tensor-core kernel with a third item buffer (FERN_CUDA_GEMV_TC_NB=3; the default tests above run two).
+TEST(CudaLinearGatedNorm, TensorCoreDepth3) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", "3");
   run_case(kReal, true);
-  run_case(kAwkward[0], false);
+  for (const Case& c : kAwkward) run_case(c, false);
 }
 
 TEST(CudaLinearGatedNorm, UnsupportedShapesAreRefused) {

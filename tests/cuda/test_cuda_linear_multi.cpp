@@ -145,11 +145,13 @@ TEST(CudaLinearMulti, WithInputNorm) {
   run_table("norm mixed backend", {{64, 4}, {64, 8}, {31, 4}}, 2048, 64, 1, {true, true});  // rmsnorm + fall-back
 }
 
-// The block size forced both ways: 512-thread blocks (FERN_CUDA_GEMV_WIDE=1, taken for rows of 32 lanes: 4-bit from
+// The CUDA-core kernel (FERN_CUDA_GEMV_TC=0; 4-bit tables take the tensor-core kernel by default) with its block
+// size forced both ways: 512-thread blocks (FERN_CUDA_GEMV_WIDE=1, taken for rows of 32 lanes: 4-bit from
 // 2048 inputs, 8-bit from 1024, bf16 from 512; narrower tables keep the 256-thread kernel) and 256-thread blocks
 // (=0; the default takes 512 for lm_head-sized GEMVs only), with and without the input norm.
 TEST(CudaLinearMulti, WideBlocks) {
   FERN_REQUIRE_GPU();
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
   for (const char* w : {"1", "0"}) {
   test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", w);
   SCOPED_TRACE(std::string("FERN_CUDA_GEMV_WIDE=") + w);
@@ -161,6 +163,24 @@ TEST(CudaLinearMulti, WideBlocks) {
   run_table("wide norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, {true, true});
   run_table("wide norm 8-bit T=3", {{300, 8}, {19, 8}}, 4096, 32, 3, {true, false});
   run_table("wide norm narrow", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 1, {true, false});  // 256-thread kernel
+  }
+}
+
+// The tensor-core kernel's tiles per matrix (each matrix's rows rounded up to 16) with two item buffers and three,
+// plain and with the input norm: the real tables, one-row matrices (four tiles of one row each), odd rows with K
+// not a multiple of 256, several token rows, groups of 128.
+TEST(CudaLinearMulti, TensorCoreLoop) {
+  FERN_REQUIRE_GPU();
+  for (const char* nb : {"2", "3"}) {
+    test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
+    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_TC_NB=") + nb);
+    run_table("tc gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
+    run_table("tc one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
+    run_table("tc odd rows narrow T=2", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 2);
+    run_table("tc group 128", {{129, 4}, {17, 4}}, 640, 128, 3);
+    run_table("tc norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
+    run_table("tc norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, {true, true});
+    run_table("tc norm odd rows T=3", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 3, {true, false});
   }
 }
 
