@@ -577,16 +577,32 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   }
 }
 
-// The tensor-core GEMV (linear_tc_kernel) for 4-bit matrices whose groups are a multiple of 64, unless
-// FERN_CUDA_GEMV_TC=0 (read at every call, for comparisons). FERN_CUDA_GEMV_TC_NB=3 gives it a third item buffer.
-bool gemv_tc_wanted() {
+// Where the tensor-core GEMV (linear_tc_kernel) is taken for 4-bit matrices whose groups are a multiple of 64: by
+// default from kTcRows rows (lm_head). Measured on the H200 (docs/notes/cuda-decode-v10-tc.md, bench_cuda_decode
+// gemv, cold L2): lm_head 87.7 us against 92.6 on the CUDA cores (three item buffers), but the smaller matrices
+// gain nothing (8192 x 2048 5.95 vs 6.31 cold, 5.91 vs 5.55 warm; 2048 x 4096 4.19 vs 3.85), and with it on every
+// GEMV the 4K step ran 557.1 tok/s against 572.6: the decode GEMVs are not bound by their instruction count.
+// FERN_CUDA_GEMV_TC=0 / 1 takes it for none / every eligible GEMV, =N > 1 from N rows (read at every call, for
+// comparisons).
+constexpr int kTcRows = 65536;
+bool gemv_tc_wanted(int rows) {
   const char* e = std::getenv("FERN_CUDA_GEMV_TC");
-  return !(e != nullptr && e[0] == '0' && e[1] == 0);
+  if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
+  if (e != nullptr && e[0] >= '1' && e[0] <= '9') return rows >= std::atoi(e);
+  return rows >= kTcRows;
+}
+
+// Item buffers per warp: 3 where warps own whole tiles (lm_head: 87.7 us against 93.9 with 2), 2 where they share
+// a tile's K blocks (at most a few items per warp); FERN_CUDA_GEMV_TC_NB=2 / 3 forces it (read at every call).
+int tc_depth(bool whole) {
+  const char* e = std::getenv("FERN_CUDA_GEMV_TC_NB");
+  if (e != nullptr && (e[0] == '2' || e[0] == '3') && e[1] == 0) return e[0] - '0';
+  return whole ? 3 : 2;
 }
 
 template <bool MULTI, int STAGE>
 bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, int T, const InNorm& nm) {
-  if (a.bits != 4 || a.gs % 64 != 0 || a.in % 64 != 0 || !gemv_tc_wanted()) return false;
+  if (a.bits != 4 || a.gs % 64 != 0 || a.in % 64 != 0 || !gemv_tc_wanted(rows)) return false;
   const int K = static_cast<int>(a.in), KB = tc_blocks(K);
   if (int64_t(rows) * (K / 32) >= (int64_t(1) << 31)) return false;  // 32-bit chunk offsets (qdot.cuh)
   TcTiles tt{};
@@ -606,8 +622,7 @@ bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* 
   const size_t smem = size_t(tc_smem_bytes(K)) + (tt.tpb < W ? size_t(tt.tpb) * KB * 16 * 4 : 0);
   if (smem > 48 * 1024) return false;
   const dim3 grid(blocks, T);
-  const char* e = std::getenv("FERN_CUDA_GEMV_TC_NB");
-  if (e != nullptr && e[0] == '3' && e[1] == 0)
+  if (tc_depth(tt.tpb >= W) == 3)
     launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 3, NT>, grid, NT, smem, a, m, rows, tt, x, nm);
   else
     launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 2, NT>, grid, NT, smem, a, m, rows, tt, x, nm);

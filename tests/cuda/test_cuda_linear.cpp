@@ -63,8 +63,8 @@ TEST(CudaLinear, AwkwardShapes) {
     run_case(c);
 }
 
-// The CUDA-core GEMV's software pipeline (linear.cu, FERN_CUDA_GEMV_TC=0: 4-bit matrices take the tensor-core
-// kernel by default): NB register buffers, the first NB steps requested before the PDL wait.
+// The CUDA-core GEMV's software pipeline (linear.cu; FERN_CUDA_GEMV_TC=0 keeps the lm_head-sized cases off the
+// tensor-core kernel): NB register buffers, the first NB steps requested before the PDL wait.
 // Depth 2 is the default (depth 3 measured slower for lm_head); FERN_CUDA_GEMV_NB forces 2 or 3 on every plain GEMV
 // with 32 lanes per row. Row counts whose step count per warp is not a multiple of the depth, few steps per warp (8192 rows:
 // two, fewer than depth 3), several token rows, and the 8-bit and bf16 variants (32 lanes per row from 1024 and
@@ -102,8 +102,9 @@ TEST(CudaLinear, WideBlocks) {
   }
 }
 
-// The tensor-core GEMV (linear.cu linear_tc_kernel, gemv_tc.cuh; the default for 4-bit weights with groups a
-// multiple of 64), with one and two item buffers in flight per warp (FERN_CUDA_GEMV_TC_NB): blocks whose warps share
+// The tensor-core GEMV (linear.cu linear_tc_kernel, gemv_tc.cuh; by default for lm_head-sized 4-bit weights with
+// groups a multiple of 64, FERN_CUDA_GEMV_TC=1 for all), with two and three item buffers per warp
+// (FERN_CUDA_GEMV_TC_NB): blocks whose warps share
 // a tile's K blocks (few tiles per block: 8192 rows, 37 rows, one row) and blocks whose warps own whole tiles (from
 // 8 tiles per block: 40,001 rows and lm_head), row counts that leave a tile partly empty, K not a multiple of the
 // 256-wide item (192, 640, 64: the last item's groups past the row are zero), groups of 128, K = 4096, several

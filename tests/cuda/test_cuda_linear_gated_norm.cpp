@@ -103,9 +103,8 @@ TEST(CudaLinearGatedNorm, AwkwardShapes) {
   run_case(kAwkward[0], true);
 }
 
-// The CUDA-core kernel (FERN_CUDA_GEMV_TC=0; 4-bit weights with groups a multiple of 64 take the tensor-core
-// kernel by default) with 512-thread blocks (FERN_CUDA_GEMV_WIDE=1): 16 warps, each still holding whole heads;
-// and with its default block size.
+// The CUDA-core kernel (FERN_CUDA_GEMV_TC=0 forces it; it is also the default below lm_head's size) with 512-thread
+// blocks (FERN_CUDA_GEMV_WIDE=1): 16 warps, each still holding whole heads; and with its default block size.
 TEST(CudaLinearGatedNorm, WideBlocks) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
@@ -117,12 +116,18 @@ TEST(CudaLinearGatedNorm, WideBlocks) {
   }
 }
 
-// The tensor-core kernel with a third item buffer (FERN_CUDA_GEMV_TC_NB=3; the default tests above run two).
-TEST(CudaLinearGatedNorm, TensorCoreDepth3) {
+// The tensor-core kernel (FERN_CUDA_GEMV_TC=1; linear.cu linear_tc_kernel) staging the gated norm into its B table,
+// with two and three item buffers (FERN_CUDA_GEMV_TC_NB); the 8-bit, bf16 and group-32 cases fall back to the
+// CUDA-core kernel.
+TEST(CudaLinearGatedNorm, TensorCoreLoop) {
   FERN_REQUIRE_GPU();
-  test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", "3");
-  run_case(kReal, true);
-  for (const Case& c : kAwkward) run_case(c, false);
+  test::EnvGuard on("FERN_CUDA_GEMV_TC", "1");
+  for (const char* nb : {"2", "3"}) {
+    test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
+    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_TC_NB=") + nb);
+    run_case(kReal, true);
+    for (const Case& c : kAwkward) run_case(c, false);
+  }
 }
 
 TEST(CudaLinearGatedNorm, UnsupportedShapesAreRefused) {

@@ -145,7 +145,7 @@ TEST(CudaLinearMulti, WithInputNorm) {
   run_table("norm mixed backend", {{64, 4}, {64, 8}, {31, 4}}, 2048, 64, 1, {true, true});  // rmsnorm + fall-back
 }
 
-// The CUDA-core kernel (FERN_CUDA_GEMV_TC=0; 4-bit tables take the tensor-core kernel by default) with its block
+// The CUDA-core kernel (FERN_CUDA_GEMV_TC=0 forces it; it is also the default below lm_head's size) with its block
 // size forced both ways: 512-thread blocks (FERN_CUDA_GEMV_WIDE=1, taken for rows of 32 lanes: 4-bit from
 // 2048 inputs, 8-bit from 1024, bf16 from 512; narrower tables keep the 256-thread kernel) and 256-thread blocks
 // (=0; the default takes 512 for lm_head-sized GEMVs only), with and without the input norm.
@@ -166,11 +166,12 @@ TEST(CudaLinearMulti, WideBlocks) {
   }
 }
 
-// The tensor-core kernel's tiles per matrix (each matrix's rows rounded up to 16) with two item buffers and three,
-// plain and with the input norm: the real tables, one-row matrices (four tiles of one row each), odd rows with K
-// not a multiple of 256, several token rows, groups of 128.
+// The tensor-core kernel (FERN_CUDA_GEMV_TC=1) and its tiles per matrix (each matrix's rows rounded up to 16) with
+// two item buffers and three, plain and with the input norm: the real tables, one-row matrices (four tiles of one
+// row each), odd rows with K not a multiple of 256, several token rows, groups of 128.
 TEST(CudaLinearMulti, TensorCoreLoop) {
   FERN_REQUIRE_GPU();
+  test::EnvGuard on("FERN_CUDA_GEMV_TC", "1");
   for (const char* nb : {"2", "3"}) {
     test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
     SCOPED_TRACE(std::string("FERN_CUDA_GEMV_TC_NB=") + nb);
