@@ -534,6 +534,18 @@ bool gated_norm_wide(const Ctx& c, int rows) {
   return gemv_wide(c, rows);
 }
 
+// Blocks per SM of the 256-thread GEMV grid: 2. FERN_CUDA_GEMV_PER_SM=1 caps it at one for every GEMV, =n1 for the
+// input-norm GEMVs only (the GDN input projections and attention q/k/v), leaving room on each SM for the next
+// kernel's blocks to become resident under PDL and request their state or weights early (read at every call, for
+// comparisons; docs/notes/cuda-decode-v10-tc.md).
+int gemv_blocks_per_sm(int stage) {
+  const char* e = std::getenv("FERN_CUDA_GEMV_PER_SM");
+  if (e == nullptr) return 2;
+  if (e[0] == '1' && e[1] == 0) return 1;
+  if (e[0] == 'n' && e[1] == '1' && e[2] == 0 && stage == kStageNorm) return 1;
+  return 2;
+}
+
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
@@ -555,7 +567,7 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // At most two blocks per SM (one when wide): every block is resident in the first wave (so the next kernel can
   // launch early under PDL) and each warp walks several row groups, overlapping the next group's loads with this
   // one's math.
-  const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : 2)));
+  const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : gemv_blocks_per_sm(STAGE))));
   dim3 grid(blocks, T);
   if constexpr (!MULTI && !ROUTE && STAGE == kStagePlain) {
     if (lpr == 32 && !wide && gemv_depth() == 3) {
