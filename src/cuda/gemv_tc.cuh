@@ -1,8 +1,10 @@
 // The inner loop of the 4-bit decode GEMV on the tensor cores (mma.sync m16n8k16, bf16 operands, fp32 sums).
-// Why (docs/notes/cuda-decode-v10-tc.md): the CUDA-core loop of qdot.cuh spends ~4.9 thread instructions per weight
-// (a byte permute and an FFMA per value, plus indexing), and Nsight Compute showed the decode GEMVs bound by
-// instruction issue at low occupancy, not by HBM. Here one warp multiplies a 16-row x 256-wide tile of the weights
-// ("an item") with 16 MMAs, ~1.2 instructions per weight.
+// Why it was written (docs/notes/cuda-decode-v10-tc.md): the CUDA-core loop of qdot.cuh spends ~4.9 thread
+// instructions per weight (a byte permute and an FFMA per value, plus indexing), and Nsight Compute showed the
+// decode GEMVs issue-bound at low occupancy. Here one warp multiplies a 16-row x 256-wide tile of the weights ("an
+// item") with 16 MMAs, ~1.2 instructions per weight. Measured: faster only for lm_head (87.7 against 92.6 us);
+// the smaller GEMVs are bound by the launch chain and the first loads' latency, not by their instructions, so
+// linear.cu takes this loop for lm_head-sized matrices only.
 //
 // Fragments (PTX ISA, m16n8k16: lane l, g = l / 4, j = l % 4). A's registers hold rows g and g + 8 at the K slots
 // 2j, 2j+1 (a0/a1: registers 0, 1) and 2j+8, 2j+9 (registers 2, 3); B's hold column n = g at the same K slots;

@@ -13,6 +13,8 @@
 // Index arithmetic is kept out of the inner loop (docs/notes/cuda-decode-v1.md found 64-bit divisions and the
 // swizzle there): the step's row group and chunk pass advance as counters, offsets are 32-bit, a chunk's group is
 // a shift, and the activations are read through one per-lane shared-memory base plus constants (qdot.cuh).
+// linear_tc_kernel below is the same GEMV with its inner loop on the tensor cores (gemv_tc.cuh); by default it
+// takes only lm_head-sized matrices, where it measured faster (gemv_tc_wanted).
 #include <climits>
 #include <cstdlib>
 
@@ -534,18 +536,6 @@ bool gated_norm_wide(const Ctx& c, int rows) {
   return gemv_wide(c, rows);
 }
 
-// Blocks per SM of the 256-thread GEMV grid: 2. FERN_CUDA_GEMV_PER_SM=1 caps it at one for every GEMV, =n1 for the
-// input-norm GEMVs only (the GDN input projections and attention q/k/v), leaving room on each SM for the next
-// kernel's blocks to become resident under PDL and request their state or weights early (read at every call, for
-// comparisons; docs/notes/cuda-decode-v10-tc.md).
-int gemv_blocks_per_sm(int stage) {
-  const char* e = std::getenv("FERN_CUDA_GEMV_PER_SM");
-  if (e == nullptr) return 2;
-  if (e[0] == '1' && e[1] == 0) return 1;
-  if (e[0] == 'n' && e[1] == '1' && e[2] == 0 && stage == kStageNorm) return 1;
-  return 2;
-}
-
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
@@ -566,8 +556,9 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
   // At most two blocks per SM (one when wide): every block is resident in the first wave (so the next kernel can
   // launch early under PDL) and each warp walks several row groups, overlapping the next group's loads with this
-  // one's math.
-  const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : gemv_blocks_per_sm(STAGE))));
+  // one's math. One 256-thread block per SM (half the weights in flight) measured 10% slower for the whole 4K step
+  // (docs/notes/cuda-decode-v10-tc.md).
+  const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : 2)));
   dim3 grid(blocks, T);
   if constexpr (!MULTI && !ROUTE && STAGE == kStagePlain) {
     if (lpr == 32 && !wide && gemv_depth() == 3) {
