@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "cuda/attn_decode_tc.h"
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/cuda_check.h"
@@ -28,38 +29,12 @@ namespace {
 
 constexpr double kCopyBw = 4.27e12;  // device-to-device copy bandwidth measured on the H200 (PERF.md)
 
-// Captures `body` once into a graph, replays it `reps` times, returns the median seconds per replay.
+// Runs `body` once eagerly (sizes the arena, loads modules), then captures it into a graph and returns the median
+// seconds per replay.
 double time_graph(CudaBackend& be, const std::function<void()>& body, int reps = 7) {
-  cudaStream_t s = be.stream();
-  body();  // eager warm-up (sizes the arena, loads modules)
-  be.synchronize();
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  FERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   body();
-  be.join_side();  // parallel branches must be joined before the capture ends
-  FERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  FERN_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  FERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    cudaEventRecord(a, s);
-    FERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
-    cudaEventRecord(b, s);
-    FERN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms * 1e-3);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  be.synchronize();
+  return bench::graph_median_ms(be.stream(), body, reps, [&] { be.join_side(); }) * 1e-3;
 }
 
 LinearWeight rand_affine(CudaBackend& be, int64_t out, int64_t in, int bits, uint64_t seed) {

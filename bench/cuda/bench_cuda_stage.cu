@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench_timing.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_util.cuh"
 
@@ -117,32 +118,9 @@ template <typename F>
 double per_launch_us(cudaStream_t s, F body, int launches = 64, int reps = 7) {
   body();
   FERN_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  FERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < launches; ++i) body();
-  FERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  FERN_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  FERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    cudaEventRecord(a, s);
-    FERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
-    cudaEventRecord(b, s);
-    FERN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms * 1e3 / launches);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return bench::graph_median_ms(s, [&] {
+    for (int i = 0; i < launches; ++i) body();
+  }, reps) * 1e3 / launches;
 }
 
 }  // namespace

@@ -34,4 +34,21 @@ inline double median_ms(cudaStream_t stream, const std::function<void()>& f, int
   return ms[ms.size() / 2];
 }
 
+// `body` captured once into a CUDA graph on `stream` (before_end, if given, runs inside the capture after it: e.g. a
+// backend joining its side streams), then the median milliseconds of the graph's replays (median_ms).
+inline double graph_median_ms(cudaStream_t stream, const std::function<void()>& body, int reps = 7,
+                              const std::function<void()>& before_end = {}) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  FERN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  body();
+  if (before_end) before_end();
+  FERN_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+  FERN_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  const double ms = median_ms(stream, [&] { FERN_CUDA_CHECK(cudaGraphLaunch(ge, stream)); }, reps);
+  FERN_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  FERN_CUDA_CHECK(cudaGraphDestroy(g));
+  return ms;
+}
+
 }  // namespace fern::bench

@@ -197,13 +197,14 @@ struct Mats {
   int start[kMaxMats + 1];
 };
 
-// The matrix holding concatenated row `row` (MULTI kernels; the others have one matrix).
+// The matrix q whose range [start[q], start[q + 1]) holds v (MULTI kernels; the others have one matrix): of a
+// concatenated row (Mats::start) or of a tile (TcTiles::start).
 template <bool MULTI>
-__device__ __forceinline__ int mat_of(const Mats& M, int row) {
+__device__ __forceinline__ int mat_of(const int (&start)[kMaxMats + 1], int v) {
   int q = 0;
   if constexpr (MULTI) {
 #pragma unroll
-    for (int i = 1; i < kMaxMats; ++i) q += row >= M.start[i];
+    for (int i = 1; i < kMaxMats; ++i) q += v >= start[i];
   }
   return q;
 }
@@ -309,7 +310,7 @@ __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, cons
         for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         const int row = cg * RPW + r * RS + rslot;
         if (sub == 0 && row < rows) {
-          const int q = mat_of<MULTI>(M, row);
+          const int q = mat_of<MULTI>(M.start, row);
           const int r0 = MULTI ? M.start[q] : 0;
           const int nq = MULTI ? M.start[q + 1] - r0 : rows;
           M.y[q][int64_t(t) * nq + (row - r0)] = v;
@@ -357,17 +358,6 @@ struct TcTiles {
   int tiles, tpb;
 };
 
-// The tile's matrix and its first row (MULTI: the pointers of that matrix).
-template <bool MULTI>
-__device__ __forceinline__ int tc_mat_of(const TcTiles& tt, int tile) {
-  int q = 0;
-  if constexpr (MULTI) {
-#pragma unroll
-    for (int i = 1; i < kMaxMats; ++i) q += tile >= tt.start[i];
-  }
-  return q;
-}
-
 template <bool MULTI, int STAGE, int NB, int NT>
 __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, TcTiles tt, const float* x,
                                                        InNorm nm) {
@@ -405,7 +395,7 @@ __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, T
   };
   // Rows of tile `tile` (its matrix's row count, the tile's first row inside it) and the matrix's view.
   auto tile_rows = [&](int tile, int& nq, int& r0, int& q) {
-    q = tc_mat_of<MULTI>(tt, tile);
+    q = mat_of<MULTI>(tt.start, tile);
     nq = MULTI ? M.start[q + 1] - M.start[q] : rows;
     r0 = (tile - (MULTI ? tt.start[q] : 0)) * 16;
   };
