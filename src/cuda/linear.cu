@@ -510,11 +510,18 @@ int gemv_depth() {
 // FERN_CUDA_GEMV_WIDE=1 takes them for every GEMV with 32 lanes per row, =0 for none, =N > 1 from N rows (read at
 // every call, for comparisons).
 constexpr int kWideGroups = 16;
-bool gemv_wide(const Ctx& c, int rows) {
-  const char* e = std::getenv("FERN_CUDA_GEMV_WIDE");
+// A GEMV choice taken by row count, overridable through the environment variable `var` (read at every call, for
+// comparisons): "0" / "1" never / always, N > 1 from N rows, unset (or anything else) `by_default`.
+bool rows_switch(const char* var, int rows, bool by_default) {
+  const char* e = std::getenv(var);
   if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
   if (e != nullptr && e[0] >= '1' && e[0] <= '9') return rows >= std::atoi(e);
-  return int64_t(rows) >= int64_t(kWideGroups) * (2 * kThreads / 32) * kRPI * c.sms;
+  return by_default;
+}
+
+bool gemv_wide(const Ctx& c, int rows) {
+  return rows_switch("FERN_CUDA_GEMV_WIDE", rows,
+                     int64_t(rows) >= int64_t(kWideGroups) * (2 * kThreads / 32) * kRPI * c.sms);
 }
 
 // Block size of the out_proj GEMV with the gated norm (linear_gated_norm): the GEMV rule above unless
@@ -578,12 +585,7 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
 // FERN_CUDA_GEMV_TC=0 / 1 takes it for none / every eligible GEMV, =N > 1 from N rows (read at every call, for
 // comparisons).
 constexpr int kTcRows = 65536;
-bool gemv_tc_wanted(int rows) {
-  const char* e = std::getenv("FERN_CUDA_GEMV_TC");
-  if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
-  if (e != nullptr && e[0] >= '1' && e[0] <= '9') return rows >= std::atoi(e);
-  return rows >= kTcRows;
-}
+bool gemv_tc_wanted(int rows) { return rows_switch("FERN_CUDA_GEMV_TC", rows, rows >= kTcRows); }
 
 // Item buffers per warp: 3 where warps own whole tiles (lm_head: 87.7 us against 93.9 with 2), 2 where they share
 // a tile's K blocks (at most a few items per warp); FERN_CUDA_GEMV_TC_NB=2 / 3 forces it (read at every call).
