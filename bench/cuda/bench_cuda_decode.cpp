@@ -10,10 +10,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "bench_timing.h"
+#include "kernel_timeline.h"
 #include "cuda/attn_decode_tc.h"
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/cuda_check.h"
@@ -164,6 +166,125 @@ void profile_step(int reps) {
   for (int i = 0; i < reps; ++i) be.replay(*st);
   be.synchronize();
   std::printf("profiled %d replays of the 4K step\n", reps);
+}
+
+// Where one decode step's time goes, kernel by kernel, in real graph replays (CUPTI activity records; kernels
+// overlap under PDL as they do without tracing). Per kernel: its start relative to the end of the kernel before it
+// (negative: it was resident early), its duration (residency, including any wait), and its advance of the step's
+// frontier (how much later the latest end becomes when it ends): the advances add up to the step's wall time, so
+// they say which kernels the step waits for. Medians over the traced steps; the per-position table goes to `path`.
+void timeline_step(int64_t ctx, int steps, const char* path) {
+#ifndef FERN_HAVE_CUPTI
+  (void)ctx, (void)steps, (void)path;
+  std::printf("timeline: this build has no CUPTI\n");
+#else
+  const ModelConfig cfg = full_config();
+  CudaBackend be(0);
+  auto w = cuda::random_device_weights(be, cfg, 1);
+  Tensor tok = be.alloc(DType::I32, {1});
+  FERN_CUDA_CHECK(cudaMemset(tok.data, 0, 4));
+  auto st = be.new_state(cfg, ctx + 256);
+  fill_state(be, static_cast<CudaState&>(*st), ctx);
+  auto step = [&] {
+    be.begin_forward();
+    Tensor lg = be.scratch(DType::F32, {1, cfg.vocab_size});
+    forward(be, *w, *st, tok, lg);
+    be.argmax(tok, lg);
+  };
+  step();
+  be.synchronize();
+  be.capture_step(*st, step);
+  auto timed_us = [&] {  // untraced steps, for comparison with the traced ones
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, be.stream());
+    for (int i = 0; i < 64; ++i) be.replay(*st);
+    cudaEventRecord(b, be.stream());
+    FERN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms * 1e3 / 64;
+  };
+  const double plain_us = timed_us();
+  bench::KernelTimeline tl;
+  tl.start();
+  for (int i = 0; i < steps; ++i) be.replay(*st);
+  be.synchronize();
+  const std::vector<bench::KernelSpan> sp = tl.stop();
+  const double traced_plain_us = timed_us();
+  if (steps < 3 || sp.size() % size_t(steps) != 0) {
+    std::printf("timeline: %zu kernels over %d steps, not a whole number per step\n", sp.size(), steps);
+    return;
+  }
+  const size_t n = sp.size() / size_t(steps);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  // Steps 1 .. steps-1 (the first has no traced predecessor); per position: start lag, duration, advance.
+  std::vector<std::vector<double>> lag(n), dur(n), adv(n), at(n);
+  std::vector<double> wall;
+  for (int s = 1; s < steps; ++s) {
+    const size_t o = size_t(s) * n;
+    uint64_t frontier = 0;
+    for (size_t i = 0; i < o; ++i) frontier = std::max(frontier, sp[i].end);
+    const uint64_t t0 = frontier;  // the previous step's last end
+    for (size_t i = 0; i < n; ++i) {
+      const auto& k = sp[o + i];
+      const uint64_t prev_end = i == 0 ? t0 : sp[o + i - 1].end;
+      lag[i].push_back((double(k.start) - double(prev_end)) * 1e-3);
+      dur[i].push_back(double(k.end - k.start) * 1e-3);
+      adv[i].push_back(k.end > frontier ? double(k.end - frontier) * 1e-3 : 0.0);
+      at[i].push_back((double(k.start) - double(t0)) * 1e-3);
+      frontier = std::max(frontier, k.end);
+    }
+    wall.push_back(double(frontier - t0) * 1e-3);
+  }
+  std::printf("\n== decode step timeline, %ld context: %zu kernels per step, %d traced steps ==\n", long(ctx), n, steps);
+  std::printf("step: %.1f us traced (median of %d; last end to last end), %.1f us untraced before, %.1f after\n",
+              median(wall), steps - 1, plain_us, traced_plain_us);
+  // By kernel (name and grid): launches per step, summed medians.
+  struct Sum {
+    int count = 0;
+    double lag = 0, dur = 0, adv = 0;
+  };
+  std::map<std::string, Sum> by;
+  std::vector<std::string> key(n);
+  for (size_t i = 0; i < n; ++i) {
+    key[i] = bench::short_kernel_name(sp[i].name) + " [" + std::to_string(sp[i].grid) + "x" +
+             std::to_string(sp[i].block) + "]";
+    Sum& x = by[key[i]];
+    ++x.count;
+    x.lag += median(lag[i]);
+    x.dur += median(dur[i]);
+    x.adv += median(adv[i]);
+  }
+  std::vector<std::pair<std::string, Sum>> rows(by.begin(), by.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.adv > b.second.adv; });
+  std::printf("%-56s %6s %10s %10s %10s %9s\n", "kernel [blocks x threads]", "count", "adv us", "dur us", "lag us",
+              "adv/each");
+  double tadv = 0, tdur = 0;
+  for (const auto& [k, x] : rows) {
+    std::printf("%-56s %6d %10.1f %10.1f %10.1f %9.2f\n", k.c_str(), x.count, x.adv, x.dur, x.lag, x.adv / x.count);
+    tadv += x.adv;
+    tdur += x.dur;
+  }
+  std::printf("%-56s %6zu %10.1f %10.1f\n", "total", n, tadv, tdur);
+  if (path != nullptr) {
+    FILE* f = std::fopen(path, "w");
+    if (f != nullptr) {
+      std::fprintf(f, "# position, kernel, start us (from the previous step's end), lag us, duration us, advance us "
+                      "(medians over %d steps)\n", steps - 1);
+      for (size_t i = 0; i < n; ++i)
+        std::fprintf(f, "%4zu %-56s %9.2f %7.2f %7.2f %7.2f\n", i, key[i].c_str(), median(at[i]), median(lag[i]),
+                     median(dur[i]), median(adv[i]));
+      std::fclose(f);
+    }
+  }
+#endif
 }
 
 void bench_decode(bool splitk, bool steps = true) {
@@ -537,6 +658,9 @@ int main(int argc, char** argv) {
     if (what == "attn") bench_decode(true);  // the decode breakdown, split-K tables and steps, no GEMV table
     if (what == "blocks") bench_decode(false, false);  // the 4K breakdown and the MoE phases alone
     if (what == "profile") profile_step(argc > 2 ? std::atoi(argv[2]) : 20);
+    // "timeline [ctx] [steps] [file]": the per-kernel timeline of the decode step (CUPTI).
+    if (what == "timeline")
+      timeline_step(argc > 2 ? std::atoll(argv[2]) : 4096, argc > 3 ? std::atoi(argv[3]) : 9, argc > 4 ? argv[4] : nullptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

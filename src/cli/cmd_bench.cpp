@@ -50,9 +50,13 @@ struct Options {
   // "NAME=v1,v2,...": decode once per value of the environment switch NAME in each run, the values interleaved
   // run by run (same weights, same process: a comparison that drift between processes or machines cannot blur).
   std::string decode_switch;
+  // Prefill chunk sizes to compare ("0": the backend's choice), run in increasing order so that the scratch column
+  // (the arena's peak so far) is each chunk size's own peak.
+  std::string prefill_chunks = "0";
 };
 
-std::vector<int64_t> parse_lengths(const std::string& s) {
+// Comma-separated counts of tokens (K suffix = 1024), each at least `min`; `opt` names the option in errors.
+std::vector<int64_t> parse_lengths(const std::string& s, const char* opt = "--lengths", int64_t min = 1) {
   std::vector<int64_t> v;
   size_t pos = 0;
   while (pos < s.size()) {
@@ -67,9 +71,9 @@ std::vector<int64_t> parse_lengths(const std::string& s) {
     try {
       v.push_back(std::stoll(item) * mult);
     } catch (const std::exception&) {
-      fail("--lengths: '{}' is not a number", item);
+      fail("{}: '{}' is not a number", opt, item);
     }
-    if (v.back() <= 0) fail("--lengths: {} must be positive", v.back());
+    if (v.back() < min) fail("{}: {} must be at least {}", opt, v.back(), min);
     pos = end + 1;
   }
   return v;
@@ -294,9 +298,15 @@ int run_bench(const Options& o) {
     }
   }
   if (o.phase == "prefill" || o.phase == "both") {
-    md += "\n| length | tok/s (median) | min-max | TFLOP/s | % of H200 bf16 peak | scratch (GB) |\n"
-          "|---:|---:|---:|---:|---:|---:|\n";
-    for (int64_t L : o.prefill_lengths.empty() ? lengths : parse_lengths(o.prefill_lengths)) {
+    md += "\n| length | chunk | tok/s (median) | min-max | TFLOP/s | % of H200 bf16 peak | scratch (GB) |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|\n";
+    std::vector<int64_t> chunks;
+    for (int64_t c : parse_lengths(o.prefill_chunks, "--prefill-chunk", 0)) chunks.push_back(c > 0 ? c : engine.backend().prefill_chunk_hint());
+    std::sort(chunks.begin(), chunks.end());
+    chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+    for (int64_t chunk : chunks)
+    for (int64_t L : o.prefill_lengths.empty() ? lengths : parse_lengths(o.prefill_lengths, "--prefill-lengths")) {
+      engine.set_prefill_chunk(chunk);
       std::vector<int32_t> prompt(static_cast<size_t>(L));
       for (auto& t : prompt) t = tok(rng);
       auto st = engine.new_state(L + 1);
@@ -313,12 +323,12 @@ int run_bench(const Options& o) {
       const double tflops = prefill_flops(cfg, *weights, L) / (double(L) / s.median) / 1e12;
       // Lengths run in increasing order and the arena never shrinks: this is the peak over lengths up to L.
       const size_t scratch = scratch_reserved(engine.backend());
-      md += fmt::format("| {} | {:.1f} | {:.1f}-{:.1f} | {:.2f} | {:.2f}% | {:.2f} |\n", L, s.median, s.min, s.max,
-                        tflops, 100.0 * tflops * 1e12 / kTensorFlops, scratch / 1e9);
+      md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {:.2f} | {:.2f}% | {:.2f} |\n", L, chunk, s.median, s.min,
+                        s.max, tflops, 100.0 * tflops * 1e12 / kTensorFlops, scratch / 1e9);
       results.push_back({{"phase", "prefill"}, {"length", L}, {"tok_s_median", s.median}, {"tok_s_min", s.min},
                          {"tok_s_max", s.max}, {"runs", o.runs}, {"tflop_s", tflops}, {"scratch_bytes", scratch},
-                         {"prefill_chunk", eo.prefill_chunk}});
-      log::info("prefill {}: {:.1f} tok/s", L, s.median);
+                         {"prefill_chunk", chunk}});
+      log::info("prefill {} (chunks of {}): {:.1f} tok/s", L, chunk, s.median);
     }
   }
   nlohmann::json doc = {{"commit", FERN_GIT_COMMIT}, {"backend", backend_name}, {"model", o.source.describe()},
@@ -343,6 +353,8 @@ Command reg("bench", "Measure decode and prefill throughput against the roofline
   app.add_flag("--host-loop", o->host_loop, "Decode through the host (logits copied back each step) even on CUDA");
   app.add_option("--decode-switch", o->decode_switch,
                  "NAME=v1,v2,...: decode once per value of environment switch NAME in every run (interleaved)");
+  app.add_option("--prefill-chunk", o->prefill_chunks,
+                 "Prefill chunk sizes to compare, comma-separated (K suffix = 1024; 0 = the backend's choice)");
   app.add_option("--json", o->json_path, "Write results as JSON");
   app.add_option("--md", o->md_path, "Write the markdown table");
   return [o] { return run_bench(*o); };

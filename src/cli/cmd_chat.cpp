@@ -29,6 +29,8 @@ static Command reg("chat", "Chat with the model in the terminal", [](CLI::App& a
   app.add_option("--backend", o->ro.backend, "auto, cpu or cuda")->capture_default_str();
   app.add_option("--ctx", o->ro.ctx, "Context length in tokens");
   app.add_option("--threads", o->ro.threads, "CPU backend threads (0 = all cores)");
+  app.add_option("--prefill-chunk", o->ro.prefill_chunk, "Prompt tokens per forward call (0 = the backend's choice)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--system", o->system, "System prompt");
   app.add_option("--max-tokens,-n", o->max_tokens, "Tokens per reply at most")->capture_default_str();
   app.add_option("--temperature,-t", o->temperature, "0 = greedy")->capture_default_str();

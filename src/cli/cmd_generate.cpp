@@ -26,6 +26,8 @@ static Command reg("generate", "Generate a completion for one prompt", [](CLI::A
   app.add_option("--backend", o->ro.backend, "auto, cpu or cuda")->capture_default_str();
   app.add_option("--ctx", o->ro.ctx, "Context length in tokens");
   app.add_option("--threads", o->ro.threads, "CPU backend threads (0 = all cores)");
+  app.add_option("--prefill-chunk", o->ro.prefill_chunk, "Prompt tokens per forward call (0 = the backend's choice)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--prompt,-p", o->prompt, "The prompt (a user message unless --raw)")->required();
   app.add_flag("--raw", o->raw, "Use the prompt as is, without the chat template");
   app.add_flag("--no-think", o->no_think, "Chat template with thinking off");

@@ -46,6 +46,8 @@ static Command reg("serve", "Serve the OpenAI-compatible HTTP API", [](CLI::App&
   app.add_option("--backend", ro->backend, "auto, cpu or cuda")->capture_default_str();
   app.add_option("--ctx", ro->ctx, "Context length in tokens (default: min(model maximum, 32768); demo 4096)");
   app.add_option("--threads", ro->threads, "CPU backend threads (0 = all cores)");
+  app.add_option("--prefill-chunk", ro->prefill_chunk, "Prompt tokens per forward call (0 = the backend's choice)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--host", so->host, "Address to listen on")->capture_default_str();
   app.add_option("--port", so->port, "Port (0 = any free port)")->capture_default_str();
   app.add_option("--api-key", so->api_key, "Require 'Authorization: Bearer KEY' (default: $FERN_API_KEY, or none)");

@@ -32,6 +32,8 @@ class CudaBackend : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
+  // Measured on the H200 with `fern bench --phase prefill --prefill-chunk ...` (docs/PERF.md, ninth session).
+  int64_t prefill_chunk_hint() const override { return 2048; }
   Device device() const override { return Device::Cuda; }
   DType act_dtype() const override { return DType::F32; }
 

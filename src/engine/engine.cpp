@@ -11,7 +11,12 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::shared_ptr<const ModelWeig
     : backend_(std::move(backend)), host_weights_(std::move(host_weights)), opt_(opt) {
   weights_ = backend_->upload(host_weights_);
   max_context_ = opt_.max_context > 0 ? opt_.max_context : weights_->config.max_position_embeddings;
-  FERN_CHECK(opt_.prefill_chunk >= 1, "prefill_chunk {}", opt_.prefill_chunk);
+  set_prefill_chunk(opt_.prefill_chunk);
+}
+
+void Engine::set_prefill_chunk(int64_t tokens) {
+  FERN_CHECK(tokens >= 0, "prefill chunk {}: expected a positive number of tokens (0 = the backend's choice)", tokens);
+  opt_.prefill_chunk = tokens > 0 ? tokens : backend_->prefill_chunk_hint();
 }
 
 Engine::~Engine() = default;

@@ -13,7 +13,7 @@
 namespace fern {
 
 struct EngineOptions {
-  int64_t prefill_chunk = 2048;   // tokens per forward call in prefill
+  int64_t prefill_chunk = 0;      // tokens per forward call in prefill (0 = the backend's prefill_chunk_hint)
   int64_t max_context = 0;        // 0 = the model's max_position_embeddings
 };
 
@@ -26,6 +26,9 @@ class Engine {
   Backend& backend() { return *backend_; }
   const ModelWeights& weights() const { return *weights_; }
   int64_t max_context() const { return max_context_; }
+  int64_t prefill_chunk() const { return opt_.prefill_chunk; }
+  // Changes the prefill chunk for later calls (>= 1; 0 = the backend's hint). Throws fern::Error.
+  void set_prefill_chunk(int64_t tokens);
 
   std::unique_ptr<SequenceState> new_state(int64_t capacity = 0);  // 0 = max_context()
   // Feeds `tokens` from state.pos in chunks; writes the last token's logits (F32, vocab) into `logits`.

@@ -20,7 +20,7 @@ struct RuntimeOptions {
   std::string backend = "auto"; // auto | cpu | cuda
   int64_t ctx = 0;              // 0 = min(model maximum, 32768); 4096 for the demo model
   int threads = 0;              // CPU backend threads (0 = all cores)
-  int64_t prefill_chunk = 512;
+  int64_t prefill_chunk = 0;    // tokens per prefill forward call (0 = the backend's choice)
   bool progress = true;         // progress bar on stderr while loading (when stderr is a terminal)
   uint64_t demo_seed = 7;
 };

@@ -38,6 +38,9 @@ class Backend {
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
   virtual DType act_dtype() const = 0;
+  // Tokens per forward call of a chunked prefill when the user names none: larger chunks reuse each weight tile
+  // over more rows (and fill the GPU), smaller ones bound scratch memory and the time between cancellation checks.
+  virtual int64_t prefill_chunk_hint() const { return 512; }
 
   // ---- memory ----
   // Scratch for one forward call, from an arena that begin_forward() resets (so a replayed decode step sees the

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One GPU call: the decode step's per-kernel timeline (bench_cuda_decode timeline, CUPTI) at TL_CONTEXTS (default
+# 4096 and 131072), then `fern bench` prefill at PF_LENGTHS for each prefill chunk size of PF_CHUNKS (default
+# 2048,4096,8192; 0 = the backend's choice), median of PF_RUNS. From the repository root with carry [".carry/debs",
+# ".carry/tl-head.tar", ".carry/tl-head.commit"] (archive as bench/gpu_prelude.sh says). Files under $OUT.
+set -u
+source bench/gpu_prelude.sh
+gpu_unpack_head tl-head
+gpu_configure
+gpu_build fern bench_cuda_decode ${TL_TESTS:-}
+for t in ${TL_TESTS:-}; do
+  timeout 300 "build/$t" >>"$OUT/tests.log" 2>&1
+  note "$t rc $? ($(grep -c '^\[       OK' "$OUT/tests.log") OK so far)"
+done
+for c in ${TL_CONTEXTS:-4096 131072}; do
+  timeout 200 build/bench/bench_cuda_decode timeline "$c" "${TL_STEPS:-9}" "$OUT/timeline_$c.txt" >"$OUT/timeline_$c.log" 2>&1
+  note "timeline $c rc $? ($(elapsed))"
+  grep -A40 "== decode step timeline" "$OUT/timeline_$c.log" | head -45
+done
+if [ -n "${PF_LENGTHS-4096,32768,131072}" ]; then
+  timeout "${PF_TIMEOUT:-300}" build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
+    --lengths "${PF_LENGTHS-4096,32768,131072}" --prefill-chunk "${PF_CHUNKS:-2048,4096,8192}" --runs "${PF_RUNS:-2}" \
+    --json "$OUT/prefill.json" >"$OUT/prefill.md" 2>"$OUT/prefill.err"
+  note "prefill rc $? ($(elapsed))"
+  cat "$OUT/prefill.md"
+fi
+gpu_summary
