@@ -88,6 +88,7 @@ inline std::string short_kernel_name(const std::string& mangled) {
   char* dem = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
   std::string s = status == 0 && dem ? dem : mangled;
   std::free(dem);
+  for (size_t a; (a = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(a, 23);
   const size_t paren = s.find('(');
   if (paren != std::string::npos) s = s.substr(0, paren);
   int depth = 0;

@@ -32,8 +32,8 @@ class CudaBackend : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
-  // Measured on the H200 with `fern bench --phase prefill --prefill-chunk ...` (docs/PERF.md, ninth session).
-  int64_t prefill_chunk_hint() const override { return 2048; }
+  // The largest of 8192 / 4096 / 2048 tokens whose scratch fits a quarter of the free device memory (cuda_backend.cpp).
+  int64_t prefill_chunk_hint() const override;
   Device device() const override { return Device::Cuda; }
   DType act_dtype() const override { return DType::F32; }
 
