@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call: the decode step's per-kernel timeline (bench_cuda_decode timeline, CUPTI) at TL_CONTEXTS (default
 # 4096 and 131072), then `fern bench` prefill at PF_LENGTHS for each prefill chunk size of PF_CHUNKS (default
-# 2048,4096,8192; 0 = the backend's choice), median of PF_RUNS. From the repository root with carry [".carry/debs",
+# 2048,4096,8192; 0 = the backend's choice; PF_LENGTHS= skips it), median of PF_RUNS; with DEC_LENGTHS, `fern bench`
+# decode there (median of 3; DEC_SWITCH as --decode-switch). TL_TESTS: test executables to run first. From the repository root with carry [".carry/debs",
 # ".carry/tl-head.tar", ".carry/tl-head.commit"] (archive as bench/gpu_prelude.sh says). Files under $OUT.
 set -u
 source bench/gpu_prelude.sh
@@ -24,4 +25,11 @@ if [ -n "${PF_LENGTHS-4096,32768,131072}" ]; then
   note "prefill rc $? ($(elapsed))"
   cat "$OUT/prefill.md"
 fi
+if [ -n "${DEC_LENGTHS:-}" ]; then
+  timeout 300 build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths "$DEC_LENGTHS" \
+    --runs 3 ${DEC_SWITCH:+--decode-switch "$DEC_SWITCH"} >"$OUT/decode.md" 2>"$OUT/decode.err"
+  note "decode rc $? ($(elapsed))"
+  cat "$OUT/decode.md"
+fi
+tar -C "$OUT" -czf "$OUT/timeline.tar.gz" $(cd "$OUT" && ls timeline_* tests.log 2>/dev/null) && rm -f "$OUT"/timeline_*.txt
 gpu_summary

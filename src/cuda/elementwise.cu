@@ -30,6 +30,19 @@ __global__ void __launch_bounds__(kThreads) embed_kernel(QW W, const int32_t* id
     const uint32_t mask = (1u << W.bits) - 1u;
     const uint32_t* row = static_cast<const uint32_t*>(W.w) + id * (W.in / per);
     const int64_t groups = W.in / W.gs;
+    if (W.gs % per == 0) {
+      // A word per thread and iteration (its codes share one group): the real table's 2048-wide row is one
+      // iteration of three loads in flight together, where the loop below makes each thread wait for eight
+      // dependent rounds of loads from a row that is never in L2 (~8 us per decode step, the whole step's
+      // first kernel; docs/notes/cuda-decode-v11-timeline.md).
+      for (int64_t wi = threadIdx.x; wi < W.in / per; wi += blockDim.x) {
+        const uint32_t word = row[wi];
+        const int64_t k0 = wi * per, g = id * groups + k0 / W.gs;
+        const float s = bf16_to_f32(W.s[g]), b = bf16_to_f32(W.b[g]);
+        for (int j = 0; j < per; ++j) o[k0 + j] = s * float((word >> (j * W.bits)) & mask) + b;
+      }
+      return;
+    }
     for (int64_t k = threadIdx.x; k < W.in; k += blockDim.x) {
       const uint32_t q = (row[k / per] >> ((k % per) * W.bits)) & mask;
       const int64_t g = id * groups + k / W.gs;
@@ -142,6 +155,7 @@ __global__ void add_kernel(float* __restrict__ out, const float* a, const float*
 // Argmax over V for each of T rows: grid (B, T); each block reduces a slice to (value, index) pairs, and the last
 // block of a row to finish (a counter per row, reset by that block) reduces the B pairs and writes the id.
 constexpr int kArgmaxBlocks = 128;
+constexpr int kArgmaxBatch = 8;
 
 __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
   // NaN never wins; ties go to the lowest index.
@@ -188,7 +202,21 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* __restrict__ 
   const int64_t lo = blockIdx.x * per, hi = min(V, lo + per);
   float v = -INFINITY;
   int i = 0x7fffffff;
-  for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) better(v, i, l[j], static_cast<int>(j));
+  // kArgmaxBatch loads in flight per thread before any comparison (one batch covers the real vocabulary's
+  // 1,940 logits per block): a load-compare loop waited for one L2 round trip per element it read.
+  for (int64_t j0 = lo + threadIdx.x; j0 < hi; j0 += int64_t(kArgmaxBatch) * blockDim.x) {
+    float x[kArgmaxBatch];
+#pragma unroll
+    for (int u = 0; u < kArgmaxBatch; ++u) {
+      const int64_t j = j0 + int64_t(u) * blockDim.x;
+      x[u] = j < hi ? l[j] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kArgmaxBatch; ++u) {
+      const int64_t j = j0 + int64_t(u) * blockDim.x;
+      if (j < hi) better(v, i, x[u], static_cast<int>(j));
+    }
+  }
   block_argmax(v, i);
   if (threadIdx.x == 0) {
     part_v[t * gridDim.x + blockIdx.x] = v;

@@ -48,9 +48,12 @@ TEST(CudaMisc, Embed) {
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
   test::OwnedStorage st;
-  for (int which = 0; which < 2; ++which) {
-    LinearWeight hw = which == 0 ? test::raw_affine(st, "embed", 0, 248320, 2048, 4, 64, 5)
-                                 : test::raw_dense(st, "embed bf16", 0, 1000, 136, 6);
+  for (int which = 0; which < 4; ++which) {
+    // The real 4-bit table, an 8-bit one with 4-code words, 4-bit with groups of 32 and a row of 5 groups, bf16.
+    LinearWeight hw = which == 0   ? test::raw_affine(st, "embed", 0, 248320, 2048, 4, 64, 5)
+                      : which == 1 ? test::raw_affine(st, "embed 8-bit", 0, 3001, 320, 8, 64, 8)
+                      : which == 2 ? test::raw_affine(st, "embed 4-bit g32", 0, 999, 160, 4, 32, 9)
+                                   : test::raw_dense(st, "embed bf16", 0, 1000, 136, 6);
     LinearWeight dw = gpu->to_device(hw);
     std::vector<int32_t> ids = {0, int32_t(hw.out - 1), 12345 % int32_t(hw.out), 7};
     const int64_t T = int64_t(ids.size()), H = hw.in;
@@ -89,6 +92,20 @@ TEST(CudaMisc, Argmax) {
     gpu->copy(Tensor(got.data(), DType::I32, {T}), did);
     EXPECT_EQ(got, want) << "repetition " << rep;
   }
+  // An odd vocabulary (rows not a multiple of the blocks' share or of the load batch): maxima at the first and the
+  // last index, and a random row.
+  const int64_t V2 = 33797, T2 = 3;
+  auto l2 = test::randn(size_t(T2 * V2), 78);
+  l2[0] = 40.0f;
+  l2[V2 + V2 - 1] = 40.0f;
+  const std::vector<int32_t> want2 = {
+      0, int32_t(V2 - 1), int32_t(std::max_element(l2.begin() + 2 * V2, l2.end()) - (l2.begin() + 2 * V2))};
+  Tensor dl2 = test::upload_f32(*gpu, l2, {T2, V2});
+  Tensor did2 = gpu->alloc(DType::I32, {T2});
+  gpu->argmax(did2, dl2);
+  std::vector<int32_t> got2(T2);
+  gpu->copy(Tensor(got2.data(), DType::I32, {T2}), did2);
+  EXPECT_EQ(got2, want2);
 }
 
 TEST(CudaMisc, ScratchAddressesAreStable) {
