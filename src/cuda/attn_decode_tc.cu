@@ -39,7 +39,7 @@ constexpr int kStages = 3;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-using ptx::cp_async16_stream;
+using ptx::cp_async16;
 using ptx::ldmatrix_x4;
 using ptx::fast_exp2;
 using ptx::ldmatrix_x4_trans;
@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r = idx / CH, ch = idx % CH;
       const bool ok = k0 + r < L;
       const int64_t off = (ok ? k0 + r : 0) * row_stride + int64_t(kvh) * D + ch * 8;
-      cp_async16_stream(ks + swz<D>(r, ch), k_cache + off, ok);
-      cp_async16_stream(vs + swz<D>(r, ch), v_cache + off, ok);
+      cp_async16(ks + swz<D>(r, ch), k_cache + off, ok);
+      cp_async16(vs + swz<D>(r, ch), v_cache + off, ok);
     }
   };
   // Prologue: kStages - 1 commit groups, group i = tile i (empty past the split). Tiles whose rows all precede the

@@ -7,8 +7,6 @@
 
 #include <cstdint>
 
-#include "cuda/cuda_util.cuh"
-
 namespace fern::cuda::ptx {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -23,16 +21,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
-}
-// The same for data streamed once (the KV cache in decode attention): evicted first from L2 (cuda_util.cuh says why).
-__device__ __forceinline__ void cp_async16_stream(void* dst, const void* src, bool valid) {
-#if FERN_L2_HINT
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0), "l"(l2_evict_first())
-               : "memory");
-#else
-  cp_async16(dst, src, valid);
-#endif
 }
 // 8-byte copy (cached in L1: .cg takes only 16 bytes); `valid` as above.
 __device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
