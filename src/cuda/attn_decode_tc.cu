@@ -15,6 +15,12 @@
 //  - O += P V: each warp owns head_dim / 8 output dims over all 64 keys (V through ldmatrix.trans).
 // The split's (max, sum, unnormalised output) go to the split kernel's combine (attn.cu), which also gates.
 //
+// With PREP (attn_decode_tc_prep, one query row) the kernel also does attn_prep's work, one launch less per
+// attention layer (3.2 us of a 4K step's chain per layer, 6 us at 128K: docs/notes/cuda-decode-v11-timeline.md):
+// every block normalises and rotates its G query heads from the projection's raw output (a warp per head), and the
+// block whose split holds the new position computes the new key (norm + RoPE) and value, appends them to the
+// caches for later steps, and writes them over the new row's slot of its last tile in shared memory once that tile
+// has landed (its cp.async read the cache row before the append: no ordering between the two is needed).
 // The KV cache and q are written by earlier kernels of the same graph: plain `const T*` (no __restrict__, so never
 // the non-coherent path), read with cp.async.cg / after the PDL wait. The position and the tiles made only of rows
 // before it are requested before the wait: their writers are at least two launches back (attn_prep, the kernel
@@ -64,15 +70,58 @@ __device__ __forceinline__ int swz(int row, int ch) {
   return row * D + ((ch ^ (row & 7)) << 3);
 }
 
-template <int D>
+// PREP adds the normed query heads (fp32 [8][D]), the new key before RoPE (fp32 [D]) and the new K/V rows (bf16).
+template <int D, bool PREP = false>
 constexpr size_t smem_bytes() {
-  return size_t(2 * kStages * BN + 16) * D * 2 + size_t(BN / 16) * 32 * 16 + kWarps * 8 * 4;
+  return size_t(2 * kStages * BN + 16) * D * 2 + size_t(BN / 16) * 32 * 16 + kWarps * 8 * 4 +
+         (PREP ? size_t(9 * D) * 4 + size_t(2 * D) * 2 : 0);
 }
 
+// The raw inputs of attn_prep's work (PREP): the projection outputs and the norms' weights.
+struct PrepIn {
+  const float* qg;  // [Hq][query D | gate D]
+  const float* k;   // [Hkv][D]
+  const float* v;   // [Hkv][D]
+  const float* q_norm;
+  const float* k_norm;
+  uint16_t* k_cache;  // where the new row is appended
+  uint16_t* v_cache;
+};
+
+// Element d of a normed head `n` after partial RoPE at `pos`: the same operations as attn_prep_kernel (attn.cu).
+__device__ __forceinline__ float rope_at(const float* n, int d, int64_t pos, const AttnShape& sh) {
+  if (d >= sh.rot) return n[d];
+  const int half = sh.rot / 2;
+  const int i = d < half ? d : d - half;
+  const float inv_freq = 1.0f / powf(sh.theta, float(2 * i) / float(sh.rot));
+  float sn, cs;
+  sincosf(float(pos) * inv_freq, &sn, &cs);
+  const float a = n[i], bb = n[i + half];
+  return d < half ? a * cs - bb * sn : bb * cs + a * sn;
+}
+
+// One warp: out[d] = x[d] * rsqrt(mean(x^2) + eps) * w[d] over D elements (D / 32 per lane).
 template <int D>
+__device__ __forceinline__ void warp_rmsnorm(const float* x, const float* __restrict__ w, float eps, float* out,
+                                             int lane) {
+  constexpr int PL = D / 32;
+  float v[PL];
+  float ss = 0.0f;
+#pragma unroll
+  for (int u = 0; u < PL; ++u) {
+    v[u] = x[lane + 32 * u];
+    ss += v[u] * v[u];
+  }
+  const float inv = rsqrtf(warp_sum(ss) / float(D) + eps);
+#pragma unroll
+  for (int u = 0; u < PL; ++u) out[lane + 32 * u] = v[u] * inv * __ldg(w + lane + 32 * u);
+}
+
+template <int D, bool PREP>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_decode_tc_kernel(AttnShape sh, const int32_t* __restrict__ d_pos, const float* q, const uint16_t* k_cache,
-                          const uint16_t* v_cache, float* __restrict__ part_ml, float* __restrict__ part_acc, int G) {
+                          const uint16_t* v_cache, float* __restrict__ part_ml, float* __restrict__ part_acc, int G,
+                          PrepIn pin) {
   constexpr int CH = D / 8;          // 16-byte chunks per row
   constexpr int DW = D / kWarps;     // output dims per warp in P V
   constexpr int NT = DW / 8;         // its 8-dim n-tiles
@@ -85,6 +134,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint16_t* Qs = Vs + kStages * BN * D;                        // [16][D]: rows 0-7 q hi, 8-15 q lo
   uint4* Ps = reinterpret_cast<uint4*>(Qs + 16 * D);           // [BN / 16][32 lanes]: P A fragments
   float* red = reinterpret_cast<float*>(Ps + (BN / 16) * 32);  // [kWarps][8 heads]
+  float* qn = red + kWarps * 8;                                // PREP: [8][D] normed query heads
+  float* kn = qn + 8 * D;                                      // PREP: [D] normed new key
+  uint16_t* kvnew = reinterpret_cast<uint16_t*>(kn + D);       // PREP: [2][D] new K row, new V row (bf16)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, c = lane & 3;  // accumulator row (head) and column pair of this lane
@@ -127,6 +179,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (i < n_tiles) load_tile(i);
     ptx::cp_commit();
   }
+  // PREP: the block whose split holds the new position (row pos0 of one query row) makes the new K/V row.
+  const bool owner = PREP && n_tiles > 0 && pos0 >= j_begin * BN && pos0 < j_end * BN && pos0 < sh.capacity;
+  if constexpr (PREP) {
+    if (warp < G) warp_rmsnorm<D>(pin.qg + int64_t(kvh * G + warp) * 2 * D, pin.q_norm, sh.eps, qn + warp * D, lane);
+    if (owner && warp == (G < kWarps ? G : 0)) warp_rmsnorm<D>(pin.k + int64_t(kvh) * D, pin.k_norm, sh.eps, kn, lane);
+    __syncthreads();
+    if (owner) {
+      const int64_t dst = pos0 * row_stride + int64_t(kvh) * D;
+      for (int d = tid; d < D; d += kThreads) {
+        const uint16_t kb = f32_to_bf16(rope_at(kn, d, pos0, sh));
+        const uint16_t vb = f32_to_bf16(pin.v[int64_t(kvh) * D + d]);
+        kvnew[d] = kb;
+        kvnew[D + d] = vb;
+        pin.k_cache[dst + d] = kb;
+        pin.v_cache[dst + d] = vb;
+      }
+    }
+  }
 
   // q of the block's G heads, times 1/sqrt(D) * log2(e), as hi/lo bf16 rows; padding heads (g >= G) zero.
   const float qscale = rsqrtf(float(D)) * kLog2e;
@@ -134,8 +204,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r = idx / CH, ch = idx % CH;
     uint4 hi = make_uint4(0, 0, 0, 0), lo = make_uint4(0, 0, 0, 0);
     if (r < G) {
-      const float4* src = reinterpret_cast<const float4*>(q + (int64_t(t) * sh.Hq + kvh * G + r) * D + ch * 8);
-      const float4 a = src[0], b = src[1];
+      float4 a, b;
+      if constexpr (PREP) {
+        float x[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[e] = rope_at(qn + r * D, ch * 8 + e, pos0, sh);
+        a = make_float4(x[0], x[1], x[2], x[3]);
+        b = make_float4(x[4], x[5], x[6], x[7]);
+      } else {
+        const float4* src = reinterpret_cast<const float4*>(q + (int64_t(t) * sh.Hq + kvh * G + r) * D + ch * 8);
+        a = src[0];
+        b = src[1];
+      }
       split_bf16x2(a.x * qscale, a.y * qscale, hi.x, lo.x);
       split_bf16x2(a.z * qscale, a.w * qscale, hi.y, lo.y);
       split_bf16x2(b.x * qscale, b.y * qscale, hi.z, lo.z);
@@ -162,6 +242,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::cp_commit();
     const uint16_t* ks = Ks + (i % kStages) * BN * D;
     const uint16_t* vs = Vs + (i % kStages) * BN * D;
+    if (PREP && owner && i == n_tiles - 1) {  // the new row's slot held the cache's old contents
+      const int r = int(pos0 - (j_begin + i) * BN);
+      for (int ch = tid; ch < 2 * CH; ch += kThreads) {
+        uint16_t* dst = (ch < CH ? Ks : Vs) + (i % kStages) * BN * D + swz<D>(r, ch % CH);
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(kvnew + (ch < CH ? 0 : D) + (ch % CH) * 8);
+      }
+      __syncthreads();
+    }
 
     // S for the warp's 8 keys over all dims; even and odd k-steps in two accumulators (two chains of KK / 2).
     float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -248,12 +336,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int D>
+template <int D, bool PREP = false>
 void launch_tc(const Ctx& c, dim3 grid, const AttnShape& sh, const int32_t* d_pos, const float* q, const uint16_t* kc,
-               const uint16_t* vc, float* pml, float* pacc, int G) {
-  allow_dynamic_smem<attn_decode_tc_kernel<D>>(smem_bytes<D>());
-  launch(c, "attn_decode_tc_kernel", attn_decode_tc_kernel<D>, grid, kThreads, smem_bytes<D>(), sh, d_pos, q, kc, vc,
-         pml, pacc, G);
+               const uint16_t* vc, float* pml, float* pacc, int G, const PrepIn& pin = {}) {
+  allow_dynamic_smem<attn_decode_tc_kernel<D, PREP>>(smem_bytes<D, PREP>());
+  launch(c, "attn_decode_tc_kernel", attn_decode_tc_kernel<D, PREP>, grid, kThreads, smem_bytes<D, PREP>(), sh, d_pos,
+         q, kc, vc, pml, pacc, G, pin);
 }
 
 }  // namespace
@@ -279,6 +367,24 @@ void attn_decode_tc(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, con
   else launch_tc<128>(c, grid, sh, d_pos, q, k_cache, v_cache, part_ml, part_acc, G);
   FERN_CUDA_LAUNCH_CHECK("attn_decode_tc_kernel");
   attn_decode_combine(c, sh, nsplit, part_ml, part_acc, qg, o, T);
+}
+
+void attn_decode_tc_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* qg, const float* k,
+                         const float* v, const float* q_norm, const float* k_norm, uint16_t* k_cache,
+                         uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int nsplit) {
+  if (!attn_decode_tc_ok(sh))
+    raise_error("attention (tensor-core decode): unsupported head shape (head_dim " + std::to_string(sh.D) + ", " +
+                std::to_string(sh.Hkv > 0 ? sh.Hq / sh.Hkv : 0) +
+                " query heads per KV head; supported: head_dim 128/256, 1/2/4/8 per KV head)");
+  FERN_CU_CHECK(nsplit >= 1, "attention: split count");
+  FERN_CU_CHECK(sh.rot % 2 == 0 && sh.rot <= sh.D, "attention: rotary dims");
+  const dim3 grid(sh.Hkv, nsplit, 1);
+  const int G = sh.Hq / sh.Hkv;
+  const PrepIn pin{qg, k, v, q_norm, k_norm, k_cache, v_cache};
+  if (sh.D == 256) launch_tc<256, true>(c, grid, sh, d_pos, nullptr, k_cache, v_cache, part_ml, part_acc, G, pin);
+  else launch_tc<128, true>(c, grid, sh, d_pos, nullptr, k_cache, v_cache, part_ml, part_acc, G, pin);
+  FERN_CUDA_LAUNCH_CHECK("attn_decode_tc_kernel");
+  attn_decode_combine(c, sh, nsplit, part_ml, part_acc, qg, o, 1);
 }
 
 }  // namespace fern::cuda

@@ -24,6 +24,15 @@ void attn_decode_tc(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, con
                     const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o,
                     int T, int nsplit);
 
+// attn_prep and attn_decode_tc in one attention launch (then the combine) for one query row: the query heads are
+// normalised and rotated inside every block, the new K/V row appended by the block whose split holds it.
+void attn_decode_tc_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* qg, const float* k,
+                         const float* v, const float* q_norm, const float* k_norm, uint16_t* k_cache,
+                         uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int nsplit);
+// Whether the decode path fuses the prep into the tensor-core kernel: yes unless FERN_CUDA_ATTN_PREP=separate
+// (read on every call; comparisons). Another value throws fern::Error naming the variable. Host only.
+bool attn_prep_fused();
+
 // The split kernel's combine alone (attn.cu): part_ml holds (max in natural-log units, sum) per split.
 void attn_decode_combine(const Ctx& c, const AttnShape& sh, int nsplit, const float* part_ml, const float* part_acc,
                          const float* qg, float* o, int T);

@@ -105,6 +105,24 @@ TEST(CudaAttn, DecodeKernelsShortContexts) {
   }
 }
 
+// The tensor-core decode kernel with the prep inside it (the default) and as its own launch before it
+// (FERN_CUDA_ATTN_PREP=separate), through the backend against the CPU: one split and many, the new row at the first
+// and at the last slot of a tile (positions 64 and 127 after prefills), other head shapes (D = 128, one query head
+// per KV head), and the queries of several heads per KV head normalised by different warps.
+TEST(CudaAttn, DecodePrepFusedAndSeparate) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard k("FERN_CUDA_ATTN_DECODE", "tc");
+  for (const char* prep : {"fused", "separate"}) {
+    SCOPED_TRACE(prep);
+    test::EnvGuard g("FERN_CUDA_ATTN_PREP", prep);
+    std::printf("FERN_CUDA_ATTN_PREP=%s\n", prep);
+    run(16, 2, 256, 64, {7, 1, 1, 1, 20, 1}, 51);
+    run(16, 2, 256, 4096, {64, 1, 62, 1, 1, 1500, 1}, 53);
+    run(8, 2, 128, 500, {100, 1, 1}, 55);
+    run(2, 2, 128, 100, {1, 1, 40, 1}, 57);
+  }
+}
+
 // GPU-free: the switch's values, and an unknown one is a user error that names the variable.
 TEST(CudaAttn, DecodeKernelSwitch) {
   {
@@ -125,6 +143,19 @@ TEST(CudaAttn, DecodeKernelSwitch) {
     FAIL() << "no error for an unknown value";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("FERN_CUDA_ATTN_DECODE=tensor"), std::string::npos) << e.what();
+  }
+  {
+    test::EnvGuard gp("FERN_CUDA_ATTN_PREP", nullptr);
+    EXPECT_TRUE(cuda::attn_prep_fused());
+    test::EnvGuard gs("FERN_CUDA_ATTN_PREP", "separate");
+    EXPECT_FALSE(cuda::attn_prep_fused());
+    test::EnvGuard gb("FERN_CUDA_ATTN_PREP", "both");
+    try {
+      cuda::attn_prep_fused();
+      FAIL() << "no error for an unknown value";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FERN_CUDA_ATTN_PREP=both"), std::string::npos) << e.what();
+    }
   }
   // The combine's switch is read before anything is launched.
   test::EnvGuard gc("FERN_CUDA_ATTN_COMBINE", "v3");
