@@ -70,11 +70,12 @@ __device__ __forceinline__ int swz(int row, int ch) {
   return row * D + ((ch ^ (row & 7)) << 3);
 }
 
-// PREP adds the normed query heads (fp32 [8][D]), the new key before RoPE (fp32 [D]) and the new K/V rows (bf16).
+// PREP adds the normed query heads (fp32 [8][D]), the new key before RoPE (fp32 [D]), the new K/V rows (bf16
+// [2][D]) and the rotation's cos / sin table (fp32, rot <= D entries).
 template <int D, bool PREP = false>
 constexpr size_t smem_bytes() {
   return size_t(2 * kStages * BN + 16) * D * 2 + size_t(BN / 16) * 32 * 16 + kWarps * 8 * 4 +
-         (PREP ? size_t(9 * D) * 4 + size_t(2 * D) * 2 : 0);
+         (PREP ? size_t(10 * D) * 4 + size_t(2 * D) * 2 : 0);
 }
 
 // The raw inputs of attn_prep's work (PREP): the projection outputs and the norms' weights.
@@ -88,14 +89,21 @@ struct PrepIn {
   uint16_t* v_cache;
 };
 
-// Element d of a normed head `n` after partial RoPE at `pos`: the same operations as attn_prep_kernel (attn.cu).
-__device__ __forceinline__ float rope_at(const float* n, int d, int64_t pos, const AttnShape& sh) {
+// The rotation at `pos` for pair i < rot / 2: tab[i] = cos, tab[rot / 2 + i] = sin, from the same operations as
+// attn_prep_kernel (attn.cu), once per block instead of once per element (sincosf of large angles is slow).
+__device__ __forceinline__ void rope_table(float* tab, int64_t pos, const AttnShape& sh) {
+  const int half = sh.rot / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float inv_freq = 1.0f / powf(sh.theta, float(2 * i) / float(sh.rot));
+    sincosf(float(pos) * inv_freq, &tab[half + i], &tab[i]);
+  }
+}
+// Element d of a normed head `n` after partial RoPE (the table above).
+__device__ __forceinline__ float rope_at(const float* n, int d, const float* tab, const AttnShape& sh) {
   if (d >= sh.rot) return n[d];
   const int half = sh.rot / 2;
   const int i = d < half ? d : d - half;
-  const float inv_freq = 1.0f / powf(sh.theta, float(2 * i) / float(sh.rot));
-  float sn, cs;
-  sincosf(float(pos) * inv_freq, &sn, &cs);
+  const float cs = tab[i], sn = tab[half + i];
   const float a = n[i], bb = n[i + half];
   return d < half ? a * cs - bb * sn : bb * cs + a * sn;
 }
@@ -137,6 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* qn = red + kWarps * 8;                                // PREP: [8][D] normed query heads
   float* kn = qn + 8 * D;                                      // PREP: [D] normed new key
   uint16_t* kvnew = reinterpret_cast<uint16_t*>(kn + D);       // PREP: [2][D] new K row, new V row (bf16)
+  float* rtab = reinterpret_cast<float*>(kvnew + 2 * D);       // PREP: cos / sin per rotary pair
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, c = lane & 3;  // accumulator row (head) and column pair of this lane
@@ -184,11 +193,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (PREP) {
     if (warp < G) warp_rmsnorm<D>(pin.qg + int64_t(kvh * G + warp) * 2 * D, pin.q_norm, sh.eps, qn + warp * D, lane);
     if (owner && warp == (G < kWarps ? G : 0)) warp_rmsnorm<D>(pin.k + int64_t(kvh) * D, pin.k_norm, sh.eps, kn, lane);
+    rope_table(rtab, pos0, sh);
     __syncthreads();
     if (owner) {
       const int64_t dst = pos0 * row_stride + int64_t(kvh) * D;
       for (int d = tid; d < D; d += kThreads) {
-        const uint16_t kb = f32_to_bf16(rope_at(kn, d, pos0, sh));
+        const uint16_t kb = f32_to_bf16(rope_at(kn, d, rtab, sh));
         const uint16_t vb = f32_to_bf16(pin.v[int64_t(kvh) * D + d]);
         kvnew[d] = kb;
         kvnew[D + d] = vb;
@@ -208,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (PREP) {
         float x[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) x[e] = rope_at(qn + r * D, ch * 8 + e, pos0, sh);
+        for (int e = 0; e < 8; ++e) x[e] = rope_at(qn + r * D, ch * 8 + e, rtab, sh);
         a = make_float4(x[0], x[1], x[2], x[3]);
         b = make_float4(x[4], x[5], x[6], x[7]);
       } else {
