@@ -146,25 +146,49 @@ void fill_state(CudaBackend& be, CudaState& st, int64_t ctx) {
 }
 
 // One 4K decode step captured and replayed `reps` times, nothing else: for a kernel-level profiler (nsys).
-void profile_step(int reps) {
-  const ModelConfig cfg = full_config();
-  CudaBackend be(0);
-  auto w = cuda::random_device_weights(be, cfg, 1);
+// The full-size random model, a state filled to `ctx` positions and one greedy decode step captured as a graph.
+struct CapturedStep {
+  ModelConfig cfg = full_config();
+  CudaBackend be{0};
+  std::shared_ptr<ModelWeights> w = cuda::random_device_weights(be, cfg, 1);
   Tensor tok = be.alloc(DType::I32, {1});
-  FERN_CUDA_CHECK(cudaMemset(tok.data, 0, 4));
-  auto st = be.new_state(cfg, 4096 + 256);
-  fill_state(be, static_cast<CudaState&>(*st), 4096);
-  auto step = [&] {
-    be.begin_forward();
-    Tensor lg = be.scratch(DType::F32, {1, cfg.vocab_size});
-    forward(be, *w, *st, tok, lg);
-    be.argmax(tok, lg);
-  };
-  step();
-  be.synchronize();
-  be.capture_step(*st, step);
-  for (int i = 0; i < reps; ++i) be.replay(*st);
-  be.synchronize();
+  std::unique_ptr<SequenceState> st;
+
+  explicit CapturedStep(int64_t ctx) {
+    FERN_CUDA_CHECK(cudaMemset(tok.data, 0, 4));
+    st = be.new_state(cfg, ctx + 256);
+    fill_state(be, static_cast<CudaState&>(*st), ctx);
+    auto step = [this] {
+      be.begin_forward();
+      Tensor lg = be.scratch(DType::F32, {1, cfg.vocab_size});
+      forward(be, *w, *st, tok, lg);
+      be.argmax(tok, lg);
+    };
+    step();  // eager: sizes the arena
+    be.synchronize();
+    be.capture_step(*st, step);
+  }
+  // Microseconds per step over n back-to-back replays (CUDA events).
+  double replay_us(int n) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, be.stream());
+    for (int i = 0; i < n; ++i) be.replay(*st);
+    cudaEventRecord(b, be.stream());
+    FERN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms * 1e3 / n;
+  }
+};
+
+void profile_step(int reps) {
+  CapturedStep cs(4096);
+  for (int i = 0; i < reps; ++i) cs.be.replay(*cs.st);
+  cs.be.synchronize();
   std::printf("profiled %d replays of the 4K step\n", reps);
 }
 
@@ -178,40 +202,13 @@ void timeline_step(int64_t ctx, int steps, const char* path) {
   (void)ctx, (void)steps, (void)path;
   std::printf("timeline: this build has no CUPTI\n");
 #else
-  const ModelConfig cfg = full_config();
-  CudaBackend be(0);
-  auto w = cuda::random_device_weights(be, cfg, 1);
-  Tensor tok = be.alloc(DType::I32, {1});
-  FERN_CUDA_CHECK(cudaMemset(tok.data, 0, 4));
-  auto st = be.new_state(cfg, ctx + 256);
-  fill_state(be, static_cast<CudaState&>(*st), ctx);
-  auto step = [&] {
-    be.begin_forward();
-    Tensor lg = be.scratch(DType::F32, {1, cfg.vocab_size});
-    forward(be, *w, *st, tok, lg);
-    be.argmax(tok, lg);
-  };
-  step();
-  be.synchronize();
-  be.capture_step(*st, step);
-  auto timed_us = [&] {  // untraced steps, for comparison with the traced ones
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    cudaEventRecord(a, be.stream());
-    for (int i = 0; i < 64; ++i) be.replay(*st);
-    cudaEventRecord(b, be.stream());
-    FERN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return ms * 1e3 / 64;
-  };
+  CapturedStep cs(ctx);
+  CudaBackend& be = cs.be;
+  auto timed_us = [&] { return cs.replay_us(64); };  // untraced steps, for comparison with the traced ones
   const double plain_us = timed_us();
   bench::KernelTimeline tl;
   tl.start();
-  for (int i = 0; i < steps; ++i) be.replay(*st);
+  for (int i = 0; i < steps; ++i) be.replay(*cs.st);
   be.synchronize();
   const std::vector<bench::KernelSpan> sp = tl.stop();
   const double traced_plain_us = timed_us();
