@@ -301,11 +301,16 @@ int run_bench(const Options& o) {
     md += "\n| length | chunk | tok/s (median) | min-max | TFLOP/s | % of H200 bf16 peak | scratch (GB) |\n"
           "|---:|---:|---:|---:|---:|---:|---:|\n";
     std::vector<int64_t> chunks;
-    for (int64_t c : parse_lengths(o.prefill_chunks, "--prefill-chunk", 0)) chunks.push_back(c > 0 ? c : engine.backend().prefill_chunk_hint());
+    for (int64_t c : parse_lengths(o.prefill_chunks, "--prefill-chunk", 0))
+      chunks.push_back(c > 0 ? c : engine.backend().prefill_chunk_hint());
     std::sort(chunks.begin(), chunks.end());
     chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
-    for (int64_t chunk : chunks)
-    for (int64_t L : o.prefill_lengths.empty() ? lengths : parse_lengths(o.prefill_lengths, "--prefill-lengths")) {
+    const std::vector<int64_t> plens =
+        o.prefill_lengths.empty() ? lengths : parse_lengths(o.prefill_lengths, "--prefill-lengths");
+    std::vector<std::pair<int64_t, int64_t>> runs;  // (chunk, length), chunk-major
+    for (int64_t c : chunks)
+      for (int64_t L : plens) runs.emplace_back(c, L);
+    for (const auto& [chunk, L] : runs) {
       engine.set_prefill_chunk(chunk);
       std::vector<int32_t> prompt(static_cast<size_t>(L));
       for (auto& t : prompt) t = tok(rng);

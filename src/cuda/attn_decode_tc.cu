@@ -20,12 +20,12 @@
 // every block normalises and rotates its G query heads from the projection's raw output (a warp per head), and the
 // block whose split holds the new position computes the new key (norm + RoPE) and value, appends them to the
 // caches for later steps, and writes them over the new row's slot of its last tile in shared memory once that tile
-// has landed (its cp.async read the cache row before the append: no ordering between the two is needed).
+// has landed (its cp.async may read the cache row before or after the append: the overwrite makes either moot).
 // The KV cache and q are written by earlier kernels of the same graph: plain `const T*` (no __restrict__, so never
 // the non-coherent path), read with cp.async.cg / after the PDL wait. The position and the tiles made only of rows
 // before it are requested before the wait: their writers are at least two launches back (attn_prep, the kernel
-// just before, appends the rows [pos, pos + T); every kernel triggers its successor only after its own wait), as
-// the split kernel does (attn.cu).
+// just before, appends the rows [pos, pos + T), or with PREP this kernel itself; every kernel triggers its
+// successor only after its own wait), as the split kernel does (attn.cu).
 #include <cuda_bf16.h>
 
 #include <string>
