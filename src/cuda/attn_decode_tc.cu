@@ -362,14 +362,21 @@ bool attn_decode_tc_ok(const AttnShape& sh) {
   return (sh.D == 128 || sh.D == 256) && (G == 1 || G == 2 || G == 4 || G == 8);
 }
 
-void attn_decode_tc(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
-                    const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o,
-                    int T, int nsplit) {
-  if (T <= 0) return;
+namespace {
+// The head shapes attn_decode_tc_ok takes, or a user error naming the shape.
+void check_tc_shape(const AttnShape& sh) {
   if (!attn_decode_tc_ok(sh))
     raise_error("attention (tensor-core decode): unsupported head shape (head_dim " + std::to_string(sh.D) + ", " +
                 std::to_string(sh.Hkv > 0 ? sh.Hq / sh.Hkv : 0) +
                 " query heads per KV head; supported: head_dim 128/256, 1/2/4/8 per KV head)");
+}
+}  // namespace
+
+void attn_decode_tc(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+                    const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o,
+                    int T, int nsplit) {
+  if (T <= 0) return;
+  check_tc_shape(sh);
   FERN_CU_CHECK(nsplit >= 1, "attention: split count");  // the upper bound is the combine's
   const dim3 grid(sh.Hkv, nsplit, T);
   const int G = sh.Hq / sh.Hkv;
@@ -382,10 +389,7 @@ void attn_decode_tc(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, con
 void attn_decode_tc_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* qg, const float* k,
                          const float* v, const float* q_norm, const float* k_norm, uint16_t* k_cache,
                          uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int nsplit) {
-  if (!attn_decode_tc_ok(sh))
-    raise_error("attention (tensor-core decode): unsupported head shape (head_dim " + std::to_string(sh.D) + ", " +
-                std::to_string(sh.Hkv > 0 ? sh.Hq / sh.Hkv : 0) +
-                " query heads per KV head; supported: head_dim 128/256, 1/2/4/8 per KV head)");
+  check_tc_shape(sh);
   FERN_CU_CHECK(nsplit >= 1, "attention: split count");
   FERN_CU_CHECK(sh.rot % 2 == 0 && sh.rot <= sh.D, "attention: rotary dims");
   const dim3 grid(sh.Hkv, nsplit, 1);

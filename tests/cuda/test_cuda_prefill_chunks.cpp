@@ -20,25 +20,37 @@
 namespace fern {
 namespace {
 
-std::unique_ptr<Engine> make_engine(std::unique_ptr<Backend> be, std::shared_ptr<const ModelWeights> w, int64_t chunk) {
+std::unique_ptr<Engine> make_engine(std::unique_ptr<Backend> be, std::shared_ptr<const ModelWeights> w, int64_t chunk,
+                                    int64_t max_context = 4096) {
   EngineOptions eo;
   eo.prefill_chunk = chunk;
-  eo.max_context = 4096;
+  eo.max_context = max_context;
   return std::make_unique<Engine>(std::move(be), std::move(w), eo);
+}
+
+// The `small` synthetic checkpoint with peaked logits.
+std::shared_ptr<const ModelWeights> small_model(uint64_t seed) {
+  SynthOptions so;
+  so.seed = seed;
+  so.logit_scale = 4.0f;
+  return synth_weights(synth_preset("small"), so);
+}
+
+// n random token ids below min(V, 151000) (the ids a tokenizer of that size produces).
+std::vector<int32_t> random_prompt(int n, int64_t V, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> prompt(static_cast<size_t>(n));
+  for (auto& t : prompt) t = int32_t(rng() % uint64_t(std::min<int64_t>(V, 151000)));
+  return prompt;
 }
 
 TEST(CudaPrefillChunks, ChunkedPrefillMatchesOneCallAndCpu) {
   FERN_REQUIRE_GPU();
-  SynthOptions so;
-  so.seed = 5;
-  so.logit_scale = 4.0f;
-  std::shared_ptr<const ModelWeights> hw = synth_weights(synth_preset("small"), so);
+  std::shared_ptr<const ModelWeights> hw = small_model(5);
   const int64_t V = hw->config.vocab_size;
   constexpr int kPrompt = 520;
   constexpr int kSteps = 24;
-  std::mt19937_64 rng(21);
-  std::vector<int32_t> prompt(kPrompt);
-  for (auto& t : prompt) t = int32_t(rng() % uint64_t(std::min<int64_t>(V, 151000)));
+  const std::vector<int32_t> prompt = random_prompt(kPrompt, V, 21);
 
   // CPU reference: teacher-forced logits of every prompt position, then greedy decode.
   auto cpu = make_engine(make_cpu_backend(), hw, 4096);
@@ -104,30 +116,22 @@ TEST(CudaPrefillChunks, ChunkedPrefillMatchesOneCallAndCpu) {
 // logits and 16 decode steps after it, fed the same tokens.
 TEST(CudaPrefillChunks, LargeChunksMatchSmallerOnes) {
   FERN_REQUIRE_GPU();
-  SynthOptions so;
-  so.seed = 6;
-  so.logit_scale = 4.0f;
-  std::shared_ptr<const ModelWeights> hw = synth_weights(synth_preset("small"), so);
+  std::shared_ptr<const ModelWeights> hw = small_model(6);
   const int64_t V = hw->config.vocab_size;
   constexpr int kPrompt = 8300;
   constexpr int kSteps = 16;
-  std::mt19937_64 rng(22);
-  std::vector<int32_t> prompt(kPrompt);
-  for (auto& t : prompt) t = int32_t(rng() % uint64_t(std::min<int64_t>(V, 151000)));
+  const std::vector<int32_t> prompt = random_prompt(kPrompt, V, 22);
   std::vector<int32_t> feed;  // the 8192-row run's greedy tokens, fed to both runs
   std::vector<float> first;
   for (int64_t chunk : {int64_t(8192), int64_t(2048)}) {
-    EngineOptions eo;
-    eo.prefill_chunk = chunk;
-    eo.max_context = kPrompt + kSteps + 1;
-    Engine gpu(test::make_gpu(), hw, eo);
-    auto st = gpu.new_state();
+    auto gpu = make_engine(test::make_gpu(), hw, chunk, kPrompt + kSteps + 1);
+    auto st = gpu->new_state();
     std::vector<float> logits, rows;
-    ASSERT_TRUE(gpu.prefill(*st, prompt, logits));
+    ASSERT_TRUE(gpu->prefill(*st, prompt, logits));
     rows = logits;
     for (int i = 0; i < kSteps; ++i) {
       if (chunk == 8192) feed.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
-      gpu.decode(*st, feed[size_t(i)], logits);
+      gpu->decode(*st, feed[size_t(i)], logits);
       rows.insert(rows.end(), logits.begin(), logits.end());
     }
     if (first.empty()) {
