@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -281,6 +282,71 @@ void timeline_step(int64_t ctx, int steps, const char* path) {
       std::fclose(f);
     }
   }
+#endif
+}
+
+// Where a prefill's time goes, kernel by kernel (CUPTI): a prompt of `len` random tokens prefilled in chunks of
+// `chunk` rows (the engine's loop: one forward per chunk, the last row's logits), once untraced (warm-up: sizes the
+// arena, loads the modules), then traced. Per kernel name: launches, summed durations and summed advances of the
+// prefill's frontier (the advances add up to the traced wall time from the first kernel's start).
+void prefill_timeline(int64_t len, int64_t chunk) {
+#ifndef FERN_HAVE_CUPTI
+  (void)len, (void)chunk;
+  std::printf("prefill-timeline: this build has no CUPTI\n");
+#else
+  const ModelConfig cfg = full_config();
+  CudaBackend be(0);
+  auto w = cuda::random_device_weights(be, cfg, 1);
+  auto st = be.new_state(cfg, len + 1);
+  std::vector<int32_t> ids(static_cast<size_t>(len));
+  uint64_t x = 88172645463325252ull;
+  for (auto& t : ids) {  // xorshift: any token ids below the vocabulary
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t = static_cast<int32_t>(x % 151000);
+  }
+  auto prefill = [&] {
+    be.reset_state(*st);
+    for (int64_t off = 0; off < len; off += chunk) {
+      const int64_t n = std::min(chunk, len - off);
+      be.begin_forward();
+      Tensor dev_ids = be.scratch(DType::I32, {n});
+      Tensor lg = be.scratch(DType::F32, {1, cfg.vocab_size});
+      be.copy(dev_ids, Tensor(ids.data() + off, DType::I32, {n}));
+      forward(be, *w, *st, dev_ids, lg);
+    }
+    be.synchronize();
+  };
+  prefill();
+  auto t0 = std::chrono::steady_clock::now();
+  prefill();
+  const double plain_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bench::KernelTimeline tl;
+  tl.start();
+  prefill();
+  const std::vector<bench::KernelSpan> sp = tl.stop();
+  if (sp.empty()) return;
+  struct Sum {
+    int count = 0;
+    double dur = 0, adv = 0;
+  };
+  std::map<std::string, Sum> by;
+  uint64_t frontier = sp.front().start;
+  for (const auto& k : sp) {
+    Sum& s = by[bench::short_kernel_name(k.name) + " [" + std::to_string(k.block) + "]"];
+    ++s.count;
+    s.dur += double(k.end - k.start) * 1e-6;
+    s.adv += k.end > frontier ? double(k.end - frontier) * 1e-6 : 0.0;
+    frontier = std::max(frontier, k.end);
+  }
+  const double wall_ms = double(frontier - sp.front().start) * 1e-6;
+  std::printf("\n== prefill timeline: %ld tokens in chunks of %ld, %zu kernels ==\n", long(len), long(chunk), sp.size());
+  std::printf("untraced %.2f ms (%.0f tok/s, host clock); traced kernels %.2f ms first start to last end\n",
+              plain_s * 1e3, double(len) / plain_s, wall_ms);
+  std::vector<std::pair<std::string, Sum>> rows(by.begin(), by.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.adv > b.second.adv; });
+  std::printf("%-50s %7s %10s %10s %7s\n", "kernel [threads]", "count", "adv ms", "dur ms", "adv %");
+  for (const auto& [k, s] : rows)
+    std::printf("%-50s %7d %10.3f %10.3f %6.1f%%\n", k.c_str(), s.count, s.adv, s.dur, 100.0 * s.adv / wall_ms);
 #endif
 }
 
@@ -658,6 +724,9 @@ int main(int argc, char** argv) {
     // "timeline [ctx] [steps] [file]": the per-kernel timeline of the decode step (CUPTI).
     if (what == "timeline")
       timeline_step(argc > 2 ? std::atoll(argv[2]) : 4096, argc > 3 ? std::atoi(argv[3]) : 9, argc > 4 ? argv[4] : nullptr);
+    // "prefill-timeline [len] [chunk]": the per-kernel breakdown of one prefill (CUPTI).
+    if (what == "prefill-timeline")
+      prefill_timeline(argc > 2 ? std::atoll(argv[2]) : 4096, argc > 3 ? std::atoll(argv[3]) : 8192);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -2,7 +2,9 @@
 # One GPU call: the decode step's per-kernel timeline (bench_cuda_decode timeline, CUPTI) at TL_CONTEXTS (default
 # 4096 and 131072), then `fern bench` prefill at PF_LENGTHS for each prefill chunk size of PF_CHUNKS (default
 # 2048,4096,8192; 0 = the backend's choice; PF_LENGTHS= skips it), median of PF_RUNS; with DEC_LENGTHS, `fern bench`
-# decode there (median of 3; DEC_SWITCH as --decode-switch). TL_TESTS: test executables to run first. From the repository root with carry [".carry/debs",
+# decode there (median of 3; DEC_SWITCH as --decode-switch). TL_TESTS: test executables to run first. PTL: prefill
+# timelines (bench_cuda_decode prefill-timeline), a list of LEN:CHUNK. PF_SWITCH=NAME=v1,v2: the prefill bench once
+# per value of that environment variable (one process each, in the order given). From the repository root with carry [".carry/debs",
 # ".carry/tl-head.tar", ".carry/tl-head.commit"] (archive as bench/gpu_prelude.sh says). Files under $OUT.
 set -u
 source bench/gpu_prelude.sh
@@ -18,7 +20,22 @@ for c in ${TL_CONTEXTS:-4096 131072}; do
   note "timeline $c rc $? ($(elapsed))"
   grep -A40 "== decode step timeline" "$OUT/timeline_$c.log" | head -45
 done
-if [ -n "${PF_LENGTHS-4096,32768,131072}" ]; then
+for lc in ${PTL:-}; do
+  timeout 200 build/bench/bench_cuda_decode prefill-timeline "${lc%%:*}" "${lc##*:}" >"$OUT/timeline_pf_${lc/:/_}.log" 2>&1
+  note "prefill timeline $lc rc $? ($(elapsed))"
+  grep -A24 "== prefill timeline" "$OUT/timeline_pf_${lc/:/_}.log"
+done
+if [ -n "${PF_SWITCH:-}" ]; then
+  name=${PF_SWITCH%%=*}
+  IFS=, read -r -a vals <<<"${PF_SWITCH#*=}"
+  for v in "${vals[@]}"; do
+    env "$name=$v" timeout "${PF_TIMEOUT:-300}" build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
+      --lengths "${PF_LENGTHS:-4096,32768}" --prefill-chunk "${PF_CHUNKS:-0}" --runs "${PF_RUNS:-2}" \
+      >"$OUT/prefill_$v.md" 2>"$OUT/prefill_$v.err"
+    note "prefill $name=$v rc $? ($(elapsed))"
+    sed -n '/| length/,$p' "$OUT/prefill_$v.md"
+  done
+elif [ -n "${PF_LENGTHS-4096,32768,131072}" ]; then
   timeout "${PF_TIMEOUT:-300}" build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
     --lengths "${PF_LENGTHS-4096,32768,131072}" --prefill-chunk "${PF_CHUNKS:-2048,4096,8192}" --runs "${PF_RUNS:-2}" \
     --json "$OUT/prefill.json" >"$OUT/prefill.md" 2>"$OUT/prefill.err"
@@ -31,5 +48,5 @@ if [ -n "${DEC_LENGTHS:-}" ]; then
   note "decode rc $? ($(elapsed))"
   cat "$OUT/decode.md"
 fi
-tar -C "$OUT" -czf "$OUT/timeline.tar.gz" $(cd "$OUT" && ls timeline_* tests.log 2>/dev/null) && rm -f "$OUT"/timeline_*.txt
+tar -C "$OUT" -czf "$OUT/timeline.tar.gz" $(cd "$OUT" && ls timeline_* prefill_* tests.log 2>/dev/null) && rm -f "$OUT"/timeline_*.txt "$OUT"/prefill_*
 gpu_summary
