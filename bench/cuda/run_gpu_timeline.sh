@@ -2,17 +2,19 @@
 # One GPU call: the decode step's per-kernel timeline (bench_cuda_decode timeline, CUPTI) at TL_CONTEXTS (default
 # 4096 and 131072), then `fern bench` prefill at PF_LENGTHS for each prefill chunk size of PF_CHUNKS (default
 # 2048,4096,8192; 0 = the backend's choice; PF_LENGTHS= skips it), median of PF_RUNS; with DEC_LENGTHS, `fern bench`
-# decode there (median of 3; DEC_SWITCH as --decode-switch). TL_TESTS: test executables to run first. PTL: prefill
-# timelines (bench_cuda_decode prefill-timeline), a list of LEN:CHUNK. PF_SWITCH=NAME=v1,v2: the prefill bench once
-# per value of that environment variable (one process each, in the order given). From the repository root with carry [".carry/debs",
+# decode there (median of 3; DEC_SWITCH as --decode-switch). TL_TESTS: test executables to run first (NAME or NAME:GTEST_FILTER). PTL: prefill
+# timelines (bench_cuda_decode prefill-timeline), a list of LEN:CHUNK. PF_SETS="A=1 B=2|A=3 B=4": the prefill bench
+# once per set of environment assignments (one process each, in the order given). From the repository root with carry [".carry/debs",
 # ".carry/tl-head.tar", ".carry/tl-head.commit"] (archive as bench/gpu_prelude.sh says). Files under $OUT.
 set -u
 source bench/gpu_prelude.sh
 gpu_unpack_head tl-head
 gpu_configure
-gpu_build fern bench_cuda_decode ${TL_TESTS:-}
-for t in ${TL_TESTS:-}; do
-  timeout 300 "build/$t" >>"$OUT/tests.log" 2>&1
+gpu_build fern bench_cuda_decode $(for t in ${TL_TESTS:-}; do echo "${t%%:*}"; done)
+for t in ${TL_TESTS:-}; do  # NAME or NAME:GTEST_FILTER
+  filter=*
+  [ "$t" != "${t%%:*}" ] && filter=${t#*:}
+  timeout 300 "build/${t%%:*}" --gtest_filter="$filter" >>"$OUT/tests.log" 2>&1
   note "$t rc $? ($(grep -c '^\[       OK' "$OUT/tests.log") OK so far)"
 done
 for c in ${TL_CONTEXTS:-4096 131072}; do
@@ -25,15 +27,17 @@ for lc in ${PTL:-}; do
   note "prefill timeline $lc rc $? ($(elapsed))"
   grep -A24 "== prefill timeline" "$OUT/timeline_pf_${lc/:/_}.log"
 done
-if [ -n "${PF_SWITCH:-}" ]; then
-  name=${PF_SWITCH%%=*}
-  IFS=, read -r -a vals <<<"${PF_SWITCH#*=}"
-  for v in "${vals[@]}"; do
-    env "$name=$v" timeout "${PF_TIMEOUT:-300}" build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
+if [ -n "${PF_SETS:-}" ]; then
+  IFS='|' read -r -a sets <<<"$PF_SETS"
+  i=0
+  for set in "${sets[@]}"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086  # a set is several assignments
+    env $set timeout "${PF_TIMEOUT:-300}" build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
       --lengths "${PF_LENGTHS:-4096,32768}" --prefill-chunk "${PF_CHUNKS:-0}" --runs "${PF_RUNS:-2}" \
-      >"$OUT/prefill_$v.md" 2>"$OUT/prefill_$v.err"
-    note "prefill $name=$v rc $? ($(elapsed))"
-    sed -n '/| length/,$p' "$OUT/prefill_$v.md"
+      >"$OUT/prefill_set$i.md" 2>"$OUT/prefill_set$i.err"
+    note "prefill [$set] rc $? ($(elapsed))"
+    sed -n '/| length/,$p' "$OUT/prefill_set$i.md"
   done
 elif [ -n "${PF_LENGTHS-4096,32768,131072}" ]; then
   timeout "${PF_TIMEOUT:-300}" build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \

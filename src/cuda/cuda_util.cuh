@@ -9,6 +9,13 @@
 
 namespace fern::cuda {
 
+// v itself, opaque to the compiler: values derived from it are recomputed where they are used instead of being
+// hoisted out of a loop (and held in registers across it) as loop invariants.
+__device__ __forceinline__ int opaque(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -43,6 +43,23 @@ __device__ __forceinline__ bool run(unsigned char* raw, int K, int gs, const X16
   }
 }
 
+// The loop over n_items weight tiles of one token tile (q4tile::mainloop_items: one ring through all of them) for the
+// exact-code loop; the other loops take one item per block (their callers launch them so). epilogue(item, acc) runs
+// on the threads holding results, once per item; wsrc_of(item): this thread's weight row in that item.
+template <int BITS, int NTOK, int S, int P, class RowOf, class WsrcOf, class Epilogue>
+__device__ __forceinline__ void run_items(unsigned char* raw, int K, int gs, const X16& x, RowOf row_of, int n_items,
+                                          WsrcOf wsrc_of, Epilogue epilogue) {
+  if constexpr (P == kQ4) {
+    static_assert(BITS == 4, "the exact-code loop takes 4-bit codes");
+    q4tile::mainloop_items<NTOK, S>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, row_of, n_items, wsrc_of,
+                                    epilogue);
+  } else {
+    (void)n_items;
+    float acc[NTOK / 2];
+    if (run<BITS, NTOK, S, P>(raw, K, gs, x, row_of, wsrc_of(0), acc)) epilogue(0, acc);
+  }
+}
+
 // Ring depth of the exact-code loop: the deepest (at most 8) that fits one block per SM in 227 KB of shared memory.
 template <int NTOK>
 constexpr int kQ4Stages = std::min<int>(8, (227 * 1024 - 2048) / int(sizeof(q4tile::Smem<NTOK, 1>)));

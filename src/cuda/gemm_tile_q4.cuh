@@ -84,19 +84,23 @@ struct RowSb {
   uint16_t s, b;
 };
 
-// acc (MMA warpgroup's 64 weight rows x NTOK tokens, wgmma layout) = W x^T over the width K, for the MMA threads;
-// the producer threads return false (the caller returns: only the MMA threads hold results). xhi/xlo: the permuted
-// bf16 rows of to_xbf_q4 (row stride K), xsum: their 64-wide sums (row stride K / 64); row_of(r): the global row of
-// token-tile row r (< 0: padding); wsrc: the weight row of weight_row(tid) (w == nullptr: padding); gs: the group
-// size, a multiple of 64. Must be called by all kThreads threads after the caller's last early return; does not end
-// with a block barrier (the epilogues write global memory only).
-template <int NTOK, int S, class RowOf>
-__device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const uint16_t* xhi, const uint16_t* xlo,
-                                         const float* xsum, RowOf row_of, const gemm::RowSrc& wsrc,
-                                         float (&acc)[NTOK / 2]) {
+// The loop over n_items weight tiles of one token tile, one after the other through the same ring (a block that
+// computes several column blocks of its token rows: the ring never drains between them, and the block's start-up
+// (barriers, tile map, row lookups, the first stage's latency) is paid once for all of them). For the MMA threads,
+// epilogue(item, acc) receives each item's results (MMA warpgroup's 64 weight rows x NTOK tokens, wgmma layout) = W x^T
+// over the width K; the producer threads return false (the caller returns: only the MMA threads hold results).
+// xhi/xlo: the permuted bf16 rows of to_xbf_q4 (row stride K), xsum: their 64-wide sums (row stride K / 64);
+// row_of(r): the global row of token-tile row r (< 0: padding); wsrc_of(item): the weight row of weight_row(tid) in
+// item `item` (w == nullptr: padding); gs: the group size, a multiple of 64. Must be called by all kThreads threads
+// after the caller's last early return; does not end with a block barrier (the epilogues write global memory only).
+template <int NTOK, int S, class RowOf, class WsrcOf, class Epilogue>
+__device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs, const uint16_t* xhi,
+                                               const uint16_t* xlo, const float* xsum, RowOf row_of, int n_items,
+                                               WsrcOf wsrc_of, Epilogue epilogue) {
   static_assert(S >= 2, "a ring of at least two stages");
   const int tid = threadIdx.x;
   const int nk = K / kBK;
+  const int n_tiles = n_items * nk;  // ring tile t is item t / nk, K tile t % nk
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
@@ -110,59 +114,63 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
     const int wg = tid >> 7, lane = tid & 31;
     const int r0 = 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2);  // this thread's rows r0 and r0 + 8
     const int jq = lane & 3;  // its K pair in each 8-wide step of the MMA fragment
-    float part[NTOK / 2];
+    float acc[NTOK / 2], part[NTOK / 2];
+    int t = 0;
+    for (int item = 0; item < n_items; ++item) {
 #pragma unroll
-    for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
-    for (int kt = 0; kt < nk; ++kt) {
-      const int st = kt % S;
-      ptx::mbar_wait(&sm.full[st], (kt / S) & 1);
-      wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
-      const float2 sb0 = sm.sb[st][r0], sb1 = sm.sb[st][r0 + 8];
-      // The packed codes of rows r0 and r0 + 8: 8 words each, word 2 ks + h holding K 16 ks + 8 h .. + 7.
-      uint32_t c0[8], c1[8];
+      for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
+      for (int kt = 0; kt < nk; ++kt, ++t) {
+        const int st = t % S;
+        ptx::mbar_wait(&sm.full[st], (t / S) & 1);
+        wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
+        const float2 sb0 = sm.sb[st][r0], sb1 = sm.sb[st][r0 + 8];
+        // The packed codes of rows r0 and r0 + 8: 8 words each, word 2 ks + h holding K 16 ks + 8 h .. + 7.
+        uint32_t c0[8], c1[8];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 a = sm.codes[st][r0][code_half(r0, h)], b = sm.codes[st][r0 + 8][code_half(r0 + 8, h)];
-        c0[4 * h + 0] = a.x, c0[4 * h + 1] = a.y, c0[4 * h + 2] = a.z, c0[4 * h + 3] = a.w;
-        c1[4 * h + 0] = b.x, c1[4 * h + 1] = b.y, c1[4 * h + 2] = b.z, c1[4 * h + 3] = b.w;
+        for (int h = 0; h < 2; ++h) {
+          const uint4 a = sm.codes[st][r0][code_half(r0, h)], b = sm.codes[st][r0 + 8][code_half(r0 + 8, h)];
+          c0[4 * h + 0] = a.x, c0[4 * h + 1] = a.y, c0[4 * h + 2] = a.z, c0[4 * h + 3] = a.w;
+          c1[4 * h + 0] = b.x, c1[4 * h + 1] = b.y, c1[4 * h + 2] = b.z, c1[4 * h + 3] = b.w;
+        }
+        // The MMA fragments of the four 16-wide steps, all written before the wgmma fence (registers an MMA reads
+        // must be written before the fence that precedes it).
+        uint32_t a[kBK / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < kBK / 16; ++ks) {
+          a[ks][0] = code_pair(c0[2 * ks], jq);
+          a[ks][1] = code_pair(c1[2 * ks], jq);
+          a[ks][2] = code_pair(c0[2 * ks + 1], jq);
+          a[ks][3] = code_pair(c1[2 * ks + 1], jq);
+        }
+#pragma unroll
+        for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;
+        wgmma::fence_operand(part);
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < kBK / 16; ++ks) {
+          wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
+          wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_operand(part);
+        // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
+#pragma unroll
+        for (int j = 0; j < NTOK / 8; ++j) {
+          const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * j + 2 * (lane & 3)]);
+          acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], fmaf(sb0.y, xs.x, acc[4 * j + 0]));
+          acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
+          acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
+          acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
+        }
+        ptx::mbar_arrive(&sm.empty[st]);  // the stage's operands, sums and scales are all read
       }
-      // The MMA fragments of the four 16-wide steps, all written before the wgmma fence (registers an MMA reads must
-      // be written before the fence that precedes it).
-      uint32_t a[kBK / 16][4];
-#pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) {
-        a[ks][0] = code_pair(c0[2 * ks], jq);
-        a[ks][1] = code_pair(c1[2 * ks], jq);
-        a[ks][2] = code_pair(c0[2 * ks + 1], jq);
-        a[ks][3] = code_pair(c1[2 * ks + 1], jq);
-      }
-#pragma unroll
-      for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;
-      wgmma::fence_operand(part);
-      wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) {
-        wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
-        wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
-      }
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_operand(part);
-      // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
-#pragma unroll
-      for (int j = 0; j < NTOK / 8; ++j) {
-        const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * j + 2 * (lane & 3)]);
-        acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], fmaf(sb0.y, xs.x, acc[4 * j + 0]));
-        acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
-        acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
-        acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
-      }
-      ptx::mbar_arrive(&sm.empty[st]);  // the stage's operands, sums and scales are all read
+      epilogue(item, acc);
     }
     return true;
   }
 
-  // Producers: thread p stages weight row p.
+  // Producers: thread p stages weight row p of every item.
   constexpr int kXChunks = NTOK * 8;  // 16-byte chunks of one x tile (hi or lo)
   constexpr int kXPer = kXChunks / kProducers;
   static_assert(kXChunks % kProducers == 0, "whole x chunks per producer");
@@ -171,30 +179,33 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
   wgtile::x_rows<NTOK, kProducers>(xrow, row_of, p);
   const int srow = p < NTOK ? row_of(p) : -1;  // the token row whose sums this thread copies
   const int groups = K / kBK;
-  const char* wbase = static_cast<const char*>(wsrc.w);
   const int gsh = 31 - __clz(gs / kBK);  // tiles per group: a power of two (make_qw checks the group size)
 
-  auto load_sb = [&](int kt, RowSb& t) {
-    if (wbase == nullptr || kt >= nk) {  // padding row (zero codes, scale and bias: exact zeros) or past the end
-      t.s = t.b = 0;
+  auto load_sb = [&](int t, RowSb& r) {
+    const int item = t / nk, kt = t - item * nk;
+    const gemm::RowSrc src = t < n_tiles ? wsrc_of(item) : gemm::RowSrc{};
+    if (src.w == nullptr) {  // padding row (zero codes, scale and bias: exact zeros) or past the end
+      r.s = r.b = 0;
       return;
     }
     const int g = kt >> gsh;
-    t.s = __ldg(wsrc.s + g);
-    t.b = __ldg(wsrc.b + g);
+    r.s = __ldg(src.s + g);
+    r.b = __ldg(src.b + g);
   };
 
   RowSb cur, n1, n2;
   load_sb(0, cur);
   load_sb(1, n1);
-  for (int kt = 0; kt < nk; ++kt) {
-    const int st = kt % S;
-    load_sb(kt + 2, n2);  // two tiles ahead: their latency hides behind this tile's and the next one's work
-    ptx::mbar_wait(&sm.empty[st], ((kt / S) & 1) ^ 1);
+  gemm::RowSrc wsrc = wsrc_of(0);
+  for (int t = 0, item = 0, kt = 0; t < n_tiles; ++t) {
+    const int st = t % S;
+    load_sb(t + 2, n2);  // two tiles ahead: their latency hides behind this tile's and the next one's work
+    ptx::mbar_wait(&sm.empty[st], ((t / S) & 1) ^ 1);
     wgtile::copy_x_tile<NTOK, kProducers>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
     if (p < NTOK)
       ptx::cp_async4(&sm.xs[st][p], srow >= 0 ? xsum + int64_t(srow) * groups + kt : xsum, srow >= 0);
     // This row's 32 bytes of codes (zeros for a padding row: cp.async with no source bytes fills zeros).
+    const char* wbase = static_cast<const char*>(wsrc.w);
     const char* src = wbase != nullptr ? wbase + int64_t(kt) * (kBK / 2) : reinterpret_cast<const char*>(xsum);
 #pragma unroll
     for (int h = 0; h < 2; ++h) ptx::cp_async16(&sm.codes[st][p][code_half(p, h)], src + 16 * h, wbase != nullptr);
@@ -204,8 +215,25 @@ __device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const
     ptx::mbar_arrive(&sm.full[st]);
     cur = n1;
     n1 = n2;
+    if (++kt == nk && t + 1 < n_tiles) {  // the next item's weight row
+      kt = 0;
+      wsrc = wsrc_of(++item);
+    }
   }
   return false;
+}
+
+// One weight tile (mainloop_items with one item): acc receives the MMA threads' results.
+template <int NTOK, int S, class RowOf>
+__device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const uint16_t* xhi, const uint16_t* xlo,
+                                         const float* xsum, RowOf row_of, const gemm::RowSrc& wsrc,
+                                         float (&acc)[NTOK / 2]) {
+  return mainloop_items<NTOK, S>(
+      sm, K, gs, xhi, xlo, xsum, row_of, 1, [&](int) { return wsrc; },
+      [&](int, const float (&r)[NTOK / 2]) {
+#pragma unroll
+        for (int i = 0; i < NTOK / 2; ++i) acc[i] = r[i];
+      });
 }
 
 }  // namespace fern::cuda::q4tile

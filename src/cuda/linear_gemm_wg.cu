@@ -5,6 +5,9 @@
 // fixed token the 8 lanes of a quad column write 8 consecutive outputs (32-byte segments).
 #include <cuda_bf16.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_loop_wg.cuh"
 #include "cuda/gemm_wg.h"
@@ -15,40 +18,62 @@ namespace {
 
 using wgtile::kBW;
 
+// Block (x, y) computes weight blocks x * ncb .. x * ncb + ncb - 1 of token tile y, one after the other through one
+// ring (wgloop::run_items; ncb = 1 for the loops other than the exact-code one): see dense_seq below.
 template <int BITS, int NTOK, int S, int P>
-__global__ void __launch_bounds__(wgloop::kThreads<P>, 1) gemm_wg_kernel(QW W, X16 x, float* __restrict__ y, int T) {
+__global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
+    gemm_wg_kernel(QW W, X16 x, float* __restrict__ y, int T, int ncb) {
   extern __shared__ unsigned char gemm_wg_smem[];
   const int K = static_cast<int>(W.in);
   const int N = static_cast<int>(W.out);
   // Weight blocks vary fastest: the blocks resident at one time share a few token tiles (whose bf16 hi/lo rows
   // stay in L2) and walk the whole weight, which stays in L2 as well; token tiles fastest made every wave touch all
   // of x (32 MB at 4,096 rows of width 2,048), which L2 does not hold next to the weights.
-  const int n0 = blockIdx.x * kBW;
+  const int b0 = blockIdx.x * ncb;  // first weight block of this block
+  const int n_items = min(ncb, (N + kBW - 1) / kBW - b0);
   const int t0 = blockIdx.y * NTOK;
   const int tid = threadIdx.x;
 
   pdl_wait();
   pdl_trigger();
+  if (n_items <= 0) return;
 
   const int wr = wgloop::weight_row<P>(tid);
-  const gemm::RowSrc wsrc = n0 + wr < N ? gemm::row_src<BITS>(W, 0, n0 + wr) : gemm::RowSrc{};
-  float acc[NTOK / 2];
-  if (!wgloop::run<BITS, NTOK, S, P>(
-          gemm_wg_smem, K, W.gs, x, [&](int r) { return t0 + r < T ? t0 + r : -1; }, wsrc, acc))
-    return;
-
+  auto wsrc_of = [&](int item) {
+    const int row = (b0 + item) * kBW + wr;
+    return row < N ? gemm::row_src<BITS>(W, 0, row) : gemm::RowSrc{};
+  };
   // acc[4 j + i]: weight row 64 wg + 16 warp + lane / 4 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
   const int lane = tid & 31;
-  const int m = n0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
+  // The token rows' addresses are the same for every item; opaque() keeps the compiler from holding them in registers
+  // across the main loop.
+  auto epilogue = [&](int item, const float (&acc)[NTOK / 2]) {
+    const int m = (b0 + item) * kBW + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
+    const int tr = opaque(t0);
 #pragma unroll
-  for (int j = 0; j < NTOK / 8; ++j) {
+    for (int j = 0; j < NTOK / 8; ++j) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int t = t0 + 8 * j + 2 * (lane & 3) + (i & 1);
-      const int n = m + 8 * (i >> 1);
-      if (t < T && n < N) y[int64_t(t) * N + n] = acc[4 * j + i];
+      for (int i = 0; i < 4; ++i) {
+        const int t = tr + 8 * j + 2 * (lane & 3) + (i & 1);
+        const int n = m + 8 * (i >> 1);
+        if (t < T && n < N) y[int64_t(t) * N + n] = acc[4 * j + i];
+      }
     }
+  };
+  wgloop::run_items<BITS, NTOK, S, P>(gemm_wg_smem, K, W.gs, x, [&](int r) { return t0 + r < T ? t0 + r : -1; },
+                                      n_items, wsrc_of, epilogue);
+}
+
+// Weight blocks per block of the exact-code loop: its blocks have an SM each, and what one pays before its first MMA
+// and after its last leaves the tensor cores idle (docs/notes/cuda-prefill-v8-items.md). FERN_GEMM_SEQ=N (read at
+// every call, for comparisons) sets it.
+int dense_seq() {
+  int n = 1;
+  if (const char* e = std::getenv("FERN_GEMM_SEQ"); e != nullptr && *e != 0) {
+    n = std::atoi(e);
+    if (n < 1 || n > 64) raise_error(std::string("FERN_GEMM_SEQ=") + e + ": expected 1..64 weight blocks per block");
   }
+  return n;
 }
 
 template <int BITS, int NTOK, int S, int P>
@@ -56,10 +81,11 @@ void launch_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
   auto kernel = gemm_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<gemm_wg_kernel<BITS, NTOK, S, P>>(smem);
-  const dim3 grid(static_cast<unsigned>((w.out + kBW - 1) / kBW), (T + NTOK - 1) / NTOK);
+  const int ncb = P == wgloop::kQ4 ? dense_seq() : 1;
+  const dim3 grid(static_cast<unsigned>((w.out + int64_t(kBW) * ncb - 1) / (int64_t(kBW) * ncb)), (T + NTOK - 1) / NTOK);
   launch(c, P == wgloop::kQ4 ? "gemm_wg_kernel (exact codes)" : P == wgloop::kWs ? "gemm_wg_kernel (warp-specialized)"
                                                                                  : "gemm_wg_kernel",
-         kernel, grid, wgloop::kThreads<P>, smem, w, x, y, T);
+         kernel, grid, wgloop::kThreads<P>, smem, w, x, y, T, ncb);
 }
 
 template <int BITS>

@@ -11,6 +11,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_loop_wg.cuh"
@@ -25,10 +28,12 @@ namespace {
 using wgtile::kBW;
 constexpr int kGateUpCols = kBW / 2;  // intermediate columns per gate/up block
 
+// Block (x, tile) computes column blocks x * ncb .. x * ncb + ncb - 1 of its token tile, one after the other
+// through one ring (wgloop::run_items; ncb = 1 for the loops other than the exact-code one).
 template <int BITS, int NTOK, int S, int P>
 __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
-    gate_up_wg_kernel(QW G, QW U, QW SG, QW SU, X16 x, MoeGroups gr, int E, int topk, float* __restrict__ h_routed,
-                      float* __restrict__ h_shared) {
+    gate_up_wg_kernel(QW G, QW U, QW SG, QW SU, X16 x, MoeGroups gr, int E, int topk, int ncb,
+                      float* __restrict__ h_routed, float* __restrict__ h_shared) {
   extern __shared__ unsigned char gu_wg_smem[];
   pdl_wait();
   pdl_trigger();
@@ -36,42 +41,46 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   if (!tile_info(gr, NTOK, static_cast<int>(blockIdx.y), ti)) return;
   const bool sh = ti.group == E;
   const int width = static_cast<int>(sh ? SG.out : G.out);
-  const int j0 = blockIdx.x * kGateUpCols;
-  if (j0 >= width) return;
+  const int cb0 = blockIdx.x * ncb;  // first column block of this block
+  const int n_items = min(ncb, (width + kGateUpCols - 1) / kGateUpCols - cb0);
+  if (n_items <= 0) return;
   const int K = static_cast<int>(G.in);
   const int tid = threadIdx.x, lane = tid & 31;
   auto token = [&](int r) { return tile_token(gr, ti, sh, topk, r); };
 
   const int wr = wgloop::weight_row<P>(tid);  // weight-tile row this thread stages: slice wr / 16, gate for wr % 16 < 8
   const bool up = (wr & 15) >= 8;
-  const int col = j0 + 8 * (wr >> 4) + (wr & 7);
-  gemm::RowSrc wsrc;
-  if (col < width) wsrc = gate_up_row<BITS>(G, U, SG, SU, ti, sh, up, col);
-
-  float acc[NTOK / 2];
-  if (!wgloop::run<BITS, NTOK, S, P>(
-          gu_wg_smem, K, G.gs, x, [&](int r) { return r < ti.rows ? token(r) : -1; }, wsrc, acc))
-    return;
-
+  auto wsrc_of = [&](int item) {
+    const int col = (cb0 + item) * kGateUpCols + 8 * (wr >> 4) + (wr & 7);
+    return col < width ? gate_up_row<BITS>(G, U, SG, SU, ti, sh, up, col) : gemm::RowSrc{};
+  };
   // acc[4 j + i]: weight-tile row 16 (tid / 32) + lane / 4 + 8 (i / 2) (slice tid / 32), token row 8 j + 2 (lane %
   // 4) + i % 2 of the tile; i < 2 gate, i >= 2 up of column j0 + 8 (tid / 32) + lane / 4.
-  const int n = j0 + 8 * (tid >> 5) + (lane >> 2);
-  if (n >= width) return;
+  // The row addresses are the same for every item; opaque() keeps the compiler from holding all of them in
+  // registers across the main loop (ptxas spilled then).
+  auto epilogue = [&](int item, const float (&acc)[NTOK / 2]) {
+    const int n = (cb0 + item) * kGateUpCols + 8 * (tid >> 5) + (lane >> 2);
+    if (n >= width) return;
+    const int row0 = opaque(sh ? ti.row0 : ti.base);
+    float* const base = sh ? h_shared : h_routed;
 #pragma unroll
-  for (int j = 0; j < NTOK / 8; ++j) {
+    for (int j = 0; j < NTOK / 8; ++j) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = 8 * j + 2 * (lane & 3) + i;
-      if (r >= ti.rows) continue;
-      float* dst = sh ? h_shared + int64_t(ti.row0 + r) * width : h_routed + int64_t(ti.base + r) * width;
-      dst[n] = silu(acc[4 * j + i]) * acc[4 * j + 2 + i];
+      for (int i = 0; i < 2; ++i) {
+        const int r = 8 * j + 2 * (lane & 3) + i;
+        if (r >= ti.rows) continue;
+        float* dst = base + int64_t(row0 + r) * width;
+        dst[n] = silu(acc[4 * j + i]) * acc[4 * j + 2 + i];
+      }
     }
-  }
+  };
+  wgloop::run_items<BITS, NTOK, S, P>(gu_wg_smem, K, G.gs, x, [&](int r) { return r < ti.rows ? token(r) : -1; },
+                                      n_items, wsrc_of, epilogue);
 }
 
 template <int BITS, int NTOK, int S, int P>
 __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
-    down_wg_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* topk_w, const float* sgate, int E,
+    down_wg_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* topk_w, const float* sgate, int E, int ncb,
                    float* __restrict__ y_pair, float* __restrict__ out) {
   extern __shared__ unsigned char dn_wg_smem[];
   pdl_wait();
@@ -81,34 +90,53 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   const bool sh = ti.group == E;
   const int K = static_cast<int>(sh ? SD.in : D.in);
   const int N = static_cast<int>(D.out);
-  const int n0 = blockIdx.x * kBW;
+  const int cb0 = blockIdx.x * ncb;  // first column block of this block (see gate_up_wg_kernel)
+  const int n_items = min(ncb, (N + kBW - 1) / kBW - cb0);
+  if (n_items <= 0) return;
   const int tid = threadIdx.x, lane = tid & 31;
   const int hrow0 = sh ? ti.row0 : ti.base;  // rows of h: the shared expert's by token, routed by expert order
   X16 hx = hr;  // by value: a reference to either parameter would put both in local memory
   if (sh) hx = hs;
 
   const int wr = wgloop::weight_row<P>(tid);
-  gemm::RowSrc wsrc;
-  if (n0 + wr < N) wsrc = group_row<BITS>(D, SD, ti, sh, n0 + wr);
-
-  float acc[NTOK / 2];
-  if (!wgloop::run<BITS, NTOK, S, P>(
-          dn_wg_smem, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, wsrc, acc))
-    return;
-
-  const int m = n0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
+  auto wsrc_of = [&](int item) {
+    const int row = (cb0 + item) * kBW + wr;
+    return row < N ? group_row<BITS>(D, SD, ti, sh, row) : gemm::RowSrc{};
+  };
+  auto epilogue = [&](int item, const float (&acc)[NTOK / 2]) {  // opaque(): as in gate_up_wg_kernel
+    const int m = (cb0 + item) * kBW + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
+    TileInfo tr = ti;
+    tr.row0 = opaque(ti.row0);
+    tr.base = opaque(ti.base);
 #pragma unroll
-  for (int j = 0; j < NTOK / 8; ++j) {
+    for (int j = 0; j < NTOK / 8; ++j) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = 8 * j + 2 * (lane & 3) + i;
-      if (r >= ti.rows) continue;
-      float f;
-      float* dst = down_dst(gr, ti, sh, r, N, out, y_pair, topk_w, sgate, f);
-      if (m < N) dst[m] = f * acc[4 * j + i];
-      if (m + 8 < N) dst[m + 8] = f * acc[4 * j + 2 + i];
+      for (int i = 0; i < 2; ++i) {
+        const int r = 8 * j + 2 * (lane & 3) + i;
+        if (r >= ti.rows) continue;
+        float f;
+        float* dst = down_dst(gr, tr, sh, r, N, out, y_pair, topk_w, sgate, f);
+        if (m < N) dst[m] = f * acc[4 * j + i];
+        if (m + 8 < N) dst[m + 8] = f * acc[4 * j + 2 + i];
+      }
     }
+  };
+  wgloop::run_items<BITS, NTOK, S, P>(dn_wg_smem, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; },
+                                      n_items, wsrc_of, epilogue);
+}
+
+// Column blocks per block of the exact-code loop (kernels above), for the gate/up (up = true) or the down GEMM. A block
+// of this loop has one SM to itself (~200 KB of ring), so what it pays before its first MMA and after its last (the
+// barriers, tile map and row lookups, the first stage's latency, the epilogue's stores) leaves the tensor cores idle;
+// the down GEMM's blocks (K = 512: 8 K tiles each) spent about half their time so (docs/notes/cuda-prefill-v8-items.md).
+// FERN_MOE_SEQ=D,G (read at every call, for comparisons) sets the down and gate/up counts.
+int seq_cols(bool up) {
+  int d = 4, g = 2;
+  if (const char* e = std::getenv("FERN_MOE_SEQ"); e != nullptr && *e != 0) {
+    if (std::sscanf(e, "%d,%d", &d, &g) != 2 || d < 1 || g < 1 || d > 64 || g > 64)
+      raise_error(std::string("FERN_MOE_SEQ=") + e + ": expected D,G (column blocks per block, 1..64)");
   }
+  return up ? g : d;
 }
 
 template <int BITS, int NTOK, int S, int P>
@@ -117,8 +145,9 @@ void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, con
   constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
   auto kernel = gate_up_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S, P>>(smem);
-  const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, std::max(gate.out, sgate.out), kGateUpCols);
-  launch(c, "moe gate_up_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, gate, up, sgate, sup, x, g, E, k,
+  const int ncb = P == wgloop::kQ4 ? seq_cols(true) : 1;
+  const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, std::max(gate.out, sgate.out), int64_t(kGateUpCols) * ncb);
+  launch(c, "moe gate_up_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, gate, up, sgate, sup, x, g, E, k, ncb,
          h_routed, h_shared);
 }
 
@@ -128,8 +157,9 @@ void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const
   constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
   auto kernel = down_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, P>>(smem);
-  const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, down.out, kBW);
-  launch(c, "moe down_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, down, sdown, hr, hs, g, topk_w, sgate, E,
+  const int ncb = P == wgloop::kQ4 ? seq_cols(false) : 1;
+  const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, down.out, int64_t(kBW) * ncb);
+  launch(c, "moe down_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, down, sdown, hr, hs, g, topk_w, sgate, E, ncb,
          y_pair, out);
 }
 

@@ -155,6 +155,31 @@ TEST(CudaLinearGemm, RealShapes) {
   }
 }
 
+// Several weight blocks per block on the exact-code loop (FERN_GEMM_SEQ; docs/notes/cuda-prefill-v8-items.md): each
+// item runs the same MMAs on the same operands in the same order as a block of its own, so every count gives the
+// bits of one block per weight block, also where the last block of a row of blocks holds fewer items (2048 rows =
+// 16 weight blocks: 3 leaves one, 5 one, 64 is more than there are). Checked against the CPU as well.
+TEST(CudaLinearGemm, WeightBlocksPerBlock) {
+  FERN_REQUIRE_GPU();
+  if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no wgmma on this GPU/build";
+  for (const Case& c : {Case{"out_proj", 2048, 4096, 4, 64, 300}, Case{"qkv T=2100 wide tiles", 8192, 2048, 4, 64, 2100},
+                        Case{"odd rows", 1000, 1024, 4, 64, 77}}) {
+    std::vector<float> one;
+    {
+      test::EnvGuard g("FERN_GEMM_SEQ", "1");
+      run_direct(c, Loop::Wg, &one);
+    }
+    for (const char* n : {"2", "3", "5", "64"}) {
+      test::EnvGuard g("FERN_GEMM_SEQ", n);
+      std::vector<float> got;
+      run_direct(c, Loop::Wg, &got);
+      EXPECT_EQ(got, one) << c.name << ": FERN_GEMM_SEQ=" << n << " changed the result";
+    }
+  }
+  test::EnvGuard bad("FERN_GEMM_SEQ", "0");
+  EXPECT_THROW(run_direct(Case{"out_proj", 2048, 4096, 4, 64, 64}, Loop::Wg), Error);
+}
+
 // Rows of very different magnitudes in one call: |x| ~ 1e5 (fp16 overflows at 65504 without the per-row scale),
 // ~1e-5 (fp16 subnormals without it: 3 significant bits left) and ~1. Each row is compared with its own CPU row, so
 // a small row cannot hide behind the large ones; the limit is the fp16 loop's (kNmseF16).

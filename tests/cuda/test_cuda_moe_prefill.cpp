@@ -267,6 +267,46 @@ TEST(CudaMoePrefill, AblationSwitches) {
   EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
 }
 
+// Several column blocks per block on the exact-code loop (FERN_MOE_SEQ=D,G: down, gate/up; docs/notes/
+// cuda-prefill-v8-items.md). Each item runs the MMAs of a block of its own in the same order: every count gives the
+// same bits, also where a block's last items fall past the columns (down: 16 column blocks, gate/up: 8; 3 and 5
+// leave partial blocks, 64 exceeds both), at 64- and 96-row tiles; and the CPU agrees.
+TEST(CudaMoePrefill, ColumnBlocksPerBlock) {
+  FERN_REQUIRE_GPU();
+  if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no wgmma on this GPU/build";
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  auto m = make_model(*gpu, kReal, 13, false);
+  for (int T : {300, 2048}) {
+    auto x = inputs(*m, T, 30 + T, 0.0f);
+    std::vector<float> one;
+    {
+      test::EnvGuard g("FERN_MOE_SEQ", "1,1");
+      one = run_gpu(*gpu, *m, x, T);
+    }
+    const auto ref = run_cpu(*cpu, *m, x, T);
+    for (const char* tile : {"64", "96"}) {
+      test::EnvGuard t("FERN_MOE_TILE", tile);
+      std::vector<float> base;
+      {
+        test::EnvGuard g("FERN_MOE_SEQ", "1,1");
+        base = run_gpu(*gpu, *m, x, T);
+      }
+      EXPECT_LT(test::nmse(base.data(), ref.data(), base.size()), kNmse) << "tile " << tile << " T=" << T;
+      for (const char* seq : {"4,2", "3,5", "2,8", "64,64"}) {
+        test::EnvGuard g("FERN_MOE_SEQ", seq);
+        EXPECT_EQ(run_gpu(*gpu, *m, x, T), base) << "FERN_MOE_SEQ=" << seq << " tile " << tile << " T=" << T;
+      }
+    }
+    const double e = test::nmse(one.data(), ref.data(), one.size());
+    std::printf("moe prefill column blocks per block, T=%d: NMSE %.3e (the variants bit-identical)\n", T, e);
+    EXPECT_LT(e, kNmse);
+  }
+  test::EnvGuard bad("FERN_MOE_SEQ", "4");
+  auto x = inputs(*m, 64, 5, 0.0f);
+  EXPECT_THROW(run_gpu(*gpu, *m, x, 64), Error);
+}
+
 // Expert 0 gets every row (a hot expert spanning many tiles), expert E-1 none. The CPU routing confirms the bias
 // did what it should, so the test cannot pass without exercising both.
 TEST(CudaMoePrefill, HotAndEmptyExperts) {
