@@ -3,7 +3,7 @@
 # 4096 and 131072), then `fern bench` prefill at PF_LENGTHS for each prefill chunk size of PF_CHUNKS (default
 # 2048,4096,8192; 0 = the backend's choice; PF_LENGTHS= skips it), median of PF_RUNS; with DEC_LENGTHS, `fern bench`
 # decode there (median of 3; DEC_SWITCH as --decode-switch). TL_TESTS: test executables to run first (NAME or NAME:GTEST_FILTER). PTL: prefill
-# timelines (bench_cuda_decode prefill-timeline), a list of LEN:CHUNK. PF_SETS="A=1 B=2|A=3 B=4": the prefill bench
+# timelines (bench_cuda_decode prefill-timeline), a list of LEN:CHUNK, under each set of PTL_SETS. PF_SETS="A=1 B=2|A=3 B=4": the prefill bench
 # once per set of environment assignments (one process each, in the order given). From the repository root with carry [".carry/debs",
 # ".carry/tl-head.tar", ".carry/tl-head.commit"] (archive as bench/gpu_prelude.sh says). Files under $OUT.
 set -u
@@ -22,10 +22,16 @@ for c in ${TL_CONTEXTS:-4096 131072}; do
   note "timeline $c rc $? ($(elapsed))"
   grep -A40 "== decode step timeline" "$OUT/timeline_$c.log" | head -45
 done
-for lc in ${PTL:-}; do
-  timeout 200 build/bench/bench_cuda_decode prefill-timeline "${lc%%:*}" "${lc##*:}" >"$OUT/timeline_pf_${lc/:/_}.log" 2>&1
-  note "prefill timeline $lc rc $? ($(elapsed))"
-  grep -A24 "== prefill timeline" "$OUT/timeline_pf_${lc/:/_}.log"
+# PTL_SETS="A=1|A=2": each prefill timeline once per set of environment assignments (default: one, as is).
+IFS='|' read -r -a ptl_sets <<<"${PTL_SETS:- }"
+for set in "${ptl_sets[@]}"; do
+  for lc in ${PTL:-}; do
+    f="$OUT/timeline_pf_${lc/:/_}_$(echo "$set" | tr -c 'A-Za-z0-9\n' '_').log"
+    # shellcheck disable=SC2086  # a set is several assignments
+    env $set timeout 200 build/bench/bench_cuda_decode prefill-timeline "${lc%%:*}" "${lc##*:}" >"$f" 2>&1
+    note "prefill timeline $lc [$set] rc $? ($(elapsed)): $(grep -m1 untraced "$f")"
+    grep -A10 "== prefill timeline" "$f" | tail -8
+  done
 done
 if [ -n "${PF_SETS:-}" ]; then
   IFS='|' read -r -a sets <<<"$PF_SETS"

@@ -181,25 +181,31 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
   const int groups = K / kBK;
   const int gsh = 31 - __clz(gs / kBK);  // tiles per group: a power of two (make_qw checks the group size)
 
-  auto load_sb = [&](int t, RowSb& r) {
-    const int item = t / nk, kt = t - item * nk;
-    const gemm::RowSrc src = t < n_tiles ? wsrc_of(item) : gemm::RowSrc{};
-    if (src.w == nullptr) {  // padding row (zero codes, scale and bias: exact zeros) or past the end
+  // Scale and bias run two tiles ahead of the copies (their latency hides behind this tile's and the next one's
+  // work), at their own position (sb_item, sb_kt) with that item's weight row, advanced by counting (no division).
+  int sb_item = 0, sb_kt = 0;
+  gemm::RowSrc sb_src = wsrc_of(0);
+  auto next_sb = [&](RowSb& r) {
+    if (sb_item >= n_items || sb_src.w == nullptr) {  // past the end, or a padding row (zero codes, scale, bias)
       r.s = r.b = 0;
-      return;
+    } else {
+      const int g = sb_kt >> gsh;
+      r.s = __ldg(sb_src.s + g);
+      r.b = __ldg(sb_src.b + g);
     }
-    const int g = kt >> gsh;
-    r.s = __ldg(src.s + g);
-    r.b = __ldg(src.b + g);
+    if (++sb_kt == nk) {
+      sb_kt = 0;
+      if (++sb_item < n_items) sb_src = wsrc_of(sb_item);
+    }
   };
 
   RowSb cur, n1, n2;
-  load_sb(0, cur);
-  load_sb(1, n1);
+  next_sb(cur);
+  next_sb(n1);
   gemm::RowSrc wsrc = wsrc_of(0);
   for (int t = 0, item = 0, kt = 0; t < n_tiles; ++t) {
     const int st = t % S;
-    load_sb(t + 2, n2);  // two tiles ahead: their latency hides behind this tile's and the next one's work
+    next_sb(n2);
     ptx::mbar_wait(&sm.empty[st], ((t / S) & 1) ^ 1);
     wgtile::copy_x_tile<NTOK, kProducers>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
     if (p < NTOK)
