@@ -124,6 +124,18 @@ int gemm_wg_stages() {
   raise_error(std::string("FERN_GEMM_WG_STAGES=") + v + ": expected 2 or 4");
 }
 
+int items_per_block(const char* env, int64_t blocks, int most, int sms) {
+  if (const char* v = std::getenv(env); v != nullptr && *v != 0) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end != 0 || n < 1 || n > 64) raise_error(std::string(env) + "=" + v + ": expected 1..64 output blocks per block");
+    return static_cast<int>(n);
+  }
+  int n = 1;
+  while (2 * n <= most && blocks / (2 * n) >= 3 * int64_t(sms)) n *= 2;
+  return n;
+}
+
 WgPipe gemm_wg_pipe() {
   const char* v = std::getenv("FERN_GEMM_WG_PIPE");
   if (v == nullptr || std::strcmp(v, "q4") == 0) return WgPipe::Q4;

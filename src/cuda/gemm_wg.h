@@ -33,6 +33,12 @@ WgPipe gemm_wg_pipe();
 // Whether the exact-code loop takes these weights (format only).
 bool gemm_q4_ok(const QW& w);
 
+// Output blocks one block of the exact-code loop computes in turn (q4tile::mainloop_items: one ring through all of
+// them, so the block's start-up and drain are paid once; docs/notes/cuda-prefill-v8-items.md): `env` (read on every
+// call, for comparisons: 1..64) if set, else the largest power of two up to `most` that still leaves `blocks` (the
+// grid at one output block per block) at least three waves of one block per SM.
+int items_per_block(const char* env, int64_t blocks, int most, int sms);
+
 // x [rows, K] (F32) as bf16 hi rows (X16::x) and lo rows (X16::lo); scale and sums stay unset. K a multiple of 4.
 // xbf_bytes leaves room for the exact-code loop's sums as well; xbf_carve(..., q4 = true) lays them out (K a multiple
 // of 64) and marks the rows for that loop, which to_xbf_q4 then fills (hi/lo in its K order, and the 64-wide sums).

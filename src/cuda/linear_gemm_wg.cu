@@ -5,9 +5,6 @@
 // fixed token the 8 lanes of a quad column write 8 consecutive outputs (32-byte segments).
 #include <cuda_bf16.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_loop_wg.cuh"
 #include "cuda/gemm_wg.h"
@@ -19,7 +16,7 @@ namespace {
 using wgtile::kBW;
 
 // Block (x, y) computes weight blocks x * ncb .. x * ncb + ncb - 1 of token tile y, one after the other through one
-// ring (wgloop::run_items; ncb = 1 for the loops other than the exact-code one): see dense_seq below.
+// ring (wgloop::run_items; ncb = 1 for the loops other than the exact-code one): see launch_wg.
 template <int BITS, int NTOK, int S, int P>
 __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
     gemm_wg_kernel(QW W, X16 x, float* __restrict__ y, int T, int ncb) {
@@ -64,25 +61,16 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
                                       n_items, wsrc_of, epilogue);
 }
 
-// Weight blocks per block of the exact-code loop: its blocks have an SM each, and what one pays before its first MMA
-// and after its last leaves the tensor cores idle (docs/notes/cuda-prefill-v8-items.md). FERN_GEMM_SEQ=N (read at
-// every call, for comparisons) sets it.
-int dense_seq() {
-  int n = 1;
-  if (const char* e = std::getenv("FERN_GEMM_SEQ"); e != nullptr && *e != 0) {
-    n = std::atoi(e);
-    if (n < 1 || n > 64) raise_error(std::string("FERN_GEMM_SEQ=") + e + ": expected 1..64 weight blocks per block");
-  }
-  return n;
-}
-
 template <int BITS, int NTOK, int S, int P>
 void launch_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
   auto kernel = gemm_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<gemm_wg_kernel<BITS, NTOK, S, P>>(smem);
-  const int ncb = P == wgloop::kQ4 ? dense_seq() : 1;
-  const dim3 grid(static_cast<unsigned>((w.out + int64_t(kBW) * ncb - 1) / (int64_t(kBW) * ncb)), (T + NTOK - 1) / NTOK);
+  // Weight blocks per block (exact-code loop only): up to 4, measured on the H200 at 4K and 32K tokens (docs/notes/
+  // cuda-prefill-v8-items.md); FERN_GEMM_SEQ=N forces N.
+  const int64_t wblocks = (w.out + kBW - 1) / kBW, ttiles = (T + NTOK - 1) / NTOK;
+  const int ncb = P == wgloop::kQ4 ? items_per_block("FERN_GEMM_SEQ", wblocks * ttiles, 4, c.sms) : 1;
+  const dim3 grid(static_cast<unsigned>((wblocks + ncb - 1) / ncb), static_cast<unsigned>(ttiles));
   launch(c, P == wgloop::kQ4 ? "gemm_wg_kernel (exact codes)" : P == wgloop::kWs ? "gemm_wg_kernel (warp-specialized)"
                                                                                  : "gemm_wg_kernel",
          kernel, grid, wgloop::kThreads<P>, smem, w, x, y, T, ncb);

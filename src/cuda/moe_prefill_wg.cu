@@ -11,9 +11,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <string>
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_loop_wg.cuh"
@@ -125,18 +122,15 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
                                       n_items, wsrc_of, epilogue);
 }
 
-// Column blocks per block of the exact-code loop (kernels above), for the gate/up (up = true) or the down GEMM. A block
-// of this loop has one SM to itself (~200 KB of ring), so what it pays before its first MMA and after its last (the
-// barriers, tile map and row lookups, the first stage's latency, the epilogue's stores) leaves the tensor cores idle;
-// the down GEMM's blocks (K = 512: 8 K tiles each) spent about half their time so (docs/notes/cuda-prefill-v8-items.md).
-// FERN_MOE_SEQ=D,G (read at every call, for comparisons) sets the down and gate/up counts.
-int seq_cols(bool up) {
-  int d = 4, g = 2;
-  if (const char* e = std::getenv("FERN_MOE_SEQ"); e != nullptr && *e != 0) {
-    if (std::sscanf(e, "%d,%d", &d, &g) != 2 || d < 1 || g < 1 || d > 64 || g > 64)
-      raise_error(std::string("FERN_MOE_SEQ=") + e + ": expected D,G (column blocks per block, 1..64)");
-  }
-  return up ? g : d;
+// Column blocks per block of the exact-code loop (kernels above; gemm_wg.h items_per_block). A block of this loop has
+// an SM to itself (~200 KB of ring), so what it pays before its first MMA and after its last leaves the tensor cores
+// idle. Measured on the H200 at 4K and 32K tokens (docs/notes/cuda-prefill-v8-items.md): the down GEMM (K = 512: 8 K
+// tiles per output block) best at 8, gate/up at 2. The tile count is on the GPU; the estimate here (one tile per
+// active expert, plus the shared expert's) is below it. FERN_MOE_DOWN_SEQ / FERN_MOE_GATE_UP_SEQ force a count.
+int seq_cols(const Ctx& c, bool up, int T, int k, int E, int bm, int64_t col_blocks) {
+  const int64_t tiles = std::min<int64_t>(E, int64_t(T) * k) + (int64_t(T) + bm - 1) / bm;
+  return up ? items_per_block("FERN_MOE_GATE_UP_SEQ", tiles * col_blocks, 2, c.sms)
+            : items_per_block("FERN_MOE_DOWN_SEQ", tiles * col_blocks, 8, c.sms);
 }
 
 template <int BITS, int NTOK, int S, int P>
@@ -145,7 +139,8 @@ void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, con
   constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
   auto kernel = gate_up_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S, P>>(smem);
-  const int ncb = P == wgloop::kQ4 ? seq_cols(true) : 1;
+  const int64_t col_blocks = (std::max(gate.out, sgate.out) + kGateUpCols - 1) / kGateUpCols;
+  const int ncb = P == wgloop::kQ4 ? seq_cols(c, true, T, k, E, NTOK, col_blocks) : 1;
   const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, std::max(gate.out, sgate.out), int64_t(kGateUpCols) * ncb);
   launch(c, "moe gate_up_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, gate, up, sgate, sup, x, g, E, k, ncb,
          h_routed, h_shared);
@@ -157,7 +152,7 @@ void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const
   constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
   auto kernel = down_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, P>>(smem);
-  const int ncb = P == wgloop::kQ4 ? seq_cols(false) : 1;
+  const int ncb = P == wgloop::kQ4 ? seq_cols(c, false, T, k, E, NTOK, (down.out + kBW - 1) / kBW) : 1;
   const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, down.out, int64_t(kBW) * ncb);
   launch(c, "moe down_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, down, sdown, hr, hs, g, topk_w, sgate, E, ncb,
          y_pair, out);

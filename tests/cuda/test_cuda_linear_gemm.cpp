@@ -176,8 +176,10 @@ TEST(CudaLinearGemm, WeightBlocksPerBlock) {
       EXPECT_EQ(got, one) << c.name << ": FERN_GEMM_SEQ=" << n << " changed the result";
     }
   }
-  test::EnvGuard bad("FERN_GEMM_SEQ", "0");
-  EXPECT_THROW(run_direct(Case{"out_proj", 2048, 4096, 4, 64, 64}, Loop::Wg), Error);
+  for (const char* bad : {"0", "65", "2x"}) {
+    test::EnvGuard g("FERN_GEMM_SEQ", bad);
+    EXPECT_THROW(run_direct(Case{"out_proj", 2048, 4096, 4, 64, 64}, Loop::Wg), Error) << bad;
+  }
 }
 
 // Rows of very different magnitudes in one call: |x| ~ 1e5 (fp16 overflows at 65504 without the per-row scale),

@@ -267,7 +267,7 @@ TEST(CudaMoePrefill, AblationSwitches) {
   EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
 }
 
-// Several column blocks per block on the exact-code loop (FERN_MOE_SEQ=D,G: down, gate/up; docs/notes/
+// Several column blocks per block on the exact-code loop (FERN_MOE_DOWN_SEQ, FERN_MOE_GATE_UP_SEQ; docs/notes/
 // cuda-prefill-v8-items.md). Each item runs the MMAs of a block of its own in the same order: every count gives the
 // same bits, also where a block's last items fall past the columns (down: 16 column blocks, gate/up: 8; 3 and 5
 // leave partial blocks, 64 exceeds both), at 64- and 96-row tiles; and the CPU agrees.
@@ -279,32 +279,33 @@ TEST(CudaMoePrefill, ColumnBlocksPerBlock) {
   auto m = make_model(*gpu, kReal, 13, false);
   for (int T : {300, 2048}) {
     auto x = inputs(*m, T, 30 + T, 0.0f);
-    std::vector<float> one;
-    {
-      test::EnvGuard g("FERN_MOE_SEQ", "1,1");
-      one = run_gpu(*gpu, *m, x, T);
-    }
     const auto ref = run_cpu(*cpu, *m, x, T);
+    const auto by_default = run_gpu(*gpu, *m, x, T);
+    const double e = test::nmse(by_default.data(), ref.data(), by_default.size());
+    std::printf("moe prefill, default column blocks per block, T=%d: NMSE %.3e\n", T, e);
+    EXPECT_LT(e, kNmse);
     for (const char* tile : {"64", "96"}) {
       test::EnvGuard t("FERN_MOE_TILE", tile);
       std::vector<float> base;
       {
-        test::EnvGuard g("FERN_MOE_SEQ", "1,1");
+        test::EnvGuard d("FERN_MOE_DOWN_SEQ", "1");
+        test::EnvGuard g("FERN_MOE_GATE_UP_SEQ", "1");
         base = run_gpu(*gpu, *m, x, T);
       }
       EXPECT_LT(test::nmse(base.data(), ref.data(), base.size()), kNmse) << "tile " << tile << " T=" << T;
-      for (const char* seq : {"4,2", "3,5", "2,8", "64,64"}) {
-        test::EnvGuard g("FERN_MOE_SEQ", seq);
-        EXPECT_EQ(run_gpu(*gpu, *m, x, T), base) << "FERN_MOE_SEQ=" << seq << " tile " << tile << " T=" << T;
+      for (auto [down, gate_up] : {std::pair{"8", "2"}, {"3", "5"}, {"2", "8"}, {"64", "64"}}) {
+        test::EnvGuard d("FERN_MOE_DOWN_SEQ", down);
+        test::EnvGuard g("FERN_MOE_GATE_UP_SEQ", gate_up);
+        EXPECT_EQ(run_gpu(*gpu, *m, x, T), base)
+            << "down " << down << " gate/up " << gate_up << " per block, tile " << tile << " T=" << T;
       }
     }
-    const double e = test::nmse(one.data(), ref.data(), one.size());
-    std::printf("moe prefill column blocks per block, T=%d: NMSE %.3e (the variants bit-identical)\n", T, e);
-    EXPECT_LT(e, kNmse);
   }
-  test::EnvGuard bad("FERN_MOE_SEQ", "4");
   auto x = inputs(*m, 64, 5, 0.0f);
-  EXPECT_THROW(run_gpu(*gpu, *m, x, 64), Error);
+  for (const char* bad : {"0", "65", "4,2"}) {
+    test::EnvGuard d("FERN_MOE_DOWN_SEQ", bad);
+    EXPECT_THROW(run_gpu(*gpu, *m, x, 64), Error) << bad;
+  }
 }
 
 // Expert 0 gets every row (a hot expert spanning many tiles), expert E-1 none. The CPU routing confirms the bias
