@@ -16,10 +16,10 @@ enum : int { kSync = 0, kWs = 1, kQ4 = 2 };
 
 template <int P>
 constexpr int kThreads = P == kSync ? wgtile::kThreads : P == kWs ? wstile::kThreads : q4tile::kThreads;
-template <int BITS, int NTOK, int S, int P, int XR = 0>
+template <int BITS, int NTOK, int S, int P>
 constexpr size_t kSmemBytes = P == kSync ? wgtile::kSmemBytes<NTOK, BITS, S>
                               : P == kWs ? wstile::kSmemBytes<NTOK, S>
-                                         : q4tile::kSmemBytes<NTOK, S, XR>;
+                                         : q4tile::kSmemBytes<NTOK, S>;
 
 // The weight-tile row thread `tid` stages (the caller computes that row's RowSrc).
 template <int P>
@@ -46,16 +46,14 @@ __device__ __forceinline__ bool run(unsigned char* raw, int K, int gs, const X16
 // The loop over n_items weight tiles of one token tile (q4tile::mainloop_items: one ring through all of them) for the
 // exact-code loop; the other loops take one item per block (their callers launch them so). epilogue(item, acc) runs
 // on the threads holding results, once per item; wsrc_of(item): this thread's weight row in that item.
-// XR > 0 (exact-code loop only): the token tile's x held whole in shared memory (K = 64 XR, checked by the caller).
-template <int BITS, int NTOK, int S, int P, int XR = 0, class RowOf, class WsrcOf, class Epilogue>
+template <int BITS, int NTOK, int S, int P, class RowOf, class WsrcOf, class Epilogue>
 __device__ __forceinline__ void run_items(unsigned char* raw, int K, int gs, const X16& x, RowOf row_of, int n_items,
                                           WsrcOf wsrc_of, Epilogue epilogue) {
   if constexpr (P == kQ4) {
     static_assert(BITS == 4, "the exact-code loop takes 4-bit codes");
-    q4tile::mainloop_items<NTOK, S, XR>(q4tile::smem_of<NTOK, S, XR>(raw), K, gs, x.x, x.lo, x.sums, row_of, n_items,
-                                        wsrc_of, epilogue);
+    q4tile::mainloop_items<NTOK, S>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, row_of, n_items, wsrc_of,
+                                    epilogue);
   } else {
-    static_assert(XR == 0, "resident x: the exact-code loop only");
     (void)n_items;
     float acc[NTOK / 2];
     if (run<BITS, NTOK, S, P>(raw, K, gs, x, row_of, wsrc_of(0), acc)) epilogue(0, acc);
@@ -66,16 +64,5 @@ __device__ __forceinline__ void run_items(unsigned char* raw, int K, int gs, con
 template <int NTOK>
 constexpr int kQ4Stages = std::min<int>(8, (227 * 1024 - 2048) / int(sizeof(q4tile::Smem<NTOK, 1>)));
 static_assert(kQ4Stages<64> == 8 && kQ4Stages<96> == 7 && kQ4Stages<128> == 5, "ring depths as documented");
-
-// The same with the token tile's x resident (XR K tiles): the deepest ring of codes (at most 8) that fits next to it.
-template <int NTOK, int XR>
-constexpr int q4_res_stages() {
-  constexpr int per = int(sizeof(q4tile::Smem<NTOK, 2, XR>) - sizeof(q4tile::Smem<NTOK, 1, XR>));
-  constexpr int base = int(sizeof(q4tile::Smem<NTOK, 1, XR>)) - per;
-  return std::min<int>(8, (227 * 1024 - 2048 - base) / per);
-}
-template <int NTOK, int XR>
-constexpr int kQ4ResStages = q4_res_stages<NTOK, XR>();
-static_assert(q4tile::kSmemBytes<96, kQ4ResStages<96, 8>, 8> <= 227 * 1024, "resident x fits");
 
 }  // namespace fern::cuda::wgloop

@@ -46,27 +46,24 @@ constexpr int kProducers = 128;
 constexpr int kThreads = kConsumers + kProducers;
 
 // Shared memory: S stages of the x hi and lo tiles (each on a 1024-byte boundary, the swizzle atom), the packed
-// codes, the rows' (s, b - 128 s) and the token rows' sums; then the barriers. With XR > 0 (x resident) the x tiles and
-// sums are not in the ring: all XR K tiles of the token tile are held at once (K = 64 XR), loaded with the first
-// item's tiles and read by every item (mainloop_items), and only the codes and scales stream.
-template <int NTOK, int S, int XR = 0>
+// codes, the rows' (s, b - 128 s) and the token rows' sums; then the barriers.
+template <int NTOK, int S>
 struct Smem {
   static_assert(NTOK % 8 == 0, "token tiles of whole 8-row atoms");
-  static constexpr int kXT = XR > 0 ? XR : S;  // x tiles held: one per stage, or every K tile
-  uint8_t xhi[kXT][NTOK * kRowBytes];
-  uint8_t xlo[kXT][NTOK * kRowBytes];
+  uint8_t xhi[S][NTOK * kRowBytes];
+  uint8_t xlo[S][NTOK * kRowBytes];
   uint4 codes[S][kBW][2];  // weight row r's 32 bytes, its two 16-byte halves stored swapped when (r / 4) is odd
   float2 sb[S][kBW];
-  float xs[kXT][NTOK];
+  float xs[S][NTOK];
   uint64_t full[S];
   uint64_t empty[S];
 };
-template <int NTOK, int S, int XR = 0>
-constexpr size_t kSmemBytes = sizeof(Smem<NTOK, S, XR>) + 1024;  // + alignment slack
+template <int NTOK, int S>
+constexpr size_t kSmemBytes = sizeof(Smem<NTOK, S>) + 1024;  // + alignment slack
 
-template <int NTOK, int S, int XR = 0>
-__device__ __forceinline__ Smem<NTOK, S, XR>& smem_of(unsigned char* raw) {
-  return wgmma::smem_at_atom<Smem<NTOK, S, XR>>(raw);
+template <int NTOK, int S>
+__device__ __forceinline__ Smem<NTOK, S>& smem_of(unsigned char* raw) {
+  return wgmma::smem_at_atom<Smem<NTOK, S>>(raw);
 }
 
 // Where half h of weight row r's codes sits: the halves of rows 4..7 (mod 8) swapped, so that the 8 rows a warp's
@@ -96,16 +93,14 @@ struct RowSb {
 // row_of(r): the global row of token-tile row r (< 0: padding); wsrc_of(item): the weight row of weight_row(tid) in
 // item `item` (w == nullptr: padding); gs: the group size, a multiple of 64. Must be called by all kThreads threads
 // after the caller's last early return; does not end with a block barrier (the epilogues write global memory only).
-template <int NTOK, int S, int XR = 0, class RowOf, class WsrcOf, class Epilogue>
-__device__ __forceinline__ bool mainloop_items(Smem<NTOK, S, XR>& sm, int K, int gs, const uint16_t* xhi,
+template <int NTOK, int S, class RowOf, class WsrcOf, class Epilogue>
+__device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs, const uint16_t* xhi,
                                                const uint16_t* xlo, const float* xsum, RowOf row_of, int n_items,
                                                WsrcOf wsrc_of, Epilogue epilogue) {
   static_assert(S >= 2, "a ring of at least two stages");
   const int tid = threadIdx.x;
   const int nk = K / kBK;
   const int n_tiles = n_items * nk;  // ring tile t is item t / nk, K tile t % nk
-  // x resident: the caller checked K == 64 XR. A consumer's wait on a stage of the first item also covers that K
-  // tile's x (each producer issues its x copies before the codes, and its arrival counts all its earlier copies).
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
@@ -128,7 +123,6 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S, XR>& sm, int K, int
         const int st = t % S;
         ptx::mbar_wait(&sm.full[st], (t / S) & 1);
         wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
-        const int xi = XR > 0 ? kt : st;  // the x tile of this K tile
         const float2 sb0 = sm.sb[st][r0], sb1 = sm.sb[st][r0 + 8];
         // The packed codes of rows r0 and r0 + 8: 8 words each, word 2 ks + h holding K 16 ks + 8 h .. + 7.
         uint32_t c0[8], c1[8];
@@ -154,8 +148,8 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S, XR>& sm, int K, int
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kBK / 16; ++ks) {
-          wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[xi][32 * ks]));
-          wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[xi][32 * ks]));
+          wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
+          wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
         }
         wgmma::commit();
         wgmma::wait<0>();
@@ -163,7 +157,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S, XR>& sm, int K, int
         // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
 #pragma unroll
         for (int j = 0; j < NTOK / 8; ++j) {
-          const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[xi][8 * j + 2 * (lane & 3)]);
+          const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * j + 2 * (lane & 3)]);
           acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], fmaf(sb0.y, xs.x, acc[4 * j + 0]));
           acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
           acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
@@ -213,12 +207,9 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S, XR>& sm, int K, int
     const int st = t % S;
     next_sb(n2);
     ptx::mbar_wait(&sm.empty[st], ((t / S) & 1) ^ 1);
-    if (XR == 0 || item == 0) {  // resident x: loaded once, with the first item's tiles
-      const int xi = XR > 0 ? kt : st;
-      wgtile::copy_x_tile<NTOK, kProducers>(sm.xhi[xi], sm.xlo[xi], xhi, xlo, xrow, p, K, kt * kBK);
-      if (p < NTOK)
-        ptx::cp_async4(&sm.xs[xi][p], srow >= 0 ? xsum + int64_t(srow) * groups + kt : xsum, srow >= 0);
-    }
+    wgtile::copy_x_tile<NTOK, kProducers>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
+    if (p < NTOK)
+      ptx::cp_async4(&sm.xs[st][p], srow >= 0 ? xsum + int64_t(srow) * groups + kt : xsum, srow >= 0);
     // This row's 32 bytes of codes (zeros for a padding row: cp.async with no source bytes fills zeros).
     const char* wbase = static_cast<const char*>(wsrc.w);
     const char* src = wbase != nullptr ? wbase + int64_t(kt) * (kBK / 2) : reinterpret_cast<const char*>(xsum);

@@ -11,8 +11,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_loop_wg.cuh"
@@ -77,8 +75,7 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
                                       n_items, wsrc_of, epilogue);
 }
 
-// XR > 0: the token tile's h held whole in shared memory (K = 64 XR), read by all the block's column blocks.
-template <int BITS, int NTOK, int S, int P, int XR = 0>
+template <int BITS, int NTOK, int S, int P>
 __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
     down_wg_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* topk_w, const float* sgate, int E, int ncb,
                    float* __restrict__ y_pair, float* __restrict__ out) {
@@ -121,7 +118,7 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
       }
     }
   };
-  wgloop::run_items<BITS, NTOK, S, P, XR>(dn_wg_smem, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; },
+  wgloop::run_items<BITS, NTOK, S, P>(dn_wg_smem, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; },
                                       n_items, wsrc_of, epilogue);
 }
 
@@ -149,27 +146,16 @@ void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, con
          h_routed, h_shared);
 }
 
-template <int BITS, int NTOK, int S, int P, int XR = 0>
+template <int BITS, int NTOK, int S, int P>
 void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
              const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
-  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P, XR>;
-  auto kernel = down_wg_kernel<BITS, NTOK, S, P, XR>;
-  allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, P, XR>>(smem);
+  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
+  auto kernel = down_wg_kernel<BITS, NTOK, S, P>;
+  allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, P>>(smem);
   const int ncb = P == wgloop::kQ4 ? seq_cols(c, false, T, k, E, NTOK, (down.out + kBW - 1) / kBW) : 1;
   const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, down.out, int64_t(kBW) * ncb);
   launch(c, "moe down_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, down, sdown, hr, hs, g, topk_w, sgate, E, ncb,
          y_pair, out);
-}
-
-// The down GEMM with the token tile's h resident in shared memory (XR = 8 K tiles: the real model's 512-wide
-// intermediate, routed and shared): each block's column blocks then stream only their codes and scales, instead of
-// re-reading the h tile (4 bytes per value as bf16 hi + lo, ~6x the codes' bytes) for every column block from L2
-// (docs/notes/cuda-prefill-v8-items.md). FERN_MOE_DOWN_XRES=0 keeps the ring for h too (comparisons).
-constexpr int kDownXR = 8;
-bool down_resident(const QW& down, const QW& sdown) {
-  const char* e = std::getenv("FERN_MOE_DOWN_XRES");
-  if (e != nullptr && std::strcmp(e, "0") == 0) return false;
-  return down.in == 64 * kDownXR && sdown.in == 64 * kDownXR;
 }
 
 // Pipeline depth: two stages (half the shared memory: two blocks per SM) from 1,024 rows per chunk, else 4 (3 below
@@ -212,12 +198,8 @@ void down_wg_n(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, con
                const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
   if constexpr (BITS == 4) {
     if (hr.q4) {
-      if (down_resident(down, sdown))
-        down_wg<4, NTOK, wgloop::kQ4ResStages<NTOK, kDownXR>, wgloop::kQ4, kDownXR>(c, down, sdown, hr, hs, g, topk_w,
-                                                                                    sgate, T, k, E, y_pair, out);
-      else
-        down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E,
-                                                               y_pair, out);
+      down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair,
+                                                             out);
       return;
     }
   }
@@ -251,12 +233,8 @@ void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, 
                   const float* topk_w, const float* sgate, int T, int k, int E, int bm, float* y_pair, float* out) {
   if constexpr (BITS == 4) {
     if (bm == 96) {
-      if (down_resident(down, sdown))
-        down_wg<4, 96, wgloop::kQ4ResStages<96, kDownXR>, wgloop::kQ4, kDownXR>(c, down, sdown, hr, hs, g, topk_w,
-                                                                                sgate, T, k, E, y_pair, out);
-      else
-        down_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair,
-                                                           out);
+      down_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair,
+                                                         out);
       return;
     }
   }

@@ -270,9 +270,7 @@ TEST(CudaMoePrefill, AblationSwitches) {
 // Several column blocks per block on the exact-code loop (FERN_MOE_DOWN_SEQ, FERN_MOE_GATE_UP_SEQ; docs/notes/
 // cuda-prefill-v8-items.md). Each item runs the MMAs of a block of its own in the same order: every count gives the
 // same bits, also where a block's last items fall past the columns (down: 16 column blocks, gate/up: 8; 3 and 5
-// leave partial blocks, 64 exceeds both), at 64- and 96-row tiles, with the down GEMM's h resident in shared memory
-// (the default at the real 512-wide intermediate) or streamed through the ring (FERN_MOE_DOWN_XRES=0); and the CPU
-// agrees.
+// leave partial blocks, 64 exceeds both), at 64- and 96-row tiles; and the CPU agrees.
 TEST(CudaMoePrefill, ColumnBlocksPerBlock) {
   FERN_REQUIRE_GPU();
   if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no wgmma on this GPU/build";
@@ -292,19 +290,14 @@ TEST(CudaMoePrefill, ColumnBlocksPerBlock) {
       {
         test::EnvGuard d("FERN_MOE_DOWN_SEQ", "1");
         test::EnvGuard g("FERN_MOE_GATE_UP_SEQ", "1");
-        test::EnvGuard r("FERN_MOE_DOWN_XRES", "0");
         base = run_gpu(*gpu, *m, x, T);
       }
       EXPECT_LT(test::nmse(base.data(), ref.data(), base.size()), kNmse) << "tile " << tile << " T=" << T;
-      for (const char* xres : std::initializer_list<const char*>{"0", nullptr}) {
-        test::EnvGuard r("FERN_MOE_DOWN_XRES", xres);
-        for (auto [down, gate_up] : {std::pair{"1", "1"}, {"8", "2"}, {"3", "5"}, {"2", "8"}, {"64", "64"}}) {
-          test::EnvGuard d("FERN_MOE_DOWN_SEQ", down);
-          test::EnvGuard g("FERN_MOE_GATE_UP_SEQ", gate_up);
-          EXPECT_EQ(run_gpu(*gpu, *m, x, T), base) << "down " << down << " gate/up " << gate_up << " per block, h "
-                                                   << (xres ? "streamed" : "resident") << ", tile " << tile
-                                                   << " T=" << T;
-        }
+      for (auto [down, gate_up] : {std::pair{"8", "2"}, {"3", "5"}, {"2", "8"}, {"64", "64"}}) {
+        test::EnvGuard d("FERN_MOE_DOWN_SEQ", down);
+        test::EnvGuard g("FERN_MOE_GATE_UP_SEQ", gate_up);
+        EXPECT_EQ(run_gpu(*gpu, *m, x, T), base)
+            << "down " << down << " gate/up " << gate_up << " per block, tile " << tile << " T=" << T;
       }
     }
   }
