@@ -100,19 +100,29 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
     const int row = (cb0 + item) * kBW + wr;
     return row < N ? group_row<BITS>(D, SD, ti, sh, row) : gemm::RowSrc{};
   };
-  auto epilogue = [&](int item, const float (&acc)[NTOK / 2]) {  // opaque(): as in gate_up_wg_kernel
+  // Each token row's destination row and factor (as down_dst: the shared expert's rows go to out at their token,
+  // times its sigmoid gate; a routed pair's to y_pair at the pair's index, times its routing weight), looked up once
+  // per block into shared memory: the epilogue runs once per item, and these lookups are dependent global loads (ncu
+  // on the H200 showed them among the kernel's stalls while each item repeated them). The main loop's first barrier
+  // publishes the table.
+  __shared__ int dst_row[NTOK];
+  __shared__ float dst_f[NTOK];
+  if (tid < NTOK && tid < ti.rows) {
+    const int row = sh ? ti.row0 + tid : gr.order[ti.base + tid];
+    dst_row[tid] = row;
+    dst_f[tid] = sh ? sgate[row] : topk_w[row];
+  }
+  float* const dst_base = sh ? out : y_pair;
+  auto epilogue = [&](int item, const float (&acc)[NTOK / 2]) {
     const int m = (cb0 + item) * kBW + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
-    TileInfo tr = ti;
-    tr.row0 = opaque(ti.row0);
-    tr.base = opaque(ti.base);
 #pragma unroll
     for (int j = 0; j < NTOK / 8; ++j) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = 8 * j + 2 * (lane & 3) + i;
         if (r >= ti.rows) continue;
-        float f;
-        float* dst = down_dst(gr, tr, sh, r, N, out, y_pair, topk_w, sgate, f);
+        const float f = dst_f[r];
+        float* dst = dst_base + int64_t(dst_row[r]) * N;
         if (m < N) dst[m] = f * acc[4 * j + i];
         if (m + 8 < N) dst[m + 8] = f * acc[4 * j + 2 + i];
       }
