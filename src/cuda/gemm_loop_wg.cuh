@@ -27,25 +27,10 @@ __device__ __forceinline__ int weight_row(int tid) {
   return P == kQ4 ? q4tile::weight_row(tid) : (tid & 255) >> 1;
 }
 
-// Runs the loop on the block's dynamic shared memory `raw` over the rows of x (the loop's layout: x.q4 for kQ4);
-// false for the threads that hold no results.
-template <int BITS, int NTOK, int S, int P, class RowOf>
-__device__ __forceinline__ bool run(unsigned char* raw, int K, int gs, const X16& x, RowOf row_of,
-                                    const gemm::RowSrc& wsrc, float (&acc)[NTOK / 2]) {
-  if constexpr (P == kQ4) {
-    static_assert(BITS == 4, "the exact-code loop takes 4-bit codes");
-    return q4tile::mainloop<NTOK, S>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, row_of, wsrc, acc);
-  } else if constexpr (P == kWs) {
-    return wstile::mainloop<BITS, NTOK, S>(wstile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, row_of, wsrc, acc);
-  } else {
-    wgtile::mainloop<BITS, NTOK, S>(wgtile::smem_of<NTOK, BITS, S>(raw), K, gs, x.x, x.lo, row_of, wsrc, acc);
-    return true;
-  }
-}
-
-// The loop over n_items weight tiles of one token tile (q4tile::mainloop_items: one ring through all of them) for the
-// exact-code loop; the other loops take one item per block (their callers launch them so). epilogue(item, acc) runs
-// on the threads holding results, once per item; wsrc_of(item): this thread's weight row in that item.
+// Runs the loop on the block's dynamic shared memory `raw` over the rows of x (the loop's layout: x.q4 for kQ4), for
+// n_items weight tiles of one token tile: the exact-code loop takes them one after the other through one ring
+// (q4tile::mainloop_items), the other loops take one item per block (their callers launch them so). epilogue(item,
+// acc) runs on the threads holding results, once per item; wsrc_of(item): this thread's weight row in that item.
 template <int BITS, int NTOK, int S, int P, class RowOf, class WsrcOf, class Epilogue>
 __device__ __forceinline__ void run_items(unsigned char* raw, int K, int gs, const X16& x, RowOf row_of, int n_items,
                                           WsrcOf wsrc_of, Epilogue epilogue) {
@@ -56,7 +41,13 @@ __device__ __forceinline__ void run_items(unsigned char* raw, int K, int gs, con
   } else {
     (void)n_items;
     float acc[NTOK / 2];
-    if (run<BITS, NTOK, S, P>(raw, K, gs, x, row_of, wsrc_of(0), acc)) epilogue(0, acc);
+    if constexpr (P == kWs) {
+      if (wstile::mainloop<BITS, NTOK, S>(wstile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, row_of, wsrc_of(0), acc))
+        epilogue(0, acc);
+    } else {
+      wgtile::mainloop<BITS, NTOK, S>(wgtile::smem_of<NTOK, BITS, S>(raw), K, gs, x.x, x.lo, row_of, wsrc_of(0), acc);
+      epilogue(0, acc);
+    }
   }
 }
 

@@ -229,17 +229,4 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
   return false;
 }
 
-// One weight tile (mainloop_items with one item): acc receives the MMA threads' results.
-template <int NTOK, int S, class RowOf>
-__device__ __forceinline__ bool mainloop(Smem<NTOK, S>& sm, int K, int gs, const uint16_t* xhi, const uint16_t* xlo,
-                                         const float* xsum, RowOf row_of, const gemm::RowSrc& wsrc,
-                                         float (&acc)[NTOK / 2]) {
-  return mainloop_items<NTOK, S>(
-      sm, K, gs, xhi, xlo, xsum, row_of, 1, [&](int) { return wsrc; },
-      [&](int, const float (&r)[NTOK / 2]) {
-#pragma unroll
-        for (int i = 0; i < NTOK / 2; ++i) acc[i] = r[i];
-      });
-}
-
 }  // namespace fern::cuda::q4tile
