@@ -4,7 +4,8 @@
 # micro-benchmarks and profiles the first launch of each kernel named in NCU_KERNELS (regular expressions on the
 # mangled names, each optionally followed by :N launches to skip; default: the exact-code loop's dense 128-token
 # kernel and the MoE block's 96-row gate/up and down kernels, first launched at T = 2,048; `decode:REGEX` profiles a
-# kernel of bench_cuda_decode's 4K step, e.g. decode:moe_fused_kernel:40, `gemv:REGEX` one of its GEMV table) with the
+# kernel of bench_cuda_decode's 4K step, e.g. decode:moe_fused_kernel:40, `gemv:REGEX` one of its GEMV table,
+# `attn:REGEX` one of the attention prefill micro-benchmark, e.g. attn:attn_prefill_kernel) with the
 # "full" section set and the per-instruction stall samples. Text reports (details, and the SASS source page with
 # the stall samples as CSV) packed into $OUT/ncu_reports.tar.gz, the key metrics in the summary.
 set -u
@@ -17,16 +18,17 @@ if [ -x /tmp/w/build/bench/bench_cuda_moe_prefill ] && [ "${NCU_REUSE:-0}" = 1 ]
 else
   gpu_unpack_head gemm-head
   gpu_configure
-  gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill bench_cuda_decode
+  gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill bench_cuda_decode bench_cuda_attn_prefill
 fi
 KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi4ELi2E moe:gate_up_wg_kernelILi4ELi96ELi5ELi2E moe:down_wg_kernelILi4ELi96ELi5ELi2E"}
 for kv in $KERNELS; do
   b=${kv%%:*}; k=${kv#*:}; skip=0
   case "$k" in *:*) skip=${k##*:}; k=${k%:*} ;; esac  # bench:regex[:launches to skip]
-  case "$b" in  # bench names: linear, moe (prefill micro-benchmarks), decode (the 4K step by block)
+  case "$b" in  # bench names: linear, moe, attn (prefill micro-benchmarks), decode (the 4K step by block), gemv
     moe) exe=(build/bench/bench_cuda_moe_prefill) ;;
     decode) exe=(build/bench/bench_cuda_decode blocks) ;;
     gemv) exe=(build/bench/bench_cuda_decode gemv) ;;  # the GEMV table (its first launch: in_proj_qkv, eager)
+    attn) exe=(build/bench/bench_cuda_attn_prefill) ;;
     *) exe=(build/bench/bench_cuda_prefill_linear) ;;
   esac
   out="$OUT/ncu_$(echo "$k" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).txt"
