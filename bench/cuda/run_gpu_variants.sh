@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One GPU call that compares builds of the prefill tile loops side by side, from the repository root with carry
 # [".carry/debs", ".carry/var"], the folder holding NAME.tar and NAME.commit for each NAME in VARIANTS (each made with
-# `git archive -o .carry/var/NAME.tar COMMIT; git rev-parse --short=12 COMMIT >.carry/var/NAME.commit`).
+# `git archive -o .carry/var/NAME.tar COMMIT; git rev-parse --short=12 COMMIT >.carry/var/NAME.commit`); VFLAGS_NAME
+# (e.g. VFLAGS_ov="-DFERN_Q4_OVERLAP=1") sets that variant's CMAKE_CUDA_FLAGS, so two names may hold one commit.
 # Every variant is built in its own folder (in parallel) with this tree's two GEMM micro-benchmarks (their
 # FERN_BENCH_DEFAULT_ONLY mode: only the default path), then the benchmarks run ROUNDS times in turn (variant after
 # variant, so that clock drift hits all alike). The variant FULL (default: the last) also runs the GEMM and MoE tests
-# first (a hang check: TEST_TIMEOUT each) and, with FULL_BENCH=1, `fern bench --phase prefill` at PREFILL_LENGTHS.
+# first (a hang check: TEST_TIMEOUT each); with FULL_BENCH=1 every variant runs `fern bench --phase prefill` at
+# PREFILL_LENGTHS (BENCH_RUNS runs each, default 2), one variant after the other.
 # A table of the key rows per variant and round last.
 set -u
 source bench/gpu_prelude.sh
@@ -14,14 +16,18 @@ FULL=${FULL:-${VARIANTS##* }}
 ROOT=$PWD
 source tools/gpu-env.sh
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); variants: $VARIANTS (full: $FULL)"
+for v in $VARIANTS; do fv="VFLAGS_$v"; [ -n "${!fv:-}" ] && note "$v: CMAKE_CUDA_FLAGS=${!fv}"; done
 TESTS="cuda_test_cuda_linear_gemm cuda_test_cuda_moe_prefill"
 build_variant() {
   local v=$1 d=/tmp/v_$1 targets="bench_cuda_prefill_linear bench_cuda_moe_prefill"
   rm -rf "$d" && mkdir -p "$d" && tar -C "$d" -xf ".carry/var/$v.tar" || return 1
   cp bench/cuda/bench_cuda_prefill_linear.cpp bench/cuda/bench_cuda_moe_prefill.cpp bench/cuda/bench_timing.h "$d/bench/cuda/"
-  [ "$v" = "$FULL" ] && targets="$targets $TESTS cuda_test_cuda_forward" && [ "${FULL_BENCH:-0}" = 1 ] && targets="$targets fern"
+  [ "$v" = "$FULL" ] && targets="$targets $TESTS cuda_test_cuda_forward"
+  [ "${FULL_BENCH:-0}" = 1 ] && targets="$targets fern"
+  local flags_var="VFLAGS_$v"
   (cd "$d" && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real \
-      -DFERN_GIT_COMMIT="$(cat "$ROOT/.carry/var/$v.commit")" >"$OUT/cmake_$v.log" 2>&1 &&
+      -DCMAKE_CUDA_FLAGS="${!flags_var:-}" -DFERN_GIT_COMMIT="$(cat "$ROOT/.carry/var/$v.commit")" \
+      >"$OUT/cmake_$v.log" 2>&1 &&
     ninja -C build -k 0 -j8 $targets >"$OUT/build_$v.log" 2>&1)
 }
 for v in $VARIANTS; do build_variant "$v" & done
@@ -60,11 +66,12 @@ for v in $VARIANTS; do
     note "$v round $r: qkv@2048 $q2 qkv@4096 $q4 out_proj@2048 $op lm_head@1024 $lm | MoE T=512 $m5 T=2048 $m2 (ms)"
   done
 done
-if [ "${FULL_BENCH:-0}" = 1 ]; then
-  timeout 150 "$d/build/fern" bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
-    --lengths "${PREFILL_LENGTHS:-4096,32768}" --runs 2 >"$OUT/bench_prefill_$FULL.log" 2>&1
-  note "$FULL fern bench prefill rc $?: $(grep -oE "prefill [0-9]+: [0-9.]+ tok/s" "$OUT/bench_prefill_$FULL.log" | tr "\n" " ")"
-  grep -E "^\|" "$OUT/bench_prefill_$FULL.log" | tail -4
+if [ "${FULL_BENCH:-0}" = 1 ]; then  # every variant, in turn
+  for v in $VARIANTS; do
+    timeout "${BENCH_TIMEOUT:-150}" "/tmp/v_$v/build/fern" bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
+      --lengths "${PREFILL_LENGTHS:-4096,32768}" --runs "${BENCH_RUNS:-2}" >"$OUT/bench_prefill_$v.log" 2>&1
+    note "$v fern bench prefill rc $?: $(grep -E '^\| [0-9]' "$OUT/bench_prefill_$v.log" | awk -F'|' '{printf "%s: %s tok/s; ", $2, $3}')"
+  done
 fi
 (cd "$OUT" && tar -czf variants_logs.tar.gz *.md *.log 2>/dev/null && rm -f *.md *.log)
 note "total $(elapsed)"

@@ -71,6 +71,21 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
+// Moves registers between the warpgroups of a block (setmaxnreg): every thread of the calling warpgroup ends up
+// with N (a multiple of 8, 24..256); an increase waits until other warpgroups' decreases have freed enough of what
+// the block was launched with (threads x the kernel's register count, which __launch_bounds__ fixes).
+template <int N>
+__device__ __forceinline__ void regs_dec() {
+#if FERN_HAS_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void regs_inc() {
+#if FERN_HAS_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
 // Keeps the compiler from moving accesses of an accumulator register across the asynchronous MMAs.
 template <int R>
 __device__ __forceinline__ void fence_operand(float (&d)[R]) {
@@ -80,56 +95,61 @@ __device__ __forceinline__ void fence_operand(float (&d)[R]) {
 
 // The wgmma wrappers, two per width N (the accumulator d: N / 2 fp32 registers per thread, 64 x N per warpgroup):
 //   mma_bf16_nN(d, da, db):    d += A (64 x 16 bf16, shared-memory descriptor da) B^T (N x 16 bf16, descriptor db);
-//   mma_bf16_rs_nN(d, a, db):  the same with A in registers: each warp's 16 rows (warp w of the warpgroup: rows
+//   mma_bf16_rs_nN(d, a, db, acc):  the same with A in registers: each warp's 16 rows (warp w of the warpgroup: rows
 //     16 w .. 16 w + 15) in the mma.sync m16n8k16 fragment layout: a[0] holds row lane / 4, K 2 (lane % 4) + {0, 1};
-//     a[1] row lane / 4 + 8, same K; a[2], a[3] the same rows at K + 8.
+//     a[1] row lane / 4 + 8, same K; a[2], a[3] the same rows at K + 8. acc == 0: d = A B^T (wgmma's scale-d
+//     predicate; the old d is not read, which saves zeroing an accumulator before its first MMA).
 // One macro writes both from the width's register list (asm operands must be spelled out one by one).
 #define FERN_WG_D8(b)                                                                                             \
   "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), \
       "+f"(d[b + 7])
 #if FERN_HAS_WGMMA
-#define FERN_WG_WRAPPERS(N, R, DSTR, SS_TAIL, RS_TAIL, ...)                                                       \
+#define FERN_WG_WRAPPERS(N, R, DSTR, SS_TAIL, RS_TAIL, SD, ...)                                                       \
   __device__ __forceinline__ void mma_bf16_n##N(float (&d)[R], uint64_t da, uint64_t db) {                         \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                       \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" DSTR "}, " SS_TAIL ";\n}\n"           \
                  : __VA_ARGS__                                                                                      \
                  : "l"(da), "l"(db));                                                                               \
   }                                                                                                                 \
-  __device__ __forceinline__ void mma_bf16_rs_n##N(float (&d)[R], const uint32_t (&a)[4], uint64_t db) {           \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                       \
+  __device__ __forceinline__ void mma_bf16_rs_n##N(float (&d)[R], const uint32_t (&a)[4], uint64_t db, int acc) {  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SD ", 0;\n"                                                  \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" DSTR "}, " RS_TAIL ";\n}\n"           \
                  : __VA_ARGS__                                                                                      \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                           \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));                                 \
   }
 #else
-#define FERN_WG_WRAPPERS(N, R, DSTR, SS_TAIL, RS_TAIL, ...)                                                       \
+#define FERN_WG_WRAPPERS(N, R, DSTR, SS_TAIL, RS_TAIL, SD, ...)                                                       \
   __device__ __forceinline__ void mma_bf16_n##N(float (&d)[R], uint64_t da, uint64_t db) {                         \
     (void)d, (void)da, (void)db;                                                                                    \
     __trap();                                                                                                       \
   }                                                                                                                 \
-  __device__ __forceinline__ void mma_bf16_rs_n##N(float (&d)[R], const uint32_t (&a)[4], uint64_t db) {           \
-    (void)d, (void)a, (void)db;                                                                                     \
+  __device__ __forceinline__ void mma_bf16_rs_n##N(float (&d)[R], const uint32_t (&a)[4], uint64_t db, int acc) {  \
+    (void)d, (void)a, (void)db, (void)acc;                                                                          \
     __trap();                                                                                                       \
   }
 #endif
 FERN_WG_WRAPPERS(16, 8,
                  "%0, %1, %2, %3, %4, %5, %6, %7",
                  "%8, %9, p, 1, 1, 0, 0", "{%8, %9, %10, %11}, %12, p, 1, 1, 0",
+                 "%13",
                  FERN_WG_D8(0))
 FERN_WG_WRAPPERS(32, 16,
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15",
                  "%16, %17, p, 1, 1, 0, 0", "{%16, %17, %18, %19}, %20, p, 1, 1, 0",
+                 "%21",
                  FERN_WG_D8(0), FERN_WG_D8(8))
 FERN_WG_WRAPPERS(64, 32,
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31",
                  "%32, %33, p, 1, 1, 0, 0", "{%32, %33, %34, %35}, %36, p, 1, 1, 0",
+                 "%37",
                  FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24))
 FERN_WG_WRAPPERS(96, 48,
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47",
                  "%48, %49, p, 1, 1, 0, 0", "{%48, %49, %50, %51}, %52, p, 1, 1, 0",
+                 "%53",
                  FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24),
                  FERN_WG_D8(32), FERN_WG_D8(40))
 FERN_WG_WRAPPERS(128, 64,
@@ -138,6 +158,7 @@ FERN_WG_WRAPPERS(128, 64,
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63",
                  "%64, %65, p, 1, 1, 0, 0", "{%64, %65, %66, %67}, %68, p, 1, 1, 0",
+                 "%69",
                  FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24),
                  FERN_WG_D8(32), FERN_WG_D8(40), FERN_WG_D8(48), FERN_WG_D8(56))
 #undef FERN_WG_WRAPPERS
@@ -160,18 +181,18 @@ __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t da, uint64_
 
 
 template <int N>
-__device__ __forceinline__ void mma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db) {
+__device__ __forceinline__ void mma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int acc = 1) {
   static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "instantiated widths");
   if constexpr (N == 16)
-    mma_bf16_rs_n16(d, a, db);
+    mma_bf16_rs_n16(d, a, db, acc);
   else if constexpr (N == 32)
-    mma_bf16_rs_n32(d, a, db);
+    mma_bf16_rs_n32(d, a, db, acc);
   else if constexpr (N == 64)
-    mma_bf16_rs_n64(d, a, db);
+    mma_bf16_rs_n64(d, a, db, acc);
   else if constexpr (N == 96)
-    mma_bf16_rs_n96(d, a, db);
+    mma_bf16_rs_n96(d, a, db, acc);
   else
-    mma_bf16_rs_n128(d, a, db);
+    mma_bf16_rs_n128(d, a, db, acc);
 }
 
 }  // namespace fern::cuda::wgmma
