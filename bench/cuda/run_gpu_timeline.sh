@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call: the decode step's per-kernel timeline (bench_cuda_decode timeline, CUPTI) at TL_CONTEXTS (default
 # 4096 and 131072), then `fern bench` prefill at PF_LENGTHS for each prefill chunk size of PF_CHUNKS (default
-# 2048,4096,8192; 0 = the backend's choice; PF_LENGTHS= skips it), median of PF_RUNS; with DEC_LENGTHS, `fern bench`
+# 2048,4096,8192; 0 = the backend's choice; PF_LENGTHS= skips it), median of PF_RUNS; TL_SETS="A=1|A=2" runs each
+# decode timeline once per set of environment assignments; with DEC_LENGTHS, `fern bench`
 # decode there (median of 3; DEC_SWITCH as --decode-switch). TL_TESTS: test executables to run first (NAME or NAME:GTEST_FILTER). PTL: prefill
 # timelines (bench_cuda_decode prefill-timeline), a list of LEN:CHUNK, under each set of PTL_SETS. PF_SETS="A=1 B=2|A=3 B=4": the prefill bench
 # once per set of environment assignments (one process each, in the order given). From the repository root with carry [".carry/debs",
@@ -17,10 +18,17 @@ for t in ${TL_TESTS:-}; do  # NAME or NAME:GTEST_FILTER
   timeout 300 "build/${t%%:*}" --gtest_filter="$filter" >>"$OUT/tests.log" 2>&1
   note "$t rc $? ($(grep -c '^\[       OK' "$OUT/tests.log") OK so far)"
 done
-for c in ${TL_CONTEXTS:-4096 131072}; do
-  timeout 200 build/bench/bench_cuda_decode timeline "$c" "${TL_STEPS:-9}" "$OUT/timeline_$c.txt" >"$OUT/timeline_$c.log" 2>&1
-  note "timeline $c rc $? ($(elapsed))"
-  grep -A40 "== decode step timeline" "$OUT/timeline_$c.log" | head -45
+# TL_SETS="A=1|A=2": each decode timeline once per set of environment assignments (default: one, as is).
+IFS='|' read -r -a tl_sets <<<"${TL_SETS:- }"
+for set in "${tl_sets[@]}"; do
+  tag=$(echo "$set" | tr -c 'A-Za-z0-9\n' '_')
+  for c in ${TL_CONTEXTS:-4096 131072}; do
+    # shellcheck disable=SC2086  # a set is several assignments
+    env $set timeout 200 build/bench/bench_cuda_decode timeline "$c" "${TL_STEPS:-9}" "$OUT/timeline_${c}_$tag.txt" \
+      >"$OUT/timeline_${c}_$tag.log" 2>&1
+    note "timeline $c [$set] rc $? ($(elapsed))"
+    grep -A40 "== decode step timeline" "$OUT/timeline_${c}_$tag.log" | head -45
+  done
 done
 # PTL_SETS="A=1|A=2": each prefill timeline once per set of environment assignments (default: one, as is).
 IFS='|' read -r -a ptl_sets <<<"${PTL_SETS:- }"

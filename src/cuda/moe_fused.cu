@@ -34,6 +34,9 @@
 // resident; a PDL successor launches only once every block has passed pdl_trigger(), i.e. is resident already.
 #include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -43,7 +46,7 @@
 namespace fern::cuda {
 namespace {
 
-// Threads per block: 512 with one block per SM (the default), or 256 with two (FERN_CUDA_MOE_WIDE=0, moe_wide):
+// Threads per block: 512 with one block per SM (the default), or 256 with two (FERN_CUDA_MOE_WIDE=0, moe_shape):
 // half the blocks of version 5, so half the requests for the rows that every block reads from L2 (the input row,
 // h), which docs/notes/cuda-decode-v5.md measured as hot-spot bound; the same warps per SM. Measured on the H200
 // (docs/notes/cuda-decode-v6.md, run 1): 21.57 against 22.65 us per launch.
@@ -526,9 +529,10 @@ size_t fused_smem(int64_t H, int64_t nx) {
          size_t(cols(nx / EB)) * (FB * 16 + 4);
 }
 
-// Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
+// Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size, at most
+// per_sm_cap per SM.
 template <int RB, int B, bool TIMED, int NT>
-int resident_blocks(const Ctx& c, size_t smem) {
+int resident_blocks(const Ctx& c, size_t smem, int per_sm_cap) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
@@ -539,11 +543,11 @@ int resident_blocks(const Ctx& c, size_t smem) {
     cached = per_sm;
     cached_smem = smem;
   }
-  return std::min(cached, 512 / NT) * c.sms;
+  return std::min(cached, per_sm_cap) * c.sms;
 }
 
 template <int RB, int B, bool TIMED, int NT>
-bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
+bool launch_fused_nt(const Ctx& c, const FusedArgs& a, int per_sm_cap) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
@@ -554,22 +558,36 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT>(c, smem, per_sm_cap);
   if (blocks <= 0) return false;
   launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
 
-// 512 threads per block, one block per SM, unless FERN_CUDA_MOE_WIDE=0 (read at every call, for comparisons).
-bool moe_wide() {
+// Block shape (FERN_CUDA_MOE_WIDE, read at every call, for comparisons): 512 threads, one block per SM (the
+// default, "1"); 256 threads, two per SM ("0"); or 256 threads, one per SM ("half"). Both default shapes hold the
+// whole register file (128 registers x 512 threads), so no block of the next kernel becomes resident before this
+// launch's blocks exit, and that kernel's weight loads, issued before its PDL wait, start only then; "half" leaves
+// half the register file to the next kernel's blocks (and the previous kernel's: this launch's own router and
+// shared-expert weight loads, also before its wait), at the cost of half the warps here (the comparison is
+// docs/notes/cuda-decode-v12-coresident.md).
+enum class MoeShape { Wide, Narrow, Half };
+MoeShape moe_shape() {
   const char* e = std::getenv("FERN_CUDA_MOE_WIDE");
-  return !(e != nullptr && e[0] == '0' && e[1] == 0);
+  if (e == nullptr || std::strcmp(e, "1") == 0) return MoeShape::Wide;
+  if (std::strcmp(e, "0") == 0) return MoeShape::Narrow;
+  if (std::strcmp(e, "half") == 0) return MoeShape::Half;
+  throw std::runtime_error(std::string("FERN_CUDA_MOE_WIDE: want 1, 0 or half, got '") + e + "'");
 }
 
 template <int RB, int B, bool TIMED>
 bool launch_fused(const Ctx& c, const FusedArgs& a) {
-  return moe_wide() ? launch_fused_nt<RB, B, TIMED, 512>(c, a) : launch_fused_nt<RB, B, TIMED, kThreads>(c, a);
+  switch (moe_shape()) {
+    case MoeShape::Narrow: return launch_fused_nt<RB, B, TIMED, kThreads>(c, a, 2);
+    case MoeShape::Half: return launch_fused_nt<RB, B, TIMED, kThreads>(c, a, 1);
+    default: return launch_fused_nt<RB, B, TIMED, 512>(c, a, 1);
+  }
 }
 
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
