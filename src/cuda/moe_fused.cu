@@ -267,6 +267,7 @@ struct FusedArgs {
   int topk;
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
+  int down_late;               // request the first down row after the first gate/up rows (FERN_CUDA_MOE_DOWN_LATE)
 };
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
@@ -465,9 +466,14 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
   };
   st.at(kMoeStampRouted);
-  if (v < H) load_down(v, lane);
+  // The first down row's loads go out before the gate/up rows' (the default) or right after this warp's first
+  // gate/up rows (down_late): the gate/up rows are the critical path (h must be complete before the down rows can
+  // be finished), the down rows are needed only after the second handoff.
+  const bool late = a.down_late != 0;
+  if (!late && v < H) load_down(v, lane);
 
   const int ntask = k * I;
+  if (late && v >= ntask && v < H) load_down(v, lane);  // a warp without gate/up rows
   for (int u0 = v; u0 < ntask; u0 += 2 * W) {
     const int u1 = u0 + W;
     const int s0 = u0 / I, r0 = u0 - s0 * I;
@@ -478,6 +484,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     const int row[4] = {r0, r0, r1, r1};
     Rows<B, 4> R;
     load_rows<B, 4>(mat, row, 0, cpr_e, lane, R);
+    if (late && u0 == v && v < H) load_down(v, lane);
     float d[4];
     finish_rows<B, 4>(mat, row, R, cpr_e, xe, xec, lane, d);
     if (lane == 0) {
@@ -590,6 +597,15 @@ bool launch_fused(const Ctx& c, const FusedArgs& a) {
   }
 }
 
+// FERN_CUDA_MOE_DOWN_LATE=1: the first down row requested after the first gate/up rows (see the kernel's phase 2);
+// 0 or unset: before them. Read at every call, for comparisons (docs/notes/cuda-decode-v12-coresident.md).
+bool moe_down_late() {
+  const char* e = std::getenv("FERN_CUDA_MOE_DOWN_LATE");
+  if (e == nullptr || std::strcmp(e, "0") == 0) return false;
+  if (std::strcmp(e, "1") == 0) return true;
+  throw std::runtime_error(std::string("FERN_CUDA_MOE_DOWN_LATE: want 0 or 1, got '") + e + "'");
+}
+
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
 bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
                 const MoeNorm* norm, FusedArgs& a) {
@@ -610,7 +626,7 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr, moe_down_late() ? 1 : 0};
   return true;
 }
 

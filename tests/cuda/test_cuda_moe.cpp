@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "cuda/kernels.h"
 #include "cuda/qweight.h"
@@ -156,6 +157,11 @@ cuda::MoeScratch fused_scratch(CudaBackend& gpu, const MoeCase& c) {
                           f32(c.k * c.I + c.Is)};
 }
 
+// The fused kernel's forms (FERN_CUDA_MOE_WIDE, FERN_CUDA_MOE_DOWN_LATE): every block shape with the down rows
+// requested early (the default), and the late request with the shapes that would use it.
+constexpr std::pair<const char*, const char*> kFusedForms[] = {
+    {"0", "0"}, {"1", "0"}, {"half", "0"}, {"1", "1"}, {"half", "1"}};
+
 // The one-launch decode MoE (moe_fused.cu) called directly, so that a silent fall-back to the three launches
 // cannot pass for it: per case, four tokens one after another on the same counters (the handoff counters alternate
 // between two pairs by epoch parity, so four calls run each pair twice), each against the CPU backend, and the
@@ -163,7 +169,7 @@ cuda::MoeScratch fused_scratch(CudaBackend& gpu, const MoeCase& c) {
 // (E 40, k 5, widths of 10 and 6 chunks: most lanes idle); 2 passes per gate/up and router row (H 4096); 2 passes per
 // down row (k 8 x I 1024: 272 chunks > 5 x 32); 600 experts (the 32-values-per-lane top-k). Every block shape
 // (FERN_CUDA_MOE_WIDE: 256 threads, two blocks per SM; 512 threads, one; 256 threads, one: half the warps, so every
-// warp takes twice the rows of each phase).
+// warp takes twice the rows of each phase), and the down rows requested after the gate/up rows (kFusedForms).
 TEST(CudaMoe, FusedDecodeMatchesCpu) {
   FERN_REQUIRE_GPU();
   const MoeCase cases[] = {
@@ -174,10 +180,10 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
       {"fused wide down", 64, 1024, 1024, 512, 8, 4, 1},
       {"fused 600 experts", 600, 256, 64, 64, 10, 4, 1},
   };
-  for (const char* wide : {"0", "1", "half"})
+  for (const auto& [wide, late] : kFusedForms)
   for (const MoeCase& c : cases) {
-    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
-    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide), gl("FERN_CUDA_MOE_DOWN_LATE", late);
+    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide + " FERN_CUDA_MOE_DOWN_LATE=" + late);
     auto gpu = test::make_gpu();
     auto cpu = make_cpu_backend();
     test::OwnedStorage st;
@@ -258,10 +264,10 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
       {"norm real", 256, 2048, 512, 512, 8, 4, 1},
       {"norm small odd", 40, 320, 192, 64, 5, 4, 1},
   };
-  for (const char* wide : {"0", "1", "half"})
+  for (const auto& [wide, late] : kFusedForms)
   for (const MoeCase& c : cases) {
-    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
-    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide), gl("FERN_CUDA_MOE_DOWN_LATE", late);
+    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide + " FERN_CUDA_MOE_DOWN_LATE=" + late);
     auto gpu = test::make_gpu();
     auto cpu = make_cpu_backend();
     test::OwnedStorage st;
