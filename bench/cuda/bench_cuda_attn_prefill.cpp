@@ -5,7 +5,8 @@
 // after one warm-up); attn_prep (norms, RoPE, KV append; the same for both) is timed on its own.
 // Effective TFLOP/s counts 4 * D * Hq FLOPs per visible (query row, key) pair (q K^T and P V, 2 FLOPs per MAC).
 // The two kernels' outputs are compared (NMSE of the flash output against the decode kernel's) at every point,
-// which checks the flash kernel at cache lengths the CPU-referenced tests cannot reach.
+// which checks the flash kernel at cache lengths the CPU-referenced tests cannot reach. The last columns: the cache
+// rows converted to fp16 once (cuda::kv_to_f16) and the kernel on those copies, which must give the same bits.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,7 +60,7 @@ int main() {
   FERN_CUDA_CHECK(cudaGetDevice(&dev));
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t row = int64_t(sh.Hkv) * sh.D;
-  uint16_t *kc, *vc;
+  uint16_t *kc, *vc, *k16, *v16;
   float *qg, *k, *v, *qn, *kn, *q, *o_old, *o_new, *pml, *pacc;
   int32_t* d_pos;
   const int64_t QG = int64_t(2) * sh.Hq * sh.D, O = int64_t(sh.Hq) * sh.D;
@@ -67,6 +68,8 @@ int main() {
   const size_t part_old = size_t(256) << 20;  // the backend's cap on the decode kernel's partials
   FERN_CUDA_CHECK(cudaMalloc(&kc, size_t(sh.capacity * row) * 2));
   FERN_CUDA_CHECK(cudaMalloc(&vc, size_t(sh.capacity * row) * 2));
+  FERN_CUDA_CHECK(cudaMalloc(&k16, size_t(sh.capacity * row) * 2));
+  FERN_CUDA_CHECK(cudaMalloc(&v16, size_t(sh.capacity * row) * 2));
   FERN_CUDA_CHECK(cudaMalloc(&qg, size_t(kMaxT * QG) * 4));
   FERN_CUDA_CHECK(cudaMalloc(&k, size_t(kMaxT * row) * 4));
   FERN_CUDA_CHECK(cudaMalloc(&v, size_t(kMaxT * row) * 4));
@@ -97,8 +100,9 @@ int main() {
     for (int T : {2, 3, 4, 8, 16, 32, 64, 256}) pts.push_back({pos, T});
 
   std::printf("| pos | T | prep (ms) | decode kernel (ms) | flash (ms) | flash splits | speed-up | flash TFLOP/s | "
-              "NMSE flash vs decode | flash bf16 (ms) | NMSE bf16 vs decode |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "NMSE flash vs decode | flash bf16 (ms) | NMSE bf16 vs decode | fp16 copies + flash (ms) | copies (ms) | "
+              "same bits as flash |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Point& p : pts) {
     const int T = p.T;
     const int32_t pos32 = static_cast<int32_t>(p.pos);
@@ -118,7 +122,21 @@ int main() {
         [&] { cuda::attn_prefill(ctx, sh, d_pos, q, qg, kc, vc, pml, pacc, o_new, T, ns_new); }, reps);
     FERN_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> ref = download(o_old, size_t(T * O));
-    const double e = nmse(download(o_new, size_t(T * O)), ref);
+    const std::vector<float> flash_out = download(o_new, size_t(T * O));
+    const double e = nmse(flash_out, ref);
+    // The cache rows converted to fp16 once (as the backend's flash-kv16 does per layer and chunk), then the kernel
+    // without its own conversion: timed together, and the conversion alone.
+    const int64_t rows = p.pos + T;
+    auto copies = [&] { cuda::kv_to_f16(ctx, sh, d_pos, kc, vc, k16, v16, T, rows); };
+    const double t_kv = median_ms(
+        [&] {
+          copies();
+          cuda::attn_prefill(ctx, sh, d_pos, q, qg, k16, v16, pml, pacc, o_new, T, ns_new, true, true);
+        },
+        reps);
+    const double t_copies = median_ms(copies, reps);
+    FERN_CUDA_CHECK(cudaDeviceSynchronize());
+    const bool same = download(o_new, size_t(T * O)) == flash_out;
     // The previous operand precision (bf16 q and softmax weights), for the notes' comparison.
     const double t_bf = median_ms(
         [&] { cuda::attn_prefill(ctx, sh, d_pos, q, qg, kc, vc, pml, pacc, o_new, T, ns_new, false); }, reps);
@@ -127,11 +145,13 @@ int main() {
     double pairs = 0;
     for (int t = 0; t < T; ++t) pairs += double(p.pos + t + 1);
     const double flops = 4.0 * sh.D * sh.Hq * pairs;
-    std::printf("| %ld | %d | %.3f | %.3f | %.3f | %d | %.1fx | %.1f | %.2e | %.3f | %.2e |\n", long(p.pos), T, t_prep,
-                t_old, t_new, ns_new, t_old / t_new, flops / (t_new * 1e-3) / 1e12, e, t_bf, e_bf);
+    std::printf("| %ld | %d | %.3f | %.3f | %.3f | %d | %.1fx | %.1f | %.2e | %.3f | %.2e | %.3f | %.3f | %s |\n",
+                long(p.pos), T, t_prep, t_old, t_new, ns_new, t_old / t_new, flops / (t_new * 1e-3) / 1e12, e, t_bf,
+                e_bf, t_kv, t_copies, same ? "yes" : "NO");
     std::fflush(stdout);
   }
-  for (void* ptr : {static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(qg), static_cast<void*>(k),
+  for (void* ptr : {static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(k16), static_cast<void*>(v16),
+                    static_cast<void*>(qg), static_cast<void*>(k),
                     static_cast<void*>(v), static_cast<void*>(qn), static_cast<void*>(kn), static_cast<void*>(q),
                     static_cast<void*>(o_old), static_cast<void*>(o_new), static_cast<void*>(pml),
                     static_cast<void*>(pacc), static_cast<void*>(d_pos)})

@@ -2,7 +2,8 @@
 # One GPU call: the decode step's per-kernel timeline (bench_cuda_decode timeline, CUPTI) at TL_CONTEXTS (default
 # 4096 and 131072), then `fern bench` prefill at PF_LENGTHS for each prefill chunk size of PF_CHUNKS (default
 # 2048,4096,8192; 0 = the backend's choice; PF_LENGTHS= skips it), median of PF_RUNS; TL_SETS="A=1|A=2" runs each
-# decode timeline once per set of environment assignments; with DEC_LENGTHS, `fern bench`
+# decode timeline once per set of environment assignments; TL_BENCH="NAME ..." runs those micro-benchmarks (after
+# TL_TESTS); with DEC_LENGTHS, `fern bench`
 # decode there (median of 3; DEC_SWITCH as --decode-switch). TL_TESTS: test executables to run first (NAME or NAME:GTEST_FILTER). PTL: prefill
 # timelines (bench_cuda_decode prefill-timeline), a list of LEN:CHUNK, under each set of PTL_SETS. PF_SETS="A=1 B=2|A=3 B=4": the prefill bench
 # once per set of environment assignments (one process each, in the order given). From the repository root with carry [".carry/debs",
@@ -11,12 +12,17 @@ set -u
 source bench/gpu_prelude.sh
 gpu_unpack_head tl-head
 gpu_configure
-gpu_build fern bench_cuda_decode $(for t in ${TL_TESTS:-}; do echo "${t%%:*}"; done)
+gpu_build fern bench_cuda_decode ${TL_BENCH:-} $(for t in ${TL_TESTS:-}; do echo "${t%%:*}"; done)
 for t in ${TL_TESTS:-}; do  # NAME or NAME:GTEST_FILTER
   filter=*
   [ "$t" != "${t%%:*}" ] && filter=${t#*:}
   timeout 300 "build/${t%%:*}" --gtest_filter="$filter" >>"$OUT/tests.log" 2>&1
   note "$t rc $? ($(grep -c '^\[       OK' "$OUT/tests.log") OK so far)"
+done
+for b in ${TL_BENCH:-}; do  # micro-benchmarks (build/bench/NAME), their tables in full
+  timeout 300 "build/bench/$b" >"$OUT/timeline_bench_$b.md" 2>&1
+  note "$b rc $? ($(elapsed))"
+  cat "$OUT/timeline_bench_$b.md"
 done
 # TL_SETS="A=1|A=2": each decode timeline once per set of environment assignments (default: one, as is).
 IFS='|' read -r -a tl_sets <<<"${TL_SETS:- }"

@@ -15,9 +15,14 @@
 // Shared-memory rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads hit distinct banks.
 // With nsplit > 1 (small T over a long cache) each block covers one slice of the KV tiles and writes unnormalised
 // partials that attn_prefill_combine merges (and gates).
+// KV16 (with F16): the cache rows arrive already converted to fp16 by kv_to_f16_kernel, once per layer and chunk,
+// instead of once per (query tile, KV tile) in every block: the same conversion, so the same bits. (The in-kernel
+// conversion measured +32% on the kernel at long caches, docs/notes/cuda-prefill-v3-attn.md; a 8,192-row chunk has
+// 512 query tiles per KV head, each converting every KV tile it reads.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cuda/attn_prefill.h"
@@ -53,14 +58,17 @@ __device__ __forceinline__ uint32_t pack16(float lo, float hi) {
   }
 }
 
-// Eight bf16 values (one 16-byte chunk) to fp16 in place: the bf16 -> fp32 step is exact, then pack16 rounds.
-__device__ __forceinline__ void chunk_bf16_to_f16(uint16_t* p) {
-  uint4* c = reinterpret_cast<uint4*>(p);
-  uint4 v = *c;
+// Eight bf16 values (one 16-byte chunk) to fp16: the bf16 -> fp32 step is exact, then pack16 rounds.
+__device__ __forceinline__ uint4 bf16x8_to_f16(uint4 v) {
   uint32_t* w = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
   for (int i = 0; i < 4; ++i) w[i] = pack16<true>(__uint_as_float(w[i] << 16), __uint_as_float(w[i] & 0xffff0000u));
-  *c = v;
+  return v;
+}
+// The same in place (a 16-byte chunk of shared memory).
+__device__ __forceinline__ void chunk_bf16_to_f16(uint16_t* p) {
+  uint4* c = reinterpret_cast<uint4*>(p);
+  *c = bf16x8_to_f16(*c);
 }
 
 // Element offset of 16-byte chunk `ch` of row `row` in a [rows, D] bf16 tile: chunks XOR-swizzled by row % 8, so
@@ -70,7 +78,24 @@ __device__ __forceinline__ int swz(int row, int ch) {
   return row * D + ((ch ^ (row & 7)) << 3);
 }
 
-template <int D, bool F16>
+// Rows [0, d_pos[0] + T) of both bf16 caches to fp16 (the prefix the chunk's attention reads; rows are contiguous
+// from the start of a cache), at most `rows` rows: the copies' size. Grid-stride over 16-byte chunks.
+constexpr int kConvThreads = 256;
+__global__ void __launch_bounds__(kConvThreads) kv_to_f16_kernel(const int32_t* __restrict__ d_pos, int T, int64_t rows,
+                                                                 int64_t row_elems, const uint16_t* __restrict__ k,
+                                                                 const uint16_t* __restrict__ v, uint16_t* __restrict__ k16,
+                                                                 uint16_t* __restrict__ v16) {
+  pdl_wait();
+  pdl_trigger();
+  const long long used = static_cast<long long>(d_pos[0]) + T;
+  const int64_t n = static_cast<int64_t>(used < rows ? used : rows) * row_elems / 8;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < n; c += int64_t(gridDim.x) * blockDim.x) {
+    reinterpret_cast<uint4*>(k16)[c] = bf16x8_to_f16(reinterpret_cast<const uint4*>(k)[c]);
+    reinterpret_cast<uint4*>(v16)[c] = bf16x8_to_f16(reinterpret_cast<const uint4*>(v)[c]);
+  }
+}
+
+template <int D, bool F16, bool KV16>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_prefill_kernel(AttnShape sh, const int32_t* __restrict__ d_pos, const float* __restrict__ q,
                         const float* __restrict__ qg, const uint16_t* __restrict__ k_cache,
@@ -160,7 +185,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         ptx::cp_wait<0>();
       }
-      if constexpr (F16) convert_kv(buf);
+      static_assert(F16 || !KV16, "fp16 cache rows are fp16 operands");
+      if constexpr (F16 && !KV16) convert_kv(buf);
       __syncthreads();
       const uint16_t* ks = Ks + buf * BN * D;
       const uint16_t* vs = Vs + buf * BN * D;
@@ -320,39 +346,40 @@ constexpr size_t smem_bytes() {
   return size_t(BM + 4 * BN) * D * 2;
 }
 
-template <int D, bool F16>
+template <int D, bool F16, bool KV16>
 void set_smem_attr() {
-  allow_dynamic_smem<attn_prefill_kernel<D, F16>>(smem_bytes<D>());
+  allow_dynamic_smem<attn_prefill_kernel<D, F16, KV16>>(smem_bytes<D>());
 }
 
 // Resident blocks per SM of the fp16 kernel (a property of the kernel and the device: asked once).
 template <int D>
 int blocks_per_sm() {
   static const int n = [] {
-    set_smem_attr<D, true>();
+    set_smem_attr<D, true, false>();
     int r = 0;
-    FERN_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r, attn_prefill_kernel<D, true>, kThreads, smem_bytes<D>()));
+    FERN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r, attn_prefill_kernel<D, true, false>, kThreads,
+                                                                  smem_bytes<D>()));
     return r < 1 ? 1 : r;
   }();
   return n;
 }
 
-template <int D, bool F16>
+template <int D, bool F16, bool KV16>
 void launch_flash(const Ctx& c, dim3 grid, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                   const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int T,
                   int G) {
-  set_smem_attr<D, F16>();
-  launch(c, "attn_prefill_kernel", attn_prefill_kernel<D, F16>, grid, kThreads, smem_bytes<D>(), sh, d_pos, q, qg,
-         k_cache, v_cache, part_ml, part_acc, o, T, G);
+  set_smem_attr<D, F16, KV16>();
+  launch(c, "attn_prefill_kernel", attn_prefill_kernel<D, F16, KV16>, grid, kThreads, smem_bytes<D>(), sh, d_pos, q,
+         qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
 }
 
 template <int D>
-void launch_flash(const Ctx& c, bool f16, dim3 grid, const AttnShape& sh, const int32_t* d_pos, const float* q,
-                  const float* qg, const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc,
-                  float* o, int T, int G) {
-  if (f16) launch_flash<D, true>(c, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
-  else launch_flash<D, false>(c, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
+void launch_flash(const Ctx& c, bool f16, bool kv16, dim3 grid, const AttnShape& sh, const int32_t* d_pos,
+                  const float* q, const float* qg, const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml,
+                  float* part_acc, float* o, int T, int G) {
+  if (kv16) launch_flash<D, true, true>(c, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
+  else if (f16) launch_flash<D, true, false>(c, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
+  else launch_flash<D, false, false>(c, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
 }
 
 }  // namespace
@@ -379,9 +406,20 @@ int attn_prefill_splits(const AttnShape& sh, int64_t pos, int T, int sms) {
   return static_cast<int>(n < 1 ? 1 : n);
 }
 
+void kv_to_f16(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const uint16_t* k_cache,
+               const uint16_t* v_cache, uint16_t* k16, uint16_t* v16, int T, int64_t rows) {
+  if (T <= 0 || rows <= 0) return;
+  FERN_CU_CHECK(int64_t(sh.Hkv) * sh.D % 8 == 0, "kv_to_f16: rows of whole 16-byte chunks");
+  const int64_t chunks = rows * sh.Hkv * sh.D / 8;
+  const int64_t blocks = std::min<int64_t>((chunks + kConvThreads - 1) / kConvThreads, int64_t(c.sms) * 8);
+  launch(c, "kv_to_f16_kernel", kv_to_f16_kernel, static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kConvThreads,
+         0, d_pos, T, rows, int64_t(sh.Hkv) * sh.D, k_cache, v_cache, k16, v16);
+  FERN_CUDA_LAUNCH_CHECK("kv_to_f16_kernel");
+}
+
 void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                   const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int T,
-                  int nsplit, bool f16) {
+                  int nsplit, bool f16, bool kv16) {
   if (T <= 0) return;
   if (!attn_prefill_ok(sh))
     raise_error("attention prefill: unsupported head shape (head_dim " + std::to_string(sh.D) + ", " +
@@ -389,13 +427,14 @@ void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const
                 std::to_string(sh.Hkv) + "; supported: head_dim 64/128/256, 1/2/4/8/16 per KV head)");
   FERN_CU_CHECK(nsplit >= 1 && nsplit <= kAttnPrefillMaxSplits, "attention prefill: split count");
   FERN_CU_CHECK(nsplit == 1 || (part_ml != nullptr && part_acc != nullptr), "attention prefill: partials scratch");
+  FERN_CU_CHECK(f16 || !kv16, "attention prefill: fp16 cache rows need fp16 operands");
   const int G = sh.Hq / sh.Hkv;
   const int tiles_q = (T + BM / G - 1) / (BM / G);
   const dim3 grid(tiles_q, sh.Hkv, nsplit);
   switch (sh.D) {
-    case 256: launch_flash<256>(c, f16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
-    case 128: launch_flash<128>(c, f16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
-    default: launch_flash<64>(c, f16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
+    case 256: launch_flash<256>(c, f16, kv16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
+    case 128: launch_flash<128>(c, f16, kv16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
+    default: launch_flash<64>(c, f16, kv16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
   }
   FERN_CUDA_LAUNCH_CHECK("attn_prefill_kernel");
   if (nsplit > 1) {

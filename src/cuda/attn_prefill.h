@@ -28,9 +28,16 @@ int attn_prefill_splits(const AttnShape& sh, int64_t pos, int T, int sms);
 // MMAs (m16n8k16, FP32 accumulation; f16 = false: BF16 q and weights, the previous variant, kept for comparison);
 // the softmax itself is FP32. With nsplit > 1 the pieces write unnormalised partial
 // results to part_ml [T, Hq, nsplit, 2] and part_acc [T, Hq, nsplit, D] (scratch) and a second kernel merges them;
-// with nsplit == 1 both may be null.
+// with nsplit == 1 both may be null. kv16 (with f16): k_cache / v_cache hold the rows as FP16 (kv_to_f16), not BF16.
 void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                   const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int T,
-                  int nsplit, bool f16 = true);
+                  int nsplit, bool f16 = true, bool kv16 = false);
+
+// The rows the attention of a chunk of T rows at position d_pos[0] reads, [0, d_pos[0] + T), of both BF16 caches
+// as FP16 into k16 / v16 (rows x Hkv x D each; at most `rows` rows are written), converted exactly as the flash
+// kernel converts them in shared memory (finite values past the FP16 range saturate): attn_prefill with kv16 on
+// these copies gives the bits of attn_prefill on the caches.
+void kv_to_f16(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const uint16_t* k_cache,
+               const uint16_t* v_cache, uint16_t* k16, uint16_t* v16, int T, int64_t rows);
 
 }  // namespace fern::cuda

@@ -7,6 +7,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "cuda/attn_prefill.h"
 #include "attn_test_util.h"
@@ -86,6 +89,33 @@ double run(const Case& c, double limit = kNmse) {
     worst = std::max(worst, e);
   }
   return worst;
+}
+
+// The GPU outputs of every call of the case under the current FERN_ATTN_PREFILL, on the inputs attn_call_nmse makes
+// for the same seeds (so that two kernels can be compared bit for bit).
+std::vector<float> gpu_outputs(const Case& c) {
+  auto gpu = test::make_gpu();
+  Layer layer(c, *gpu);
+  const ModelConfig& cfg = layer.cfg;
+  auto gs = gpu->new_state(cfg, c.capacity);
+  const int64_t QG = int64_t(2) * c.Hq * c.D, KV = int64_t(c.Hkv) * c.D, O = int64_t(c.Hq) * c.D;
+  std::vector<float> all;
+  int call = 0;
+  for (int T : c.calls) {
+    ++call;
+    const uint64_t seed = c.seed + 10 * call;
+    auto qg = test::randn(size_t(T * QG), seed);
+    auto k = test::randn(size_t(T * KV), seed + 1);
+    auto v = test::randn(size_t(T * KV), seed + 2);
+    gpu->begin_forward();
+    Tensor dy = gpu->scratch(DType::F32, {T, O});
+    gpu->attn_core(dy, test::upload_f32(*gpu, qg, {T, QG}), test::upload_f32(*gpu, k, {T, KV}),
+                   test::upload_f32(*gpu, v, {T, KV}), layer.dw, cfg, *gs, 0);
+    gpu->advance(*gs, T);
+    const auto got = test::download(*gpu, dy);
+    all.insert(all.end(), got.begin(), got.end());
+  }
+  return all;
 }
 
 TEST(CudaAttnPrefill, RealShapesShortChunks) {
@@ -190,6 +220,76 @@ TEST(CudaAttnPrefill, HugeValuesStayFinite) {
   size_t bad = 0;
   for (float x : got) bad += !std::isfinite(x);
   EXPECT_EQ(bad, 0u) << "non-finite outputs with values past the FP16 range";
+}
+
+// FP16 copies of the cache rows made once per layer and chunk (flash-kv16, cuda::kv_to_f16) against the flash
+// kernel's own conversion in shared memory: the same conversion of the same values, so the same bits, and within
+// kNmse of the CPU like every flash case. Real shape: a first chunk, continuations, and the KV-split path (small T
+// over a longer cache); head dims 128 and 64; cache values past the FP16 range (both saturate them alike).
+TEST(CudaAttnPrefill, Fp16CacheCopiesGiveTheSameBits) {
+  FERN_REQUIRE_GPU();
+  auto make = [](int Hq, int Hkv, int D, double rot, std::vector<int> calls, uint64_t seed) {
+    Case c;
+    c.Hq = Hq;
+    c.Hkv = Hkv;
+    c.D = D;
+    c.rot_factor = rot;
+    c.calls = calls;
+    for (int T : calls) c.capacity += T;
+    c.seed = seed;
+    return c;
+  };
+  const Case cases[] = {
+      make(16, 2, 256, 0.25, {300, 17, 64}, 41),
+      make(16, 2, 256, 0.25, {2100, 17, 2}, 43),  // the split path at T = 17 and 2 (SmallChunksOverLongCacheSplitKv)
+      make(4, 4, 128, 0.25, {300, 129}, 45),
+      make(8, 2, 64, 0.5, {130, 3}, 47),
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("Hq " + std::to_string(c.Hq) + " D " + std::to_string(c.D) + " seed " + std::to_string(c.seed));
+    std::vector<float> in_kernel, copies;
+    {
+      ForceKernel f("flash");
+      in_kernel = gpu_outputs(c);
+    }
+    {
+      ForceKernel f("flash-kv16");
+      copies = gpu_outputs(c);
+      run(c);  // against the CPU
+    }
+    ASSERT_EQ(in_kernel.size(), copies.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < copies.size(); ++i)
+      differ += std::memcmp(&in_kernel[i], &copies[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "of " << copies.size() << " outputs";
+  }
+  // Values past the FP16 range: finite, and the same bits both ways.
+  auto gpu = test::make_gpu();
+  const Case c;
+  Layer layer(c, *gpu);
+  const int T = 70;
+  const int64_t QG = 2 * 16 * 256, KV = 2 * 256, O = 16 * 256;
+  auto qg = test::randn(size_t(T * QG), 51);
+  auto k = test::randn(size_t(T * KV), 52);
+  auto v = test::randn(size_t(T * KV), 53);
+  for (float& x : v) x *= 1e6f;
+  std::vector<float> out[2];
+  for (int m = 0; m < 2; ++m) {
+    ForceKernel f(m == 0 ? "flash" : "flash-kv16");
+    auto gs = gpu->new_state(layer.cfg, T);
+    gpu->begin_forward();
+    Tensor dy = gpu->scratch(DType::F32, {T, O});
+    gpu->attn_core(dy, test::upload_f32(*gpu, qg, {T, QG}), test::upload_f32(*gpu, k, {T, KV}),
+                   test::upload_f32(*gpu, v, {T, KV}), layer.dw, layer.cfg, *gs, 0);
+    out[m] = test::download(*gpu, dy);
+  }
+  size_t bad = 0, differ = 0;
+  for (size_t i = 0; i < out[1].size(); ++i) {
+    bad += !std::isfinite(out[1][i]);
+    differ += std::memcmp(&out[0][i], &out[1][i], sizeof(float)) != 0;
+  }
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(differ, 0u);
 }
 
 TEST(CudaAttnPrefill, OtherHeadShapes) {
