@@ -81,10 +81,10 @@ __device__ __forceinline__ int swz(int row, int ch) {
 // Rows [0, d_pos[0] + T) of both bf16 caches to fp16 (the prefix the chunk's attention reads; rows are contiguous
 // from the start of a cache), at most `rows` rows: the copies' size. Grid-stride over 16-byte chunks.
 constexpr int kConvThreads = 256;
-__global__ void __launch_bounds__(kConvThreads) kv_to_f16_kernel(const int32_t* __restrict__ d_pos, int T, int64_t rows,
-                                                                 int64_t row_elems, const uint16_t* __restrict__ k,
-                                                                 const uint16_t* __restrict__ v, uint16_t* __restrict__ k16,
-                                                                 uint16_t* __restrict__ v16) {
+__global__ void __launch_bounds__(kConvThreads)
+    kv_to_f16_kernel(const int32_t* __restrict__ d_pos, int T, int64_t rows, int64_t row_elems,
+                     const uint16_t* __restrict__ k, const uint16_t* __restrict__ v, uint16_t* __restrict__ k16,
+                     uint16_t* __restrict__ v16) {
   pdl_wait();
   pdl_trigger();
   const long long used = static_cast<long long>(d_pos[0]) + T;
@@ -432,9 +432,15 @@ void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const
   const int tiles_q = (T + BM / G - 1) / (BM / G);
   const dim3 grid(tiles_q, sh.Hkv, nsplit);
   switch (sh.D) {
-    case 256: launch_flash<256>(c, f16, kv16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
-    case 128: launch_flash<128>(c, f16, kv16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
-    default: launch_flash<64>(c, f16, kv16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G); break;
+    case 256:
+      launch_flash<256>(c, f16, kv16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
+      break;
+    case 128:
+      launch_flash<128>(c, f16, kv16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
+      break;
+    default:
+      launch_flash<64>(c, f16, kv16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);
+      break;
   }
   FERN_CUDA_LAUNCH_CHECK("attn_prefill_kernel");
   if (nsplit > 1) {
