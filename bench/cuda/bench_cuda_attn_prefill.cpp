@@ -6,7 +6,8 @@
 // Effective TFLOP/s counts 4 * D * Hq FLOPs per visible (query row, key) pair (q K^T and P V, 2 FLOPs per MAC).
 // The two kernels' outputs are compared (NMSE of the flash output against the decode kernel's) at every point,
 // which checks the flash kernel at cache lengths the CPU-referenced tests cannot reach. The last columns: the cache
-// rows converted to fp16 once (cuda::kv_to_f16) and the kernel on those copies, which must give the same bits.
+// rows converted to fp16 once (cuda::kv_to_f16) and the kernel on those copies, which must give the same bits; the
+// warpgroup-MMA kernel (attn_prefill_wg.cu, sm_90a only) with its copies, and its NMSE against the decode kernel.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,7 +61,7 @@ int main() {
   FERN_CUDA_CHECK(cudaGetDevice(&dev));
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t row = int64_t(sh.Hkv) * sh.D;
-  uint16_t *kc, *vc, *k16, *v16;
+  uint16_t *kc, *vc, *k16, *v16, *vt16;
   float *qg, *k, *v, *qn, *kn, *q, *o_old, *o_new, *pml, *pacc;
   int32_t* d_pos;
   const int64_t QG = int64_t(2) * sh.Hq * sh.D, O = int64_t(sh.Hq) * sh.D;
@@ -70,6 +71,9 @@ int main() {
   FERN_CUDA_CHECK(cudaMalloc(&vc, size_t(sh.capacity * row) * 2));
   FERN_CUDA_CHECK(cudaMalloc(&k16, size_t(sh.capacity * row) * 2));
   FERN_CUDA_CHECK(cudaMalloc(&v16, size_t(sh.capacity * row) * 2));
+  const int64_t ld_max = (sh.capacity + 63) / 64 * 64;
+  FERN_CUDA_CHECK(cudaMalloc(&vt16, size_t(ld_max * row) * 2));
+  const bool wg = cuda::attn_prefill_wg_ok(sh);
   FERN_CUDA_CHECK(cudaMalloc(&qg, size_t(kMaxT * QG) * 4));
   FERN_CUDA_CHECK(cudaMalloc(&k, size_t(kMaxT * row) * 4));
   FERN_CUDA_CHECK(cudaMalloc(&v, size_t(kMaxT * row) * 4));
@@ -101,8 +105,8 @@ int main() {
 
   std::printf("| pos | T | prep (ms) | decode kernel (ms) | flash (ms) | flash splits | speed-up | flash TFLOP/s | "
               "NMSE flash vs decode | flash bf16 (ms) | NMSE bf16 vs decode | fp16 copies + flash (ms) | copies (ms) | "
-              "same bits as flash |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "same bits as flash | wg + copies (ms) | wg TFLOP/s | NMSE wg vs decode |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Point& p : pts) {
     const int T = p.T;
     const int32_t pos32 = static_cast<int32_t>(p.pos);
@@ -137,6 +141,20 @@ int main() {
     const double t_copies = median_ms(copies, reps);
     FERN_CUDA_CHECK(cudaDeviceSynchronize());
     const bool same = download(o_new, size_t(T * O)) == flash_out;
+    // The warpgroup-MMA kernel (sm_90a), its two copies included (keys as rows, values transposed).
+    double t_wg = 0, e_wg = 0;
+    if (wg) {
+      const int64_t ld = (rows + 63) / 64 * 64;
+      t_wg = median_ms(
+          [&] {
+            cuda::kv_to_f16(ctx, sh, d_pos, kc, nullptr, k16, nullptr, T, rows);
+            cuda::v_to_f16_t(ctx, sh, d_pos, vc, vt16, T, ld);
+            cuda::attn_prefill_wg(ctx, sh, d_pos, q, qg, k16, vt16, ld, pml, pacc, o_new, T, ns_new);
+          },
+          reps);
+      FERN_CUDA_CHECK(cudaDeviceSynchronize());
+      e_wg = nmse(download(o_new, size_t(T * O)), ref);
+    }
     // The previous operand precision (bf16 q and softmax weights), for the notes' comparison.
     const double t_bf = median_ms(
         [&] { cuda::attn_prefill(ctx, sh, d_pos, q, qg, kc, vc, pml, pacc, o_new, T, ns_new, false); }, reps);
@@ -145,12 +163,14 @@ int main() {
     double pairs = 0;
     for (int t = 0; t < T; ++t) pairs += double(p.pos + t + 1);
     const double flops = 4.0 * sh.D * sh.Hq * pairs;
-    std::printf("| %ld | %d | %.3f | %.3f | %.3f | %d | %.1fx | %.1f | %.2e | %.3f | %.2e | %.3f | %.3f | %s |\n",
+    std::printf("| %ld | %d | %.3f | %.3f | %.3f | %d | %.1fx | %.1f | %.2e | %.3f | %.2e | %.3f | %.3f | %s | %.3f | %.1f "
+                "| %.2e |\n",
                 long(p.pos), T, t_prep, t_old, t_new, ns_new, t_old / t_new, flops / (t_new * 1e-3) / 1e12, e, t_bf,
-                e_bf, t_kv, t_copies, same ? "yes" : "NO");
+                e_bf, t_kv, t_copies, same ? "yes" : "NO", t_wg, wg ? flops / (t_wg * 1e-3) / 1e12 : 0.0, e_wg);
     std::fflush(stdout);
   }
   for (void* ptr : {static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(k16), static_cast<void*>(v16),
+                    static_cast<void*>(vt16),
                     static_cast<void*>(qg), static_cast<void*>(k),
                     static_cast<void*>(v), static_cast<void*>(qn), static_cast<void*>(kn), static_cast<void*>(q),
                     static_cast<void*>(o_old), static_cast<void*>(o_new), static_cast<void*>(pml),

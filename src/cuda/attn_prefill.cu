@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <string>
 
+#include "cuda/attn_f16.cuh"
 #include "cuda/attn_prefill.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/launch.cuh"
@@ -44,27 +45,6 @@ using ptx::ldmatrix_x4;
 using ptx::fast_exp2;
 using ptx::ldmatrix_x4_trans;
 
-// Two floats as one register of 16-bit operands (.x, the low half, = lo). fp16: one cvt with .satfinite (finite
-// values past the range become +-65504, NaN stays NaN; sm_80+), cheaper than clamping each value first.
-template <bool F16>
-__device__ __forceinline__ uint32_t pack16(float lo, float hi) {
-  if constexpr (F16) {
-    uint32_t r;
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source -> upper half
-    return r;
-  } else {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
-
-// Eight bf16 values (one 16-byte chunk) to fp16: the bf16 -> fp32 step is exact, then pack16 rounds.
-__device__ __forceinline__ uint4 bf16x8_to_f16(uint4 v) {
-  uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) w[i] = pack16<true>(__uint_as_float(w[i] << 16), __uint_as_float(w[i] & 0xffff0000u));
-  return v;
-}
 // The same in place (a 16-byte chunk of shared memory).
 __device__ __forceinline__ void chunk_bf16_to_f16(uint16_t* p) {
   uint4* c = reinterpret_cast<uint4*>(p);
@@ -79,7 +59,8 @@ __device__ __forceinline__ int swz(int row, int ch) {
 }
 
 // Rows [0, d_pos[0] + T) of both bf16 caches to fp16 (the prefix the chunk's attention reads; rows are contiguous
-// from the start of a cache), at most `rows` rows: the copies' size. Grid-stride over 16-byte chunks.
+// from the start of a cache), at most `rows` rows: the copies' size. Grid-stride over 16-byte chunks. v16 == nullptr:
+// the keys only (the wgmma kernel takes the values transposed, attn_prefill_wg.cu).
 constexpr int kConvThreads = 256;
 __global__ void __launch_bounds__(kConvThreads)
     kv_to_f16_kernel(const int32_t* __restrict__ d_pos, int T, int64_t rows, int64_t row_elems,
@@ -91,7 +72,7 @@ __global__ void __launch_bounds__(kConvThreads)
   const int64_t n = static_cast<int64_t>(used < rows ? used : rows) * row_elems / 8;
   for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < n; c += int64_t(gridDim.x) * blockDim.x) {
     reinterpret_cast<uint4*>(k16)[c] = bf16x8_to_f16(reinterpret_cast<const uint4*>(k)[c]);
-    reinterpret_cast<uint4*>(v16)[c] = bf16x8_to_f16(reinterpret_cast<const uint4*>(v)[c]);
+    if (v16 != nullptr) reinterpret_cast<uint4*>(v16)[c] = bf16x8_to_f16(reinterpret_cast<const uint4*>(v)[c]);
   }
 }
 
@@ -443,11 +424,14 @@ void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const
       break;
   }
   FERN_CUDA_LAUNCH_CHECK("attn_prefill_kernel");
-  if (nsplit > 1) {
-    launch(c, "attn_prefill_combine", attn_prefill_combine, dim3(sh.Hq, T), kCombineThreads, 0, sh, nsplit, part_ml,
-           part_acc, qg, o);
-    FERN_CUDA_LAUNCH_CHECK("attn_prefill_combine");
-  }
+  if (nsplit > 1) attn_prefill_merge(c, sh, nsplit, part_ml, part_acc, qg, o, T);
+}
+
+void attn_prefill_merge(const Ctx& c, const AttnShape& sh, int nsplit, const float* part_ml, const float* part_acc,
+                        const float* qg, float* o, int T) {
+  launch(c, "attn_prefill_combine", attn_prefill_combine, dim3(sh.Hq, T), kCombineThreads, 0, sh, nsplit, part_ml,
+         part_acc, qg, o);
+  FERN_CUDA_LAUNCH_CHECK("attn_prefill_combine");
 }
 
 }  // namespace fern::cuda

@@ -21,16 +21,19 @@ constexpr int kAttnPrefillMinRows = 2;
 // FERN_ATTN_PREFILL=flash / decode forces one kernel for every T > 1 (tests and benchmarks compare them);
 // flash-bf16 forces the flash kernel with its previous BF16 operands (attn_prefill.cu says why FP16 is the default);
 // flash-kv16 the flash kernel on FP16 copies of the cache rows made once per layer and chunk (cuda::kv_to_f16; the
-// same bits as flash, not yet measured for speed: docs/notes/cuda-prefill-v10-kv16.md).
-enum class Choice { Auto, Flash, FlashBf16, FlashKv16, Decode };
+// same bits as flash, not yet measured for speed: docs/notes/cuda-prefill-v10-kv16.md); wg the warpgroup-MMA kernel
+// (attn_prefill_wg.cu, on FP16 copies with the values transposed; not yet run on a GPU:
+// docs/notes/cuda-prefill-v11-attn-wg.md), where it takes the shape and the device, else flash.
+enum class Choice { Auto, Flash, FlashBf16, FlashKv16, Wg, Decode };
 Choice forced_choice() {
   const char* e = std::getenv("FERN_ATTN_PREFILL");
   if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return Choice::Auto;
   if (std::strcmp(e, "flash") == 0) return Choice::Flash;
   if (std::strcmp(e, "flash-bf16") == 0) return Choice::FlashBf16;
   if (std::strcmp(e, "flash-kv16") == 0) return Choice::FlashKv16;
+  if (std::strcmp(e, "wg") == 0) return Choice::Wg;
   if (std::strcmp(e, "decode") == 0) return Choice::Decode;
-  fail("FERN_ATTN_PREFILL={}: expected auto, flash, flash-bf16, flash-kv16 or decode", e);
+  fail("FERN_ATTN_PREFILL={}: expected auto, flash, flash-bf16, flash-kv16, wg or decode", e);
 }
 
 bool decode_kernel_ok(const cuda::AttnShape& sh) {
@@ -47,8 +50,7 @@ void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const A
   const cuda::AttnShape sh = attn_shape(cfg, st.capacity);
   const Choice choice = forced_choice();
   bool flash = cuda::attn_prefill_ok(sh) && (T >= kAttnPrefillMinRows || !decode_kernel_ok(sh));
-  if (choice != Choice::Auto)
-    flash = choice == Choice::Flash || choice == Choice::FlashBf16 || choice == Choice::FlashKv16;
+  if (choice != Choice::Auto) flash = choice != Choice::Decode;
   Tensor q = scratch(DType::F32, {T, sh.Hq, sh.D});
   Tensor kc = st.k_cache.at(layer), vc = st.v_cache.at(layer);
   cuda::attn_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"), f32(w.q_norm, "q_norm"),
@@ -68,6 +70,17 @@ void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const A
     }
     const uint16_t* kp = kc.ptr<uint16_t>();
     const uint16_t* vp = vc.ptr<uint16_t>();
+    if (choice == Choice::Wg && cuda::attn_prefill_wg_ok(sh)) {
+      // The keys this chunk reads as FP16 rows, the values as FP16 transposed (a row of keys per dim, whole 64-key
+      // tiles): scratch of 4 bytes per cached row element, as flash-kv16.
+      const int64_t rows = st.pos + T, ld = (rows + 63) / 64 * 64;
+      Tensor k16 = scratch(DType::F16, {rows, sh.Hkv, sh.D}), vt16 = scratch(DType::F16, {sh.Hkv, sh.D, ld});
+      cuda::kv_to_f16(ctx(), sh, st.d_pos, kp, nullptr, k16.ptr<uint16_t>(), nullptr, T, rows);
+      cuda::v_to_f16_t(ctx(), sh, st.d_pos, vp, vt16.ptr<uint16_t>(), T, ld);
+      cuda::attn_prefill_wg(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), k16.ptr<uint16_t>(),
+                            vt16.ptr<uint16_t>(), ld, pml, pacc, f32(o, "attn o"), T, nsplit);
+      return;
+    }
     const bool kv16 = choice == Choice::FlashKv16;
     if (kv16) {  // the rows this chunk reads, [0, pos + T), as FP16 (scratch: 4 bytes per row element, K and V)
       const int64_t rows = st.pos + T;

@@ -161,6 +161,41 @@ FERN_WG_WRAPPERS(128, 64,
                  "%69",
                  FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24),
                  FERN_WG_D8(32), FERN_WG_D8(40), FERN_WG_D8(48), FERN_WG_D8(56))
+// fp16 operands (the prefill attention on wgmma, attn_prefill_wg.cu), the two shapes it takes: m64n64k16 with both
+// operands from shared memory and m64n128k16 with A in registers, in the layouts of mma_bf16_n64 / mma_bf16_rs_n128;
+// acc == 0 overwrites d (scale-d), as for mma_bf16_rs.
+#if FERN_HAS_WGMMA
+__device__ __forceinline__ void mma_f16_n64(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+               "%32, %33, p, 1, 1, 0, 0;\n}\n"
+               : FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24)
+               : "l"(da), "l"(db), "r"(acc));
+}
+__device__ __forceinline__ void mma_f16_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+               "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+               : FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24), FERN_WG_D8(32), FERN_WG_D8(40),
+                 FERN_WG_D8(48), FERN_WG_D8(56)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+#else
+__device__ __forceinline__ void mma_f16_n64(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+  (void)d, (void)da, (void)db, (void)acc;
+  __trap();
+}
+__device__ __forceinline__ void mma_f16_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int acc) {
+  (void)d, (void)a, (void)db, (void)acc;
+  __trap();
+}
+#endif
 #undef FERN_WG_WRAPPERS
 #undef FERN_WG_D8
 

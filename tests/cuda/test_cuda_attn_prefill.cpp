@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/attn_prefill.h"
+#include "cuda/gemm_wg.h"
 #include "attn_test_util.h"
 
 namespace fern {
@@ -290,6 +291,42 @@ TEST(CudaAttnPrefill, Fp16CacheCopiesGiveTheSameBits) {
   }
   EXPECT_EQ(bad, 0u);
   EXPECT_EQ(differ, 0u);
+}
+
+// The warpgroup-MMA kernel (FERN_ATTN_PREFILL=wg, attn_prefill_wg.cu; sm_90a builds on compute capability 9.0
+// only): the same operand precision as the flash kernel (fp16 q, P and cache rows, fp32 accumulation and softmax),
+// other summation orders, so the flash kernel's bounds: kNmse against the CPU on every case (first chunks,
+// continuations, the split path, head dims 256 and 128, GQA 8, 1 and 16), and with the peaked softmax under 1.5x the
+// decode kernel's error (PeakedSoftmaxAgainstDecodeKernel's bound for fp16 operands).
+TEST(CudaAttnPrefill, WarpgroupKernel) {
+  FERN_REQUIRE_GPU();
+  if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
+  auto make = [](int Hq, int Hkv, int D, std::vector<int> calls, uint64_t seed) {
+    Case c;
+    c.Hq = Hq;
+    c.Hkv = Hkv;
+    c.D = D;
+    c.calls = calls;
+    for (int T : calls) c.capacity += T;
+    c.seed = seed;
+    return c;
+  };
+  ForceKernel f("wg");
+  run(make(16, 2, 256, {2, 17, 64, 300}, 61));
+  run(make(16, 2, 256, {2048, 700}, 63));
+  run(make(16, 2, 256, {2100, 17, 2, 5, 64, 130}, 65));  // the split path from T = 17 on
+  run(make(4, 4, 128, {300, 129}, 67));
+  run(make(16, 1, 128, {77, 40}, 69));
+  Case peaked = make(16, 2, 256, {300, 257}, 71);
+  peaked.norm_scale = 2.5f;
+  const double wg = run(peaked, 1.0);
+  double decode = 0;
+  {
+    ForceKernel d("decode");
+    decode = run(peaked, 1.0);
+  }
+  std::printf("peaked softmax: worst NMSE wg %.3e, decode kernel %.3e (ratio %.2f)\n", wg, decode, wg / decode);
+  EXPECT_LT(wg, 1.5 * decode);
 }
 
 TEST(CudaAttnPrefill, OtherHeadShapes) {

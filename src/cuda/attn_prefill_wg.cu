@@ -1,0 +1,339 @@
+// Causal GQA attention for a chunk of prompt rows on the Hopper warpgroup MMAs (FERN_ATTN_PREFILL=wg; opt-in, not
+// yet run on a GPU: docs/notes/cuda-prefill-v11-attn-wg.md). The same tiling and numerics as the flash kernel
+// (attn_prefill.cu): a block owns one KV head and 128 query rows (128 / G tokens x the G heads of the KV head), walks
+// the visible keys in tiles of 64 (cp.async, two buffers), fp16 q and P, fp32 softmax in the exp2 domain, the same
+// mask, splits and epilogue. What changes is the MMA: each of the two warpgroups computes its 64 rows' scores with
+// wgmma m64n64k16 (q and the key tile from shared memory) and adds P V with m64n128k16 (P from the score registers,
+// the value tile from shared memory), instead of eight warps of mma.sync m16n8k16 fed by ldmatrix.
+// Operand layouts (wgmma.cuh: K-major rows of 64 fp16, 128-byte swizzle):
+//  - q: head_dim / 64 column blocks of [128 rows x 64 dims]; a K step of 16 dims is 32 bytes into a block;
+//  - keys: the same for the 64 keys of a tile (they are the N side of S = q K^T);
+//  - values: P V needs the keys as the K side, so the values come transposed, one row of 64 keys per dim
+//    ([head_dim rows x 64 keys]), from vt16, a transposed fp16 copy of the chunk's value rows made once per layer
+//    and chunk (v_to_f16_t); the keys come from the fp16 copy of kv_to_f16. Both copies convert exactly as the flash
+//    kernel converts in shared memory (attn_f16.cuh).
+// Per key tile each warpgroup issues its 16 score MMAs, waits, runs the mask and the online softmax on the score
+// registers (the accumulator layout of m64nN is the mma.sync layout per warp, so that code is the flash kernel's),
+// rescales its output accumulators, issues its 8 P V MMAs and waits: no overlap inside a warpgroup yet.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/attn_f16.cuh"
+#include "cuda/attn_prefill.h"
+#include "cuda/cuda_util.cuh"
+#include "cuda/gemm_wg.h"
+#include "cuda/launch.cuh"
+#include "cuda/ptx.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // two warpgroups of 64 query rows
+constexpr int BM = kAttnPrefillRows;
+constexpr int BN = kAttnPrefillKeys;
+static_assert(BM == 128 && BN == 64, "two warpgroups of 64 rows; key tiles of one 128-byte swizzled row");
+constexpr int kRowB = 128;  // bytes of one swizzled operand row: 64 fp16
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared memory for head dim D: q [D / 64][BM rows], keys [2][D / 64][BN rows], transposed values [2][D rows], all
+// rows of 128 bytes, every block on a 1024-byte boundary (the swizzle atom).
+template <int D>
+struct WgSmem {
+  static constexpr int KB = D / 64;
+  uint8_t q[KB][BM * kRowB];
+  uint8_t k[2][KB][BN * kRowB];
+  uint8_t vt[2][D * kRowB];
+};
+template <int D>
+constexpr size_t kWgSmemBytes = sizeof(WgSmem<D>) + 1024;  // + alignment slack
+
+// The value rows a chunk reads, [0, d_pos[0] + T), transposed and converted: vt[(h * D + d) * ld + key] (fp16); keys
+// from there up to ld are zero (the kernel multiplies every key of its last tile by its weight, 0 for the masked
+// ones, so they must be finite). One block per (64-key tile, KV head, 64-dim tile), through a shared-memory tile.
+constexpr int kTrThreads = 256;
+__global__ void __launch_bounds__(kTrThreads) v_to_f16_t_kernel(const int32_t* __restrict__ d_pos, int T, int64_t ld,
+                                                                int Hkv, int D, const uint16_t* __restrict__ v,
+                                                                uint16_t* __restrict__ vt) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ __align__(16) uint16_t tile[64][64 + 8];  // [key][dim]; rows of 144 bytes keep 16-byte alignment
+  const long long used = static_cast<long long>(d_pos[0]) + T;
+  const int64_t k0 = int64_t(blockIdx.x) * 64;
+  const int h = static_cast<int>(blockIdx.y), d0 = static_cast<int>(blockIdx.z) * 64;
+  for (int c = threadIdx.x; c < 64 * 8; c += kTrThreads) {
+    const int r = c >> 3, ch = c & 7;
+    const int64_t key = k0 + r;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (key < used && key < ld)
+      val = bf16x8_to_f16(*reinterpret_cast<const uint4*>(v + (key * Hkv + h) * D + d0 + ch * 8));
+    *reinterpret_cast<uint4*>(&tile[r][ch * 8]) = val;
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < 64 * 8; c += kTrThreads) {
+    const int dd = c >> 3, kc = c & 7;  // dim d0 + dd, keys k0 + 8 kc .. + 7
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = uint32_t(tile[8 * kc + 2 * i][dd]) | (uint32_t(tile[8 * kc + 2 * i + 1][dd]) << 16);
+    *reinterpret_cast<uint4*>(vt + (int64_t(h) * D + d0 + dd) * ld + k0 + 8 * kc) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_prefill_wg_kernel(AttnShape sh, const int32_t* __restrict__ d_pos, const float* __restrict__ q,
+                           const float* __restrict__ qg, const uint16_t* __restrict__ k16,
+                           const uint16_t* __restrict__ vt16, int64_t ld, float* __restrict__ part_ml,
+                           float* __restrict__ part_acc, float* __restrict__ o, int T, int G) {
+  static_assert(D == 128 || D == 256, "P V runs as D / 128 MMAs of 128 dims");
+  constexpr int NH = D / 128;
+  extern __shared__ unsigned char attn_wg_smem[];
+  WgSmem<D>& sm = wgmma::smem_at_atom<WgSmem<D>>(attn_wg_smem);
+
+  pdl_wait();
+  pdl_trigger();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = tid >> 7;
+  const int TQ = BM / G;                      // token rows per tile
+  const int qt = gridDim.x - 1 - blockIdx.x;  // latest token rows (most KV tiles) first
+  const int kvh = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z;
+  const int t0 = qt * TQ;
+  const int P0 = d_pos[0];
+  const int t_last = min(t0 + TQ, T) - 1;
+  const int kv_len = P0 + t_last + 1;  // keys the tile's last row sees
+  const int tiles_all = (P0 + T + BN - 1) / BN;
+  const int per_split = (tiles_all + nsplit - 1) / nsplit;
+  const int j_begin = split * per_split;
+  const int j_end = min((kv_len + BN - 1) / BN, j_begin + per_split);
+
+  // Rows held by this thread in the accumulator layout (warp w of the block is warp w % 4 of warpgroup w / 4, whose
+  // 16 rows are 16 w .. 16 w + 15 of the block's 128): r0 and r0 + 8.
+  const int r0 = warp * 16 + (lane >> 2);
+  int lim[2];  // last key each row may see; padding rows (t >= T) clamp to the last written row
+#pragma unroll
+  for (int i = 0; i < 2; ++i) lim[i] = P0 + min(t0 + (r0 + 8 * i) / G, T - 1);
+
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
+  // oacc[h][4 n + 2 i + e]: row r0 + 8 i, dim 128 h + 8 n + 2 (lane % 4) + e.
+  float oacc[NH][64];
+#pragma unroll
+  for (int h = 0; h < NH; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) oacc[h][i] = 0.0f;
+  // s[4 n + 2 i + e]: row r0 + 8 i, key 8 n + 2 (lane % 4) + e of the tile.
+  float s[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+
+  if (j_begin < j_end) {
+    auto load_kv = [&](int j, int buf) {
+      for (int c = tid; c < BN * (D / 8); c += kThreads) {  // keys: BN rows of D dims, in D / 64 blocks
+        const int r = c / (D / 8), ch = c % (D / 8);
+        const int key = j * BN + r;
+        const bool ok = key < kv_len;
+        const int64_t off = (int64_t(ok ? key : 0) * sh.Hkv + kvh) * D + ch * 8;
+        ptx::cp_async16(&sm.k[buf][ch >> 3][wgmma::sw128(r, ch & 7)], k16 + off, ok);
+      }
+      for (int c = tid; c < D * (BN / 8); c += kThreads) {  // values: D rows of BN keys (in bounds: j < ld / BN)
+        const int d = c >> 3, ch = c & 7;
+        ptx::cp_async16(&sm.vt[buf][wgmma::sw128(d, ch)],
+                        vt16 + (int64_t(kvh) * D + d) * ld + int64_t(j) * BN + ch * 8);
+      }
+    };
+    load_kv(j_begin, 0);
+    ptx::cp_commit();
+    // q tile: fp32 -> fp16 (round to nearest, saturating), padding rows zero.
+    for (int c = tid; c < BM * (D / 8); c += kThreads) {
+      const int r = c / (D / 8), ch = c % (D / 8);
+      const int t = t0 + r / G;
+      uint4 pk = make_uint4(0, 0, 0, 0);
+      if (r < TQ * G && t < T) {
+        const float4* src =
+            reinterpret_cast<const float4*>(q + (int64_t(t) * sh.Hq + kvh * G + r % G) * D + ch * 8);
+        const float4 a = src[0], b = src[1];
+        pk = make_uint4(pack16<true>(a.x, a.y), pack16<true>(a.z, a.w), pack16<true>(b.x, b.y),
+                        pack16<true>(b.z, b.w));
+      }
+      *reinterpret_cast<uint4*>(&sm.q[ch >> 3][wgmma::sw128(r, ch & 7)]) = pk;
+    }
+    const float sl2 = rsqrtf(float(D)) * kLog2e;
+
+    for (int j = j_begin; j < j_end; ++j) {
+      const int buf = (j - j_begin) & 1;
+      if (j + 1 < j_end) {
+        load_kv(j + 1, buf ^ 1);  // that buffer was released by the barrier at the end of the last iteration
+        ptx::cp_commit();
+        ptx::cp_wait<1>();
+      } else {
+        ptx::cp_wait<0>();
+      }
+      wgmma::fence_proxy_async();  // this thread's copies (and q stores) to the MMAs' proxy; the barrier publishes
+      __syncthreads();
+
+      // S = q K^T for this warpgroup's 64 rows x the tile's 64 keys.
+      wgmma::fence_operand(s);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint64_t da = wgmma::desc_sw128(&sm.q[ks >> 2][wg * 64 * kRowB + 32 * (ks & 3)]);
+        const uint64_t db = wgmma::desc_sw128(&sm.k[buf][ks >> 2][32 * (ks & 3)]);
+        wgmma::mma_f16_n64(s, da, db, ks > 0);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operand(s);
+
+      // Mask (only where the tile reaches past the first row's last key), online softmax in the exp2 domain.
+      const int k0 = j * BN;
+      const bool need_mask = k0 + BN - 1 > P0 + t0;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float v = s[4 * n + 2 * i + e] * sl2;
+            if (need_mask && k0 + n * 8 + (lane & 3) * 2 + e > lim[i]) v = -INFINITY;
+            s[4 * n + 2 * i + e] = v;
+            mx = fmaxf(mx, v);
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m_r[i], mx);
+        const float mref = mnew == -INFINITY ? 0.0f : mnew;  // a row with nothing visible yet stays at zero
+        const float corr = ptx::fast_exp2(m_r[i] - mref);
+        m_r[i] = mnew;
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = ptx::fast_exp2(s[4 * n + 2 * i + e] - mref);
+            s[4 * n + 2 * i + e] = p;
+            sum += p;
+          }
+        }
+        l_r[i] = l_r[i] * corr + sum;
+        if (__any_sync(0xffffffffu, corr != 1.0f)) {
+#pragma unroll
+          for (int h = 0; h < NH; ++h)
+#pragma unroll
+            for (int n = 0; n < 16; ++n) {
+              oacc[h][4 * n + 2 * i] *= corr;
+              oacc[h][4 * n + 2 * i + 1] *= corr;
+            }
+        }
+      }
+
+      // O += P V: the scores of two adjacent 8-key blocks are the register A fragment of a 16-key step.
+      uint32_t a[BN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        a[kk][0] = pack16<true>(s[8 * kk + 0], s[8 * kk + 1]);
+        a[kk][1] = pack16<true>(s[8 * kk + 2], s[8 * kk + 3]);
+        a[kk][2] = pack16<true>(s[8 * kk + 4], s[8 * kk + 5]);
+        a[kk][3] = pack16<true>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+#pragma unroll
+      for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+        for (int h = 0; h < NH; ++h)
+          wgmma::mma_f16_rs_n128(oacc[h], a[kk], wgmma::desc_sw128(&sm.vt[buf][128 * h * kRowB + 32 * kk]), 1);
+      wgmma::commit();
+      wgmma::wait<0>();
+#pragma unroll
+      for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
+      __syncthreads();  // tile j's buffers may now take tile j + 2's copies
+    }
+  }
+
+  // Epilogue: row sums over the quad of lanes that share a row, then the gated output or this split's partials.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = l_r[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = r0 + 8 * i;
+    const int t = t0 + r / G, hq = kvh * G + r % G;
+    if (r >= TQ * G || t >= T) continue;
+    const int64_t row = int64_t(t) * sh.Hq + hq;
+    if (nsplit == 1) {
+      const float inv = 1.0f / l;  // l >= 1: every row sees key 0 and its own maximum contributes exp2(0)
+      const float* gate = qg + row * 2 * D + D;
+      float* orow = o + row * D;
+#pragma unroll
+      for (int h = 0; h < NH; ++h)
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+          const int d = 128 * h + n * 8 + (lane & 3) * 2;
+          const float2 g = *reinterpret_cast<const float2*>(gate + d);
+          *reinterpret_cast<float2*>(orow + d) = make_float2(oacc[h][4 * n + 2 * i] * inv * sigmoid(g.x),
+                                                             oacc[h][4 * n + 2 * i + 1] * inv * sigmoid(g.y));
+        }
+    } else {
+      float* acc = part_acc + (row * nsplit + split) * D;
+#pragma unroll
+      for (int h = 0; h < NH; ++h)
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+          const int d = 128 * h + n * 8 + (lane & 3) * 2;
+          *reinterpret_cast<float2*>(acc + d) = make_float2(oacc[h][4 * n + 2 * i], oacc[h][4 * n + 2 * i + 1]);
+        }
+      if ((lane & 3) == 0) *reinterpret_cast<float2*>(part_ml + (row * nsplit + split) * 2) = make_float2(m_r[i], l);
+    }
+  }
+}
+
+template <int D>
+void launch_wg(const Ctx& c, dim3 grid, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+               const uint16_t* k16, const uint16_t* vt16, int64_t ld, float* part_ml, float* part_acc, float* o, int T,
+               int G) {
+  allow_dynamic_smem<attn_prefill_wg_kernel<D>>(kWgSmemBytes<D>);
+  launch(c, "attn_prefill_wg_kernel", attn_prefill_wg_kernel<D>, grid, kThreads, kWgSmemBytes<D>, sh, d_pos, q, qg,
+         k16, vt16, ld, part_ml, part_acc, o, T, G);
+}
+
+}  // namespace
+
+bool attn_prefill_wg_ok(const AttnShape& sh) {
+  return gemm_wg_supported() && attn_prefill_ok(sh) && (sh.D == 128 || sh.D == 256);
+}
+
+void v_to_f16_t(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const uint16_t* v_cache, uint16_t* vt16,
+                int T, int64_t ld) {
+  if (T <= 0 || ld <= 0) return;
+  FERN_CU_CHECK(ld % 64 == 0 && sh.D % 64 == 0 && ld / 64 <= INT32_MAX, "v_to_f16_t: whole 64-key and 64-dim tiles");
+  launch(c, "v_to_f16_t_kernel", v_to_f16_t_kernel, dim3(static_cast<unsigned>(ld / 64), sh.Hkv, sh.D / 64),
+         kTrThreads, 0, d_pos, T, ld, sh.Hkv, sh.D, v_cache, vt16);
+  FERN_CUDA_LAUNCH_CHECK("v_to_f16_t_kernel");
+}
+
+void attn_prefill_wg(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+                     const uint16_t* k16, const uint16_t* vt16, int64_t ld, float* part_ml, float* part_acc, float* o,
+                     int T, int nsplit) {
+  if (T <= 0) return;
+  if (!attn_prefill_wg_ok(sh))
+    raise_error("attention prefill (wgmma): unsupported head shape or device (head_dim " + std::to_string(sh.D) +
+                "; needs head_dim 128 or 256 and an sm_90a build on compute capability 9.0)");
+  FERN_CU_CHECK(nsplit >= 1 && nsplit <= kAttnPrefillMaxSplits, "attention prefill: split count");
+  FERN_CU_CHECK(nsplit == 1 || (part_ml != nullptr && part_acc != nullptr), "attention prefill: partials scratch");
+  FERN_CU_CHECK(ld % 64 == 0, "attention prefill (wgmma): the transposed values' row length is whole 64-key tiles");
+  const int G = sh.Hq / sh.Hkv;
+  const int tiles_q = (T + BM / G - 1) / (BM / G);
+  const dim3 grid(tiles_q, sh.Hkv, nsplit);
+  if (sh.D == 256)
+    launch_wg<256>(c, grid, sh, d_pos, q, qg, k16, vt16, ld, part_ml, part_acc, o, T, G);
+  else
+    launch_wg<128>(c, grid, sh, d_pos, q, qg, k16, vt16, ld, part_ml, part_acc, o, T, G);
+  FERN_CUDA_LAUNCH_CHECK("attn_prefill_wg_kernel");
+  if (nsplit > 1) attn_prefill_merge(c, sh, nsplit, part_ml, part_acc, qg, o, T);
+}
+
+}  // namespace fern::cuda
