@@ -25,8 +25,8 @@
 #include <algorithm>
 #include <string>
 
-#include "cuda/attn_f16.cuh"
 #include "cuda/attn_prefill.h"
+#include "cuda/attn_prefill_tile.cuh"
 #include "cuda/cuda_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ptx.cuh"
@@ -42,7 +42,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 using ptx::cp_async16;
 using ptx::ldmatrix_x4;
-using ptx::fast_exp2;
 using ptx::ldmatrix_x4_trans;
 
 // The same in place (a 16-byte chunk of shared memory).
@@ -91,31 +90,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_wait();
   pdl_trigger();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int TQ = BM / G;                          // token rows per tile
-  const int qt = gridDim.x - 1 - blockIdx.x;      // latest token rows (most KV tiles) first
-  const int kvh = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z;
-  const int t0 = qt * TQ;
-  const int P0 = d_pos[0];
-  const int t_last = min(t0 + TQ, T) - 1;
-  const int kv_len = P0 + t_last + 1;  // keys the tile's last row sees
-  // KV tiles per split from the device-side length, so that no key can fall between splits whatever nsplit is.
-  const int tiles_all = (P0 + T + BN - 1) / BN;
-  const int per_split = (tiles_all + nsplit - 1) / nsplit;
-  const int j_begin = split * per_split;
-  const int j_end = min((kv_len + BN - 1) / BN, j_begin + per_split);
-
-  // Rows held by this thread in the accumulator layout: r0 and r0 + 8 of the warp's 16.
-  const int r0 = warp * 16 + (lane >> 2);
-  int lim[2];  // last key each row may see; padding rows (t >= T) clamp to the last written row
-#pragma unroll
-  for (int i = 0; i < 2; ++i) lim[i] = P0 + min(t0 + (r0 + 8 * i) / G, T - 1);
+  const AttnTile tl = attn_tile<BM, BN>(d_pos, T, G);
+  const int kvh = tl.kvh, kv_len = tl.kv_len;
 
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
   float oacc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f;
 
-  if (j_begin < j_end) {
+  if (tl.j_begin < tl.j_end) {
     auto load_kv = [&](int j, int buf) {
       uint16_t* ks = Ks + buf * BN * D;
       uint16_t* vs = Vs + buf * BN * D;
@@ -140,32 +123,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         chunk_bf16_to_f16(vs + swz<D>(r, ch));
       }
     };
-    load_kv(j_begin, 0);
+    load_kv(tl.j_begin, 0);
     ptx::cp_commit();
     // Q tile: fp32 -> fp16 / bf16 (round to nearest), padding rows zero.
     for (int c = tid; c < BM * CH; c += kThreads) {
       const int r = c / CH, ch = c % CH;
-      const int t = t0 + r / G;
-      uint4 pk = make_uint4(0, 0, 0, 0);
-      if (r < TQ * G && t < T) {
-        const float4* src =
-            reinterpret_cast<const float4*>(q + (int64_t(t) * sh.Hq + kvh * G + r % G) * D + ch * 8);
-        const float4 a = src[0], b = src[1];
-        pk = make_uint4(pack16<F16>(a.x, a.y), pack16<F16>(a.z, a.w), pack16<F16>(b.x, b.y), pack16<F16>(b.z, b.w));
-      }
-      *reinterpret_cast<uint4*>(Qs + swz<D>(r, ch)) = pk;
+      *reinterpret_cast<uint4*>(Qs + swz<D>(r, ch)) = q_chunk<F16, D>(q, sh, tl, T, G, r, ch);
     }
     const float sl2 = rsqrtf(float(D)) * kLog2e;
 
-    for (int j = j_begin; j < j_end; ++j) {
-      const int buf = (j - j_begin) & 1;
-      if (j + 1 < j_end) {
-        load_kv(j + 1, buf ^ 1);  // that buffer was released by the barrier at the end of the last iteration
-        ptx::cp_commit();
-        ptx::cp_wait<1>();
-      } else {
-        ptx::cp_wait<0>();
-      }
+    for (int j = tl.j_begin; j < tl.j_end; ++j) {
+      const int buf = (j - tl.j_begin) & 1;
+      next_key_tile(tl, j, buf, load_kv);
       static_assert(F16 || !KV16, "fp16 cache rows are fp16 operands");
       if constexpr (F16 && !KV16) convert_kv(buf);
       __syncthreads();
@@ -189,49 +158,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
 
-      // Mask (only where the tile reaches past the first row's last key), online softmax in the exp2 domain.
-      const int k0 = j * BN;
-      const bool need_mask = k0 + BN - 1 > P0 + t0;
+      softmax_tile<BN>([&](int n, int qi) -> float& { return s[n][qi]; }, tl, j * BN, sl2, m_r, l_r,
+                       [&](int i, float corr) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < BN / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float v = s[n][2 * i + e] * sl2;
-            if (need_mask && k0 + n * 8 + (lane & 3) * 2 + e > lim[i]) v = -INFINITY;
-            s[n][2 * i + e] = v;
-            mx = fmaxf(mx, v);
-          }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m_r[i], mx);
-        const float mref = mnew == -INFINITY ? 0.0f : mnew;  // a row with nothing visible yet stays at zero
-        const float corr = fast_exp2(m_r[i] - mref);
-        m_r[i] = mnew;
-        float sum = 0.0f;
-#pragma unroll
-        for (int n = 0; n < BN / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p = fast_exp2(s[n][2 * i + e] - mref);
-            s[n][2 * i + e] = p;
-            sum += p;
-          }
-        }
-        l_r[i] = l_r[i] * corr + sum;
-        // Once the running maxima have settled (most tiles of a long cache) no row of the warp changes: skip the
-        // 2 x D/8 multiplies per row (estimated at a quarter of the tile's MMA issue time at D = 256; not measured).
-        if (__any_sync(0xffffffffu, corr != 1.0f)) {
-#pragma unroll
-          for (int n = 0; n < D / 8; ++n) {
-            oacc[n][2 * i] *= corr;
-            oacc[n][2 * i + 1] *= corr;
-          }
-        }
-      }
+                         for (int n = 0; n < D / 8; ++n) {
+                           oacc[n][2 * i] *= corr;
+                           oacc[n][2 * i + 1] *= corr;
+                         }
+                       });
 
       // O += P V: the score accumulators of two adjacent 8-key tiles are exactly the A fragment of a 16-key step.
 #pragma unroll
@@ -253,37 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  // Epilogue: row sums over the quad of lanes that share a row, then the gated output or this split's partials.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = l_r[i];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int r = r0 + 8 * i;
-    const int t = t0 + r / G, h = kvh * G + r % G;
-    if (r >= TQ * G || t >= T) continue;
-    const int64_t row = int64_t(t) * sh.Hq + h;
-    if (nsplit == 1) {
-      const float inv = 1.0f / l;  // l >= 1: every row sees key 0 and its own maximum contributes exp2(0)
-      const float* gate = qg + row * 2 * D + D;
-      float* orow = o + row * D;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int d = n * 8 + (lane & 3) * 2;
-        const float2 g = *reinterpret_cast<const float2*>(gate + d);
-        *reinterpret_cast<float2*>(orow + d) =
-            make_float2(oacc[n][2 * i] * inv * sigmoid(g.x), oacc[n][2 * i + 1] * inv * sigmoid(g.y));
-      }
-    } else {
-      float* acc = part_acc + (row * nsplit + split) * D;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int d = n * 8 + (lane & 3) * 2;
-        *reinterpret_cast<float2*>(acc + d) = make_float2(oacc[n][2 * i], oacc[n][2 * i + 1]);
-      }
-      if ((lane & 3) == 0) *reinterpret_cast<float2*>(part_ml + (row * nsplit + split) * 2) = make_float2(m_r[i], l);
-    }
-  }
+  attn_epilogue<D>(sh, tl, T, G, m_r, l_r, [&](int n, int qi) -> float& { return oacc[n][qi]; }, qg, part_ml,
+                   part_acc, o);
 }
 
 // One block per (head, row): merges the splits' (max in the exp2 domain, sum, unnormalised acc) and gates.

@@ -20,8 +20,8 @@
 #include <algorithm>
 #include <string>
 
-#include "cuda/attn_f16.cuh"
 #include "cuda/attn_prefill.h"
+#include "cuda/attn_prefill_tile.cuh"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_wg.h"
 #include "cuda/launch.cuh"
@@ -95,25 +95,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   pdl_wait();
   pdl_trigger();
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = tid >> 7;
-  const int TQ = BM / G;                      // token rows per tile
-  const int qt = gridDim.x - 1 - blockIdx.x;  // latest token rows (most KV tiles) first
-  const int kvh = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z;
-  const int t0 = qt * TQ;
-  const int P0 = d_pos[0];
-  const int t_last = min(t0 + TQ, T) - 1;
-  const int kv_len = P0 + t_last + 1;  // keys the tile's last row sees
-  const int tiles_all = (P0 + T + BN - 1) / BN;
-  const int per_split = (tiles_all + nsplit - 1) / nsplit;
-  const int j_begin = split * per_split;
-  const int j_end = min((kv_len + BN - 1) / BN, j_begin + per_split);
-
-  // Rows held by this thread in the accumulator layout (warp w of the block is warp w % 4 of warpgroup w / 4, whose
-  // 16 rows are 16 w .. 16 w + 15 of the block's 128): r0 and r0 + 8.
-  const int r0 = warp * 16 + (lane >> 2);
-  int lim[2];  // last key each row may see; padding rows (t >= T) clamp to the last written row
-#pragma unroll
-  for (int i = 0; i < 2; ++i) lim[i] = P0 + min(t0 + (r0 + 8 * i) / G, T - 1);
+  const int tid = threadIdx.x, wg = tid >> 7;
+  // Warp w of the block is warp w % 4 of warpgroup w / 4, whose accumulator rows 16 (w % 4) .. of the warpgroup's 64
+  // are rows 16 w .. of the block's 128: the flash kernel's rows (attn_tile).
+  const AttnTile tl = attn_tile<BM, BN>(d_pos, T, G);
+  const int kvh = tl.kvh, kv_len = tl.kv_len;
 
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
   // oacc[h][4 n + 2 i + e]: row r0 + 8 i, dim 128 h + 8 n + 2 (lane % 4) + e.
@@ -127,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 32; ++i) s[i] = 0.0f;
 
-  if (j_begin < j_end) {
+  if (tl.j_begin < tl.j_end) {
     auto load_kv = [&](int j, int buf) {
       for (int c = tid; c < BN * (D / 8); c += kThreads) {  // keys: BN rows of D dims, in D / 64 blocks
         const int r = c / (D / 8), ch = c % (D / 8);
@@ -142,33 +128,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                         vt16 + (int64_t(kvh) * D + d) * ld + int64_t(j) * BN + ch * 8);
       }
     };
-    load_kv(j_begin, 0);
+    load_kv(tl.j_begin, 0);
     ptx::cp_commit();
     // q tile: fp32 -> fp16 (round to nearest, saturating), padding rows zero.
     for (int c = tid; c < BM * (D / 8); c += kThreads) {
       const int r = c / (D / 8), ch = c % (D / 8);
-      const int t = t0 + r / G;
-      uint4 pk = make_uint4(0, 0, 0, 0);
-      if (r < TQ * G && t < T) {
-        const float4* src =
-            reinterpret_cast<const float4*>(q + (int64_t(t) * sh.Hq + kvh * G + r % G) * D + ch * 8);
-        const float4 a = src[0], b = src[1];
-        pk = make_uint4(pack16<true>(a.x, a.y), pack16<true>(a.z, a.w), pack16<true>(b.x, b.y),
-                        pack16<true>(b.z, b.w));
-      }
-      *reinterpret_cast<uint4*>(&sm.q[ch >> 3][wgmma::sw128(r, ch & 7)]) = pk;
+      *reinterpret_cast<uint4*>(&sm.q[ch >> 3][wgmma::sw128(r, ch & 7)]) = q_chunk<true, D>(q, sh, tl, T, G, r, ch);
     }
     const float sl2 = rsqrtf(float(D)) * kLog2e;
 
-    for (int j = j_begin; j < j_end; ++j) {
-      const int buf = (j - j_begin) & 1;
-      if (j + 1 < j_end) {
-        load_kv(j + 1, buf ^ 1);  // that buffer was released by the barrier at the end of the last iteration
-        ptx::cp_commit();
-        ptx::cp_wait<1>();
-      } else {
-        ptx::cp_wait<0>();
-      }
+    for (int j = tl.j_begin; j < tl.j_end; ++j) {
+      const int buf = (j - tl.j_begin) & 1;
+      next_key_tile(tl, j, buf, load_kv);
       wgmma::fence_proxy_async();  // this thread's copies (and q stores) to the MMAs' proxy; the barrier publishes
       __syncthreads();
 
@@ -185,49 +156,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::wait<0>();
       wgmma::fence_operand(s);
 
-      // Mask (only where the tile reaches past the first row's last key), online softmax in the exp2 domain.
-      const int k0 = j * BN;
-      const bool need_mask = k0 + BN - 1 > P0 + t0;
+      softmax_tile<BN>([&](int n, int qi) -> float& { return s[4 * n + qi]; }, tl, j * BN, sl2, m_r, l_r,
+                       [&](int i, float corr) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float mx = -INFINITY;
+                         for (int h = 0; h < NH; ++h)
 #pragma unroll
-        for (int n = 0; n < BN / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float v = s[4 * n + 2 * i + e] * sl2;
-            if (need_mask && k0 + n * 8 + (lane & 3) * 2 + e > lim[i]) v = -INFINITY;
-            s[4 * n + 2 * i + e] = v;
-            mx = fmaxf(mx, v);
-          }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m_r[i], mx);
-        const float mref = mnew == -INFINITY ? 0.0f : mnew;  // a row with nothing visible yet stays at zero
-        const float corr = ptx::fast_exp2(m_r[i] - mref);
-        m_r[i] = mnew;
-        float sum = 0.0f;
-#pragma unroll
-        for (int n = 0; n < BN / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p = ptx::fast_exp2(s[4 * n + 2 * i + e] - mref);
-            s[4 * n + 2 * i + e] = p;
-            sum += p;
-          }
-        }
-        l_r[i] = l_r[i] * corr + sum;
-        if (__any_sync(0xffffffffu, corr != 1.0f)) {
-#pragma unroll
-          for (int h = 0; h < NH; ++h)
-#pragma unroll
-            for (int n = 0; n < 16; ++n) {
-              oacc[h][4 * n + 2 * i] *= corr;
-              oacc[h][4 * n + 2 * i + 1] *= corr;
-            }
-        }
-      }
+                           for (int n = 0; n < 16; ++n) {
+                             oacc[h][4 * n + 2 * i] *= corr;
+                             oacc[h][4 * n + 2 * i + 1] *= corr;
+                           }
+                       });
 
       // O += P V: the scores of two adjacent 8-key blocks are the register A fragment of a 16-key step.
       uint32_t a[BN / 16][4];
@@ -254,41 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  // Epilogue: row sums over the quad of lanes that share a row, then the gated output or this split's partials.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = l_r[i];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int r = r0 + 8 * i;
-    const int t = t0 + r / G, hq = kvh * G + r % G;
-    if (r >= TQ * G || t >= T) continue;
-    const int64_t row = int64_t(t) * sh.Hq + hq;
-    if (nsplit == 1) {
-      const float inv = 1.0f / l;  // l >= 1: every row sees key 0 and its own maximum contributes exp2(0)
-      const float* gate = qg + row * 2 * D + D;
-      float* orow = o + row * D;
-#pragma unroll
-      for (int h = 0; h < NH; ++h)
-#pragma unroll
-        for (int n = 0; n < 16; ++n) {
-          const int d = 128 * h + n * 8 + (lane & 3) * 2;
-          const float2 g = *reinterpret_cast<const float2*>(gate + d);
-          *reinterpret_cast<float2*>(orow + d) = make_float2(oacc[h][4 * n + 2 * i] * inv * sigmoid(g.x),
-                                                             oacc[h][4 * n + 2 * i + 1] * inv * sigmoid(g.y));
-        }
-    } else {
-      float* acc = part_acc + (row * nsplit + split) * D;
-#pragma unroll
-      for (int h = 0; h < NH; ++h)
-#pragma unroll
-        for (int n = 0; n < 16; ++n) {
-          const int d = 128 * h + n * 8 + (lane & 3) * 2;
-          *reinterpret_cast<float2*>(acc + d) = make_float2(oacc[h][4 * n + 2 * i], oacc[h][4 * n + 2 * i + 1]);
-        }
-      if ((lane & 3) == 0) *reinterpret_cast<float2*>(part_ml + (row * nsplit + split) * 2) = make_float2(m_r[i], l);
-    }
-  }
+  attn_epilogue<D>(sh, tl, T, G, m_r, l_r, [&](int n, int qi) -> float& { return oacc[n >> 4][4 * (n & 15) + qi]; },
+                   qg, part_ml, part_acc, o);
 }
 
 template <int D>

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/attn_prefill.h"
@@ -40,6 +41,19 @@ struct Case {
 struct ForceKernel : test::EnvGuard {
   explicit ForceKernel(const char* which) : test::EnvGuard("FERN_ATTN_PREFILL", which) {}
 };
+
+// A case of the given head shape and rotary share whose capacity holds all its calls.
+Case shape_case(int Hq, int Hkv, int D, double rot, std::vector<int> calls, uint64_t seed) {
+  Case c;
+  c.Hq = Hq;
+  c.Hkv = Hkv;
+  c.D = D;
+  c.rot_factor = rot;
+  c.calls = std::move(calls);
+  for (int T : c.calls) c.capacity += T;
+  c.seed = seed;
+  return c;
+}
 
 // One attention layer of the case's shape: its config and random q/k norm weights on the host and on the GPU.
 struct Layer {
@@ -229,22 +243,11 @@ TEST(CudaAttnPrefill, HugeValuesStayFinite) {
 // over a longer cache); head dims 128 and 64; cache values past the FP16 range (both saturate them alike).
 TEST(CudaAttnPrefill, Fp16CacheCopiesGiveTheSameBits) {
   FERN_REQUIRE_GPU();
-  auto make = [](int Hq, int Hkv, int D, double rot, std::vector<int> calls, uint64_t seed) {
-    Case c;
-    c.Hq = Hq;
-    c.Hkv = Hkv;
-    c.D = D;
-    c.rot_factor = rot;
-    c.calls = calls;
-    for (int T : calls) c.capacity += T;
-    c.seed = seed;
-    return c;
-  };
   const Case cases[] = {
-      make(16, 2, 256, 0.25, {300, 17, 64}, 41),
-      make(16, 2, 256, 0.25, {2100, 17, 2}, 43),  // the split path at T = 17 and 2 (SmallChunksOverLongCacheSplitKv)
-      make(4, 4, 128, 0.25, {300, 129}, 45),
-      make(8, 2, 64, 0.5, {130, 3}, 47),
+      shape_case(16, 2, 256, 0.25, {300, 17, 64}, 41),
+      shape_case(16, 2, 256, 0.25, {2100, 17, 2}, 43),  // the split path at T = 17 and 2
+      shape_case(4, 4, 128, 0.25, {300, 129}, 45),
+      shape_case(8, 2, 64, 0.5, {130, 3}, 47),
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("Hq " + std::to_string(c.Hq) + " D " + std::to_string(c.D) + " seed " + std::to_string(c.seed));
@@ -301,23 +304,13 @@ TEST(CudaAttnPrefill, Fp16CacheCopiesGiveTheSameBits) {
 TEST(CudaAttnPrefill, WarpgroupKernel) {
   FERN_REQUIRE_GPU();
   if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
-  auto make = [](int Hq, int Hkv, int D, std::vector<int> calls, uint64_t seed) {
-    Case c;
-    c.Hq = Hq;
-    c.Hkv = Hkv;
-    c.D = D;
-    c.calls = calls;
-    for (int T : calls) c.capacity += T;
-    c.seed = seed;
-    return c;
-  };
   ForceKernel f("wg");
-  run(make(16, 2, 256, {2, 17, 64, 300}, 61));
-  run(make(16, 2, 256, {2048, 700}, 63));
-  run(make(16, 2, 256, {2100, 17, 2, 5, 64, 130}, 65));  // the split path from T = 17 on
-  run(make(4, 4, 128, {300, 129}, 67));
-  run(make(16, 1, 128, {77, 40}, 69));
-  Case peaked = make(16, 2, 256, {300, 257}, 71);
+  run(shape_case(16, 2, 256, 0.25, {2, 17, 64, 300}, 61));
+  run(shape_case(16, 2, 256, 0.25, {2048, 700}, 63));
+  run(shape_case(16, 2, 256, 0.25, {2100, 17, 2, 5, 64, 130}, 65));  // the split path from T = 17 on
+  run(shape_case(4, 4, 128, 0.25, {300, 129}, 67));
+  run(shape_case(16, 1, 128, 0.25, {77, 40}, 69));
+  Case peaked = shape_case(16, 2, 256, 0.25, {300, 257}, 71);
   peaked.norm_scale = 2.5f;
   const double wg = run(peaked, 1.0);
   double decode = 0;
@@ -333,16 +326,7 @@ TEST(CudaAttnPrefill, OtherHeadShapes) {
   FERN_REQUIRE_GPU();
   ForceKernel f("flash");
   auto one = [](int Hq, int Hkv, int D, double rot, std::vector<int> calls, uint64_t seed) {
-    Case c;
-    c.Hq = Hq;
-    c.Hkv = Hkv;
-    c.D = D;
-    c.rot_factor = rot;
-    c.calls = calls;
-    c.capacity = 0;
-    for (int T : calls) c.capacity += T;
-    c.seed = seed;
-    run(c);
+    run(shape_case(Hq, Hkv, D, rot, std::move(calls), seed));
   };
   one(8, 2, 64, 0.5, {300, 17}, 21);     // head dim 64, GQA 4, half the dims rotated
   one(4, 4, 128, 0.25, {300, 129}, 23);  // head dim 128, GQA 1 (128 token rows per tile)
