@@ -2,6 +2,7 @@
 // (PERF.md section 4: warm-up, several runs, median and spread; decode = greedy steps from a filled state,
 // prefill = a prompt from an empty state up to its first token's logits).
 #include <fmt/format.h>
+#include <unistd.h>  // environ
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <fstream>
 #include <optional>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/command.h"
@@ -31,6 +34,19 @@
 
 namespace fern::cli {
 namespace {
+
+// The FERN_* environment switches of this process, sorted by name: a benchmark's figures depend on them (kernel
+// forms, tile heights, chunk sizes), so its table and JSON record them.
+std::vector<std::pair<std::string, std::string>> fern_switches() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (kv.rfind("FERN_", 0) == 0 && eq != std::string::npos) out.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 constexpr double kCopyBandwidth = 4.27e12;   // H200 device copy, bytes/s (PERF.md section 1)
 constexpr double kTensorFlops = 790e12;      // H200 bf16 dense, FLOP/s (PERF.md section 1)
@@ -238,6 +254,17 @@ int run_bench(const Options& o) {
   std::vector<int64_t> lengths = parse_lengths(o.lengths);
   nlohmann::json results = nlohmann::json::array();
   std::string md;
+  // The switches as the process started (--decode-switch sets its own per run; its table names them).
+  const auto switches = fern_switches();
+  nlohmann::json switch_doc = nlohmann::json::object();
+  if (!switches.empty()) {
+    md += "switches:";
+    for (const auto& [k, v] : switches) {
+      md += fmt::format(" {}={}", k, v);
+      switch_doc[k] = v;
+    }
+    md += "\n\n";
+  }
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(std::min<int64_t>(cfg.vocab_size, 151000) - 1));
   std::vector<float> logits;
@@ -337,7 +364,7 @@ int run_bench(const Options& o) {
     }
   }
   nlohmann::json doc = {{"commit", FERN_GIT_COMMIT}, {"backend", backend_name}, {"model", o.source.describe()},
-                        {"device", device_info(engine.backend())}, {"results", results}};
+                        {"device", device_info(engine.backend())}, {"switches", switch_doc}, {"results", results}};
   std::printf("%s", md.c_str());
   if (!o.json_path.empty()) std::ofstream(o.json_path) << doc.dump(2) << "\n";
   if (!o.md_path.empty()) std::ofstream(o.md_path) << md;
