@@ -11,7 +11,7 @@
 //  - values: P V needs the keys as the K side, so the values come transposed, one row of 64 keys per dim
 //    ([head_dim rows x 64 keys]), from vt16, a transposed fp16 copy of the chunk's value rows made once per layer
 //    and chunk (v_to_f16_t); the keys come from the fp16 copy of kv_to_f16. Both copies convert exactly as the flash
-//    kernel converts in shared memory (attn_f16.cuh).
+//    kernel converts in shared memory (attn_prefill_tile.cuh).
 // Per key tile each warpgroup issues its 16 score MMAs, waits, runs the mask and the online softmax on the score
 // registers (the accumulator layout of m64nN is the mma.sync layout per warp, so that code is the flash kernel's),
 // rescales its output accumulators, issues its 8 P V MMAs and waits: no overlap inside a warpgroup yet.
