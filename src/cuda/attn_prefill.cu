@@ -38,7 +38,6 @@ constexpr int kWarps = kAttnPrefillRows / 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int BM = kAttnPrefillRows;
 constexpr int BN = kAttnPrefillKeys;
-constexpr float kLog2e = 1.4426950408889634f;
 
 using ptx::cp_async16;
 using ptx::ldmatrix_x4;
@@ -130,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r = c / CH, ch = c % CH;
       *reinterpret_cast<uint4*>(Qs + swz<D>(r, ch)) = q_chunk<F16, D>(q, sh, tl, T, G, r, ch);
     }
-    const float sl2 = rsqrtf(float(D)) * kLog2e;
+    const float sl2 = score_scale_log2<D>();
 
     for (int j = tl.j_begin; j < tl.j_end; ++j) {
       const int buf = (j - tl.j_begin) & 1;
@@ -311,12 +310,9 @@ void attn_prefill(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const
     raise_error("attention prefill: unsupported head shape (head_dim " + std::to_string(sh.D) + ", " +
                 std::to_string(sh.Hkv > 0 ? sh.Hq / sh.Hkv : 0) + " query heads per KV head of " +
                 std::to_string(sh.Hkv) + "; supported: head_dim 64/128/256, 1/2/4/8/16 per KV head)");
-  FERN_CU_CHECK(nsplit >= 1 && nsplit <= kAttnPrefillMaxSplits, "attention prefill: split count");
-  FERN_CU_CHECK(nsplit == 1 || (part_ml != nullptr && part_acc != nullptr), "attention prefill: partials scratch");
   FERN_CU_CHECK(f16 || !kv16, "attention prefill: fp16 cache rows need fp16 operands");
   const int G = sh.Hq / sh.Hkv;
-  const int tiles_q = (T + BM / G - 1) / (BM / G);
-  const dim3 grid(tiles_q, sh.Hkv, nsplit);
+  const dim3 grid = attn_prefill_grid(sh, T, nsplit, part_ml, part_acc);
   switch (sh.D) {
     case 256:
       launch_flash<256>(c, f16, kv16, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, T, G);

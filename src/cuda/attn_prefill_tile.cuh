@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "cuda/attn_prefill.h"
+#include "cuda/cuda_check.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/kernels.h"
 #include "cuda/ptx.cuh"
@@ -35,6 +37,21 @@ __device__ __forceinline__ uint4 bf16x8_to_f16(uint4 v) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) w[i] = pack16<true>(__uint_as_float(w[i] << 16), __uint_as_float(w[i] & 0xffff0000u));
   return v;
+}
+
+// The grid of both kernels: query tiles of kAttnPrefillRows rows (128 / G tokens) x KV heads x splits, after checking
+// the split count and its partials' scratch.
+inline dim3 attn_prefill_grid(const AttnShape& sh, int T, int nsplit, const float* part_ml, const float* part_acc) {
+  FERN_CU_CHECK(nsplit >= 1 && nsplit <= kAttnPrefillMaxSplits, "attention prefill: split count");
+  FERN_CU_CHECK(nsplit == 1 || (part_ml != nullptr && part_acc != nullptr), "attention prefill: partials scratch");
+  const int TQ = kAttnPrefillRows / (sh.Hq / sh.Hkv);
+  return dim3((T + TQ - 1) / TQ, sh.Hkv, nsplit);
+}
+
+// The scale of the scores into the exp2 domain of the softmax: 1 / sqrt(D) times log2(e).
+template <int D>
+__device__ __forceinline__ float score_scale_log2() {
+  return rsqrtf(float(D)) * 1.4426950408889634f;
 }
 
 // The block's share of the work: query tile (token rows t0 .. t0 + TQ - 1 of KV head kvh; the latest tiles first,

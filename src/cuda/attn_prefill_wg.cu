@@ -36,7 +36,6 @@ constexpr int BM = kAttnPrefillRows;
 constexpr int BN = kAttnPrefillKeys;
 static_assert(BM == 128 && BN == 64, "two warpgroups of 64 rows; key tiles of one 128-byte swizzled row");
 constexpr int kRowB = 128;  // bytes of one swizzled operand row: 64 fp16
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Shared memory for head dim D: q [D / 64][BM rows], keys [2][D / 64][BN rows], transposed values [2][D rows], all
 // rows of 128 bytes, every block on a 1024-byte boundary (the swizzle atom).
@@ -67,7 +66,7 @@ __global__ void __launch_bounds__(kTrThreads) v_to_f16_t_kernel(const int32_t* _
     const int r = c >> 3, ch = c & 7;
     const int64_t key = k0 + r;
     uint4 val = make_uint4(0, 0, 0, 0);
-    if (key < used && key < ld)
+    if (key < used)  // (key < ld: the grid is ld / 64 key tiles)
       val = bf16x8_to_f16(*reinterpret_cast<const uint4*>(v + (key * Hkv + h) * D + d0 + ch * 8));
     *reinterpret_cast<uint4*>(&tile[r][ch * 8]) = val;
   }
@@ -135,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r = c / (D / 8), ch = c % (D / 8);
       *reinterpret_cast<uint4*>(&sm.q[ch >> 3][wgmma::sw128(r, ch & 7)]) = q_chunk<true, D>(q, sh, tl, T, G, r, ch);
     }
-    const float sl2 = rsqrtf(float(D)) * kLog2e;
+    const float sl2 = score_scale_log2<D>();
 
     for (int j = tl.j_begin; j < tl.j_end; ++j) {
       const int buf = (j - tl.j_begin) & 1;
@@ -227,12 +226,9 @@ void attn_prefill_wg(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, co
   if (!attn_prefill_wg_ok(sh))
     raise_error("attention prefill (wgmma): unsupported head shape or device (head_dim " + std::to_string(sh.D) +
                 "; needs head_dim 128 or 256 and an sm_90a build on compute capability 9.0)");
-  FERN_CU_CHECK(nsplit >= 1 && nsplit <= kAttnPrefillMaxSplits, "attention prefill: split count");
-  FERN_CU_CHECK(nsplit == 1 || (part_ml != nullptr && part_acc != nullptr), "attention prefill: partials scratch");
   FERN_CU_CHECK(ld % 64 == 0, "attention prefill (wgmma): the transposed values' row length is whole 64-key tiles");
   const int G = sh.Hq / sh.Hkv;
-  const int tiles_q = (T + BM / G - 1) / (BM / G);
-  const dim3 grid(tiles_q, sh.Hkv, nsplit);
+  const dim3 grid = attn_prefill_grid(sh, T, nsplit, part_ml, part_acc);
   if (sh.D == 256)
     launch_wg<256>(c, grid, sh, d_pos, q, qg, k16, vt16, ld, part_ml, part_acc, o, T, G);
   else

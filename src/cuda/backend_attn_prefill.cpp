@@ -70,27 +70,24 @@ void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const A
     }
     const uint16_t* kp = kc.ptr<uint16_t>();
     const uint16_t* vp = vc.ptr<uint16_t>();
-    if (choice == Choice::Wg && cuda::attn_prefill_wg_ok(sh)) {
-      // The keys this chunk reads as FP16 rows, the values as FP16 transposed (a row of keys per dim, whole 64-key
-      // tiles): scratch of 4 bytes per cached row element, as flash-kv16.
-      const int64_t rows = st.pos + T, ld = (rows + 63) / 64 * 64;
-      Tensor k16 = scratch(DType::F16, {rows, sh.Hkv, sh.D}), vt16 = scratch(DType::F16, {sh.Hkv, sh.D, ld});
-      cuda::kv_to_f16(ctx(), sh, st.d_pos, kp, nullptr, k16.ptr<uint16_t>(), nullptr, T, rows);
-      cuda::v_to_f16_t(ctx(), sh, st.d_pos, vp, vt16.ptr<uint16_t>(), T, ld);
-      cuda::attn_prefill_wg(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), k16.ptr<uint16_t>(),
-                            vt16.ptr<uint16_t>(), ld, pml, pacc, f32(o, "attn o"), T, nsplit);
-      return;
-    }
-    const bool kv16 = choice == Choice::FlashKv16;
-    if (kv16) {  // the rows this chunk reads, [0, pos + T), as FP16 (scratch: 4 bytes per row element, K and V)
-      const int64_t rows = st.pos + T;
-      Tensor k16 = scratch(DType::F16, {rows, sh.Hkv, sh.D}), v16 = scratch(DType::F16, {rows, sh.Hkv, sh.D});
-      cuda::kv_to_f16(ctx(), sh, st.d_pos, kp, vp, k16.ptr<uint16_t>(), v16.ptr<uint16_t>(), T, rows);
+    const bool wg = choice == Choice::Wg && cuda::attn_prefill_wg_ok(sh), kv16 = choice == Choice::FlashKv16;
+    // The rows this chunk reads, [0, pos + T), as FP16 copies (scratch: 4 bytes per cached row element, K and V): the
+    // keys as rows; the values as rows (flash-kv16) or transposed, a row of keys per dim in whole 64-key tiles (wg).
+    const int64_t rows = st.pos + T, ld = (rows + 63) / 64 * 64;
+    if (wg || kv16) {
+      Tensor k16 = scratch(DType::F16, {rows, sh.Hkv, sh.D});
+      Tensor v16 = wg ? scratch(DType::F16, {sh.Hkv, sh.D, ld}) : scratch(DType::F16, {rows, sh.Hkv, sh.D});
+      cuda::kv_to_f16(ctx(), sh, st.d_pos, kp, vp, k16.ptr<uint16_t>(), wg ? nullptr : v16.ptr<uint16_t>(), T, rows);
+      if (wg) cuda::v_to_f16_t(ctx(), sh, st.d_pos, vp, v16.ptr<uint16_t>(), T, ld);
       kp = k16.ptr<uint16_t>();
       vp = v16.ptr<uint16_t>();
     }
-    cuda::attn_prefill(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kp, vp, pml, pacc, f32(o, "attn o"), T,
-                       nsplit, choice != Choice::FlashBf16, kv16);
+    if (wg)
+      cuda::attn_prefill_wg(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kp, vp, ld, pml, pacc,
+                            f32(o, "attn o"), T, nsplit);
+    else
+      cuda::attn_prefill(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kp, vp, pml, pacc, f32(o, "attn o"),
+                         T, nsplit, choice != Choice::FlashBf16, kv16);
     return;
   }
   // The decode kernel over T query rows: they already give T-fold parallelism, so the split count is capped to keep

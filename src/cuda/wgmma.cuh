@@ -93,63 +93,73 @@ __device__ __forceinline__ void fence_operand(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The wgmma wrappers, two per width N (the accumulator d: N / 2 fp32 registers per thread, 64 x N per warpgroup):
-//   mma_bf16_nN(d, da, db):    d += A (64 x 16 bf16, shared-memory descriptor da) B^T (N x 16 bf16, descriptor db);
+// The wgmma wrappers, two per width N and operand type (bf16, f16; the accumulator d: N / 2 fp32 registers per
+// thread, 64 x N per warpgroup):
+//   mma_bf16_nN(d, da, db, acc):    d += A (64 x 16 bf16, shared-memory descriptor da) B^T (N x 16 bf16, descriptor
+//     db); acc == 0: d = A B^T (wgmma's scale-d predicate; the old d is not read, which saves zeroing an
+//     accumulator before its first MMA); acc defaults to 1;
 //   mma_bf16_rs_nN(d, a, db, acc):  the same with A in registers: each warp's 16 rows (warp w of the warpgroup: rows
 //     16 w .. 16 w + 15) in the mma.sync m16n8k16 fragment layout: a[0] holds row lane / 4, K 2 (lane % 4) + {0, 1};
-//     a[1] row lane / 4 + 8, same K; a[2], a[3] the same rows at K + 8. acc == 0: d = A B^T (wgmma's scale-d
-//     predicate; the old d is not read, which saves zeroing an accumulator before its first MMA).
-// One macro writes both from the width's register list (asm operands must be spelled out one by one).
+//     a[1] row lane / 4 + 8, same K; a[2], a[3] the same rows at K + 8;
+//   mma_f16_nN, mma_f16_rs_nN: the same with fp16 operands (the prefill attention on wgmma, attn_prefill_wg.cu).
+// One macro writes them from the width's register list (asm operands must be spelled out one by one).
 #define FERN_WG_D8(b)                                                                                             \
   "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), \
       "+f"(d[b + 7])
+// TY: the operand type (bf16 or f16, both with fp32 accumulation). SD_SS / SD_RS: the asm operand number of `acc` in
+// each form (after the accumulator registers and the other inputs).
 #if FERN_HAS_WGMMA
-#define FERN_WG_WRAPPERS(N, R, DSTR, SS_TAIL, RS_TAIL, SD, ...)                                                       \
-  __device__ __forceinline__ void mma_bf16_n##N(float (&d)[R], uint64_t da, uint64_t db) {                         \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                       \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" DSTR "}, " SS_TAIL ";\n}\n"           \
+#define FERN_WG_TYPED(TY, N, R, DSTR, SS_TAIL, RS_TAIL, SD_SS, SD_RS, ...)                                            \
+  __device__ __forceinline__ void mma_##TY##_n##N(float (&d)[R], uint64_t da, uint64_t db, int acc = 1) {          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SD_SS ", 0;\n"                                               \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " {" DSTR "}, " SS_TAIL ";\n}\n"      \
                  : __VA_ARGS__                                                                                      \
-                 : "l"(da), "l"(db));                                                                               \
+                 : "l"(da), "l"(db), "r"(acc));                                                                     \
   }                                                                                                                 \
-  __device__ __forceinline__ void mma_bf16_rs_n##N(float (&d)[R], const uint32_t (&a)[4], uint64_t db, int acc) {  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SD ", 0;\n"                                                  \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" DSTR "}, " RS_TAIL ";\n}\n"           \
+  __device__ __forceinline__ void mma_##TY##_rs_n##N(float (&d)[R], const uint32_t (&a)[4], uint64_t db,            \
+                                                     int acc = 1) {                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SD_RS ", 0;\n"                                               \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " {" DSTR "}, " RS_TAIL ";\n}\n"      \
                  : __VA_ARGS__                                                                                      \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));                                 \
   }
 #else
-#define FERN_WG_WRAPPERS(N, R, DSTR, SS_TAIL, RS_TAIL, SD, ...)                                                       \
-  __device__ __forceinline__ void mma_bf16_n##N(float (&d)[R], uint64_t da, uint64_t db) {                         \
-    (void)d, (void)da, (void)db;                                                                                    \
+#define FERN_WG_TYPED(TY, N, R, DSTR, SS_TAIL, RS_TAIL, SD_SS, SD_RS, ...)                                            \
+  __device__ __forceinline__ void mma_##TY##_n##N(float (&d)[R], uint64_t da, uint64_t db, int acc = 1) {          \
+    (void)d, (void)da, (void)db, (void)acc;                                                                         \
     __trap();                                                                                                       \
   }                                                                                                                 \
-  __device__ __forceinline__ void mma_bf16_rs_n##N(float (&d)[R], const uint32_t (&a)[4], uint64_t db, int acc) {  \
+  __device__ __forceinline__ void mma_##TY##_rs_n##N(float (&d)[R], const uint32_t (&a)[4], uint64_t db,            \
+                                                     int acc = 1) {                                                 \
     (void)d, (void)a, (void)db, (void)acc;                                                                          \
     __trap();                                                                                                       \
   }
 #endif
+#define FERN_WG_WRAPPERS(N, R, DSTR, SS_TAIL, RS_TAIL, SD_SS, SD_RS, ...)                                             \
+  FERN_WG_TYPED(bf16, N, R, DSTR, SS_TAIL, RS_TAIL, SD_SS, SD_RS, __VA_ARGS__)                                        \
+  FERN_WG_TYPED(f16, N, R, DSTR, SS_TAIL, RS_TAIL, SD_SS, SD_RS, __VA_ARGS__)
 FERN_WG_WRAPPERS(16, 8,
                  "%0, %1, %2, %3, %4, %5, %6, %7",
                  "%8, %9, p, 1, 1, 0, 0", "{%8, %9, %10, %11}, %12, p, 1, 1, 0",
-                 "%13",
+                 "%10", "%13",
                  FERN_WG_D8(0))
 FERN_WG_WRAPPERS(32, 16,
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15",
                  "%16, %17, p, 1, 1, 0, 0", "{%16, %17, %18, %19}, %20, p, 1, 1, 0",
-                 "%21",
+                 "%18", "%21",
                  FERN_WG_D8(0), FERN_WG_D8(8))
 FERN_WG_WRAPPERS(64, 32,
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31",
                  "%32, %33, p, 1, 1, 0, 0", "{%32, %33, %34, %35}, %36, p, 1, 1, 0",
-                 "%37",
+                 "%34", "%37",
                  FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24))
 FERN_WG_WRAPPERS(96, 48,
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47",
                  "%48, %49, p, 1, 1, 0, 0", "{%48, %49, %50, %51}, %52, p, 1, 1, 0",
-                 "%53",
+                 "%50", "%53",
                  FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24),
                  FERN_WG_D8(32), FERN_WG_D8(40))
 FERN_WG_WRAPPERS(128, 64,
@@ -158,44 +168,10 @@ FERN_WG_WRAPPERS(128, 64,
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63",
                  "%64, %65, p, 1, 1, 0, 0", "{%64, %65, %66, %67}, %68, p, 1, 1, 0",
-                 "%69",
+                 "%66", "%69",
                  FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24),
                  FERN_WG_D8(32), FERN_WG_D8(40), FERN_WG_D8(48), FERN_WG_D8(56))
-// fp16 operands (the prefill attention on wgmma, attn_prefill_wg.cu), the two shapes it takes: m64n64k16 with both
-// operands from shared memory and m64n128k16 with A in registers, in the layouts of mma_bf16_n64 / mma_bf16_rs_n128;
-// acc == 0 overwrites d (scale-d), as for mma_bf16_rs.
-#if FERN_HAS_WGMMA
-__device__ __forceinline__ void mma_f16_n64(float (&d)[32], uint64_t da, uint64_t db, int acc) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-               "%32, %33, p, 1, 1, 0, 0;\n}\n"
-               : FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24)
-               : "l"(da), "l"(db), "r"(acc));
-}
-__device__ __forceinline__ void mma_f16_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int acc) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-               "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-               : FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24), FERN_WG_D8(32), FERN_WG_D8(40),
-                 FERN_WG_D8(48), FERN_WG_D8(56)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
-#else
-__device__ __forceinline__ void mma_f16_n64(float (&d)[32], uint64_t da, uint64_t db, int acc) {
-  (void)d, (void)da, (void)db, (void)acc;
-  __trap();
-}
-__device__ __forceinline__ void mma_f16_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int acc) {
-  (void)d, (void)a, (void)db, (void)acc;
-  __trap();
-}
-#endif
+#undef FERN_WG_TYPED
 #undef FERN_WG_WRAPPERS
 #undef FERN_WG_D8
 

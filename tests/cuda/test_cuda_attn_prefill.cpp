@@ -214,24 +214,30 @@ TEST(CudaAttnPrefill, Bf16OperandsRealShape) {
 // FP16 saturation: cache rows far past the FP16 range (|v| ~ 1e6) must give finite outputs (the operands saturate
 // at +-65504 instead of becoming infinite), not NaN. The values are wrong by construction there, so only finiteness
 // is checked.
+// One 70-row first chunk of the real shape under the current FERN_ATTN_PREFILL, its values scaled far past the FP16
+// range (|v| ~ 1e6); random inputs of the given seeds.
+std::vector<float> huge_value_outputs(CudaBackend& gpu, const Layer& layer, uint64_t seed) {
+  const int T = 70;
+  auto gs = gpu.new_state(layer.cfg, T);
+  const int64_t QG = 2 * 16 * 256, KV = 2 * 256, O = 16 * 256;
+  auto qg = test::randn(size_t(T * QG), seed);
+  auto k = test::randn(size_t(T * KV), seed + 1);
+  auto v = test::randn(size_t(T * KV), seed + 2);
+  for (float& x : v) x *= 1e6f;
+  gpu.begin_forward();
+  Tensor dy = gpu.scratch(DType::F32, {T, O});
+  gpu.attn_core(dy, test::upload_f32(gpu, qg, {T, QG}), test::upload_f32(gpu, k, {T, KV}),
+                test::upload_f32(gpu, v, {T, KV}), layer.dw, layer.cfg, *gs, 0);
+  return test::download(gpu, dy);
+}
+
 TEST(CudaAttnPrefill, HugeValuesStayFinite) {
   FERN_REQUIRE_GPU();
   ForceKernel f("flash");
   auto gpu = test::make_gpu();
   const Case c;  // the real shape
   Layer layer(c, *gpu);
-  const int T = 70;
-  auto gs = gpu->new_state(layer.cfg, T);
-  const int64_t QG = 2 * 16 * 256, KV = 2 * 256, O = 16 * 256;
-  auto qg = test::randn(size_t(T * QG), 41);
-  auto k = test::randn(size_t(T * KV), 42);
-  auto v = test::randn(size_t(T * KV), 43);
-  for (float& x : v) x *= 1e6f;
-  gpu->begin_forward();
-  Tensor dy = gpu->scratch(DType::F32, {T, O});
-  gpu->attn_core(dy, test::upload_f32(*gpu, qg, {T, QG}), test::upload_f32(*gpu, k, {T, KV}),
-                 test::upload_f32(*gpu, v, {T, KV}), layer.dw, layer.cfg, *gs, 0);
-  auto got = test::download(*gpu, dy);
+  const auto got = huge_value_outputs(*gpu, layer, 41);
   size_t bad = 0;
   for (float x : got) bad += !std::isfinite(x);
   EXPECT_EQ(bad, 0u) << "non-finite outputs with values past the FP16 range";
@@ -271,21 +277,10 @@ TEST(CudaAttnPrefill, Fp16CacheCopiesGiveTheSameBits) {
   auto gpu = test::make_gpu();
   const Case c;
   Layer layer(c, *gpu);
-  const int T = 70;
-  const int64_t QG = 2 * 16 * 256, KV = 2 * 256, O = 16 * 256;
-  auto qg = test::randn(size_t(T * QG), 51);
-  auto k = test::randn(size_t(T * KV), 52);
-  auto v = test::randn(size_t(T * KV), 53);
-  for (float& x : v) x *= 1e6f;
   std::vector<float> out[2];
   for (int m = 0; m < 2; ++m) {
     ForceKernel f(m == 0 ? "flash" : "flash-kv16");
-    auto gs = gpu->new_state(layer.cfg, T);
-    gpu->begin_forward();
-    Tensor dy = gpu->scratch(DType::F32, {T, O});
-    gpu->attn_core(dy, test::upload_f32(*gpu, qg, {T, QG}), test::upload_f32(*gpu, k, {T, KV}),
-                   test::upload_f32(*gpu, v, {T, KV}), layer.dw, layer.cfg, *gs, 0);
-    out[m] = test::download(*gpu, dy);
+    out[m] = huge_value_outputs(*gpu, layer, 51);
   }
   size_t bad = 0, differ = 0;
   for (size_t i = 0; i < out[1].size(); ++i) {
