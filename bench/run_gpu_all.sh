@@ -11,7 +11,7 @@
 # only those CUDA test binaries; ALL_DECODE_ALT="VAR=VALUE" repeats the decode bench with that switch; ALL_MICRO=1
 # adds the MoE and dense GEMM micro-benchmarks (ablation rows, tile-loop
 # columns); ALL_GEMV=1 adds bench_cuda_decode's GEMV table (cold and warm L2); PREFILL_LENGTHS (default
-# 4096,32768,131072).
+# 4096,32768,131072) and PREFILL_RUNS (default 2).
 set -u
 BUDGET=${BUDGET:-560}
 source bench/gpu_prelude.sh
@@ -63,7 +63,7 @@ if [ -n "${ALL_DECODE_ALT:-}" ] && [ "$(left)" -gt 110 ]; then
 fi
 if [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 15 )) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
-    --lengths "${PREFILL_LENGTHS:-4096,32768,131072}" --runs 2 --json "$OUT/prefill.json" >"$OUT/bench_prefill.log" 2>&1
+    --lengths "${PREFILL_LENGTHS:-4096,32768,131072}" --runs "${PREFILL_RUNS:-2}" --json "$OUT/prefill.json" >"$OUT/bench_prefill.log" 2>&1
   grep -E "^\|" "$OUT/bench_prefill.log" | tail -5
   note "prefill: $(grep -oE "prefill [0-9]+: [0-9.]+ tok/s" "$OUT/bench_prefill.log" | tr "\n" " ") ($(elapsed))"
 fi

@@ -1,5 +1,5 @@
-// Causal GQA attention for a chunk of prompt rows on the Hopper warpgroup MMAs (FERN_ATTN_PREFILL=wg; opt-in, not
-// yet run on a GPU: docs/notes/cuda-prefill-v11-attn-wg.md). The same tiling and numerics as the flash kernel
+// Causal GQA attention for a chunk of prompt rows on the Hopper warpgroup MMAs (the backend's choice from 128 rows
+// on; measured in docs/notes/cuda-prefill-v11-attn-wg.md). The same tiling and numerics as the flash kernel
 // (attn_prefill.cu): a block owns one KV head and 128 query rows (128 / G tokens x the G heads of the KV head), walks
 // the visible keys in tiles of 64 (cp.async, two buffers), fp16 q and P, fp32 softmax in the exp2 domain, the same
 // mask, splits and epilogue. What changes is the MMA: each of the two warpgroups computes its 64 rows' scores with

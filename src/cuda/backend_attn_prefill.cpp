@@ -1,7 +1,9 @@
 // Gated attention core for a chunk of T > 1 prompt rows (prefill) over the chunk and the KV cache of earlier
-// chunks: attn_prep (norms, RoPE, KV append), then the tensor-core flash kernel (attn_prefill.cu) from
-// kAttnPrefillMinRows rows on (the decode kernel below that, or when FERN_ATTN_PREFILL=decode). Shapes are checked
-// by attn_core.
+// chunks: attn_prep (norms, RoPE, KV append), then a tensor-core kernel from kAttnPrefillMinRows rows on (the decode
+// kernel below that, or when FERN_ATTN_PREFILL=decode): from kAttnCopiesMinRows rows on, FP16 copies of the cache
+// rows made once per layer and chunk and the warpgroup-MMA kernel (attn_prefill_wg.cu, sm_90a on compute capability
+// 9.0) or, where that is not available, the flash kernel on the copies; below, the flash kernel converting in shared
+// memory (attn_prefill.cu). Shapes are checked by attn_core.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -18,12 +20,18 @@ namespace {
 // 0.087 ms at position 4K, 0.058 vs 0.160 ms at 32K; docs/notes/cuda-prefill-v2-attn.md), so every T > 1.
 constexpr int kAttnPrefillMinRows = 2;
 
-// FERN_ATTN_PREFILL=flash / decode forces one kernel for every T > 1 (tests and benchmarks compare them);
-// flash-bf16 forces the flash kernel with its previous BF16 operands (attn_prefill.cu says why FP16 is the default);
-// flash-kv16 the flash kernel on FP16 copies of the cache rows made once per layer and chunk (cuda::kv_to_f16; the
-// same bits as flash, not yet measured for speed: docs/notes/cuda-prefill-v10-kv16.md); wg the warpgroup-MMA kernel
-// (attn_prefill_wg.cu, on FP16 copies with the values transposed; not yet run on a GPU:
-// docs/notes/cuda-prefill-v11-attn-wg.md), where it takes the shape and the device, else flash.
+// From this many rows the cache rows are copied to FP16 once per layer and chunk (the keys as rows, the values as
+// rows or, for the warpgroup kernel, transposed) instead of being converted in every block. Measured on the H200
+// (bench_cuda_attn_prefill, twelfth session; docs/notes/cuda-prefill-v10-kv16.md, -v11-attn-wg.md): at T = 256 the
+// warpgroup kernel with its copies beat the flash kernel at every position (0.094 vs 0.111 ms at 4K, 0.439 vs 0.669
+// at 32K), at T = 64 it lost at 4K (0.053 vs 0.049) and won at 32K; below 64 rows the copies (0.04 ms at 32K) cost
+// more than they save. The flash kernel on the copies gives the bits of the flash kernel alone, 15% faster at 2,048
+// rows over 30K cached ones. 128: between the last loss and the first clean win.
+constexpr int kAttnCopiesMinRows = 128;
+
+// FERN_ATTN_PREFILL forces one form for every T > 1 (tests and benchmarks compare them): flash (converting in shared
+// memory), flash-bf16 (its previous BF16 operands; attn_prefill.cu says why FP16 is the default), flash-kv16 (on the
+// FP16 copies), wg (the warpgroup kernel where it takes the shape and the device, else flash-kv16) or decode.
 enum class Choice { Auto, Flash, FlashBf16, FlashKv16, Wg, Decode };
 Choice forced_choice() {
   const char* e = std::getenv("FERN_ATTN_PREFILL");
@@ -48,9 +56,10 @@ void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const A
   CudaState& st = cuda_state(state);
   const int T = static_cast<int>(qg.dim(0));
   const cuda::AttnShape sh = attn_shape(cfg, st.capacity);
-  const Choice choice = forced_choice();
+  Choice choice = forced_choice();
   bool flash = cuda::attn_prefill_ok(sh) && (T >= kAttnPrefillMinRows || !decode_kernel_ok(sh));
   if (choice != Choice::Auto) flash = choice != Choice::Decode;
+  if (choice == Choice::Auto) choice = T >= kAttnCopiesMinRows ? Choice::Wg : Choice::Flash;
   Tensor q = scratch(DType::F32, {T, sh.Hq, sh.D});
   Tensor kc = st.k_cache.at(layer), vc = st.v_cache.at(layer);
   cuda::attn_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"), f32(w.q_norm, "q_norm"),
@@ -70,7 +79,8 @@ void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const A
     }
     const uint16_t* kp = kc.ptr<uint16_t>();
     const uint16_t* vp = vc.ptr<uint16_t>();
-    const bool wg = choice == Choice::Wg && cuda::attn_prefill_wg_ok(sh), kv16 = choice == Choice::FlashKv16;
+    const bool wg = choice == Choice::Wg && cuda::attn_prefill_wg_ok(sh);
+    const bool kv16 = choice == Choice::FlashKv16 || (choice == Choice::Wg && !wg);
     // The rows this chunk reads, [0, pos + T), as FP16 copies (scratch: 4 bytes per cached row element, K and V): the
     // keys as rows; the values as rows (flash-kv16) or transposed, a row of keys per dim in whole 64-key tiles (wg).
     const int64_t rows = st.pos + T, ld = (rows + 63) / 64 * 64;

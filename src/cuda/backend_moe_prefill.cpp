@@ -127,10 +127,8 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   s.h = nullptr;  // the grouped path keeps its intermediates in expert order (below)
   const cuda::QW router = cuda::make_qw(w.router), seg = cuda::make_qw(w.shared_expert_gate);
   // The tensor-core router measured 0.064 vs 0.166 ms at T = 512 and 0.088 vs 0.636 ms at 2048 (the GEMV re-reads
-  // the router for every row). FERN_MOE_SGATE=gemv: the shared-expert gate's single row by the GEMV instead of a
-  // 128-row tile of the tensor-core loop (unmeasured, docs/notes/cuda-prefill-v10-kv16.md section 6).
-  if (env_is("FERN_MOE_ROUTER", "fused") ||
-      !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k, env_is("FERN_MOE_SGATE", "gemv")))
+  // the router for every row).
+  if (env_is("FERN_MOE_ROUTER", "fused") || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k))
     cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);
 
   const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");

@@ -24,8 +24,7 @@
 // packed codes; their completion arrives on the stage's "full" mbarrier by itself: cp.async.mbarrier.arrive.noinc),
 // plus each row's scale and bias (loaded two tiles ahead, converted and stored, then a second arrival). The MMA
 // warpgroups wait on "full", unpack, issue the tile's 8 MMAs, wait for them, promote, and hand the stage back on
-// "empty". (Nsight Compute showed them waiting on their own MMAs with the tensor pipe ~26% active,
-// docs/notes/cuda-prefill-v8-items.md: FERN_Q4_OVERLAP below is the candidate remedy.)
+// "empty".
 #pragma once
 #include <cuda_bf16.h>
 
@@ -45,23 +44,6 @@ constexpr int kRowBytes = wgtile::kTileRowBytes;
 constexpr int kConsumers = 256;
 constexpr int kProducers = 128;
 constexpr int kThreads = kConsumers + kProducers;
-// FERN_Q4_OVERLAP=1 (a compile definition: CMAKE_CUDA_FLAGS=-DFERN_Q4_OVERLAP=1; off by default until measured on
-// the GPU, docs/notes/cuda-prefill-v9-overlap.md): each MMA warpgroup keeps two partials and issues ring tile t + 1's
-// MMAs before it waits for tile t's and promotes them, so that its tensor-core work runs under its own promotion.
-// Off: issue, wait, promote in turn (the loop measured so far).
-#ifndef FERN_Q4_OVERLAP
-#define FERN_Q4_OVERLAP 0
-#endif
-constexpr bool kOverlap = FERN_Q4_OVERLAP != 0;
-// Register budgets per thread with the overlap (setmaxnreg): the kernels are launched with 168
-// (__launch_bounds__(384, 1): 65,536 / 384, rounded down to a multiple of 8); the producers give up what the second
-// partial needs. ptxas allocates each role's code within its budget: the producers spill below ~72 (ptxas -v, CUDA
-// 13.0), and 208 holds the three 48-register arrays (acc and two partials) of 96-token tiles; 128-token tiles (three
-// 64-register arrays) spill at any split, so with the overlap the loop takes at most 96 tokens (kMaxTokens).
-constexpr int kConsumerRegs = 208;
-constexpr int kProducerRegs = 72;
-static_assert(kConsumers * kConsumerRegs + kProducers * kProducerRegs <= kThreads * 168, "the launch's registers");
-constexpr int kMaxTokens = kOverlap ? 96 : 128;
 
 // Shared memory: S stages of the x hi and lo tiles (each on a 1024-byte boundary, the swizzle atom), the packed
 // codes, the rows' (s, b - 128 s) and the token rows' sums; then the barriers.
@@ -116,7 +98,6 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
                                                const uint16_t* xlo, const float* xsum, RowOf row_of, int n_items,
                                                WsrcOf wsrc_of, Epilogue epilogue) {
   static_assert(S >= 2, "a ring of at least two stages");
-  static_assert(NTOK <= kMaxTokens, "the MMA warpgroups' registers hold the accumulator and the partial(s)");
   const int tid = threadIdx.x;
   const int nk = K / kBK;
   const int n_tiles = n_items * nk;  // ring tile t is item t / nk, K tile t % nk
@@ -130,110 +111,66 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
   __syncthreads();
 
   if (tid < kConsumers) {
-    if constexpr (kOverlap) wgmma::regs_inc<kConsumerRegs>();
     const int wg = tid >> 7, lane = tid & 31;
     const int r0 = 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2);  // this thread's rows r0 and r0 + 8
     const int jq = lane & 3;  // its K pair in each 8-wide step of the MMA fragment
-    // With the overlap, two partials: ring tile t + 1's MMAs run into one while tile t's are promoted from the other.
-    float acc[NTOK / 2], pa[NTOK / 2], pb[NTOK / 2];
+    float acc[NTOK / 2], part[NTOK / 2];
+    int t = 0;
+    for (int item = 0; item < n_items; ++item) {
 #pragma unroll
-    for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
-    // Waits for ring tile t and issues its 8 MMAs into `part` (with the overlap the first one overwrites it, wgmma's
-    // scale-d; without, part is zeroed first, as measured so far).
-    auto issue = [&](int t, float (&part)[NTOK / 2]) {
-      const int st = t % S;
-      ptx::mbar_wait(&sm.full[st], (t / S) & 1);
-      wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
-      // The packed codes of rows r0 and r0 + 8: 8 words each, word 2 ks + h holding K 16 ks + 8 h .. + 7.
-      uint32_t c0[8], c1[8];
+      for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
+      for (int kt = 0; kt < nk; ++kt, ++t) {
+        const int st = t % S;
+        ptx::mbar_wait(&sm.full[st], (t / S) & 1);
+        wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
+        const float2 sb0 = sm.sb[st][r0], sb1 = sm.sb[st][r0 + 8];
+        // The packed codes of rows r0 and r0 + 8: 8 words each, word 2 ks + h holding K 16 ks + 8 h .. + 7.
+        uint32_t c0[8], c1[8];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 a = sm.codes[st][r0][code_half(r0, h)], b = sm.codes[st][r0 + 8][code_half(r0 + 8, h)];
-        c0[4 * h + 0] = a.x, c0[4 * h + 1] = a.y, c0[4 * h + 2] = a.z, c0[4 * h + 3] = a.w;
-        c1[4 * h + 0] = b.x, c1[4 * h + 1] = b.y, c1[4 * h + 2] = b.z, c1[4 * h + 3] = b.w;
-      }
-      // The MMA fragments of the four 16-wide steps, all written before the wgmma fence (registers an MMA reads
-      // must be written before the fence that precedes it).
-      uint32_t a[kBK / 16][4];
+        for (int h = 0; h < 2; ++h) {
+          const uint4 a = sm.codes[st][r0][code_half(r0, h)], b = sm.codes[st][r0 + 8][code_half(r0 + 8, h)];
+          c0[4 * h + 0] = a.x, c0[4 * h + 1] = a.y, c0[4 * h + 2] = a.z, c0[4 * h + 3] = a.w;
+          c1[4 * h + 0] = b.x, c1[4 * h + 1] = b.y, c1[4 * h + 2] = b.z, c1[4 * h + 3] = b.w;
+        }
+        // The MMA fragments of the four 16-wide steps, all written before the wgmma fence (registers an MMA reads
+        // must be written before the fence that precedes it).
+        uint32_t a[kBK / 16][4];
 #pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) {
-        a[ks][0] = code_pair(c0[2 * ks], jq);
-        a[ks][1] = code_pair(c1[2 * ks], jq);
-        a[ks][2] = code_pair(c0[2 * ks + 1], jq);
-        a[ks][3] = code_pair(c1[2 * ks + 1], jq);
-      }
-      if constexpr (!kOverlap) {
+        for (int ks = 0; ks < kBK / 16; ++ks) {
+          a[ks][0] = code_pair(c0[2 * ks], jq);
+          a[ks][1] = code_pair(c1[2 * ks], jq);
+          a[ks][2] = code_pair(c0[2 * ks + 1], jq);
+          a[ks][3] = code_pair(c1[2 * ks + 1], jq);
+        }
 #pragma unroll
         for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;
-      }
-      wgmma::fence_operand(part);
-      wgmma::fence();
+        wgmma::fence_operand(part);
+        wgmma::fence();
 #pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) {
-        wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]), !kOverlap || ks > 0);
-        wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
-      }
-      wgmma::commit();
-    };
-    // Promotes ring tile t's finished partial into acc (acc += s P + (b - 128 s) xs), releases its stage, and after
-    // an item's last K tile hands acc to the epilogue.
-    int item = 0, kt = 0;
-    auto finish = [&](int t, float (&part)[NTOK / 2]) {
-      wgmma::fence_operand(part);
-      const int st = t % S;
-      const float2 sb0 = sm.sb[st][r0], sb1 = sm.sb[st][r0 + 8];
-      // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
-#pragma unroll
-      for (int j = 0; j < NTOK / 8; ++j) {
-        const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * j + 2 * (lane & 3)]);
-        acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], fmaf(sb0.y, xs.x, acc[4 * j + 0]));
-        acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
-        acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
-        acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
-      }
-      ptx::mbar_arrive(&sm.empty[st]);  // the stage's operands, sums and scales are all read
-      if (++kt == nk) {
-        epilogue(item, acc);
-#pragma unroll
-        for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
-        kt = 0;
-        ++item;
-      }
-    };
-    if constexpr (!kOverlap) {
-      for (int t = 0; t < n_tiles; ++t) {
-        issue(t, pa);
+        for (int ks = 0; ks < kBK / 16; ++ks) {
+          wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
+          wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
+        }
+        wgmma::commit();
         wgmma::wait<0>();
-        finish(t, pa);
+        wgmma::fence_operand(part);
+        // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
+#pragma unroll
+        for (int j = 0; j < NTOK / 8; ++j) {
+          const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * j + 2 * (lane & 3)]);
+          acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], fmaf(sb0.y, xs.x, acc[4 * j + 0]));
+          acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
+          acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
+          acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
+        }
+        ptx::mbar_arrive(&sm.empty[st]);  // the stage's operands, sums and scales are all read
       }
-      return true;
-    }
-    // Two tiles per pass, so that each partial is always the same registers; tile t is in flight in pa at the top.
-    int t = 0;
-    if (n_tiles > 0) issue(0, pa);
-    for (; t + 2 < n_tiles; t += 2) {
-      issue(t + 1, pb);
-      wgmma::wait<1>();  // tile t's MMAs done, t + 1's may still run
-      finish(t, pa);
-      issue(t + 2, pa);
-      wgmma::wait<1>();
-      finish(t + 1, pb);
-    }
-    if (t + 1 < n_tiles) {
-      issue(t + 1, pb);
-      wgmma::wait<1>();
-      finish(t, pa);
-      wgmma::wait<0>();
-      finish(t + 1, pb);
-    } else if (t < n_tiles) {
-      wgmma::wait<0>();
-      finish(t, pa);
+      epilogue(item, acc);
     }
     return true;
   }
 
   // Producers: thread p stages weight row p of every item.
-  if constexpr (kOverlap) wgmma::regs_dec<kProducerRegs>();
   constexpr int kXChunks = NTOK * 8;  // 16-byte chunks of one x tile (hi or lo)
   constexpr int kXPer = kXChunks / kProducers;
   static_assert(kXChunks % kProducers == 0, "whole x chunks per producer");

@@ -1,8 +1,8 @@
 // Dense prefill linear on the wgmma tile loop (gemm_tile_wg.cuh, or its warp-specialized form gemm_tile_ws.cuh):
-// y[t] = x[t] W^T for 4/8-bit affine weights, a block computing 128 weight rows x NTOK token rows (NTOK = 128, or 96
-// for the exact-code loop with its overlap, where that still gives two waves of blocks, else 64). The accumulator
-// holds the transposed tile (weight rows x tokens), so each thread writes single floats: for a fixed token the 8
-// lanes of a quad column write 8 consecutive outputs (32-byte segments).
+// y[t] = x[t] W^T for 4/8-bit affine weights, a
+// block computing 128 weight rows x NTOK token rows (NTOK = 128 where that still gives two waves of blocks, else
+// 64). The accumulator holds the transposed tile (weight rows x tokens), so each thread writes single floats: for a
+// fixed token the 8 lanes of a quad column write 8 consecutive outputs (32-byte segments).
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_util.cuh"
@@ -83,10 +83,8 @@ void wg_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   const int64_t tall = (int64_t(T) + 127) / 128 * ((w.out + kBW - 1) / kBW);
   if constexpr (BITS == 4) {
     if (x.q4) {  // the exact-code loop (to_xbf_q4 rows), one 384-thread block per SM
-      constexpr int kTall = q4tile::kMaxTokens;  // 128, or 96 where its overlap's registers allow no more
-      const int64_t tiles = (int64_t(T) + kTall - 1) / kTall * ((w.out + kBW - 1) / kBW);
-      if (tiles >= 2 * c.sms)
-        launch_wg<4, kTall, wgloop::kQ4Stages<kTall>, wgloop::kQ4>(c, w, x, y, T);
+      if (tall >= 2 * c.sms)
+        launch_wg<4, 128, wgloop::kQ4Stages<128>, wgloop::kQ4>(c, w, x, y, T);
       else
         launch_wg<4, 64, wgloop::kQ4Stages<64>, wgloop::kQ4>(c, w, x, y, T);
       return;

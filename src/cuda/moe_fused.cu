@@ -34,9 +34,6 @@
 // resident; a PDL successor launches only once every block has passed pdl_trigger(), i.e. is resident already.
 #include <climits>
 #include <cstdlib>
-#include <cstring>
-#include <stdexcept>
-#include <string>
 
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -46,7 +43,7 @@
 namespace fern::cuda {
 namespace {
 
-// Threads per block: 512 with one block per SM (the default), or 256 with two (FERN_CUDA_MOE_WIDE=0, moe_shape):
+// Threads per block: 512 with one block per SM (the default), or 256 with two (FERN_CUDA_MOE_WIDE=0, moe_wide):
 // half the blocks of version 5, so half the requests for the rows that every block reads from L2 (the input row,
 // h), which docs/notes/cuda-decode-v5.md measured as hot-spot bound; the same warps per SM. Measured on the H200
 // (docs/notes/cuda-decode-v6.md, run 1): 21.57 against 22.65 us per launch.
@@ -267,7 +264,6 @@ struct FusedArgs {
   int topk;
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
-  int down_late;               // request the first down row after the first gate/up rows (FERN_CUDA_MOE_DOWN_LATE)
 };
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
@@ -466,14 +462,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
   };
   st.at(kMoeStampRouted);
-  // The first down row's loads go out before the gate/up rows' (the default) or right after this warp's first
-  // gate/up rows (down_late): the gate/up rows are the critical path (h must be complete before the down rows can
-  // be finished), the down rows are needed only after the second handoff.
-  const bool late = a.down_late != 0;
-  if (!late && v < H) load_down(v, lane);
+  if (v < H) load_down(v, lane);
 
   const int ntask = k * I;
-  if (late && v >= ntask && v < H) load_down(v, lane);  // a warp without gate/up rows
   for (int u0 = v; u0 < ntask; u0 += 2 * W) {
     const int u1 = u0 + W;
     const int s0 = u0 / I, r0 = u0 - s0 * I;
@@ -484,7 +475,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     const int row[4] = {r0, r0, r1, r1};
     Rows<B, 4> R;
     load_rows<B, 4>(mat, row, 0, cpr_e, lane, R);
-    if (late && u0 == v && v < H) load_down(v, lane);
     float d[4];
     finish_rows<B, 4>(mat, row, R, cpr_e, xe, xec, lane, d);
     if (lane == 0) {
@@ -536,10 +526,9 @@ size_t fused_smem(int64_t H, int64_t nx) {
          size_t(cols(nx / EB)) * (FB * 16 + 4);
 }
 
-// Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size, at most
-// per_sm_cap per SM.
+// Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
 template <int RB, int B, bool TIMED, int NT>
-int resident_blocks(const Ctx& c, size_t smem, int per_sm_cap) {
+int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
@@ -550,11 +539,11 @@ int resident_blocks(const Ctx& c, size_t smem, int per_sm_cap) {
     cached = per_sm;
     cached_smem = smem;
   }
-  return std::min(cached, per_sm_cap) * c.sms;
+  return std::min(cached, 512 / NT) * c.sms;
 }
 
 template <int RB, int B, bool TIMED, int NT>
-bool launch_fused_nt(const Ctx& c, const FusedArgs& a, int per_sm_cap) {
+bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
@@ -565,45 +554,22 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a, int per_sm_cap) {
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT>(c, smem, per_sm_cap);
+  const int blocks = resident_blocks<RB, B, TIMED, NT>(c, smem);
   if (blocks <= 0) return false;
   launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
 
-// Block shape (FERN_CUDA_MOE_WIDE, read at every call, for comparisons): 512 threads, one block per SM (the
-// default, "1"); 256 threads, two per SM ("0"); or 256 threads, one per SM ("half"). Both default shapes hold the
-// whole register file (128 registers x 512 threads), so no block of the next kernel becomes resident before this
-// launch's blocks exit, and that kernel's weight loads, issued before its PDL wait, start only then; "half" leaves
-// half the register file to the next kernel's blocks (and the previous kernel's: this launch's own router and
-// shared-expert weight loads, also before its wait), at the cost of half the warps here (the comparison is
-// docs/notes/cuda-decode-v12-coresident.md).
-enum class MoeShape { Wide, Narrow, Half };
-MoeShape moe_shape() {
+// 512 threads per block, one block per SM, unless FERN_CUDA_MOE_WIDE=0 (read at every call, for comparisons).
+bool moe_wide() {
   const char* e = std::getenv("FERN_CUDA_MOE_WIDE");
-  if (e == nullptr || std::strcmp(e, "1") == 0) return MoeShape::Wide;
-  if (std::strcmp(e, "0") == 0) return MoeShape::Narrow;
-  if (std::strcmp(e, "half") == 0) return MoeShape::Half;
-  throw std::runtime_error(std::string("FERN_CUDA_MOE_WIDE: want 1, 0 or half, got '") + e + "'");
+  return !(e != nullptr && e[0] == '0' && e[1] == 0);
 }
 
 template <int RB, int B, bool TIMED>
 bool launch_fused(const Ctx& c, const FusedArgs& a) {
-  switch (moe_shape()) {
-    case MoeShape::Narrow: return launch_fused_nt<RB, B, TIMED, kThreads>(c, a, 2);
-    case MoeShape::Half: return launch_fused_nt<RB, B, TIMED, kThreads>(c, a, 1);
-    default: return launch_fused_nt<RB, B, TIMED, 512>(c, a, 1);
-  }
-}
-
-// FERN_CUDA_MOE_DOWN_LATE=1: the first down row requested after the first gate/up rows (see the kernel's phase 2);
-// 0 or unset: before them. Read at every call, for comparisons (docs/notes/cuda-decode-v12-coresident.md).
-bool moe_down_late() {
-  const char* e = std::getenv("FERN_CUDA_MOE_DOWN_LATE");
-  if (e == nullptr || std::strcmp(e, "0") == 0) return false;
-  if (std::strcmp(e, "1") == 0) return true;
-  throw std::runtime_error(std::string("FERN_CUDA_MOE_DOWN_LATE: want 0 or 1, got '") + e + "'");
+  return moe_wide() ? launch_fused_nt<RB, B, TIMED, 512>(c, a) : launch_fused_nt<RB, B, TIMED, kThreads>(c, a);
 }
 
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
@@ -626,7 +592,7 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr, moe_down_late() ? 1 : 0};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr};
   return true;
 }
 

@@ -34,12 +34,11 @@ int64_t moe_max_tiles(int T, int k, int E, int bm);
 // matrices, widths that are multiples of 16, affine groups that are multiples of 16, at most 1024 experts.
 bool moe_grouped_ok(const QW& gate, const QW& up, const QW& down, const QW& sgate, const QW& sup, const QW& sdown);
 
-// Router for T rows with the logits on the tensor cores (16-row tiles), the shared-expert gate logit by linear() (the
-// tile loop: a 128-row weight tile of which one row is real) or, with gate_gemv, by the GEMV (one block per token),
+// Router for T rows with the logits on the tensor cores (16-row tiles), the shared-expert gate logit by the GEMV,
 // then one warp per token for softmax / top-k / renormalisation / sigmoid (topk.cuh). Fills router_logits,
 // sgate_logit, topk_ids, topk_w and sgate of `s`. False (nothing launched) for shapes it does not take.
 bool moe_route_gemm(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, const MoeScratch& s,
-                    int T, int k, bool gate_gemv = false);
+                    int T, int k);
 
 // Groups the pairs of topk_ids [T, k] (one block, shared-memory histogram, scan and scatter; no host sync).
 void moe_group(const Ctx& c, const int32_t* topk_ids, int T, int k, int E, int bm, const MoeGroups& g);

@@ -71,21 +71,6 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
-// Moves registers between the warpgroups of a block (setmaxnreg): every thread of the calling warpgroup ends up
-// with N (a multiple of 8, 24..256); an increase waits until other warpgroups' decreases have freed enough of what
-// the block was launched with (threads x the kernel's register count, which __launch_bounds__ fixes).
-template <int N>
-__device__ __forceinline__ void regs_dec() {
-#if FERN_HAS_WGMMA
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
-#endif
-}
-template <int N>
-__device__ __forceinline__ void regs_inc() {
-#if FERN_HAS_WGMMA
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
-#endif
-}
 // Keeps the compiler from moving accesses of an accumulator register across the asynchronous MMAs.
 template <int R>
 __device__ __forceinline__ void fence_operand(float (&d)[R]) {

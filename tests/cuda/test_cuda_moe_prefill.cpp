@@ -182,8 +182,7 @@ TEST(CudaMoePrefill, RealShapeAgainstCpu) {
   std::vector<Variant> vs = {{"real, default"},
                              {"real, split", nullptr, nullptr, kNmse, false, "split"},
                              {"real, fp16", nullptr, nullptr, kNmse, false, "fp16"},
-                             {"real, fp16x2", nullptr, nullptr, kNmse, false, "fp16x2"},
-                             {"real, shared gate by GEMV", "FERN_MOE_SGATE", "gemv"}};
+                             {"real, fp16x2", nullptr, nullptr, kNmse, false, "fp16x2"}};
   if (cuda::gemm_wg_supported()) {
     vs.push_back({"real, wg", nullptr, nullptr, kNmse, false, "wg"});
     vs.push_back({"real, wg ws", nullptr, nullptr, kNmse, false, "wg", "ws"});
@@ -212,7 +211,6 @@ TEST(CudaMoePrefill, AblationSwitches) {
   vs.push_back({"real, routing host fp16x2", "FERN_MOE_ROUTING", "host", kNmse, false, "fp16x2"});
   if (cuda::gemm_wg_supported()) vs.push_back({"real, routing host wg", "FERN_MOE_ROUTING", "host", kNmse, false, "wg"});
   vs.push_back({"real, dequant separate", "FERN_MOE_DEQUANT", "separate", kNmseBf16Weights});
-  vs.push_back({"real, shared gate by GEMV", "FERN_MOE_SGATE", "gemv"});
   check(*gpu, *cpu, *m, T, 7, vs);
 
   auto x = inputs(*m, T, 8, 0.0f);
