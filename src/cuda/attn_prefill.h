@@ -53,6 +53,6 @@ void v_to_f16_t(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const u
                 int T, int64_t ld);
 void attn_prefill_wg(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                      const uint16_t* k16, const uint16_t* vt16, int64_t ld, float* part_ml, float* part_acc, float* o,
-                     int T, int nsplit);
+                     int T, int nsplit, bool pipelined = false);
 
 }  // namespace fern::cuda

@@ -291,30 +291,47 @@ TEST(CudaAttnPrefill, Fp16CacheCopiesGiveTheSameBits) {
   EXPECT_EQ(differ, 0u);
 }
 
-// The warpgroup-MMA kernel (FERN_ATTN_PREFILL=wg, attn_prefill_wg.cu; sm_90a builds on compute capability 9.0
-// only): the same operand precision as the flash kernel (fp16 q, P and cache rows, fp32 accumulation and softmax),
+// The warpgroup-MMA kernel (attn_prefill_wg.cu; sm_90a builds on compute capability 9.0 only), in both loops
+// (FERN_ATTN_PREFILL=wg: tile by tile; wg-pipe: the softmax of tile j + 1 under P V of tile j, keys and values copied
+// apart): the same operand precision as the flash kernel (fp16 q, P and cache rows, fp32 accumulation and softmax),
 // other summation orders, so the flash kernel's bounds: kNmse against the CPU on every case (first chunks,
-// continuations, the split path, head dims 256 and 128, GQA 8, 1 and 16), and with the peaked softmax under 1.5x the
-// decode kernel's error (PeakedSoftmaxAgainstDecodeKernel's bound for fp16 operands).
+// continuations, the split path, one key tile, two, odd counts; head dims 256 and 128, GQA 8, 1 and 16), with the
+// peaked softmax under 1.5x the decode kernel's error (PeakedSoftmaxAgainstDecodeKernel's bound for fp16 operands),
+// and cache values past the FP16 range finite (HugeValuesStayFinite).
 TEST(CudaAttnPrefill, WarpgroupKernel) {
   FERN_REQUIRE_GPU();
   if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
-  ForceKernel f("wg");
-  run(shape_case(16, 2, 256, 0.25, {2, 17, 64, 300}, 61));
-  run(shape_case(16, 2, 256, 0.25, {2048, 700}, 63));
-  run(shape_case(16, 2, 256, 0.25, {2100, 17, 2, 5, 64, 130}, 65));  // the split path from T = 17 on
-  run(shape_case(4, 4, 128, 0.25, {300, 129}, 67));
-  run(shape_case(16, 1, 128, 0.25, {77, 40}, 69));
   Case peaked = shape_case(16, 2, 256, 0.25, {300, 257}, 71);
   peaked.norm_scale = 2.5f;
-  const double wg = run(peaked, 1.0);
-  double decode = 0;
-  {
-    ForceKernel d("decode");
-    decode = run(peaked, 1.0);
+  const Case huge;
+  for (const char* form : {"wg", "wg-pipe"}) {
+    SCOPED_TRACE(form);
+    double wg = 0;
+    {
+      ForceKernel f(form);
+      run(shape_case(16, 2, 256, 0.25, {2, 17, 64, 300}, 61));
+      run(shape_case(16, 2, 256, 0.25, {2048, 700}, 63));
+      run(shape_case(16, 2, 256, 0.25, {2100, 17, 2, 5, 64, 130}, 65));  // the split path from T = 17 on
+      // blocks of one, two and three key tiles: every way through wg-pipe's two-tile loop and its last tile
+      run(shape_case(16, 2, 256, 0.25, {40, 24, 65, 63}, 73));
+      run(shape_case(4, 4, 128, 0.25, {300, 129}, 67));
+      run(shape_case(16, 1, 128, 0.25, {77, 40}, 69));
+      wg = run(peaked, 1.0);
+      auto gpu = test::make_gpu();
+      const Layer layer(huge, *gpu);
+      size_t bad = 0;
+      for (float x : huge_value_outputs(*gpu, layer, 75)) bad += !std::isfinite(x);
+      EXPECT_EQ(bad, 0u) << "non-finite outputs with values past the FP16 range";
+    }
+    double decode = 0;
+    {
+      ForceKernel d("decode");
+      decode = run(peaked, 1.0);
+    }
+    std::printf("peaked softmax [%s]: worst NMSE wg %.3e, decode kernel %.3e (ratio %.2f)\n", form, wg, decode,
+                wg / decode);
+    EXPECT_LT(wg, 1.5 * decode);
   }
-  std::printf("peaked softmax: worst NMSE wg %.3e, decode kernel %.3e (ratio %.2f)\n", wg, decode, wg / decode);
-  EXPECT_LT(wg, 1.5 * decode);
 }
 
 TEST(CudaAttnPrefill, OtherHeadShapes) {
@@ -334,7 +351,9 @@ TEST(CudaAttnPrefill, AutomaticChoiceAndDecodeKernel) {
   FERN_REQUIRE_GPU();
   Case c;
   c.capacity = 500;
-  c.calls = {2, 3, 64, 1, 130};  // auto: flash for every T > 1 (the switch point is 2), the decode kernel at T = 1
+  // auto: the decode kernel at T = 1, the flash kernel for 1 < T < 128, from 128 rows the wgmma kernel (sm_90a) or
+  // the flash kernel on fp16 copies of the cache
+  c.calls = {2, 3, 64, 1, 130};
   c.seed = 31;
   run(c);
   ForceKernel f("decode");
