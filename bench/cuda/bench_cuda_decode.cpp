@@ -288,10 +288,12 @@ void timeline_step(int64_t ctx, int steps, const char* path) {
 // Where a prefill's time goes, kernel by kernel (CUPTI): a prompt of `len` random tokens prefilled in chunks of
 // `chunk` rows (the engine's loop: one forward per chunk, the last row's logits), once untraced (warm-up: sizes the
 // arena, loads the modules), then traced. Per kernel name: launches, summed durations and summed advances of the
-// prefill's frontier (the advances add up to the traced wall time from the first kernel's start).
-void prefill_timeline(int64_t len, int64_t chunk) {
+// prefill's frontier (the advances add up to the traced wall time from the first kernel's start), and the idle time
+// before it (the GPU running nothing between the frontier and its start); the ten longest idle gaps with the kernels
+// on either side. With `path`, every launch (start, duration, idle before, stream) goes there.
+void prefill_timeline(int64_t len, int64_t chunk, const char* path) {
 #ifndef FERN_HAVE_CUPTI
-  (void)len, (void)chunk;
+  (void)len, (void)chunk, (void)path;
   std::printf("prefill-timeline: this build has no CUPTI\n");
 #else
   const ModelConfig cfg = full_config();
@@ -327,26 +329,59 @@ void prefill_timeline(int64_t len, int64_t chunk) {
   if (sp.empty()) return;
   struct Sum {
     int count = 0;
-    double dur = 0, adv = 0;
+    double dur = 0, adv = 0, idle = 0;
   };
   std::map<std::string, Sum> by;
+  std::vector<std::string> key(sp.size());
+  std::vector<double> idle(sp.size(), 0.0);
   uint64_t frontier = sp.front().start;
-  for (const auto& k : sp) {
-    Sum& s = by[bench::short_kernel_name(k.name) + " [" + std::to_string(k.block) + "]"];
+  for (size_t i = 0; i < sp.size(); ++i) {
+    const auto& k = sp[i];
+    key[i] = bench::short_kernel_name(k.name) + " [" + std::to_string(k.block) + "]";
+    Sum& s = by[key[i]];
     ++s.count;
     s.dur += double(k.end - k.start) * 1e-6;
     s.adv += k.end > frontier ? double(k.end - frontier) * 1e-6 : 0.0;
+    idle[i] = k.start > frontier ? double(k.start - frontier) * 1e-6 : 0.0;
+    s.idle += idle[i];
     frontier = std::max(frontier, k.end);
   }
   const double wall_ms = double(frontier - sp.front().start) * 1e-6;
+  double idle_ms = 0;
+  for (double v : idle) idle_ms += v;
   std::printf("\n== prefill timeline: %ld tokens in chunks of %ld, %zu kernels ==\n", long(len), long(chunk), sp.size());
-  std::printf("untraced %.2f ms (%.0f tok/s, host clock); traced kernels %.2f ms first start to last end\n",
-              plain_s * 1e3, double(len) / plain_s, wall_ms);
+  std::printf("untraced %.2f ms (%.0f tok/s, host clock); traced kernels %.2f ms first start to last end, %.2f ms of "
+              "it with no kernel running\n",
+              plain_s * 1e3, double(len) / plain_s, wall_ms, idle_ms);
   std::vector<std::pair<std::string, Sum>> rows(by.begin(), by.end());
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.adv > b.second.adv; });
-  std::printf("%-50s %7s %10s %10s %7s\n", "kernel [threads]", "count", "adv ms", "dur ms", "adv %");
+  std::printf("%-50s %7s %10s %10s %7s %10s\n", "kernel [threads]", "count", "adv ms", "dur ms", "adv %", "idle ms");
   for (const auto& [k, s] : rows)
-    std::printf("%-50s %7d %10.3f %10.3f %6.1f%%\n", k.c_str(), s.count, s.adv, s.dur, 100.0 * s.adv / wall_ms);
+    std::printf("%-50s %7d %10.3f %10.3f %6.1f%% %10.3f\n", k.c_str(), s.count, s.adv, s.dur, 100.0 * s.adv / wall_ms,
+                s.idle);
+  // The longest idle gaps: which launch the GPU waited for, and what ran before it.
+  std::vector<size_t> order(sp.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const size_t top = std::min<size_t>(10, order.size());
+  std::partial_sort(order.begin(), order.begin() + top, order.end(),
+                    [&](size_t a, size_t b) { return idle[a] > idle[b]; });
+  std::printf("longest idle gaps (us before the launch; launch index, the launch before it):\n");
+  for (size_t r = 0; r < top && idle[order[r]] > 0; ++r) {
+    const size_t i = order[r];
+    std::printf("  %8.1f us  #%zu %s (stream %u)  after #%zu %s (stream %u)\n", idle[i] * 1e3, i, key[i].c_str(),
+                sp[i].stream, i - 1, i > 0 ? key[i - 1].c_str() : "-", i > 0 ? sp[i - 1].stream : 0u);
+  }
+  if (path != nullptr) {
+    FILE* f = std::fopen(path, "w");
+    if (f != nullptr) {
+      std::fprintf(f, "# launch, kernel [threads], stream, start ms (from the first), duration us, idle before us\n");
+      for (size_t i = 0; i < sp.size(); ++i)
+        std::fprintf(f, "%5zu %-50s %3u %10.3f %9.1f %8.1f\n", i, key[i].c_str(), sp[i].stream,
+                     double(sp[i].start - sp.front().start) * 1e-6, double(sp[i].end - sp[i].start) * 1e-3,
+                     idle[i] * 1e3);
+      std::fclose(f);
+    }
+  }
 #endif
 }
 
@@ -724,9 +759,10 @@ int main(int argc, char** argv) {
     // "timeline [ctx] [steps] [file]": the per-kernel timeline of the decode step (CUPTI).
     if (what == "timeline")
       timeline_step(argc > 2 ? std::atoll(argv[2]) : 4096, argc > 3 ? std::atoi(argv[3]) : 9, argc > 4 ? argv[4] : nullptr);
-    // "prefill-timeline [len] [chunk]": the per-kernel breakdown of one prefill (CUPTI).
+    // "prefill-timeline [len] [chunk] [file]": the per-kernel breakdown of one prefill (CUPTI), every launch to file.
     if (what == "prefill-timeline")
-      prefill_timeline(argc > 2 ? std::atoll(argv[2]) : 4096, argc > 3 ? std::atoll(argv[3]) : 8192);
+      prefill_timeline(argc > 2 ? std::atoll(argv[2]) : 4096, argc > 3 ? std::atoll(argv[3]) : 8192,
+                       argc > 4 ? argv[4] : nullptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -21,6 +21,7 @@ struct KernelSpan {
   uint64_t start = 0, end = 0;  // ns, CUPTI's clock
   uint64_t graph_node = 0;      // the graph node that launched it (0 outside graphs)
   int grid = 0, block = 0;      // blocks and threads per block
+  uint32_t stream = 0;          // CUPTI's stream id
 };
 
 namespace timeline_detail {
@@ -50,7 +51,7 @@ inline void CUPTIAPI completed(CUcontext, uint32_t, uint8_t* buf, size_t, size_t
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
     spans.push_back({k->name ? k->name : "?", k->start, k->end, k->graphNodeId, k->gridX * k->gridY * k->gridZ,
-                     k->blockX * k->blockY * k->blockZ});
+                     k->blockX * k->blockY * k->blockZ, k->streamId});
   }
   std::free(buf);
 }

@@ -42,9 +42,11 @@ for set in "${ptl_sets[@]}"; do
   for lc in ${PTL:-}; do
     f="$OUT/timeline_pf_${lc/:/_}_$(echo "$set" | tr -c 'A-Za-z0-9\n' '_').log"
     # shellcheck disable=SC2086  # a set is several assignments
-    env $set timeout 200 build/bench/bench_cuda_decode prefill-timeline "${lc%%:*}" "${lc##*:}" >"$f" 2>&1
+    env $set timeout 200 build/bench/bench_cuda_decode prefill-timeline "${lc%%:*}" "${lc##*:}" "${f%.log}.txt" \
+      >"$f" 2>&1
     note "prefill timeline $lc [$set] rc $? ($(elapsed)): $(grep -m1 untraced "$f")"
     grep -A10 "== prefill timeline" "$f" | tail -8
+    grep -A10 "longest idle gaps" "$f"
   done
 done
 if [ -n "${PF_SETS:-}" ]; then
