@@ -137,7 +137,8 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   // The wgmma loops (FERN_MOE_DEQUANT=separate and FERN_MOE_PREFETCH=1 take split); the exact-code one is decided
   // per GEMM (its own row layout for x and h), and both GEMMs on it allow the tile heights it alone takes.
   const bool wg = mode == cuda::GemmMode::Wg && !prefetch && !separate && cuda::moe_grouped_wg_ok(gate, down, sdown);
-  const bool q4_pipe = wg && cuda::gemm_wg_pipe() == cuda::WgPipe::Q4;
+  const cuda::WgPipe pipe = cuda::gemm_wg_pipe();
+  const bool q4_pipe = wg && cuda::gemm_pipe_q4(pipe);
   const bool q4_gate_up = q4_pipe && cuda::moe_grouped_q4_ok(gate, up, sgate, sup);
   const bool q4_down = q4_pipe && cuda::moe_grouped_q4_ok(down, sdown, down, sdown);
   const int Ei = static_cast<int>(E);
@@ -180,7 +181,8 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
     auto rows = [&](const float* src, int64_t n, int64_t K, bool q4) {
       const size_t bytes = wg ? cuda::xbf_bytes(n, K) : cuda::x16_bytes(n, K, precise);
       void* ws = scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data;
-      const cuda::X16 r = wg ? cuda::xbf_carve(ws, n, K, q4) : cuda::x16_carve(ws, n, K, precise);
+      const cuda::X16 r =
+          wg ? cuda::xbf_carve(ws, n, K, q4, pipe == cuda::WgPipe::Q4h) : cuda::x16_carve(ws, n, K, precise);
       if (q4)
         cuda::to_xbf_q4(ctx(), src, n, K, r);
       else if (wg)

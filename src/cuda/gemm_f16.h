@@ -22,7 +22,8 @@ struct X16 {
   float* sums = nullptr;
   int64_t ks = 0;
   // The bf16 hi/lo rows of the wgmma loops (gemm_wg.h) in the exact-code loop's layout: each 8-wide chunk in the K
-  // order 0 4 1 5 2 6 3 7, and sums [rows, ks = K / 64] the 64-wide sums of hi + lo (to_xbf_q4).
+  // order 0 4 1 5 2 6 3 7, and sums [rows, ks = K / 64] the 64-wide sums of hi + lo (to_xbf_q4); with lo == nullptr
+  // (q4h) x holds one fp16 row per row instead, and the sums are those of its values.
   bool q4 = false;
 };
 

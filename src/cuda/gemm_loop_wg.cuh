@@ -12,7 +12,9 @@
 
 namespace fern::cuda::wgloop {
 
-enum : int { kSync = 0, kWs = 1, kQ4 = 2 };
+// kQ4H: the exact-code loop on fp16 rows of x (FERN_GEMM_WG_PIPE=q4h; X16::lo == nullptr), one MMA per step.
+enum : int { kSync = 0, kWs = 1, kQ4 = 2, kQ4H = 3 };
+constexpr bool is_q4(int P) { return P == kQ4 || P == kQ4H; }
 
 template <int P>
 constexpr int kThreads = P == kSync ? wgtile::kThreads : P == kWs ? wstile::kThreads : q4tile::kThreads;
@@ -24,20 +26,21 @@ constexpr size_t kSmemBytes = P == kSync ? wgtile::kSmemBytes<NTOK, BITS, S>
 // The weight-tile row thread `tid` stages (the caller computes that row's RowSrc).
 template <int P>
 __device__ __forceinline__ int weight_row(int tid) {
-  return P == kQ4 ? q4tile::weight_row(tid) : (tid & 255) >> 1;
+  return is_q4(P) ? q4tile::weight_row(tid) : (tid & 255) >> 1;
 }
 
-// Runs the loop on the block's dynamic shared memory `raw` over the rows of x (the loop's layout: x.q4 for kQ4), for
+// Runs the loop on the block's dynamic shared memory `raw` over the rows of x (the loop's layout: x.q4 for kQ4 and
+// kQ4H), for
 // n_items weight tiles of one token tile: the exact-code loop takes them one after the other through one ring
 // (q4tile::mainloop_items), the other loops take one item per block (their callers launch them so). epilogue(item,
 // acc) runs on the threads holding results, once per item; wsrc_of(item): this thread's weight row in that item.
 template <int BITS, int NTOK, int S, int P, class RowOf, class WsrcOf, class Epilogue>
 __device__ __forceinline__ void run_items(unsigned char* raw, int K, int gs, const X16& x, RowOf row_of, int n_items,
                                           WsrcOf wsrc_of, Epilogue epilogue) {
-  if constexpr (P == kQ4) {
+  if constexpr (is_q4(P)) {
     static_assert(BITS == 4, "the exact-code loop takes 4-bit codes");
-    q4tile::mainloop_items<NTOK, S>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, row_of, n_items, wsrc_of,
-                                    epilogue);
+    q4tile::mainloop_items<NTOK, S, P == kQ4H>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, row_of,
+                                               n_items, wsrc_of, epilogue);
   } else {
     (void)n_items;
     float acc[NTOK / 2];

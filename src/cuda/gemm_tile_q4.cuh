@@ -74,6 +74,11 @@ __device__ __forceinline__ int code_half(int r, int h) { return h ^ ((r >> 2) & 
 __device__ __forceinline__ uint32_t code_pair(uint32_t w, int j) {
   return ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;
 }
+// The same pair as fp16x2 (for q4h): 128 = 0x5800 in fp16, whose last mantissa bit is worth 1/8 there, so 128 + q
+// is 0x5800 | q << 3 (exact).
+__device__ __forceinline__ uint32_t code_pair_f16(uint32_t w, int j) {
+  return (((w >> (4 * j)) & 0x000f000fu) << 3) | 0x58005800u;
+}
 
 // The weight-tile row thread `tid` stages (producers only; other threads get a row too, unused).
 __device__ __forceinline__ int weight_row(int tid) { return tid & (kProducers - 1); }
@@ -89,11 +94,12 @@ struct RowSb {
 // (barriers, tile map, row lookups, the first stage's latency) is paid once for all of them). For the MMA threads,
 // epilogue(item, acc) receives each item's results (MMA warpgroup's 64 weight rows x NTOK tokens, wgmma layout) = W x^T
 // over the width K; the producer threads return false (the caller returns: only the MMA threads hold results).
-// xhi/xlo: the permuted bf16 rows of to_xbf_q4 (row stride K), xsum: their 64-wide sums (row stride K / 64);
+// xhi/xlo: the permuted bf16 rows of to_xbf_q4 (row stride K), xsum: their 64-wide sums (row stride K / 64); H
+// (q4h): xhi holds one fp16 row per row (xlo unused), the codes enter as fp16 and each K step is one MMA;
 // row_of(r): the global row of token-tile row r (< 0: padding); wsrc_of(item): the weight row of weight_row(tid) in
 // item `item` (w == nullptr: padding); gs: the group size, a multiple of 64. Must be called by all kThreads threads
 // after the caller's last early return; does not end with a block barrier (the epilogues write global memory only).
-template <int NTOK, int S, class RowOf, class WsrcOf, class Epilogue>
+template <int NTOK, int S, bool H, class RowOf, class WsrcOf, class Epilogue>
 __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs, const uint16_t* xhi,
                                                const uint16_t* xlo, const float* xsum, RowOf row_of, int n_items,
                                                WsrcOf wsrc_of, Epilogue epilogue) {
@@ -137,10 +143,11 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         uint32_t a[kBK / 16][4];
 #pragma unroll
         for (int ks = 0; ks < kBK / 16; ++ks) {
-          a[ks][0] = code_pair(c0[2 * ks], jq);
-          a[ks][1] = code_pair(c1[2 * ks], jq);
-          a[ks][2] = code_pair(c0[2 * ks + 1], jq);
-          a[ks][3] = code_pair(c1[2 * ks + 1], jq);
+          const auto pair = [&](uint32_t w) { return H ? code_pair_f16(w, jq) : code_pair(w, jq); };
+          a[ks][0] = pair(c0[2 * ks]);
+          a[ks][1] = pair(c1[2 * ks]);
+          a[ks][2] = pair(c0[2 * ks + 1]);
+          a[ks][3] = pair(c1[2 * ks + 1]);
         }
 #pragma unroll
         for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;
@@ -148,8 +155,12 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kBK / 16; ++ks) {
-          wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
-          wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
+          if constexpr (H) {
+            wgmma::mma_f16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
+          } else {
+            wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
+            wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
+          }
         }
         wgmma::commit();
         wgmma::wait<0>();
@@ -207,7 +218,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
     const int st = t % S;
     next_sb(n2);
     ptx::mbar_wait(&sm.empty[st], ((t / S) & 1) ^ 1);
-    wgtile::copy_x_tile<NTOK, kProducers>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
+    wgtile::copy_x_tile<NTOK, kProducers, !H>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
     if (p < NTOK)
       ptx::cp_async4(&sm.xs[st][p], srow >= 0 ? xsum + int64_t(srow) * groups + kt : xsum, srow >= 0);
     // This row's 32 bytes of codes (zeros for a padding row: cp.async with no source bytes fills zeros).

@@ -84,8 +84,9 @@ __device__ __forceinline__ void x_rows(int (&xrow)[PER], RowOf row_of, int t) {
     xrow[j] = r < NTOK ? row_of(r) : -1;
   }
 }
-// Issues the cp.async copies of this thread's chunks of K tile k0 .. k0 + 63 into the swizzled stage tiles dhi, dlo.
-template <int NTOK, int NT, int PER>
+// Issues the cp.async copies of this thread's chunks of K tile k0 .. k0 + 63 into the swizzled stage tiles dhi, dlo
+// (LO = false: the hi tile only).
+template <int NTOK, int NT, bool LO = true, int PER>
 __device__ __forceinline__ void copy_x_tile(uint8_t* dhi, uint8_t* dlo, const uint16_t* xhi, const uint16_t* xlo,
                                             const int (&xrow)[PER], int t, int K, int k0) {
   const int xch = t & 7;
@@ -97,7 +98,7 @@ __device__ __forceinline__ void copy_x_tile(uint8_t* dhi, uint8_t* dlo, const ui
       const int64_t off = ok ? int64_t(xrow[j]) * K + k0 + 8 * xch : 0;
       const uint32_t d = wgmma::sw128(r, xch);
       ptx::cp_async16(dhi + d, xhi + off, ok);
-      ptx::cp_async16(dlo + d, xlo + off, ok);
+      if constexpr (LO) ptx::cp_async16(dlo + d, xlo + off, ok);
     }
   }
 }

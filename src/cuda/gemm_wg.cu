@@ -1,6 +1,7 @@
 // The activation split of the wgmma prefill GEMMs (gemm_wg.h: bf16 hi and lo rows, one warp per row) and the
 // device probe.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +44,9 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_kernel(const float* x, int
 // The exact-code loop's rows (gemm_tile_q4.cuh): hi and lo of each 8-wide chunk stored in the K order 0 4 1 5 2 6 3 7
 // (the order its unpacked codes come in), and the sum of hi + lo over each 64-wide group. A lane takes one chunk,
 // the 8 lanes of a group add up with shuffles. K a multiple of 64, so a warp's 32 chunks are 4 whole groups.
+// H (q4h): one fp16 row instead (round to nearest, finite values past the range saturate), the sums of the rounded
+// values (what the MMA multiplies), lo untouched.
+template <bool H>
 __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, int64_t rows, int K,
                                                                 uint16_t* __restrict__ hi, uint16_t* __restrict__ lo,
                                                                 float* __restrict__ sums) {
@@ -64,16 +68,22 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, 
       uint32_t h[4], l[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // pair j: elements j and j + 4
-        const __nv_bfloat162 hp = __floats2bfloat162_rn(v[j], v[j + 4]);
-        const float2 hf = __bfloat1622float2(hp);
-        const __nv_bfloat162 lp = __floats2bfloat162_rn(v[j] - hf.x, v[j + 4] - hf.y);
-        const float2 lf = __bfloat1622float2(lp);
-        sum += (hf.x + lf.x) + (hf.y + lf.y);
-        h[j] = *reinterpret_cast<const uint32_t*>(&hp);
-        l[j] = *reinterpret_cast<const uint32_t*>(&lp);
+        if constexpr (H) {
+          asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(h[j]) : "f"(v[j + 4]), "f"(v[j]));  // j in the low half
+          const float2 hf = __half22float2(*reinterpret_cast<const __half2*>(&h[j]));
+          sum += hf.x + hf.y;
+        } else {
+          const __nv_bfloat162 hp = __floats2bfloat162_rn(v[j], v[j + 4]);
+          const float2 hf = __bfloat1622float2(hp);
+          const __nv_bfloat162 lp = __floats2bfloat162_rn(v[j] - hf.x, v[j + 4] - hf.y);
+          const float2 lf = __bfloat1622float2(lp);
+          sum += (hf.x + lf.x) + (hf.y + lf.y);
+          h[j] = *reinterpret_cast<const uint32_t*>(&hp);
+          l[j] = *reinterpret_cast<const uint32_t*>(&lp);
+        }
       }
       dh[c] = make_uint4(h[0], h[1], h[2], h[3]);
-      dl[c] = make_uint4(l[0], l[1], l[2], l[3]);
+      if constexpr (!H) dl[c] = make_uint4(l[0], l[1], l[2], l[3]);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -139,9 +149,10 @@ int items_per_block(const char* env, int64_t blocks, int most, int sms) {
 WgPipe gemm_wg_pipe() {
   const char* v = std::getenv("FERN_GEMM_WG_PIPE");
   if (v == nullptr || std::strcmp(v, "q4") == 0) return WgPipe::Q4;
+  if (std::strcmp(v, "q4h") == 0) return WgPipe::Q4h;
   if (std::strcmp(v, "ws") == 0) return WgPipe::Ws;
   if (std::strcmp(v, "sync") == 0) return WgPipe::Sync;
-  raise_error(std::string("FERN_GEMM_WG_PIPE=") + v + ": expected q4, ws or sync");
+  raise_error(std::string("FERN_GEMM_WG_PIPE=") + v + ": expected q4, q4h, ws or sync");
 }
 
 bool gemm_q4_ok(const QW& w) {
@@ -152,14 +163,14 @@ size_t xbf_bytes(int64_t rows, int64_t K) {
   return 2 * align256(size_t(rows) * size_t(K) * 2) + align256(size_t(rows) * size_t(K / 64) * 4);
 }
 
-X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4) {
+X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4, bool half) {
   char* p = static_cast<char*>(ws);
   X16 r;
-  const size_t half = align256(size_t(rows) * size_t(K) * 2);
+  const size_t bytes = align256(size_t(rows) * size_t(K) * 2);
   r.x = reinterpret_cast<uint16_t*>(p);
-  r.lo = reinterpret_cast<uint16_t*>(p + half);
+  r.lo = q4 && half ? nullptr : reinterpret_cast<uint16_t*>(p + bytes);
   if (q4) {
-    r.sums = reinterpret_cast<float*>(p + 2 * half);
+    r.sums = reinterpret_cast<float*>(p + 2 * bytes);
     r.ks = K / 64;
     r.q4 = true;
   }
@@ -181,8 +192,8 @@ void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16&
   if (rows <= 0) return;
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   FERN_CU_CHECK(blocks < (int64_t(1) << 31), "to_xbf_q4: too many rows");
-  launch(c, "to_xbf_q4_kernel", to_xbf_q4_kernel, static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows,
-         static_cast<int>(K), out.x, out.lo, out.sums);
+  launch(c, "to_xbf_q4_kernel", out.lo == nullptr ? to_xbf_q4_kernel<true> : to_xbf_q4_kernel<false>,
+         static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows, static_cast<int>(K), out.x, out.lo, out.sums);
 }
 
 }  // namespace fern::cuda

@@ -26,10 +26,17 @@ int gemm_wg_stages();
 //         groups a multiple of 64), else the synchronous loop;
 //   ws    the warp-specialized hi/lo loop (gemm_tile_ws.cuh: producer warpgroups fill a ring, the MMA warpgroups
 //         never meet at a block barrier);
+//   q4h   the exact-code loop on one fp16 row of x (relative rounding 2^-11) instead of the bf16 hi + lo pair: one
+//         MMA per step instead of two, half the activation bytes (docs/notes/cuda-prefill-v13-q4h.md; an
+//         experiment, not yet measured);
+//   ws    the warp-specialized hi/lo loop (gemm_tile_ws.cuh: producer warpgroups fill a ring, the MMA warpgroups
+//         never meet at a block barrier);
 //   sync  the synchronous hi/lo loop (gemm_tile_wg.cuh); FERN_GEMM_WG_STAGES applies to it only.
 // ws and sync compute the same products in the same order (bit-identical results).
-enum class WgPipe { Q4, Ws, Sync };
+enum class WgPipe { Q4, Q4h, Ws, Sync };
 WgPipe gemm_wg_pipe();
+// Whether the form is one of the exact-code loop's (q4, q4h).
+inline bool gemm_pipe_q4(WgPipe p) { return p == WgPipe::Q4 || p == WgPipe::Q4h; }
 // Whether the exact-code loop takes these weights (format only).
 bool gemm_q4_ok(const QW& w);
 
@@ -41,9 +48,11 @@ int items_per_block(const char* env, int64_t blocks, int most, int sms);
 
 // x [rows, K] (F32) as bf16 hi rows (X16::x) and lo rows (X16::lo); scale and sums stay unset. K a multiple of 4.
 // xbf_bytes leaves room for the exact-code loop's sums as well; xbf_carve(..., q4 = true) lays them out (K a multiple
-// of 64) and marks the rows for that loop, which to_xbf_q4 then fills (hi/lo in its K order, and the 64-wide sums).
+// of 64) and marks the rows for that loop, which to_xbf_q4 then fills (hi/lo in its K order, and the 64-wide sums);
+// with half (q4h) it carves one fp16 row per row of x and no lo rows (X16::lo == nullptr), which to_xbf_q4 fills
+// with x rounded to fp16 (saturating) and the sums of those rounded values.
 size_t xbf_bytes(int64_t rows, int64_t K);
-X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4 = false);
+X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4 = false, bool half = false);
 void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 

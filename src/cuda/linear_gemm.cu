@@ -175,8 +175,9 @@ void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   const int64_t nb = (w.out + kBN - 1) / kBN;
   FERN_CU_CHECK(nb <= 65535, "linear_gemm: too many output rows");
   if (c.gemm_wg && linear_gemm_wg_ok(w) && c.gemm_ws != nullptr && c.gemm_ws_bytes >= xbf_bytes(T, w.in)) {
-    const bool q4 = gemm_wg_pipe() == WgPipe::Q4 && gemm_q4_ok(w);
-    const X16 xs = xbf_carve(c.gemm_ws, T, w.in, q4);
+    const WgPipe pipe = gemm_wg_pipe();
+    const bool q4 = gemm_pipe_q4(pipe) && gemm_q4_ok(w);
+    const X16 xs = xbf_carve(c.gemm_ws, T, w.in, q4, pipe == WgPipe::Q4h);
     (q4 ? to_xbf_q4 : to_xbf)(c, x, T, w.in, xs);
     linear_gemm_wg(c, w, xs, y, T);
     return;

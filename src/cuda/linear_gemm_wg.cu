@@ -69,10 +69,12 @@ void launch_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   // Weight blocks per block (exact-code loop only): up to 4, measured on the H200 at 4K and 32K tokens (docs/notes/
   // cuda-prefill-v8-items.md); FERN_GEMM_SEQ=N forces N.
   const int64_t wblocks = (w.out + kBW - 1) / kBW, ttiles = (T + NTOK - 1) / NTOK;
-  const int ncb = P == wgloop::kQ4 ? items_per_block("FERN_GEMM_SEQ", wblocks * ttiles, 4, c.sms) : 1;
+  const int ncb = wgloop::is_q4(P) ? items_per_block("FERN_GEMM_SEQ", wblocks * ttiles, 4, c.sms) : 1;
   const dim3 grid(static_cast<unsigned>((wblocks + ncb - 1) / ncb), static_cast<unsigned>(ttiles));
-  launch(c, P == wgloop::kQ4 ? "gemm_wg_kernel (exact codes)" : P == wgloop::kWs ? "gemm_wg_kernel (warp-specialized)"
-                                                                                 : "gemm_wg_kernel",
+  launch(c,
+         wgloop::is_q4(P) ? "gemm_wg_kernel (exact codes)"
+         : P == wgloop::kWs ? "gemm_wg_kernel (warp-specialized)"
+                            : "gemm_wg_kernel",
          kernel, grid, wgloop::kThreads<P>, smem, w, x, y, T, ncb);
 }
 
@@ -82,11 +84,14 @@ void wg_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   // SMs busy.
   const int64_t tall = (int64_t(T) + 127) / 128 * ((w.out + kBW - 1) / kBW);
   if constexpr (BITS == 4) {
-    if (x.q4) {  // the exact-code loop (to_xbf_q4 rows), one 384-thread block per SM
+    if (x.q4) {  // the exact-code loop (to_xbf_q4 rows), one 384-thread block per SM; fp16 rows without lo (q4h)
+      const bool h = x.lo == nullptr;
       if (tall >= 2 * c.sms)
-        launch_wg<4, 128, wgloop::kQ4Stages<128>, wgloop::kQ4>(c, w, x, y, T);
+        (h ? launch_wg<4, 128, wgloop::kQ4Stages<128>, wgloop::kQ4H>
+           : launch_wg<4, 128, wgloop::kQ4Stages<128>, wgloop::kQ4>)(c, w, x, y, T);
       else
-        launch_wg<4, 64, wgloop::kQ4Stages<64>, wgloop::kQ4>(c, w, x, y, T);
+        (h ? launch_wg<4, 64, wgloop::kQ4Stages<64>, wgloop::kQ4H>
+           : launch_wg<4, 64, wgloop::kQ4Stages<64>, wgloop::kQ4>)(c, w, x, y, T);
       return;
     }
   }

@@ -150,7 +150,7 @@ void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, con
   auto kernel = gate_up_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S, P>>(smem);
   const int64_t col_blocks = (std::max(gate.out, sgate.out) + kGateUpCols - 1) / kGateUpCols;
-  const int ncb = P == wgloop::kQ4 ? seq_cols(c, true, T, k, E, NTOK, col_blocks) : 1;
+  const int ncb = wgloop::is_q4(P) ? seq_cols(c, true, T, k, E, NTOK, col_blocks) : 1;
   const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, std::max(gate.out, sgate.out), int64_t(kGateUpCols) * ncb);
   launch(c, "moe gate_up_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, gate, up, sgate, sup, x, g, E, k, ncb,
          h_routed, h_shared);
@@ -162,7 +162,7 @@ void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const
   constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
   auto kernel = down_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, P>>(smem);
-  const int ncb = P == wgloop::kQ4 ? seq_cols(c, false, T, k, E, NTOK, (down.out + kBW - 1) / kBW) : 1;
+  const int ncb = wgloop::is_q4(P) ? seq_cols(c, false, T, k, E, NTOK, (down.out + kBW - 1) / kBW) : 1;
   const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, down.out, int64_t(kBW) * ncb);
   launch(c, "moe down_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, down, sdown, hr, hs, g, topk_w, sgate, E, ncb,
          y_pair, out);
@@ -188,9 +188,10 @@ template <int BITS, int NTOK>
 void gate_up_wg_n(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                   const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
   if constexpr (BITS == 4) {
-    if (x.q4) {
-      gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed,
-                                                                h_shared);
+    if (x.q4) {  // fp16 rows without lo: q4h
+      (x.lo == nullptr ? gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4H>
+                       : gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4>)(c, gate, up, sgate, sup, x, g, T, k,
+                                                                                  E, h_routed, h_shared);
       return;
     }
   }
@@ -208,8 +209,9 @@ void down_wg_n(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, con
                const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
   if constexpr (BITS == 4) {
     if (hr.q4) {
-      down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair,
-                                                             out);
+      (hr.lo == nullptr ? down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4H>
+                        : down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4>)(c, down, sdown, hr, hs, g, topk_w,
+                                                                                sgate, T, k, E, y_pair, out);
       return;
     }
   }
@@ -227,7 +229,9 @@ void gate_up_wg_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate
                      const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared) {
   if constexpr (BITS == 4) {
     if (bm == 96) {  // tall tiles: the exact-code loop only (moe_tile_rows_wg_ok)
-      gate_up_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+      (x.lo == nullptr ? gate_up_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4H>
+                       : gate_up_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4>)(c, gate, up, sgate, sup, x, g, T, k, E,
+                                                                              h_routed, h_shared);
       return;
     }
   }
@@ -243,8 +247,9 @@ void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, 
                   const float* topk_w, const float* sgate, int T, int k, int E, int bm, float* y_pair, float* out) {
   if constexpr (BITS == 4) {
     if (bm == 96) {
-      down_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair,
-                                                         out);
+      (hr.lo == nullptr ? down_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4H>
+                        : down_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4>)(c, down, sdown, hr, hs, g, topk_w, sgate,
+                                                                            T, k, E, y_pair, out);
       return;
     }
   }

@@ -42,6 +42,10 @@ constexpr double kNmse = 1e-9;
 // the shapes here, worst single row 1.7e-7 (the magnitudes test). 1e-6 is 6x over the largest and still catches a
 // wrong nibble, group, scale, row or tile (NMSE > 1e-3) and a bf16 rounding of x (~1e-6 and more).
 constexpr double kNmseF16 = 1e-6;
+// FERN_GEMM_WG_PIPE=q4h (the exact-code loop on one fp16 row of x, docs/notes/cuda-prefill-v13-q4h.md): x rounded
+// once to fp16 and the codes exact, so at most the fp16 loop's error (which also rounds the weights): kNmseF16. Not
+// yet measured on a GPU.
+constexpr double kNmseQ4h = kNmseF16;
 
 struct Fixture {
   std::unique_ptr<CudaBackend> gpu = test::make_gpu();
@@ -91,8 +95,8 @@ struct Workspace {
   }
 };
 
-// out (optional) receives the GPU result.
-void run_direct(const Case& c, Loop loop, std::vector<float>* out = nullptr) {
+// out (optional) receives the GPU result; limit (if > 0) replaces the loop's bound.
+void run_direct(const Case& c, Loop loop, std::vector<float>* out = nullptr, double limit = 0) {
   SCOPED_TRACE(std::string(c.name) + " " + loop_name(loop));
   Fixture s;
   LinearWeight hw = make_weight(s, c);
@@ -113,7 +117,7 @@ void run_direct(const Case& c, Loop loop, std::vector<float>* out = nullptr) {
   const double e = test::nmse(got.data(), ref.data(), got.size());
   std::printf("gemm %-6s %-22s [%6ld x %5ld] %2d-bit g%-3d T=%-4d NMSE %.3e\n", loop_name(took), c.name,
               long(c.out), long(c.in), c.bits, c.gs, c.T, e);
-  EXPECT_LT(e, took == Loop::Fp16 ? kNmseF16 : kNmse);
+  EXPECT_LT(e, limit > 0 ? limit : took == Loop::Fp16 ? kNmseF16 : kNmse);
   if (out != nullptr) *out = std::move(got);
 }
 
@@ -140,6 +144,11 @@ TEST(CudaLinearGemm, RealShapes) {
     {
       test::EnvGuard pipe("FERN_GEMM_WG_PIPE", "ws");
       run_direct(c, Loop::Wg, &ws_out);
+    }
+    {
+      // The exact-code loop on fp16 rows of x (4-bit weights; the others fall back to the synchronous loop).
+      test::EnvGuard q4h("FERN_GEMM_WG_PIPE", "q4h");
+      run_direct(c, Loop::Wg, nullptr, kNmseQ4h);
     }
     test::EnvGuard pipe("FERN_GEMM_WG_PIPE", "sync");
     run_direct(c, Loop::Wg, &sync_out);
@@ -376,11 +385,12 @@ TEST(CudaGemmMode, UnknownValueIsAnError) {
     EXPECT_EQ(cuda::gemm_wg_stages(), 0);
   }
   {
-    // The wgmma loop's form: q4, ws or sync (unset: q4); anything else is named.
+    // The wgmma loop's form: q4, q4h, ws or sync (unset: q4); anything else is named.
     test::EnvGuard p("FERN_GEMM_WG_PIPE", "async");
     expect_error_naming([] { cuda::gemm_wg_pipe(); }, "FERN_GEMM_WG_PIPE=async");
   }
-  for (const auto& [value, pipe] : {std::pair{"q4", cuda::WgPipe::Q4}, std::pair{"ws", cuda::WgPipe::Ws},
+  for (const auto& [value, pipe] : {std::pair{"q4", cuda::WgPipe::Q4}, std::pair{"q4h", cuda::WgPipe::Q4h},
+                                    std::pair{"ws", cuda::WgPipe::Ws},
                                     std::pair{"sync", cuda::WgPipe::Sync}}) {
     test::EnvGuard p("FERN_GEMM_WG_PIPE", value);
     EXPECT_EQ(cuda::gemm_wg_pipe(), pipe) << value;
