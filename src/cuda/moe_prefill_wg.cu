@@ -291,8 +291,9 @@ void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X1
   FERN_CU_CHECK(moe_tile_rows_wg_ok(bm, h_routed.q4) && (down.bits == 4 || down.bits == 8) && down.in % wgtile::kBK == 0 &&
                     sdown.in % wgtile::kBK == 0,
                 "moe down wg: tile rows, format or width");
-  FERN_CU_CHECK(h_routed.q4 == h_shared.q4 && (!h_routed.q4 || moe_grouped_q4_ok(down, sdown, down, sdown)),
-                "moe down wg: exact-code rows, other weights");
+  FERN_CU_CHECK(h_routed.q4 == h_shared.q4 && (h_routed.lo == nullptr) == (h_shared.lo == nullptr) &&
+                    (!h_routed.q4 || moe_grouped_q4_ok(down, sdown, down, sdown)),
+                "moe down wg: exact-code rows (both hi/lo or both fp16), other weights");
   if (down.bits == 4)
     down_wg_bits<4>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out);
   else

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "cuda/gemm_wg.h"
 #include "cuda_test_util.h"
