@@ -108,7 +108,8 @@ int main() {
               "NMSE flash vs decode | flash bf16 (ms) | NMSE bf16 vs decode | fp16 copies + flash (ms) | copies (ms) | "
               "same bits as flash | wg + copies (ms) | wg TFLOP/s | NMSE wg vs decode | wg pipe + copies (ms) | "
               "wg pipe TFLOP/s | NMSE wg pipe vs decode |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+              "---:|\n");
   for (const Point& p : pts) {
     const int T = p.T;
     const int32_t pos32 = static_cast<int32_t>(p.pos);

@@ -297,7 +297,7 @@ TEST(CudaAttnPrefill, Fp16CacheCopiesGiveTheSameBits) {
 // other summation orders, so the flash kernel's bounds: kNmse against the CPU on every case (first chunks,
 // continuations, the split path, one key tile, two, odd counts; head dims 256 and 128, GQA 8, 1 and 16), with the
 // peaked softmax under 1.5x the decode kernel's error (PeakedSoftmaxAgainstDecodeKernel's bound for fp16 operands),
-// and cache values past the FP16 range finite (HugeValuesStayFinite).
+// cache values past the FP16 range finite (HugeValuesStayFinite), and the two loops bit for bit alike.
 TEST(CudaAttnPrefill, WarpgroupKernel) {
   FERN_REQUIRE_GPU();
   if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
@@ -331,6 +331,20 @@ TEST(CudaAttnPrefill, WarpgroupKernel) {
     std::printf("peaked softmax [%s]: worst NMSE wg %.3e, decode kernel %.3e (ratio %.2f)\n", form, wg, decode,
                 wg / decode);
     EXPECT_LT(wg, 1.5 * decode);
+  }
+  // The pipelined loop issues the same MMAs on the same operands and corrects each output row by the same factors in
+  // the same order (only later), so the two loops give the same bits: first chunks, continuations, the split path.
+  for (const Case& c : {shape_case(16, 2, 256, 0.25, {300, 17, 64, 700}, 77), shape_case(16, 2, 256, 0.25, {2100, 17}, 79),
+                        shape_case(4, 4, 128, 0.25, {300, 129}, 81)}) {
+    std::vector<float> out[2];
+    for (int m = 0; m < 2; ++m) {
+      ForceKernel f(m == 0 ? "wg" : "wg-pipe");
+      out[m] = gpu_outputs(c);
+    }
+    ASSERT_EQ(out[0].size(), out[1].size());
+    size_t differ = 0;
+    for (size_t i = 0; i < out[0].size(); ++i) differ += std::memcmp(&out[0][i], &out[1][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "of " << out[0].size() << " outputs, D " << c.D << " seed " << c.seed;
   }
 }
 
