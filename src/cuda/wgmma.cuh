@@ -176,35 +176,25 @@ __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t da, uint64_
 }
 
 
-template <int N>
-__device__ __forceinline__ void mma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int acc = 1) {
-  static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "instantiated widths");
-  if constexpr (N == 16)
-    mma_bf16_rs_n16(d, a, db, acc);
-  else if constexpr (N == 32)
-    mma_bf16_rs_n32(d, a, db, acc);
-  else if constexpr (N == 64)
-    mma_bf16_rs_n64(d, a, db, acc);
-  else if constexpr (N == 96)
-    mma_bf16_rs_n96(d, a, db, acc);
-  else
-    mma_bf16_rs_n128(d, a, db, acc);
-}
-
-// The same with fp16 operands.
-template <int N>
-__device__ __forceinline__ void mma_f16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int acc = 1) {
-  static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "instantiated widths");
-  if constexpr (N == 16)
-    mma_f16_rs_n16(d, a, db, acc);
-  else if constexpr (N == 32)
-    mma_f16_rs_n32(d, a, db, acc);
-  else if constexpr (N == 64)
-    mma_f16_rs_n64(d, a, db, acc);
-  else if constexpr (N == 96)
-    mma_f16_rs_n96(d, a, db, acc);
-  else
-    mma_f16_rs_n128(d, a, db, acc);
-}
+// mma_bf16_rs<N> / mma_f16_rs<N>: the register-A forms by token width.
+#define FERN_WG_RS_BY_WIDTH(TY)                                                                                    \
+  template <int N>                                                                                                 \
+  __device__ __forceinline__ void mma_##TY##_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db,            \
+                                                int acc = 1) {                                                     \
+    static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "instantiated widths");                    \
+    if constexpr (N == 16)                                                                                         \
+      mma_##TY##_rs_n16(d, a, db, acc);                                                                            \
+    else if constexpr (N == 32)                                                                                    \
+      mma_##TY##_rs_n32(d, a, db, acc);                                                                            \
+    else if constexpr (N == 64)                                                                                    \
+      mma_##TY##_rs_n64(d, a, db, acc);                                                                            \
+    else if constexpr (N == 96)                                                                                    \
+      mma_##TY##_rs_n96(d, a, db, acc);                                                                            \
+    else                                                                                                           \
+      mma_##TY##_rs_n128(d, a, db, acc);                                                                           \
+  }
+FERN_WG_RS_BY_WIDTH(bf16)
+FERN_WG_RS_BY_WIDTH(f16)
+#undef FERN_WG_RS_BY_WIDTH
 
 }  // namespace fern::cuda::wgmma

@@ -120,46 +120,45 @@ TEST(CudaForward, DenseStridedExpertsMatchCpu) {
   EXPECT_GE(pre.top1, 0.97);
 }
 
-// The Hopper experiments that are not defaults yet (FERN_GEMM_WG_PIPE=q4h: GEMMs on fp16 rows of x,
-// docs/notes/cuda-prefill-v13-q4h.md; FERN_ATTN_PREFILL=wg-pipe: the pipelined attention loop,
-// docs/notes/cuda-prefill-v12-attn-pipe.md), each on its own through the whole model: the issue's acceptance
-// thresholds, as for the default forms below.
-TEST(CudaForward, HopperExperimentsKeepTheAcceptanceBounds) {
-  FERN_REQUIRE_GPU();
-  if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
+// The `small` synthetic checkpoint with peaked logits, and issue 5's acceptance thresholds on a run of it.
+std::shared_ptr<ModelWeights> small_peaked() {
   SynthOptions so;
   so.seed = 5;
   so.logit_scale = 4.0f;
-  auto hw = synth_weights(synth_preset("small"), so);
+  return synth_weights(synth_preset("small"), so);
+}
+void expect_acceptance(const Compare& pre, const Compare& dec) {
+  EXPECT_TRUE(pre.finite && dec.finite);
+  EXPECT_LE(pre.nmse, 1e-3);
+  EXPECT_LE(dec.nmse, 1e-3);
+  EXPECT_GE(pre.top1, 0.99);
+  EXPECT_GE(dec.top1, 0.99);
+}
+
+// The Hopper experiments that are not defaults yet (FERN_GEMM_WG_PIPE=q4h: GEMMs on fp16 rows of x,
+// docs/notes/cuda-prefill-v13-q4h.md; FERN_ATTN_PREFILL=wg-pipe: the pipelined attention loop,
+// docs/notes/cuda-prefill-v12-attn-pipe.md), each on its own through the whole model, within the same thresholds
+// as the default forms (SmallSynthCheckpointPeakedLogits).
+TEST(CudaForward, HopperExperimentsKeepTheAcceptanceBounds) {
+  FERN_REQUIRE_GPU();
+  if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
+  const auto hw = small_peaked();
   for (const auto& [name, value] : {std::pair{"FERN_GEMM_WG_PIPE", "q4h"}, std::pair{"FERN_ATTN_PREFILL", "wg-pipe"}}) {
     SCOPED_TRACE(std::string(name) + "=" + value);
     test::EnvGuard g(name, value);
     auto [pre, dec] = run_model(hw, 192, 16, 9);
     std::printf("synth small, %s=%s: prefill 192 NMSE %.3e top-1 %.4f | decode 16 NMSE %.3e top-1 %.4f\n", name, value,
                 pre.nmse, pre.top1, dec.nmse, dec.top1);
-    EXPECT_TRUE(pre.finite && dec.finite);
-    EXPECT_LE(pre.nmse, 1e-3);
-    EXPECT_LE(dec.nmse, 1e-3);
-    EXPECT_GE(pre.top1, 0.99);
-    EXPECT_GE(dec.top1, 0.99);
+    expect_acceptance(pre, dec);
   }
 }
 
 TEST(CudaForward, SmallSynthCheckpointPeakedLogits) {
   FERN_REQUIRE_GPU();
-  SynthOptions so;
-  so.seed = 5;
-  so.logit_scale = 4.0f;
-  auto hw = synth_weights(synth_preset("small"), so);
-  auto [pre, dec] = run_model(hw, 192, 64, 9);
+  auto [pre, dec] = run_model(small_peaked(), 192, 64, 9);
   std::printf("synth small (logit scale 4): prefill 192 NMSE %.3e top-1 %.4f | decode 64 NMSE %.3e top-1 %.4f\n",
               pre.nmse, pre.top1, dec.nmse, dec.top1);
-  // The issue's acceptance thresholds.
-  EXPECT_TRUE(pre.finite && dec.finite);
-  EXPECT_LE(pre.nmse, 1e-3);
-  EXPECT_LE(dec.nmse, 1e-3);
-  EXPECT_GE(pre.top1, 0.99);
-  EXPECT_GE(dec.top1, 0.99);
+  expect_acceptance(pre, dec);  // the issue's acceptance thresholds
 }
 
 TEST(CudaForward, CapturedStepReplaysLikeEagerSteps) {
