@@ -60,8 +60,10 @@ void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const A
   const cuda::AttnShape sh = attn_shape(cfg, st.capacity);
   Choice choice = forced_choice();
   bool flash = cuda::attn_prefill_ok(sh) && (T >= kAttnPrefillMinRows || !decode_kernel_ok(sh));
-  if (choice != Choice::Auto) flash = choice != Choice::Decode;
-  if (choice == Choice::Auto) choice = T >= kAttnCopiesMinRows ? Choice::Wg : Choice::Flash;
+  if (choice == Choice::Auto)
+    choice = T >= kAttnCopiesMinRows ? Choice::Wg : Choice::Flash;
+  else
+    flash = choice != Choice::Decode;
   Tensor q = scratch(DType::F32, {T, sh.Hq, sh.D});
   Tensor kc = st.k_cache.at(layer), vc = st.v_cache.at(layer);
   cuda::attn_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"), f32(w.q_norm, "q_norm"),

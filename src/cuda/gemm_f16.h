@@ -25,6 +25,8 @@ struct X16 {
   // order 0 4 1 5 2 6 3 7, and sums [rows, ks = K / 64] the 64-wide sums of hi + lo (to_xbf_q4); with lo == nullptr
   // (q4h) x holds one fp16 row per row instead, and the sums are those of its values.
   bool q4 = false;
+  // The exact-code loop's fp16 rows (FERN_GEMM_WG_PIPE=q4h, xbf_carve(..., half)).
+  bool q4h() const { return q4 && lo == nullptr; }
 };
 
 // Bytes of workspace for `rows` rows of width K (the arrays, each 256-byte aligned).

@@ -4,6 +4,7 @@
 // accumulator layout, so one epilogue serves them; they differ in which threads stage which weight row.
 #pragma once
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/gemm_f16.h"
 #include "cuda/gemm_tile_q4.cuh"
@@ -15,6 +16,16 @@ namespace fern::cuda::wgloop {
 // kQ4H: the exact-code loop on fp16 rows of x (FERN_GEMM_WG_PIPE=q4h; X16::lo == nullptr), one MMA per step.
 enum : int { kSync = 0, kWs = 1, kQ4 = 2, kQ4H = 3 };
 constexpr bool is_q4(int P) { return P == kQ4 || P == kQ4H; }
+
+// Calls f(std::integral_constant<int, P>{}) with the exact-code loop kind that rows x (x.q4) take: kQ4H for fp16
+// rows, else kQ4.
+template <class F>
+void with_q4_loop(const X16& x, F&& f) {
+  if (x.q4h())
+    f(std::integral_constant<int, kQ4H>{});
+  else
+    f(std::integral_constant<int, kQ4>{});
+}
 
 template <int P>
 constexpr int kThreads = P == kSync ? wgtile::kThreads : P == kWs ? wstile::kThreads : q4tile::kThreads;

@@ -192,7 +192,7 @@ void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16&
   if (rows <= 0) return;
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   FERN_CU_CHECK(blocks < (int64_t(1) << 31), "to_xbf_q4: too many rows");
-  launch(c, "to_xbf_q4_kernel", out.lo == nullptr ? to_xbf_q4_kernel<true> : to_xbf_q4_kernel<false>,
+  launch(c, "to_xbf_q4_kernel", out.q4h() ? to_xbf_q4_kernel<true> : to_xbf_q4_kernel<false>,
          static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows, static_cast<int>(K), out.x, out.lo, out.sums);
 }
 

@@ -84,14 +84,13 @@ void wg_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   // SMs busy.
   const int64_t tall = (int64_t(T) + 127) / 128 * ((w.out + kBW - 1) / kBW);
   if constexpr (BITS == 4) {
-    if (x.q4) {  // the exact-code loop (to_xbf_q4 rows), one 384-thread block per SM; fp16 rows without lo (q4h)
-      const bool h = x.lo == nullptr;
-      if (tall >= 2 * c.sms)
-        (h ? launch_wg<4, 128, wgloop::kQ4Stages<128>, wgloop::kQ4H>
-           : launch_wg<4, 128, wgloop::kQ4Stages<128>, wgloop::kQ4>)(c, w, x, y, T);
-      else
-        (h ? launch_wg<4, 64, wgloop::kQ4Stages<64>, wgloop::kQ4H>
-           : launch_wg<4, 64, wgloop::kQ4Stages<64>, wgloop::kQ4>)(c, w, x, y, T);
+    if (x.q4) {  // the exact-code loop (to_xbf_q4 rows), one 384-thread block per SM
+      wgloop::with_q4_loop(x, [&](auto p) {
+        if (tall >= 2 * c.sms)
+          launch_wg<4, 128, wgloop::kQ4Stages<128>, p()>(c, w, x, y, T);
+        else
+          launch_wg<4, 64, wgloop::kQ4Stages<64>, p()>(c, w, x, y, T);
+      });
       return;
     }
   }

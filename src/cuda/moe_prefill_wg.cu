@@ -188,10 +188,10 @@ template <int BITS, int NTOK>
 void gate_up_wg_n(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                   const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
   if constexpr (BITS == 4) {
-    if (x.q4) {  // fp16 rows without lo: q4h
-      (x.lo == nullptr ? gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4H>
-                       : gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4>)(c, gate, up, sgate, sup, x, g, T, k,
-                                                                                  E, h_routed, h_shared);
+    if (x.q4) {
+      wgloop::with_q4_loop(x, [&](auto p) {
+        gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, p()>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+      });
       return;
     }
   }
@@ -209,9 +209,10 @@ void down_wg_n(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, con
                const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
   if constexpr (BITS == 4) {
     if (hr.q4) {
-      (hr.lo == nullptr ? down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4H>
-                        : down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, wgloop::kQ4>)(c, down, sdown, hr, hs, g, topk_w,
-                                                                                sgate, T, k, E, y_pair, out);
+      wgloop::with_q4_loop(hr, [&](auto p) {
+        down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, p()>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair,
+                                                       out);
+      });
       return;
     }
   }
@@ -229,9 +230,9 @@ void gate_up_wg_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate
                      const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared) {
   if constexpr (BITS == 4) {
     if (bm == 96) {  // tall tiles: the exact-code loop only (moe_tile_rows_wg_ok)
-      (x.lo == nullptr ? gate_up_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4H>
-                       : gate_up_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4>)(c, gate, up, sgate, sup, x, g, T, k, E,
-                                                                              h_routed, h_shared);
+      wgloop::with_q4_loop(x, [&](auto p) {
+        gate_up_wg<4, 96, wgloop::kQ4Stages<96>, p()>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+      });
       return;
     }
   }
@@ -247,9 +248,9 @@ void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, 
                   const float* topk_w, const float* sgate, int T, int k, int E, int bm, float* y_pair, float* out) {
   if constexpr (BITS == 4) {
     if (bm == 96) {
-      (hr.lo == nullptr ? down_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4H>
-                        : down_wg<4, 96, wgloop::kQ4Stages<96>, wgloop::kQ4>)(c, down, sdown, hr, hs, g, topk_w, sgate,
-                                                                            T, k, E, y_pair, out);
+      wgloop::with_q4_loop(hr, [&](auto p) {
+        down_wg<4, 96, wgloop::kQ4Stages<96>, p()>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+      });
       return;
     }
   }
@@ -291,7 +292,7 @@ void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X1
   FERN_CU_CHECK(moe_tile_rows_wg_ok(bm, h_routed.q4) && (down.bits == 4 || down.bits == 8) && down.in % wgtile::kBK == 0 &&
                     sdown.in % wgtile::kBK == 0,
                 "moe down wg: tile rows, format or width");
-  FERN_CU_CHECK(h_routed.q4 == h_shared.q4 && (h_routed.lo == nullptr) == (h_shared.lo == nullptr) &&
+  FERN_CU_CHECK(h_routed.q4 == h_shared.q4 && h_routed.q4h() == h_shared.q4h() &&
                     (!h_routed.q4 || moe_grouped_q4_ok(down, sdown, down, sdown)),
                 "moe down wg: exact-code rows (both hi/lo or both fp16), other weights");
   if (down.bits == 4)

@@ -86,7 +86,8 @@ __device__ __forceinline__ void fence_operand(float (&d)[R]) {
 //   mma_bf16_rs_nN(d, a, db, acc):  the same with A in registers: each warp's 16 rows (warp w of the warpgroup: rows
 //     16 w .. 16 w + 15) in the mma.sync m16n8k16 fragment layout: a[0] holds row lane / 4, K 2 (lane % 4) + {0, 1};
 //     a[1] row lane / 4 + 8, same K; a[2], a[3] the same rows at K + 8;
-//   mma_f16_nN, mma_f16_rs_nN: the same with fp16 operands (the prefill attention on wgmma, attn_prefill_wg.cu).
+//   mma_f16_nN, mma_f16_rs_nN: the same with fp16 operands (the prefill attention on wgmma, attn_prefill_wg.cu; the
+//     exact-code GEMM loop on fp16 rows, gemm_tile_q4.cuh).
 // One macro writes them from the width's register list (asm operands must be spelled out one by one).
 #define FERN_WG_D8(b)                                                                                             \
   "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), \

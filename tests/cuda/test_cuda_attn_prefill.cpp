@@ -106,6 +106,20 @@ double run(const Case& c, double limit = kNmse) {
   return worst;
 }
 
+// Outputs that are not finite.
+size_t non_finite(const std::vector<float>& v) {
+  size_t n = 0;
+  for (float x : v) n += !std::isfinite(x);
+  return n;
+}
+
+// Positions where two equally long outputs differ bit for bit.
+size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
+
 // The GPU outputs of every call of the case under the current FERN_ATTN_PREFILL, on the inputs attn_call_nmse makes
 // for the same seeds (so that two kernels can be compared bit for bit).
 std::vector<float> gpu_outputs(const Case& c) {
@@ -237,10 +251,8 @@ TEST(CudaAttnPrefill, HugeValuesStayFinite) {
   auto gpu = test::make_gpu();
   const Case c;  // the real shape
   Layer layer(c, *gpu);
-  const auto got = huge_value_outputs(*gpu, layer, 41);
-  size_t bad = 0;
-  for (float x : got) bad += !std::isfinite(x);
-  EXPECT_EQ(bad, 0u) << "non-finite outputs with values past the FP16 range";
+  EXPECT_EQ(non_finite(huge_value_outputs(*gpu, layer, 41)), 0u)
+      << "non-finite outputs with values past the FP16 range";
 }
 
 // FP16 copies of the cache rows made once per layer and chunk (flash-kv16, cuda::kv_to_f16) against the flash
@@ -268,10 +280,7 @@ TEST(CudaAttnPrefill, Fp16CacheCopiesGiveTheSameBits) {
       run(c);  // against the CPU
     }
     ASSERT_EQ(in_kernel.size(), copies.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < copies.size(); ++i)
-      differ += std::memcmp(&in_kernel[i], &copies[i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << "of " << copies.size() << " outputs";
+    EXPECT_EQ(bits_differ(in_kernel, copies), 0u) << "of " << copies.size() << " outputs";
   }
   // Values past the FP16 range: finite, and the same bits both ways.
   auto gpu = test::make_gpu();
@@ -282,13 +291,9 @@ TEST(CudaAttnPrefill, Fp16CacheCopiesGiveTheSameBits) {
     ForceKernel f(m == 0 ? "flash" : "flash-kv16");
     out[m] = huge_value_outputs(*gpu, layer, 51);
   }
-  size_t bad = 0, differ = 0;
-  for (size_t i = 0; i < out[1].size(); ++i) {
-    bad += !std::isfinite(out[1][i]);
-    differ += std::memcmp(&out[0][i], &out[1][i], sizeof(float)) != 0;
-  }
-  EXPECT_EQ(bad, 0u);
-  EXPECT_EQ(differ, 0u);
+  ASSERT_EQ(out[0].size(), out[1].size());
+  EXPECT_EQ(non_finite(out[1]), 0u);
+  EXPECT_EQ(bits_differ(out[0], out[1]), 0u);
 }
 
 // The warpgroup-MMA kernel (attn_prefill_wg.cu; sm_90a builds on compute capability 9.0 only), in both loops
@@ -319,9 +324,8 @@ TEST(CudaAttnPrefill, WarpgroupKernel) {
       wg = run(peaked, 1.0);
       auto gpu = test::make_gpu();
       const Layer layer(huge, *gpu);
-      size_t bad = 0;
-      for (float x : huge_value_outputs(*gpu, layer, 75)) bad += !std::isfinite(x);
-      EXPECT_EQ(bad, 0u) << "non-finite outputs with values past the FP16 range";
+      EXPECT_EQ(non_finite(huge_value_outputs(*gpu, layer, 75)), 0u)
+          << "non-finite outputs with values past the FP16 range";
     }
     double decode = 0;
     {
@@ -334,17 +338,15 @@ TEST(CudaAttnPrefill, WarpgroupKernel) {
   }
   // The pipelined loop issues the same MMAs on the same operands and corrects each output row by the same factors in
   // the same order (only later), so the two loops give the same bits: first chunks, continuations, the split path.
-  for (const Case& c : {shape_case(16, 2, 256, 0.25, {300, 17, 64, 700}, 77), shape_case(16, 2, 256, 0.25, {2100, 17}, 79),
-                        shape_case(4, 4, 128, 0.25, {300, 129}, 81)}) {
+  for (const Case& c : {shape_case(16, 2, 256, 0.25, {300, 17, 64, 700}, 77),
+                        shape_case(16, 2, 256, 0.25, {2100, 17}, 79), shape_case(4, 4, 128, 0.25, {300, 129}, 81)}) {
     std::vector<float> out[2];
     for (int m = 0; m < 2; ++m) {
       ForceKernel f(m == 0 ? "wg" : "wg-pipe");
       out[m] = gpu_outputs(c);
     }
     ASSERT_EQ(out[0].size(), out[1].size());
-    size_t differ = 0;
-    for (size_t i = 0; i < out[0].size(); ++i) differ += std::memcmp(&out[0][i], &out[1][i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << "of " << out[0].size() << " outputs, D " << c.D << " seed " << c.seed;
+    EXPECT_EQ(bits_differ(out[0], out[1]), 0u) << "of " << out[0].size() << " outputs, D " << c.D << " seed " << c.seed;
   }
 }
 
