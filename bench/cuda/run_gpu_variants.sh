@@ -2,7 +2,7 @@
 # One GPU call that compares builds of the prefill tile loops side by side, from the repository root with carry
 # [".carry/debs", ".carry/var"], the folder holding NAME.tar and NAME.commit for each NAME in VARIANTS (each made with
 # `git archive -o .carry/var/NAME.tar COMMIT; git rev-parse --short=12 COMMIT >.carry/var/NAME.commit`); VFLAGS_NAME
-# (e.g. VFLAGS_ov="-DFERN_Q4_OVERLAP=1") sets that variant's CMAKE_CUDA_FLAGS, so two names may hold one commit.
+# (e.g. VFLAGS_ab="-DFERN_SOME_SWITCH=1") sets that variant's CMAKE_CUDA_FLAGS, so two names may hold one commit.
 # Every variant is built in its own folder (in parallel) with this tree's two GEMM micro-benchmarks (their
 # FERN_BENCH_DEFAULT_ONLY mode: only the default path), then the benchmarks run ROUNDS times in turn (variant after
 # variant, so that clock drift hits all alike). The variant FULL (default: the last) also runs the GEMM and MoE tests
@@ -70,7 +70,7 @@ if [ "${FULL_BENCH:-0}" = 1 ]; then  # every variant, in turn
   for v in $VARIANTS; do
     timeout "${BENCH_TIMEOUT:-150}" "/tmp/v_$v/build/fern" bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
       --lengths "${PREFILL_LENGTHS:-4096,32768}" --runs "${BENCH_RUNS:-2}" >"$OUT/bench_prefill_$v.log" 2>&1
-    note "$v fern bench prefill rc $?: $(grep -E '^\| [0-9]' "$OUT/bench_prefill_$v.log" | awk -F'|' '{printf "%s: %s tok/s; ", $2, $3}')"
+    note "$v fern bench prefill rc $?: $(grep -E '^\| [0-9]' "$OUT/bench_prefill_$v.log" | awk -F'|' '{printf "%s: %s tok/s; ", $2, $4}')"
   done
 fi
 (cd "$OUT" && tar -czf variants_logs.tar.gz *.md *.log 2>/dev/null && rm -f *.md *.log)
