@@ -8,7 +8,7 @@
 // which checks the flash kernel at cache lengths the CPU-referenced tests cannot reach. The last columns: the cache
 // rows converted to fp16 once (cuda::kv_to_f16) and the kernel on those copies, which must give the same bits; the
 // warpgroup-MMA kernel (attn_prefill_wg.cu, sm_90a only) with its copies, and its NMSE against the decode kernel, in
-// both of its loops (tile by tile; pipelined, docs/notes/cuda-prefill-v12-attn-pipe.md).
+// its pipelined loop (docs/notes/cuda-prefill-v12-attn-pipe.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -106,10 +106,8 @@ int main() {
 
   std::printf("| pos | T | prep (ms) | decode kernel (ms) | flash (ms) | flash splits | speed-up | flash TFLOP/s | "
               "NMSE flash vs decode | flash bf16 (ms) | NMSE bf16 vs decode | fp16 copies + flash (ms) | copies (ms) | "
-              "same bits as flash | wg + copies (ms) | wg TFLOP/s | NMSE wg vs decode | wg pipe + copies (ms) | "
-              "wg pipe TFLOP/s | NMSE wg pipe vs decode |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-              "---:|\n");
+              "same bits as flash | wg + copies (ms) | wg TFLOP/s | NMSE wg vs decode |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Point& p : pts) {
     const int T = p.T;
     const int32_t pos32 = static_cast<int32_t>(p.pos);
@@ -145,18 +143,18 @@ int main() {
     FERN_CUDA_CHECK(cudaDeviceSynchronize());
     const bool same = download(o_new, size_t(T * O)) == flash_out;
     // The warpgroup-MMA kernel (sm_90a), its two copies included (keys as rows, values transposed).
-    double t_wg[2] = {0, 0}, e_wg[2] = {0, 0};
-    for (int pipe = 0; pipe < 2 && wg; ++pipe) {
+    double t_wg = 0, e_wg = 0;
+    if (wg) {
       const int64_t ld = (rows + 63) / 64 * 64;
-      t_wg[pipe] = median_ms(
+      t_wg = median_ms(
           [&] {
             cuda::kv_to_f16(ctx, sh, d_pos, kc, nullptr, k16, nullptr, T, rows);
             cuda::v_to_f16_t(ctx, sh, d_pos, vc, vt16, T, ld);
-            cuda::attn_prefill_wg(ctx, sh, d_pos, q, qg, k16, vt16, ld, pml, pacc, o_new, T, ns_new, pipe == 1);
+            cuda::attn_prefill_wg(ctx, sh, d_pos, q, qg, k16, vt16, ld, pml, pacc, o_new, T, ns_new);
           },
           reps);
       FERN_CUDA_CHECK(cudaDeviceSynchronize());
-      e_wg[pipe] = nmse(download(o_new, size_t(T * O)), ref);
+      e_wg = nmse(download(o_new, size_t(T * O)), ref);
     }
     // The previous operand precision (bf16 q and softmax weights), for the notes' comparison.
     const double t_bf = median_ms(
@@ -168,9 +166,9 @@ int main() {
     const double flops = 4.0 * sh.D * sh.Hq * pairs;
     auto tflops = [&](double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
     std::printf("| %ld | %d | %.3f | %.3f | %.3f | %d | %.1fx | %.1f | %.2e | %.3f | %.2e | %.3f | %.3f | %s | %.3f | %.1f "
-                "| %.2e | %.3f | %.1f | %.2e |\n",
+                "| %.2e |\n",
                 long(p.pos), T, t_prep, t_old, t_new, ns_new, t_old / t_new, tflops(t_new), e, t_bf, e_bf, t_kv,
-                t_copies, same ? "yes" : "NO", t_wg[0], tflops(t_wg[0]), e_wg[0], t_wg[1], tflops(t_wg[1]), e_wg[1]);
+                t_copies, same ? "yes" : "NO", t_wg, tflops(t_wg), e_wg);
     std::fflush(stdout);
   }
   for (void* ptr : {static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(k16), static_cast<void*>(v16),

@@ -44,17 +44,17 @@ void kv_to_f16(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const ui
 void attn_prefill_merge(const Ctx& c, const AttnShape& sh, int nsplit, const float* part_ml, const float* part_acc,
                         const float* qg, float* o, int T);
 
-// The same attention on the Hopper warpgroup MMAs (attn_prefill_wg.cu; the backend's choice from 128 rows on, 1.7x
-// the flash kernel at 2,048 rows over long caches on the H200, docs/notes/cuda-prefill-v11-attn-wg.md): fp16 operands
+// The same attention on the Hopper warpgroup MMAs (attn_prefill_wg.cu; the backend's choice from 128 rows on, 1.97x
+// the flash kernel at 2,048 rows over 129K cached ones on the H200, docs/notes/cuda-prefill-v11-attn-wg.md and
+// -v12-attn-pipe.md): fp16 operands
 // as the flash kernel, from fp16 copies made once per layer and chunk: the keys as kv_to_f16 writes them (v16 =
 // nullptr), the values transposed, vt16 [Hkv, D, ld] (v_to_f16_t; ld = rows rounded up to 64). For sm_90a builds on
-// compute capability 9.0, head_dim 128 or 256 (attn_prefill_wg_ok). pipelined: the loop of
-// docs/notes/cuda-prefill-v12-attn-pipe.md (FERN_ATTN_PREFILL=wg-pipe; same bits, not yet measured).
+// compute capability 9.0, head_dim 128 or 256 (attn_prefill_wg_ok).
 bool attn_prefill_wg_ok(const AttnShape& sh);
 void v_to_f16_t(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const uint16_t* v_cache, uint16_t* vt16,
                 int T, int64_t ld);
 void attn_prefill_wg(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                      const uint16_t* k16, const uint16_t* vt16, int64_t ld, float* part_ml, float* part_acc, float* o,
-                     int T, int nsplit, bool pipelined = false);
+                     int T, int nsplit);
 
 }  // namespace fern::cuda

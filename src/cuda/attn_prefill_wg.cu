@@ -127,14 +127,14 @@ __device__ __forceinline__ void rescale_rows(float (&oacc)[NH][64], int i, float
     }
 }
 
-// PIPE = false: per key tile, scores, wait, softmax, P V, wait, both warpgroups in step (two block barriers).
-// PIPE = true (FERN_ATTN_PREFILL=wg-pipe, docs/notes/cuda-prefill-v12-attn-pipe.md): the scores of tile j + 1 are
-// issued together with P V of tile j, and the softmax of tile j + 1 runs while the tensor cores compute that P V; its
+// The loop (docs/notes/cuda-prefill-v12-attn-pipe.md; it replaced one that took each key tile's scores, softmax and
+// P V in turn, with two block barriers per tile: 1.10-1.13x faster from 256 rows, the same bits): the scores of
+// tile j + 1 are issued together with P V of tile j, and the softmax of tile j + 1 runs while the tensor cores compute that P V; its
 // correction of the output rows waits until P V is done (the accumulators are the MMA's until then), and the next
 // weights go to a second fragment set. Keys and values are copied separately, each as soon as its buffer is free
 // (K of tile j + 2 once the scores of tile j are done, V of tile j + 1 once P V of tile j - 1 is), so one block
 // barrier per tile suffices and every copy has a whole tile of work to land under.
-template <int D, bool PIPE>
+template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_prefill_wg_kernel(AttnShape sh, const int32_t* __restrict__ d_pos, const float* __restrict__ q,
                            const float* __restrict__ qg, const uint16_t* __restrict__ k16,
@@ -190,129 +190,91 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     const float sl2 = score_scale_log2<D>();
 
-    if constexpr (!PIPE) {
-      load_k(tl.j_begin, 0);
-      load_v(tl.j_begin, 0);
-      ptx::cp_commit();
-      store_q();
-      for (int j = tl.j_begin; j < tl.j_end; ++j) {
-        const int buf = (j - tl.j_begin) & 1;
-        next_key_tile(tl, j, buf, [&](int jn, int b) {
-          load_k(jn, b);
-          load_v(jn, b);
-        });
-        wgmma::fence_proxy_async();  // this thread's copies (and q stores) to the MMAs' proxy; the barrier publishes
-        __syncthreads();
+    // Prologue: K of the first tile (one copy group), then K of the second and V of the first (the next group);
+    // the first tile's scores and softmax.
+    load_k(tl.j_begin, 0);
+    ptx::cp_commit();
+    store_q();
+    if (tl.j_begin + 1 < tl.j_end) load_k(tl.j_begin + 1, 1);
+    load_v(tl.j_begin, 0);
+    ptx::cp_commit();
+    ptx::cp_wait<1>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    wgmma::fence_operand(s);
+    wgmma::fence();
+    issue_scores<D>(sm, wg, 0, s);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operand(s);
+    // Nothing accumulated yet: the first correction multiplies zeros and is skipped.
+    softmax_tile<BN>([&](int n, int qi) -> float& { return s[4 * n + qi]; }, tl, tl.j_begin * BN, sl2, m_r, l_r,
+                     [](int, float) {});
+    uint32_t a0[BN / 16][4], a1[BN / 16][4];  // the weights of alternate tiles (no copies between them)
+    pack_weights(s, a0);
 
-        wgmma::fence_operand(s);
-        wgmma::fence();
-        issue_scores<D>(sm, wg, buf, s);
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::fence_operand(s);
-
-        softmax_tile<BN>([&](int n, int qi) -> float& { return s[4 * n + qi]; }, tl, j * BN, sl2, m_r, l_r,
-                         [&](int i, float corr) { rescale_rows<NH>(oacc, i, corr); });
-
-        uint32_t a[BN / 16][4];
-        pack_weights(s, a);
-#pragma unroll
-        for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
-        wgmma::fence();
-        issue_pv<D>(sm, buf, a, oacc);
-        wgmma::commit();
-        wgmma::wait<0>();
-#pragma unroll
-        for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
-        __syncthreads();  // tile j's buffers may now take tile j + 2's copies
-      }
-    } else {
-      // Prologue: K of the first tile (one copy group), then K of the second and V of the first (the next group);
-      // the first tile's scores and softmax.
-      load_k(tl.j_begin, 0);
-      ptx::cp_commit();
-      store_q();
-      if (tl.j_begin + 1 < tl.j_end) load_k(tl.j_begin + 1, 1);
-      load_v(tl.j_begin, 0);
-      ptx::cp_commit();
-      ptx::cp_wait<1>();
+    // Tile j but the last: its P V (weights in cur) with tile j + 1's scores and softmax (weights into nxt).
+    auto step = [&](int j, const uint32_t(&cur)[BN / 16][4], uint32_t(&nxt)[BN / 16][4]) {
+      const int buf = (j - tl.j_begin) & 1;
+      // V of tile j and K of tile j + 1 landed (this thread's copies, then everyone's through the barrier); every
+      // thread is past tile j - 1, so K of tile j (its scores are done) and V of tile j - 1 (its P V is done) are
+      // free.
+      ptx::cp_wait<0>();
       wgmma::fence_proxy_async();
       __syncthreads();
+      if (j + 2 < tl.j_end) load_k(j + 2, buf);
+      load_v(j + 1, buf ^ 1);
+      ptx::cp_commit();
+
       wgmma::fence_operand(s);
+#pragma unroll
+      for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
       wgmma::fence();
-      issue_scores<D>(sm, wg, 0, s);
+      issue_scores<D>(sm, wg, buf ^ 1, s);
+      wgmma::commit();
+      issue_pv<D>(sm, buf, cur, oacc);
+      wgmma::commit();
+
+      wgmma::wait<1>();  // the scores (committed first); P V may still run
+      wgmma::fence_operand(s);
+      float corr[2] = {1.0f, 1.0f};
+      bool moved[2] = {false, false};  // warp-uniform, as softmax_tile's calls
+      softmax_tile<BN>([&](int n, int qi) -> float& { return s[4 * n + qi]; }, tl, (j + 1) * BN, sl2, m_r, l_r,
+                       [&](int i, float c) { corr[i] = c, moved[i] = true; });
+      pack_weights(s, nxt);
+      wgmma::wait<0>();
+#pragma unroll
+      for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (moved[i]) rescale_rows<NH>(oacc, i, corr[i]);
+    };
+    // The last tile's P V.
+    auto last = [&](int j, const uint32_t(&cur)[BN / 16][4]) {
+      ptx::cp_wait<0>();
+      wgmma::fence_proxy_async();
+      __syncthreads();
+#pragma unroll
+      for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
+      wgmma::fence();
+      issue_pv<D>(sm, (j - tl.j_begin) & 1, cur, oacc);
       wgmma::commit();
       wgmma::wait<0>();
-      wgmma::fence_operand(s);
-      // Nothing accumulated yet: the first correction multiplies zeros and is skipped.
-      softmax_tile<BN>([&](int n, int qi) -> float& { return s[4 * n + qi]; }, tl, tl.j_begin * BN, sl2, m_r, l_r,
-                       [](int, float) {});
-      uint32_t a0[BN / 16][4], a1[BN / 16][4];  // the weights of alternate tiles (no copies between them)
-      pack_weights(s, a0);
-
-      // Tile j but the last: its P V (weights in cur) with tile j + 1's scores and softmax (weights into nxt).
-      auto step = [&](int j, const uint32_t(&cur)[BN / 16][4], uint32_t(&nxt)[BN / 16][4]) {
-        const int buf = (j - tl.j_begin) & 1;
-        // V of tile j and K of tile j + 1 landed (this thread's copies, then everyone's through the barrier); every
-        // thread is past tile j - 1, so K of tile j (its scores are done) and V of tile j - 1 (its P V is done) are
-        // free.
-        ptx::cp_wait<0>();
-        wgmma::fence_proxy_async();
-        __syncthreads();
-        if (j + 2 < tl.j_end) load_k(j + 2, buf);
-        load_v(j + 1, buf ^ 1);
-        ptx::cp_commit();
-
-        wgmma::fence_operand(s);
 #pragma unroll
-        for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
-        wgmma::fence();
-        issue_scores<D>(sm, wg, buf ^ 1, s);
-        wgmma::commit();
-        issue_pv<D>(sm, buf, cur, oacc);
-        wgmma::commit();
-
-        wgmma::wait<1>();  // the scores (committed first); P V may still run
-        wgmma::fence_operand(s);
-        float corr[2] = {1.0f, 1.0f};
-        bool moved[2] = {false, false};  // warp-uniform, as softmax_tile's calls
-        softmax_tile<BN>([&](int n, int qi) -> float& { return s[4 * n + qi]; }, tl, (j + 1) * BN, sl2, m_r, l_r,
-                         [&](int i, float c) { corr[i] = c, moved[i] = true; });
-        pack_weights(s, nxt);
-        wgmma::wait<0>();
-#pragma unroll
-        for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          if (moved[i]) rescale_rows<NH>(oacc, i, corr[i]);
-      };
-      // The last tile's P V.
-      auto last = [&](int j, const uint32_t(&cur)[BN / 16][4]) {
-        ptx::cp_wait<0>();
-        wgmma::fence_proxy_async();
-        __syncthreads();
-#pragma unroll
-        for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
-        wgmma::fence();
-        issue_pv<D>(sm, (j - tl.j_begin) & 1, cur, oacc);
-        wgmma::commit();
-        wgmma::wait<0>();
-#pragma unroll
-        for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
-      };
-      // Two tiles per pass so that each weight set stays in its registers (a copy between them made ptxas serialize
-      // the MMAs); uniform control flow inside, so that it can follow which group each wait retires.
-      int j = tl.j_begin;
-      for (; j + 2 < tl.j_end; j += 2) {
-        step(j, a0, a1);
-        step(j + 1, a1, a0);
-      }
-      if (j + 1 < tl.j_end) {
-        step(j, a0, a1);
-        last(j + 1, a1);
-      } else {
-        last(j, a0);
-      }
+      for (int h = 0; h < NH; ++h) wgmma::fence_operand(oacc[h]);
+    };
+    // Two tiles per pass so that each weight set stays in its registers (a copy between them made ptxas serialize
+    // the MMAs); uniform control flow inside, so that it can follow which group each wait retires.
+    int j = tl.j_begin;
+    for (; j + 2 < tl.j_end; j += 2) {
+      step(j, a0, a1);
+      step(j + 1, a1, a0);
+    }
+    if (j + 1 < tl.j_end) {
+      step(j, a0, a1);
+      last(j + 1, a1);
+    } else {
+      last(j, a0);
     }
   }
 
@@ -320,12 +282,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                    qg, part_ml, part_acc, o);
 }
 
-template <int D, bool PIPE>
+template <int D>
 void launch_wg(const Ctx& c, dim3 grid, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                const uint16_t* k16, const uint16_t* vt16, int64_t ld, float* part_ml, float* part_acc, float* o, int T,
                int G) {
-  allow_dynamic_smem<attn_prefill_wg_kernel<D, PIPE>>(kWgSmemBytes<D>);
-  launch(c, "attn_prefill_wg_kernel", attn_prefill_wg_kernel<D, PIPE>, grid, kThreads, kWgSmemBytes<D>, sh, d_pos, q,
+  allow_dynamic_smem<attn_prefill_wg_kernel<D>>(kWgSmemBytes<D>);
+  launch(c, "attn_prefill_wg_kernel", attn_prefill_wg_kernel<D>, grid, kThreads, kWgSmemBytes<D>, sh, d_pos, q,
          qg, k16, vt16, ld, part_ml, part_acc, o, T, G);
 }
 
@@ -346,7 +308,7 @@ void v_to_f16_t(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const u
 
 void attn_prefill_wg(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                      const uint16_t* k16, const uint16_t* vt16, int64_t ld, float* part_ml, float* part_acc, float* o,
-                     int T, int nsplit, bool pipelined) {
+                     int T, int nsplit) {
   if (T <= 0) return;
   if (!attn_prefill_wg_ok(sh))
     raise_error("attention prefill (wgmma): unsupported head shape or device (head_dim " + std::to_string(sh.D) +
@@ -354,8 +316,7 @@ void attn_prefill_wg(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, co
   FERN_CU_CHECK(ld % 64 == 0, "attention prefill (wgmma): the transposed values' row length is whole 64-key tiles");
   const int G = sh.Hq / sh.Hkv;
   const dim3 grid = attn_prefill_grid(sh, T, nsplit, part_ml, part_acc);
-  const auto run = sh.D == 256 ? (pipelined ? launch_wg<256, true> : launch_wg<256, false>)
-                                : (pipelined ? launch_wg<128, true> : launch_wg<128, false>);
+  const auto run = sh.D == 256 ? launch_wg<256> : launch_wg<128>;
   run(c, grid, sh, d_pos, q, qg, k16, vt16, ld, part_ml, part_acc, o, T, G);
   FERN_CUDA_LAUNCH_CHECK("attn_prefill_wg_kernel");
   if (nsplit > 1) attn_prefill_merge(c, sh, nsplit, part_ml, part_acc, qg, o, T);

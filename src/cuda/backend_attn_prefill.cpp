@@ -31,9 +31,8 @@ constexpr int kAttnCopiesMinRows = 128;
 
 // FERN_ATTN_PREFILL forces one form for every T > 1 (tests and benchmarks compare them): flash (converting in shared
 // memory), flash-bf16 (its previous BF16 operands; attn_prefill.cu says why FP16 is the default), flash-kv16 (on the
-// FP16 copies), wg (the warpgroup kernel where it takes the shape and the device, else flash-kv16), wg-pipe (the same
-// with its pipelined loop: docs/notes/cuda-prefill-v12-attn-pipe.md, not yet measured) or decode.
-enum class Choice { Auto, Flash, FlashBf16, FlashKv16, Wg, WgPipe, Decode };
+// FP16 copies), wg (the warpgroup kernel where it takes the shape and the device, else flash-kv16) or decode.
+enum class Choice { Auto, Flash, FlashBf16, FlashKv16, Wg, Decode };
 Choice forced_choice() {
   const char* e = std::getenv("FERN_ATTN_PREFILL");
   if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return Choice::Auto;
@@ -41,9 +40,8 @@ Choice forced_choice() {
   if (std::strcmp(e, "flash-bf16") == 0) return Choice::FlashBf16;
   if (std::strcmp(e, "flash-kv16") == 0) return Choice::FlashKv16;
   if (std::strcmp(e, "wg") == 0) return Choice::Wg;
-  if (std::strcmp(e, "wg-pipe") == 0) return Choice::WgPipe;
   if (std::strcmp(e, "decode") == 0) return Choice::Decode;
-  fail("FERN_ATTN_PREFILL={}: expected auto, flash, flash-bf16, flash-kv16, wg, wg-pipe or decode", e);
+  fail("FERN_ATTN_PREFILL={}: expected auto, flash, flash-bf16, flash-kv16, wg or decode", e);
 }
 
 bool decode_kernel_ok(const cuda::AttnShape& sh) {
@@ -83,7 +81,7 @@ void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const A
     }
     const uint16_t* kp = kc.ptr<uint16_t>();
     const uint16_t* vp = vc.ptr<uint16_t>();
-    const bool want_wg = choice == Choice::Wg || choice == Choice::WgPipe;
+    const bool want_wg = choice == Choice::Wg;
     const bool wg = want_wg && cuda::attn_prefill_wg_ok(sh);
     const bool kv16 = choice == Choice::FlashKv16 || (want_wg && !wg);
     // The rows this chunk reads, [0, pos + T), as FP16 copies (scratch: 4 bytes per cached row element, K and V): the
@@ -99,7 +97,7 @@ void CudaBackend::attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const A
     }
     if (wg)
       cuda::attn_prefill_wg(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kp, vp, ld, pml, pacc,
-                            f32(o, "attn o"), T, nsplit, choice == Choice::WgPipe);
+                            f32(o, "attn o"), T, nsplit);
     else
       cuda::attn_prefill(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kp, vp, pml, pacc, f32(o, "attn o"),
                          T, nsplit, choice != Choice::FlashBf16, kv16);
