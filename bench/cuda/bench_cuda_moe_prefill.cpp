@@ -102,13 +102,15 @@ int main() {
       {"grouped, default, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
       {"grouped, default, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr},
       {"grouped, FERN_MOE_ROUTER=fused (router GEMV)", nullptr, nullptr, nullptr, nullptr, nullptr, "fused"},
+      {"grouped, FERN_MOE_ROUTER=gemm (router logits on the dense GEMM path)", nullptr, nullptr, nullptr, nullptr,
+       nullptr, "gemm"},
       {"grouped, FERN_MOE_ROUTING=host", nullptr, "host", nullptr, nullptr, nullptr},
       {"grouped, FERN_MOE_DEQUANT=separate (split loop on bf16 copies)", nullptr, nullptr, nullptr, "separate",
        nullptr},
       {"grouped, FERN_MOE_PREFETCH=1 (split loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr, "1"},
   };
-  const int Ts[] = {512, 2048};
-  const int maxT = 2048;
+  const int Ts[] = {512, 2048, 8192};
+  const int maxT = 8192;
   Tensor x = be.alloc(DType::F32, {maxT, H});
   Tensor y = be.alloc(DType::F32, {maxT, H});
   cuda::fill_random_f32(be.stream(), x.ptr<float>(), x.numel(), 99, -1.7f, 1.7f);  // unit variance

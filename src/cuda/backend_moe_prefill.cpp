@@ -5,6 +5,7 @@
 // Ablation switches (environment, read on every call so that a benchmark can flip them; default = fast path):
 //   FERN_MOE_PATH=rows        the decode kernels over the rows (the path before the grouped GEMMs)
 //   FERN_MOE_ROUTER=fused     the fused router GEMV of the decode path (cuda::moe_route) instead of the tensor cores
+//   FERN_MOE_ROUTER=gemm      the router logits by the dense linear's path (wgmma tiles where they run)
 //   FERN_MOE_ROUTING=host     the top-k ids copied to the host, the grouping built there and uploaded
 //   FERN_MOE_TILE=fixed|16|32|64|96|adaptive   token rows per GEMM tile (fixed = 64; 96 on the exact-code wgmma
 //                             loop only; adaptive, the default, from the mean rows per expert, see tile_rows)
@@ -127,9 +128,15 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   s.h = nullptr;  // the grouped path keeps its intermediates in expert order (below)
   const cuda::QW router = cuda::make_qw(w.router), seg = cuda::make_qw(w.shared_expert_gate);
   // The tensor-core router measured 0.064 vs 0.166 ms at T = 512 and 0.088 vs 0.636 ms at 2048 (the GEMV re-reads
-  // the router for every row).
-  if (env_is("FERN_MOE_ROUTER", "fused") || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k))
+  // the router for every row). FERN_MOE_ROUTER=gemm: the logits by the dense linear's path instead (the wgmma tile
+  // loop on bf16 hi/lo rows where it runs: 128-row token tiles, where the router kernel's 16-row tiles dequantize
+  // the router once per 16 rows).
+  if (env_is("FERN_MOE_ROUTER", "gemm") && router.experts == 0 && cuda::moe_route_topk_ok(router.out, k)) {
+    linear_rows(ctx(), router, xp, s.router_logits, T);
+    cuda::moe_route_topk(ctx(), seg, xp, s, static_cast<int>(E), T, k);
+  } else if (env_is("FERN_MOE_ROUTER", "fused") || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k)) {
     cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);
+  }
 
   const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");
   const cuda::GemmMode mode = cuda::gemm_mode();

@@ -316,7 +316,11 @@ void CudaBackend::linear(Tensor out, Tensor x, const LinearWeight& w) {
   group_out_.push_back(o);
   const cuda::QW q = cuda::make_qw(w);
   const int T = static_cast<int>(x.numel() / w.in);
-  with_gemm_ws(c, q, T, [&] { cuda::linear(c, q, f32(x, "linear x"), f32(out, "linear out"), T); });
+  linear_rows(c, q, f32(x, "linear x"), f32(out, "linear out"), T);
+}
+
+void CudaBackend::linear_rows(cuda::Ctx c, const cuda::QW& q, const float* x, float* y, int T) {
+  with_gemm_ws(c, q, T, [&] { cuda::linear(c, q, x, y, T); });
 }
 
 // The tile loop of multi-row linears on the tensor cores (cuda::gemm_mode, FERN_GEMM): with wg, fp16 or fp16x2 their

@@ -129,6 +129,8 @@ class CudaBackend : public Backend {
   // Runs op with c.gemm_ws set to a scratch workspace for the fp16 input of the prefill GEMM of q (cuda_backend.cpp).
   template <class F>
   void with_gemm_ws(cuda::Ctx& c, const cuda::QW& q, int T, F&& op);
+  // y [T, q.out] = x q^T on this context's stream by cuda::linear, with the prefill GEMM's workspace (with_gemm_ws).
+  void linear_rows(cuda::Ctx c, const cuda::QW& q, const float* x, float* y, int T);
   // The one-token (decode, T == 1) and multi-row (prefill) paths of the blocks, each in its own file
   // (backend_{gdn,attn,moe}_{decode,prefill}.cpp); the public ops check shapes and dispatch on T.
   void gdn_decode_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,

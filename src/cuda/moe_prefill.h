@@ -39,6 +39,10 @@ bool moe_grouped_ok(const QW& gate, const QW& up, const QW& down, const QW& sgat
 // sgate_logit, topk_ids, topk_w and sgate of `s`. False (nothing launched) for shapes it does not take.
 bool moe_route_gemm(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, const MoeScratch& s,
                     int T, int k);
+// Its second half, for router logits already in s.router_logits [T, E] (from any GEMM): the shared-expert gate logit
+// by the GEMV, then the top-k rows. moe_route_topk_ok: the shapes it takes (1 <= k <= 32, k <= E <= 1024).
+bool moe_route_topk_ok(int64_t E, int k);
+void moe_route_topk(const Ctx& c, const QW& shared_gate, const float* x, const MoeScratch& s, int E, int T, int k);
 
 // Groups the pairs of topk_ids [T, k] (one block, shared-memory histogram, scan and scatter; no host sync).
 void moe_group(const Ctx& c, const int32_t* topk_ids, int T, int k, int E, int bm, const MoeGroups& g);
