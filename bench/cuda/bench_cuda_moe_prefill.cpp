@@ -102,8 +102,10 @@ int main() {
       {"grouped, default, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
       {"grouped, default, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr},
       {"grouped, FERN_MOE_ROUTER=fused (router GEMV)", nullptr, nullptr, nullptr, nullptr, nullptr, "fused"},
-      {"grouped, FERN_MOE_ROUTER=gemm (router logits on the dense GEMM path)", nullptr, nullptr, nullptr, nullptr,
-       nullptr, "gemm"},
+      {"grouped, FERN_MOE_ROUTER=tiles (16-row router kernel at every T)", nullptr, nullptr, nullptr, nullptr, nullptr,
+       "tiles"},
+      {"grouped, FERN_MOE_ROUTER=gemm (router logits on the dense GEMM path at every T)", nullptr, nullptr, nullptr,
+       nullptr, nullptr, "gemm"},
       {"grouped, FERN_MOE_ROUTING=host", nullptr, "host", nullptr, nullptr, nullptr},
       {"grouped, FERN_MOE_DEQUANT=separate (split loop on bf16 copies)", nullptr, nullptr, nullptr, "separate",
        nullptr},
@@ -149,7 +151,7 @@ int main() {
   // Phase breakdown (the same launches as moe_prefill_, timed one phase at a time), for both tile loops; the fp16
   // loop's two conversions (x before gate/up, h before down) have their own columns.
   std::printf(
-      "\n| T | tile rows | loop | route (GEMV) | route (gemm) | group | x to fp16 | gate/up | h to fp16 | down | combine "
+      "\n| T | tile rows | loop | route (GEMV) | route (tiles) | group | x to fp16 | gate/up | h to fp16 | down | combine "
       "| gate/up TFLOP/s | down TFLOP/s |\n|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   Tensor counters = be.alloc(DType::I32, {maxT});
   FERN_CUDA_CHECK(cudaMemset(counters.data, 0, size_t(maxT) * 4));

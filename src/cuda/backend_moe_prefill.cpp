@@ -5,7 +5,8 @@
 // Ablation switches (environment, read on every call so that a benchmark can flip them; default = fast path):
 //   FERN_MOE_PATH=rows        the decode kernels over the rows (the path before the grouped GEMMs)
 //   FERN_MOE_ROUTER=fused     the fused router GEMV of the decode path (cuda::moe_route) instead of the tensor cores
-//   FERN_MOE_ROUTER=gemm      the router logits by the dense linear's path (wgmma tiles where they run)
+//   FERN_MOE_ROUTER=tiles|gemm  the router logits at every T by the 16-row tensor-core router kernel or by the dense
+//                             linear's path (wgmma tiles where they run); unset: tiles below kRouterGemmMinRows rows
 //   FERN_MOE_ROUTING=host     the top-k ids copied to the host, the grouping built there and uploaded
 //   FERN_MOE_TILE=fixed|16|32|64|96|adaptive   token rows per GEMM tile (fixed = 64; 96 on the exact-code wgmma
 //                             loop only; adaptive, the default, from the mean rows per expert, see tile_rows)
@@ -40,6 +41,21 @@ namespace {
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// Rows from which the router logits take the dense linear's path (bench_cuda_moe_prefill, the MoE block on the H200,
+// thirteenth session: 0.690 vs 0.666 ms at T = 512, 1.122 vs 1.131 at 2,048, 3.425 vs 3.505 at 8,192; whole prefill
+// +1.2% at 4K, +0.8% at 32K, +0.4% at 128K).
+constexpr int kRouterGemmMinRows = 2048;
+
+enum class RouterForm { Tiles, Gemm, Fused };
+RouterForm router_form(int T) {
+  const char* v = std::getenv("FERN_MOE_ROUTER");
+  if (v == nullptr || *v == '\0') return T >= kRouterGemmMinRows ? RouterForm::Gemm : RouterForm::Tiles;
+  if (std::strcmp(v, "tiles") == 0) return RouterForm::Tiles;
+  if (std::strcmp(v, "gemm") == 0) return RouterForm::Gemm;
+  if (std::strcmp(v, "fused") == 0) return RouterForm::Fused;
+  fail("FERN_MOE_ROUTER={}: expected tiles, gemm or fused", v);
 }
 
 // Token rows per tile. A tile costs its full height in MMAs whatever rows it holds, and each tile stages the
@@ -128,13 +144,14 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   s.h = nullptr;  // the grouped path keeps its intermediates in expert order (below)
   const cuda::QW router = cuda::make_qw(w.router), seg = cuda::make_qw(w.shared_expert_gate);
   // The tensor-core router measured 0.064 vs 0.166 ms at T = 512 and 0.088 vs 0.636 ms at 2048 (the GEMV re-reads
-  // the router for every row). FERN_MOE_ROUTER=gemm: the logits by the dense linear's path instead (the wgmma tile
-  // loop on bf16 hi/lo rows where it runs: 128-row token tiles, where the router kernel's 16-row tiles dequantize
-  // the router once per 16 rows).
-  if (env_is("FERN_MOE_ROUTER", "gemm") && router.experts == 0 && cuda::moe_route_topk_ok(router.out, k)) {
+  // the router for every row). From kRouterGemmMinRows the logits take the dense linear's path instead (the wgmma
+  // tile loop on bf16 hi/lo rows where it runs: 128-row token tiles, where the router kernel's 16-row tiles
+  // dequantize the router once per 16 rows).
+  const RouterForm rf = router_form(T);
+  if (rf == RouterForm::Gemm && router.experts == 0 && cuda::moe_route_topk_ok(router.out, k)) {
     linear_rows(ctx(), router, xp, s.router_logits, T);
     cuda::moe_route_topk(ctx(), seg, xp, s, static_cast<int>(E), T, k);
-  } else if (env_is("FERN_MOE_ROUTER", "fused") || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k)) {
+  } else if (rf == RouterForm::Fused || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k)) {
     cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);
   }
 

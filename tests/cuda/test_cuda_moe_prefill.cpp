@@ -151,8 +151,8 @@ void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed,
 }
 
 // Every tile height, with and without the register prefetch of the precise tile loop, on the fp16 loops and on both
-// forms of the wgmma loop (all with the default tensor-core router); the fused router GEMV; the router logits on the
-// dense GEMM path.
+// forms of the wgmma loop (all with the default router: the 16-row tensor-core kernel below 2,048 rows, the dense GEMM
+// path from there); each router form at every T (tiles, gemm; the fused router GEMV).
 // tall: the experts are 4-bit with groups of 64, so the exact-code loop also runs 96-row tiles.
 std::vector<Variant> tile_variants(const char* what, bool tall) {
   std::vector<Variant> vs;
@@ -171,6 +171,7 @@ std::vector<Variant> tile_variants(const char* what, bool tall) {
     if (tall) vs.push_back({std::string(what) + ", tile 96 wg", "FERN_MOE_TILE", "96", kNmse, false, "wg"});
   }
   vs.push_back({std::string(what) + ", router fused", "FERN_MOE_ROUTER", "fused"});
+  vs.push_back({std::string(what) + ", router tiles", "FERN_MOE_ROUTER", "tiles"});
   vs.push_back({std::string(what) + ", router gemm", "FERN_MOE_ROUTER", "gemm"});
   return vs;
 }
@@ -262,6 +263,10 @@ TEST(CudaMoePrefill, AblationSwitches) {
   EXPECT_EQ(dev_routed, host_routed) << "host and GPU grouping differ";
   {
     test::EnvGuard bad_gemm("FERN_GEMM", "fast");
+    EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
+  }
+  {
+    test::EnvGuard bad_router("FERN_MOE_ROUTER", "wide");
     EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
   }
   {
