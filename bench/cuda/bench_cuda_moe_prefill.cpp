@@ -151,8 +151,9 @@ int main() {
   // Phase breakdown (the same launches as moe_prefill_, timed one phase at a time), for both tile loops; the fp16
   // loop's two conversions (x before gate/up, h before down) have their own columns.
   std::printf(
-      "\n| T | tile rows | loop | route (GEMV) | route (tiles) | group | x to fp16 | gate/up | h to fp16 | down | combine "
-      "| gate/up TFLOP/s | down TFLOP/s |\n|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "\n| T | tile rows | loop | route (GEMV) | route (tiles) | group | x to fp16 | gate/up | h to fp16 | down "
+      "| combine | gate/up TFLOP/s | down TFLOP/s |\n"
+      "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   Tensor counters = be.alloc(DType::I32, {maxT});
   FERN_CUDA_CHECK(cudaMemset(counters.data, 0, size_t(maxT) * 4));
   cuda::Ctx c;

@@ -6,7 +6,8 @@
 //   FERN_MOE_PATH=rows        the decode kernels over the rows (the path before the grouped GEMMs)
 //   FERN_MOE_ROUTER=fused     the fused router GEMV of the decode path (cuda::moe_route) instead of the tensor cores
 //   FERN_MOE_ROUTER=tiles|gemm  the router logits at every T by the 16-row tensor-core router kernel or by the dense
-//                             linear's path (wgmma tiles where they run); unset: tiles below kRouterGemmMinRows rows
+//                             linear's path (wgmma tiles where they run); unset: gemm from kRouterGemmMinRows rows
+//                             on the wgmma loop, tiles otherwise
 //   FERN_MOE_ROUTING=host     the top-k ids copied to the host, the grouping built there and uploaded
 //   FERN_MOE_TILE=fixed|16|32|64|96|adaptive   token rows per GEMM tile (fixed = 64; 96 on the exact-code wgmma
 //                             loop only; adaptive, the default, from the mean rows per expert, see tile_rows)
@@ -43,15 +44,17 @@ bool env_is(const char* name, const char* value) {
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 
-// Rows from which the router logits take the dense linear's path (bench_cuda_moe_prefill, the MoE block on the H200,
-// thirteenth session: 0.690 vs 0.666 ms at T = 512, 1.122 vs 1.131 at 2,048, 3.425 vs 3.505 at 8,192; whole prefill
-// +1.2% at 4K, +0.8% at 32K, +0.4% at 128K).
+// Rows from which the router logits take the dense linear's path when that is the wgmma loop (bench_cuda_moe_prefill,
+// the MoE block on the H200, thirteenth session: 0.690 vs 0.666 ms at T = 512, 1.122 vs 1.131 at 2,048, 3.425 vs
+// 3.505 at 8,192; whole prefill +1.2% at 4K, +0.8% at 32K, +0.4% at 128K). Without wgmma (the split loop's 64-row
+// tiles) it was not measured, so the 16-row router kernel stays.
 constexpr int kRouterGemmMinRows = 2048;
 
 enum class RouterForm { Tiles, Gemm, Fused };
 RouterForm router_form(int T) {
   const char* v = std::getenv("FERN_MOE_ROUTER");
-  if (v == nullptr || *v == '\0') return T >= kRouterGemmMinRows ? RouterForm::Gemm : RouterForm::Tiles;
+  if (v == nullptr || *v == '\0')
+    return T >= kRouterGemmMinRows && cuda::gemm_mode() == cuda::GemmMode::Wg ? RouterForm::Gemm : RouterForm::Tiles;
   if (std::strcmp(v, "tiles") == 0) return RouterForm::Tiles;
   if (std::strcmp(v, "gemm") == 0) return RouterForm::Gemm;
   if (std::strcmp(v, "fused") == 0) return RouterForm::Fused;

@@ -322,7 +322,8 @@ TEST(CudaAttnPrefill, WarpgroupKernel) {
     wg = run(peaked, 1.0);
     auto gpu = test::make_gpu();
     const Layer layer(huge, *gpu);
-    EXPECT_EQ(non_finite(huge_value_outputs(*gpu, layer, 75)), 0u) << "non-finite outputs with values past the FP16 range";
+    EXPECT_EQ(non_finite(huge_value_outputs(*gpu, layer, 75)), 0u)
+        << "non-finite outputs with values past the FP16 range";
   }
   double decode = 0;
   {
