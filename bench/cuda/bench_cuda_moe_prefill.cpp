@@ -101,6 +101,8 @@ int main() {
       {"grouped, default, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr},
       {"grouped, default, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
       {"grouped, default, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr},
+      {"grouped, default, FERN_MOE_TILE=96", nullptr, nullptr, "96", nullptr, nullptr},
+      {"grouped, default, FERN_MOE_TILE=128 (exact-code loop, opt-in)", nullptr, nullptr, "128", nullptr, nullptr},
       {"grouped, FERN_MOE_ROUTER=fused (router GEMV)", nullptr, nullptr, nullptr, nullptr, nullptr, "fused"},
       {"grouped, FERN_MOE_ROUTER=tiles (16-row router kernel at every T)", nullptr, nullptr, nullptr, nullptr, nullptr,
        "tiles"},

@@ -9,8 +9,9 @@
 //                             linear's path (wgmma tiles where they run); unset: gemm from kRouterGemmMinRows rows
 //                             on the wgmma loop, tiles otherwise
 //   FERN_MOE_ROUTING=host     the top-k ids copied to the host, the grouping built there and uploaded
-//   FERN_MOE_TILE=fixed|16|32|64|96|adaptive   token rows per GEMM tile (fixed = 64; 96 on the exact-code wgmma
-//                             loop only; adaptive, the default, from the mean rows per expert, see tile_rows)
+//   FERN_MOE_TILE=fixed|16|32|64|96|128|adaptive   token rows per GEMM tile (fixed = 64; 96 and 128 on the
+//                             exact-code wgmma loop only, 128 opt-in; adaptive, the default, from the mean rows per
+//                             expert, see tile_rows)
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
 //   FERN_MOE_PREFETCH=1       the tile loop issues the next k tile's global loads before the current tile's MMAs
 //                             (measured slower at every tile height: docs/notes/cuda-prefill-v2-moe.md)
@@ -76,9 +77,11 @@ int tile_rows(int T, int k, int E, bool q4) {
   if (v != nullptr && std::strcmp(v, "adaptive") != 0) {
     if (std::strcmp(v, "fixed") == 0) return 64;
     const int bm = std::atoi(v);
-    if (bm == 96 && !q4) fail("FERN_MOE_TILE=96: only the exact-code wgmma loop takes 96-row tiles (FERN_GEMM=wg, "
-                              "FERN_GEMM_WG_PIPE=q4, 4-bit experts with groups a multiple of 64)");
-    if (!cuda::moe_tile_rows_wg_ok(bm, q4)) fail("FERN_MOE_TILE={}: expected fixed, adaptive, 16, 32, 64 or 96", v);
+    if ((bm == 96 || bm == 128) && !q4)
+      fail("FERN_MOE_TILE={}: only the exact-code wgmma loop takes {}-row tiles (FERN_GEMM=wg, FERN_GEMM_WG_PIPE=q4, "
+           "4-bit experts with groups a multiple of 64)", v, bm);
+    if (!cuda::moe_tile_rows_wg_ok(bm, q4))
+      fail("FERN_MOE_TILE={}: expected fixed, adaptive, 16, 32, 64, 96 or 128", v);
     return bm;
   }
   const double mean = double(T) * k / E;

@@ -235,6 +235,12 @@ void gate_up_wg_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate
       });
       return;
     }
+    if (bm == 128) {
+      wgloop::with_q4_loop(x, [&](auto p) {
+        gate_up_wg<4, 128, wgloop::kQ4Stages<128>, p()>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+      });
+      return;
+    }
   }
   switch (bm) {
     case 16: gate_up_wg_n<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
@@ -253,6 +259,12 @@ void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, 
       });
       return;
     }
+    if (bm == 128) {
+      wgloop::with_q4_loop(hr, [&](auto p) {
+        down_wg<4, 128, wgloop::kQ4Stages<128>, p()>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+      });
+      return;
+    }
   }
   switch (bm) {
     case 16: down_wg_n<BITS, 16>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;
@@ -263,7 +275,7 @@ void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, 
 
 }  // namespace
 
-bool moe_tile_rows_wg_ok(int bm, bool q4) { return moe_tile_rows_ok(bm) || (q4 && bm == 96); }
+bool moe_tile_rows_wg_ok(int bm, bool q4) { return moe_tile_rows_ok(bm) || (q4 && (bm == 96 || bm == 128)); }
 
 bool moe_grouped_q4_ok(const QW& a, const QW& b, const QW& c, const QW& d) {
   return gemm_q4_ok(a) && gemm_q4_ok(b) && gemm_q4_ok(c) && gemm_q4_ok(d);

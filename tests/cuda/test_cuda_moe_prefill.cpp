@@ -153,7 +153,7 @@ void check(CudaBackend& gpu, Backend& cpu, const Model& m, int T, uint64_t seed,
 // Every tile height, with and without the register prefetch of the precise tile loop, on the fp16 loops and on both
 // forms of the wgmma loop (all with the default router: the 16-row tensor-core kernel below 2,048 rows, the dense GEMM
 // path from there); each router form at every T (tiles, gemm; the fused router GEMV).
-// tall: the experts are 4-bit with groups of 64, so the exact-code loop also runs 96-row tiles.
+// tall: the experts are 4-bit with groups of 64, so the exact-code loop also runs 96- and 128-row tiles.
 std::vector<Variant> tile_variants(const char* what, bool tall) {
   std::vector<Variant> vs;
   for (bool pf : {false, true})
@@ -168,7 +168,9 @@ std::vector<Variant> tile_variants(const char* what, bool tall) {
     for (const char* bm : {"16", "32", "64"})
       vs.push_back({std::string(what) + ", tile " + bm + " wg sync", "FERN_MOE_TILE", bm, kNmse, false, "wg", "sync"});
     // 96-row tiles: the exact-code loop only (the default wg form for 4-bit experts with groups of 64)
-    if (tall) vs.push_back({std::string(what) + ", tile 96 wg", "FERN_MOE_TILE", "96", kNmse, false, "wg"});
+    if (tall)
+      for (const char* bm : {"96", "128"})
+        vs.push_back({std::string(what) + ", tile " + bm + " wg", "FERN_MOE_TILE", bm, kNmse, false, "wg"});
   }
   vs.push_back({std::string(what) + ", router fused", "FERN_MOE_ROUTER", "fused"});
   vs.push_back({std::string(what) + ", router tiles", "FERN_MOE_ROUTER", "tiles"});
@@ -270,10 +272,12 @@ TEST(CudaMoePrefill, AblationSwitches) {
     EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
   }
   {
-    // 96-row tiles where the exact-code loop does not run: a named user error, not a wrong result.
+    // 96- and 128-row tiles where the exact-code loop does not run: a named user error, not a wrong result.
     test::EnvGuard split("FERN_GEMM", "split");
-    test::EnvGuard tall("FERN_MOE_TILE", "96");
-    EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
+    for (const char* bm : {"96", "128"}) {
+      test::EnvGuard tall("FERN_MOE_TILE", bm);
+      EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error) << bm;
+    }
   }
   test::EnvGuard bad("FERN_MOE_TILE", "48");
   EXPECT_THROW(run_gpu(*gpu, *m, x, T), Error);
@@ -282,7 +286,7 @@ TEST(CudaMoePrefill, AblationSwitches) {
 // Several column blocks per block on the exact-code loop (FERN_MOE_DOWN_SEQ, FERN_MOE_GATE_UP_SEQ; docs/notes/
 // cuda-prefill-v8-items.md). Each item runs the MMAs of a block of its own in the same order: every count gives the
 // same bits, also where a block's last items fall past the columns (down: 16 column blocks, gate/up: 8; 3 and 5
-// leave partial blocks, 64 exceeds both), at 64- and 96-row tiles; and the CPU agrees.
+// leave partial blocks, 64 exceeds both), at 64-, 96- and 128-row tiles; and the CPU agrees.
 TEST(CudaMoePrefill, ColumnBlocksPerBlock) {
   FERN_REQUIRE_GPU();
   if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no wgmma on this GPU/build";
@@ -296,7 +300,7 @@ TEST(CudaMoePrefill, ColumnBlocksPerBlock) {
     const double e = test::nmse(by_default.data(), ref.data(), by_default.size());
     std::printf("moe prefill, default column blocks per block, T=%d: NMSE %.3e\n", T, e);
     EXPECT_LT(e, kNmse);
-    for (const char* tile : {"64", "96"}) {
+    for (const char* tile : {"64", "96", "128"}) {
       test::EnvGuard t("FERN_MOE_TILE", tile);
       std::vector<float> base;
       {
