@@ -167,7 +167,7 @@ std::vector<Variant> tile_variants(const char* what, bool tall) {
   if (cuda::gemm_wg_supported()) {
     for (const char* bm : {"16", "32", "64"})
       vs.push_back({std::string(what) + ", tile " + bm + " wg sync", "FERN_MOE_TILE", bm, kNmse, false, "wg", "sync"});
-    // 96-row tiles: the exact-code loop only (the default wg form for 4-bit experts with groups of 64)
+    // 96- and 128-row tiles: the exact-code loop only (the default wg form for 4-bit experts with groups of 64)
     if (tall)
       for (const char* bm : {"96", "128"})
         vs.push_back({std::string(what) + ", tile " + bm + " wg", "FERN_MOE_TILE", bm, kNmse, false, "wg"});
