@@ -34,6 +34,9 @@
 // resident; a PDL successor launches only once every block has passed pdl_trigger(), i.e. is resident already.
 #include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -561,10 +564,13 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   return true;
 }
 
-// 512 threads per block, one block per SM, unless FERN_CUDA_MOE_WIDE=0 (read at every call, for comparisons).
+// 512 threads per block, one block per SM ("1" or unset), or 256 with two per SM ("0"); read at every call, for
+// comparisons. Any other value is an error naming the switch, not a silent default.
 bool moe_wide() {
   const char* e = std::getenv("FERN_CUDA_MOE_WIDE");
-  return !(e != nullptr && e[0] == '0' && e[1] == 0);
+  if (e == nullptr || std::strcmp(e, "1") == 0) return true;
+  if (std::strcmp(e, "0") == 0) return false;
+  throw std::runtime_error(std::string("FERN_CUDA_MOE_WIDE: want 1 or 0, got '") + e + "'");
 }
 
 template <int RB, int B, bool TIMED>

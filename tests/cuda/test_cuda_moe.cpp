@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 
@@ -208,6 +209,27 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
       gpu->copy(Tensor(a.data(), DType::I32, {c.k}, Device::Host), ids);
       gpu->copy(Tensor(b.data(), DType::I32, {c.k}, Device::Host), ids3);
       EXPECT_EQ(a, b);
+    }
+  }
+}
+
+// An unknown block shape is an error naming the switch, not a silent default.
+TEST(CudaMoe, FusedDecodeRefusesUnknownShape) {
+  FERN_REQUIRE_GPU();
+  auto gpu = test::make_gpu();
+  test::OwnedStorage st;
+  const MoeCase c{"fused real", 256, 2048, 512, 512, 8, 4, 1};
+  MoeWeights dw = test::to_device(*gpu, make_moe(st, c, 3));
+  const cuda::Ctx ctx = fused_ctx(*gpu);
+  const cuda::MoeScratch s = fused_scratch(*gpu, c);
+  Tensor dx = gpu->alloc(DType::F32, {1, c.H}), dy = gpu->alloc(DType::F32, {1, c.H});
+  for (const char* bad : {"2", "half"}) {
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", bad);
+    try {
+      cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
+      ADD_FAILURE() << "FERN_CUDA_MOE_WIDE=" << bad << " was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_WIDE"), std::string::npos) << e.what();
     }
   }
 }
