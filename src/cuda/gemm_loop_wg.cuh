@@ -41,10 +41,10 @@ __device__ __forceinline__ int weight_row(int tid) {
 }
 
 // Runs the loop on the block's dynamic shared memory `raw` over the rows of x (the loop's layout: x.q4 for kQ4 and
-// kQ4H), for
-// n_items weight tiles of one token tile: the exact-code loop takes them one after the other through one ring
-// (q4tile::mainloop_items), the other loops take one item per block (their callers launch them so). epilogue(item,
-// acc) runs on the threads holding results, once per item; wsrc_of(item): this thread's weight row in that item.
+// kQ4H), for n_items weight tiles of one token tile: the exact-code loop takes them one after the other through one
+// ring (q4tile::mainloop_items), the other loops take one item per block (their callers launch them so).
+// epilogue(item, acc) runs on the threads holding results, once per item; wsrc_of(item): this thread's weight row in
+// that item.
 template <int BITS, int NTOK, int S, int P, class RowOf, class WsrcOf, class Epilogue>
 __device__ __forceinline__ void run_items(unsigned char* raw, int K, int gs, const X16& x, RowOf row_of, int n_items,
                                           WsrcOf wsrc_of, Epilogue epilogue) {

@@ -1,8 +1,8 @@
 // Dense prefill linear on the wgmma tile loop (gemm_tile_wg.cuh, or its warp-specialized form gemm_tile_ws.cuh):
-// y[t] = x[t] W^T for 4/8-bit affine weights, a
-// block computing 128 weight rows x NTOK token rows (NTOK = 128 where that still gives two waves of blocks, else
-// 64). The accumulator holds the transposed tile (weight rows x tokens), so each thread writes single floats: for a
-// fixed token the 8 lanes of a quad column write 8 consecutive outputs (32-byte segments).
+// y[t] = x[t] W^T for 4/8-bit affine weights, a block computing 128 weight rows x NTOK token rows (NTOK = 128 where
+// that still gives two waves of blocks, else 64). The accumulator holds the transposed tile (weight rows x tokens),
+// so each thread writes single floats: for a fixed token the 8 lanes of a quad column write 8 consecutive outputs
+// (32-byte segments).
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_util.cuh"

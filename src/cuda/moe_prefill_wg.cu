@@ -184,14 +184,28 @@ inline bool two_stages(int T) {
 template <int NTOK>
 constexpr int kWsStages = NTOK >= 64 ? 4 : 5;
 
+// The exact-code loop at NTOK-token tiles (4-bit codes, to_xbf_q4 rows: hi/lo or fp16, wgloop::with_q4_loop).
+template <int NTOK>
+void gate_up_q4(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
+                const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
+  wgloop::with_q4_loop(x, [&](auto p) {
+    gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, p()>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+  });
+}
+template <int NTOK>
+void down_q4(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
+             const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
+  wgloop::with_q4_loop(hr, [&](auto p) {
+    down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, p()>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+  });
+}
+
 template <int BITS, int NTOK>
 void gate_up_wg_n(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                   const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
   if constexpr (BITS == 4) {
     if (x.q4) {
-      wgloop::with_q4_loop(x, [&](auto p) {
-        gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, p()>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
-      });
+      gate_up_q4<NTOK>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
       return;
     }
   }
@@ -209,10 +223,7 @@ void down_wg_n(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, con
                const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
   if constexpr (BITS == 4) {
     if (hr.q4) {
-      wgloop::with_q4_loop(hr, [&](auto p) {
-        down_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, p()>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair,
-                                                       out);
-      });
+      down_q4<NTOK>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
       return;
     }
   }
@@ -229,18 +240,9 @@ template <int BITS>
 void gate_up_wg_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                      const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared) {
   if constexpr (BITS == 4) {
-    if (bm == 96) {  // tall tiles: the exact-code loop only (moe_tile_rows_wg_ok)
-      wgloop::with_q4_loop(x, [&](auto p) {
-        gate_up_wg<4, 96, wgloop::kQ4Stages<96>, p()>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
-      });
-      return;
-    }
-    if (bm == 128) {
-      wgloop::with_q4_loop(x, [&](auto p) {
-        gate_up_wg<4, 128, wgloop::kQ4Stages<128>, p()>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
-      });
-      return;
-    }
+    // tall tiles: the exact-code loop only (moe_tile_rows_wg_ok)
+    if (bm == 96) return gate_up_q4<96>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+    if (bm == 128) return gate_up_q4<128>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
   }
   switch (bm) {
     case 16: gate_up_wg_n<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
@@ -253,18 +255,8 @@ template <int BITS>
 void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
                   const float* topk_w, const float* sgate, int T, int k, int E, int bm, float* y_pair, float* out) {
   if constexpr (BITS == 4) {
-    if (bm == 96) {
-      wgloop::with_q4_loop(hr, [&](auto p) {
-        down_wg<4, 96, wgloop::kQ4Stages<96>, p()>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
-      });
-      return;
-    }
-    if (bm == 128) {
-      wgloop::with_q4_loop(hr, [&](auto p) {
-        down_wg<4, 128, wgloop::kQ4Stages<128>, p()>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
-      });
-      return;
-    }
+    if (bm == 96) return down_q4<96>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
+    if (bm == 128) return down_q4<128>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out);
   }
   switch (bm) {
     case 16: down_wg_n<BITS, 16>(c, down, sdown, hr, hs, g, topk_w, sgate, T, k, E, y_pair, out); break;

@@ -43,8 +43,8 @@ constexpr double kNmse = 1e-9;
 // wrong nibble, group, scale, row or tile (NMSE > 1e-3) and a bf16 rounding of x (~1e-6 and more).
 constexpr double kNmseF16 = 1e-6;
 // FERN_GEMM_WG_PIPE=q4h (the exact-code loop on one fp16 row of x, docs/notes/cuda-prefill-v13-q4h.md): x rounded
-// once to fp16 and the codes exact, so at most the fp16 loop's error (which also rounds the weights): kNmseF16. Not
-// yet measured on a GPU.
+// once to fp16 and the codes exact, so at most the fp16 loop's error (which also rounds the weights): kNmseF16.
+// Measured on the H200: 4.4e-8 on in_proj_qkv at T = 300.
 constexpr double kNmseQ4h = kNmseF16;
 
 struct Fixture {
