@@ -10,8 +10,8 @@
 //                             on the wgmma loop, tiles otherwise
 //   FERN_MOE_ROUTING=host     the top-k ids copied to the host, the grouping built there and uploaded
 //   FERN_MOE_TILE=fixed|16|32|64|96|128|adaptive   token rows per GEMM tile (fixed = 64; 96 and 128 on the
-//                             exact-code wgmma loop only, 128 opt-in; adaptive, the default, from the mean rows per
-//                             expert, see tile_rows)
+//                             exact-code wgmma loop only; adaptive, the default, from the mean rows per expert, see
+//                             tile_rows)
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
 //   FERN_MOE_PREFETCH=1       the tile loop issues the next k tile's global loads before the current tile's MMAs
 //                             (measured slower at every tile height: docs/notes/cuda-prefill-v2-moe.md)
@@ -71,7 +71,9 @@ RouterForm router_form(int T) {
 // 16 only for m <= 4 (short chunks: most experts hold one or two rows, and 16-row tiles issue half the MMAs of
 // 32-row ones for the same weight reads; not measured). With the exact-code wgmma loop (q4: both GEMMs on it),
 // 96-row tiles from m = 48: at m = 64 an expert's rows (about 64 +- 8 with even routing) then fit one tile instead
-// of two mostly empty ones (docs/notes/cuda-prefill-v5-ws.md).
+// of two mostly empty ones (docs/notes/cuda-prefill-v5-ws.md); 128-row tiles from m = 128 (fewer passes over each
+// expert's weights; docs/notes/cuda-prefill-v15-moe-tile128.md: the MoE block at T = 8,192 3.30 vs 3.39 ms, whole
+// prefill +1.1% at 4K (m = 128) and +1.8% at 32K (m = 256); at m = 64 they lose, 1.28 vs 1.12 ms).
 int tile_rows(int T, int k, int E, bool q4) {
   const char* v = std::getenv("FERN_MOE_TILE");
   if (v != nullptr && std::strcmp(v, "adaptive") != 0) {
@@ -85,6 +87,7 @@ int tile_rows(int T, int k, int E, bool q4) {
     return bm;
   }
   const double mean = double(T) * k / E;
+  if (q4 && mean >= 128) return 128;
   return mean <= 4 ? 16 : mean <= 32 ? 32 : (q4 && mean >= 48) ? 96 : 64;
 }
 
