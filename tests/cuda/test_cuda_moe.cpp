@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cuda/kernels.h"
 #include "cuda/qweight.h"
@@ -315,6 +316,167 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
       EXPECT_LT(e_xn, 1e-10);
     }
   }
+}
+
+// The fused kernel with the next layer's input norm and projections as a fourth phase (moe_residual_project), against
+// the CPU backend's add_rmsnorm, moe, add, rmsnorm and linear: the MoE output, the final residual, the next normed row
+// and every projection. Matrices: the real GDN input projections (q|k|v, z, b, a: 12,352 rows over the SMs), the
+// real attention ones (query|gate, k, v) and three odd ones (100, 37 and 3 rows: most blocks hold one row or none,
+// blocks straddle matrices). Twice per case (both counter pairs); the first call runs the kernel directly, so that a
+// fall-back cannot pass for it, the second through CudaBackend::moe_residual_project. The projections read the
+// final residual, which carries the MoE's error (below kNmse as in FusedDecodeWithResidual), through a norm and one
+// more GEMV of fp32 sums in another order (~1e-12): kNmse for them too.
+TEST(CudaMoe, FusedDecodeWithNextProjection) {
+  FERN_REQUIRE_GPU();
+  struct NextCase {
+    MoeCase moe;
+    std::vector<int64_t> rows;
+  };
+  const NextCase cases[] = {
+      {{"next gdn real", 256, 2048, 512, 512, 8, 4, 1}, {8192, 4096, 32, 32}},
+      {{"next attn real", 256, 2048, 512, 512, 8, 4, 1}, {8192, 512, 512}},
+      {{"next small odd", 40, 512, 192, 64, 5, 4, 1}, {100, 37, 3}},
+  };
+  for (const NextCase& nc : cases) {
+    const MoeCase& c = nc.moe;
+    SCOPED_TRACE(c.name);
+    auto gpu = test::make_gpu();
+    auto cpu = make_cpu_backend();
+    test::OwnedStorage st;
+    const uint64_t seed = uint64_t(c.E * 11 + c.H + nc.rows.size());
+    MoeWeights hw = make_moe(st, c, seed);
+    MoeWeights dw = test::to_device(*gpu, hw);
+    std::vector<LinearWeight> hp, dp;
+    for (size_t m = 0; m < nc.rows.size(); ++m) {
+      hp.push_back(test::raw_affine(st, "next" + std::to_string(m), 0, nc.rows[m], c.H, 4, 64, seed + 50 + m));
+      dp.push_back(gpu->to_device(hp.back()));
+    }
+    std::vector<const LinearWeight*> hpw, dpw;
+    for (size_t m = 0; m < hp.size(); ++m) {
+      hpw.push_back(&hp[m]);
+      dpw.push_back(&dp[m]);
+    }
+    const ModelConfig cfg = moe_config(c);
+    const float eps = 1e-6f;
+    auto nw = test::randn(size_t(c.H), seed + 1, 0.3f), nw2 = test::randn(size_t(c.H), seed + 2, 0.3f);
+    for (float& v : nw) v += 1.0f;
+    for (float& v : nw2) v += 1.0f;
+    Tensor dnw = test::upload_f32(*gpu, nw, {c.H}), dnw2 = test::upload_f32(*gpu, nw2, {c.H});
+    for (int rep = 0; rep < 2; ++rep) {
+      auto resid = test::randn(size_t(c.H), seed + 10 + rep), delta = test::randn(size_t(c.H), seed + 20 + rep, 0.5f);
+      std::vector<float> r_cpu = resid, xn_cpu(size_t(c.H)), out_cpu(size_t(c.H)), xn2_cpu(size_t(c.H));
+      std::vector<std::vector<float>> y_cpu;
+      std::vector<Tensor> y_host;
+      for (int64_t rows : nc.rows) y_cpu.emplace_back(size_t(rows));
+      for (size_t m = 0; m < nc.rows.size(); ++m) y_host.push_back(test::host_f32(y_cpu[m], {1, nc.rows[m]}));
+      cpu->begin_forward();
+      cpu->add_rmsnorm(test::host_f32(r_cpu, {1, c.H}), test::host_f32(delta, {1, c.H}), test::host_f32(xn_cpu, {1, c.H}),
+                       test::host_f32(nw, {c.H}), eps);
+      cpu->moe(test::host_f32(out_cpu, {1, c.H}), test::host_f32(xn_cpu, {1, c.H}), hw, cfg);
+      for (int64_t i = 0; i < c.H; ++i) r_cpu[size_t(i)] += out_cpu[size_t(i)];
+      cpu->rmsnorm_linear_multi(y_host, test::host_f32(r_cpu, {1, c.H}), test::host_f32(nw2, {c.H}), eps,
+                                test::host_f32(xn2_cpu, {1, c.H}), hpw);
+      gpu->begin_forward();
+      Tensor dr = test::upload_f32(*gpu, resid, {1, c.H}), dd = test::upload_f32(*gpu, delta, {1, c.H});
+      Tensor dxn = gpu->alloc(DType::F32, {1, c.H});
+      std::vector<Tensor> dy;
+      for (int64_t rows : nc.rows) dy.push_back(test::nan_filled(*gpu, 1, rows));
+      if (rep == 0) {
+        const cuda::Ctx ctx = fused_ctx(*gpu);
+        const cuda::MoeScratch s = fused_scratch(*gpu, c);
+        cuda::MoeNorm n;
+        n.resid = dr.ptr<float>();
+        n.delta = dd.ptr<float>();
+        n.w = dnw.ptr<float>();
+        n.eps = eps;
+        n.xn = dxn.ptr<float>();
+        n.add_out = true;
+        cuda::MoeNext nx;
+        nx.n = static_cast<int>(dp.size());
+        for (int m = 0; m < nx.n; ++m) {
+          nx.w[m] = cuda::make_qw(dp[size_t(m)]);
+          nx.y[m] = dy[size_t(m)].ptr<float>();
+        }
+        nx.norm_w = dnw2.ptr<float>();
+        nx.eps = eps;
+        nx.xn = dxn.ptr<float>();
+        ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n, &nx));
+      } else {
+        gpu->moe_residual_project(dr, dd, dxn, dnw, eps, dd, dw, cfg, dnw2, dy, dpw);
+      }
+      const auto out = test::download(*gpu, dd), r = test::download(*gpu, dr), xn = test::download(*gpu, dxn);
+      const double e_out = test::nmse(out.data(), out_cpu.data(), out.size());
+      const double e_r = test::nmse(r.data(), r_cpu.data(), r.size());
+      const double e_xn = test::nmse(xn.data(), xn2_cpu.data(), xn.size());
+      std::printf("moe %-18s call %d  NMSE out %.3e resid %.3e next xn %.3e", c.name, rep, e_out, e_r, e_xn);
+      EXPECT_LT(e_out, kNmse);
+      EXPECT_LT(e_r, kNmse);
+      EXPECT_LT(e_xn, kNmse);
+      for (size_t m = 0; m < dy.size(); ++m) {
+        const auto y = test::download(*gpu, dy[m]);
+        const double e_y = test::nmse(y.data(), y_cpu[m].data(), y.size());
+        std::printf(" y%zu %.3e", m, e_y);
+        EXPECT_LT(e_y, kNmse) << "projection " << m << " (" << nc.rows[m] << " rows)";
+      }
+      std::printf("\n");
+    }
+  }
+}
+
+// Where the kernel does not take the next projections (scale rows that are not whole 16-byte pieces: H 320 in groups
+// of 64 is 5 scales per row), moe_fused refuses without a launch and moe_residual_project falls back to the MoE launch
+// and the projection launch, with the same results as the CPU.
+TEST(CudaMoe, FusedDecodeNextProjectionFallsBack) {
+  FERN_REQUIRE_GPU();
+  const MoeCase c{"next refused", 40, 320, 192, 64, 5, 4, 1};
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  test::OwnedStorage st;
+  MoeWeights hw = make_moe(st, c, 77);
+  MoeWeights dw = test::to_device(*gpu, hw);
+  const LinearWeight hp = test::raw_affine(st, "next", 0, 96, c.H, 4, 64, 78);
+  const LinearWeight dp = gpu->to_device(hp);
+  const ModelConfig cfg = moe_config(c);
+  const float eps = 1e-6f;
+  auto nw = test::randn(size_t(c.H), 79, 0.3f);
+  for (float& v : nw) v += 1.0f;
+  Tensor dnw = test::upload_f32(*gpu, nw, {c.H});
+  auto resid = test::randn(size_t(c.H), 80), delta = test::randn(size_t(c.H), 81, 0.5f);
+  Tensor dr = test::upload_f32(*gpu, resid, {1, c.H}), dd = test::upload_f32(*gpu, delta, {1, c.H});
+  Tensor dxn = gpu->alloc(DType::F32, {1, c.H}), dy = test::nan_filled(*gpu, 1, 96);
+  {
+    const cuda::Ctx ctx = fused_ctx(*gpu);
+    const cuda::MoeScratch s = fused_scratch(*gpu, c);
+    cuda::MoeNorm n;
+    n.resid = dr.ptr<float>();
+    n.delta = dd.ptr<float>();
+    n.w = dnw.ptr<float>();
+    n.eps = eps;
+    n.add_out = true;
+    cuda::MoeNext nx;
+    nx.n = 1;
+    nx.w[0] = cuda::make_qw(dp);
+    nx.y[0] = dy.ptr<float>();
+    nx.norm_w = dnw.ptr<float>();
+    nx.eps = eps;
+    EXPECT_FALSE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n, &nx));
+  }
+  std::vector<float> r_cpu = resid, xn_cpu(size_t(c.H)), out_cpu(size_t(c.H)), y_cpu(96);
+  cpu->begin_forward();
+  const LinearWeight* hpw[] = {&hp};
+  const LinearWeight* dpw[] = {&dp};
+  Tensor yh[] = {test::host_f32(y_cpu, {1, 96})};
+  cpu->moe_residual_project(test::host_f32(r_cpu, {1, c.H}), test::host_f32(delta, {1, c.H}),
+                            test::host_f32(xn_cpu, {1, c.H}), test::host_f32(nw, {c.H}), eps,
+                            test::host_f32(out_cpu, {1, c.H}), hw, cfg, test::host_f32(nw, {c.H}), yh, hpw);
+  gpu->begin_forward();
+  Tensor yd[] = {dy};
+  gpu->moe_residual_project(dr, dd, dxn, dnw, eps, dd, dw, cfg, dnw, yd, dpw);
+  const auto r = test::download(*gpu, dr), y = test::download(*gpu, dy);
+  const double e_r = test::nmse(r.data(), r_cpu.data(), r.size()), e_y = test::nmse(y.data(), y_cpu.data(), y.size());
+  std::printf("moe %-18s NMSE resid %.3e y %.3e\n", c.name, e_r, e_y);
+  EXPECT_LT(e_r, kNmse);
+  EXPECT_LT(e_y, kNmse);
 }
 
 }  // namespace
