@@ -721,7 +721,16 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a_in) {
     a.nx.rpb = (a.nx.rows + grid - 1) / grid;
     a.nx.smem_off = static_cast<int>((smem + 15) / 16 * 16);
     smem = size_t(a.nx.smem_off) + size_t(a.nx.rpb) * (size_t(a.nx.cpr) * 16 + size_t(a.nx.gpr) * 4);
-    limit = static_cast<size_t>(smem_optin());
+    // The opt-in limit covers static and dynamic shared memory together.
+    thread_local size_t dyn_max = SIZE_MAX;
+    if (dyn_max == SIZE_MAX) {
+      cudaFuncAttributes fa{};
+      check(cudaFuncGetAttributes(&fa, moe_fused_kernel<RB, B, TIMED, NT, NEXT>), "cudaFuncGetAttributes", __FILE__,
+            __LINE__);
+      const size_t optin = static_cast<size_t>(smem_optin());
+      dyn_max = optin > fa.sharedSizeBytes ? optin - fa.sharedSizeBytes : 0;
+    }
+    limit = dyn_max;
     if (smem > limit) return false;
   }
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
