@@ -322,22 +322,27 @@ __device__ __forceinline__ NextRows next_rows(const NextArgs& nx, unsigned char*
   return r;
 }
 
-// Requests the block's rows (one 16-byte cp.async per piece, spread over all threads; one commit group, waited for
-// in phase 4). Weights only: may run before the PDL wait.
-template <int NT>
-__device__ __forceinline__ void next_prefetch(const NextArgs& nx, const NextRows& r) {
-  for (int p = threadIdx.x; p < r.n * nx.cpr; p += NT) {
-    const int i = p / nx.cpr, c = p - i * nx.cpr, row = r.r0 + i, m = next_mat(nx, row);
-    ptx::cp_async16(r.w + p, pick(nx.w, m) + (int64_t(row - pick(nx.start, m)) * nx.cpr + c));
+// Requests the block's rows: thread 0 asks the copy engine for each matrix's codes, scales and biases (at most
+// three pieces per matrix the block's rows touch), counted on `bar` (waited for in phase 4). Weights only: may run
+// before the PDL wait. (A first form issued one 16-byte cp.async per piece from every thread: measured on the H200,
+// the launch took 31.0 us against 20.2 + 10.1 for the MoE and the projection launches, most likely because the
+// threads stall issuing ~14 copies each while the SM's miss tracking is full: docs/notes/cuda-decode-v13-next.md.)
+__device__ __forceinline__ void next_prefetch(const NextArgs& nx, const NextRows& r, uint64_t* bar) {
+  if (threadIdx.x != 0) return;
+  ptx::mbar_init(bar, 1);
+  ptx::fence_mbar_init();
+  const uint32_t row_bytes = uint32_t(nx.cpr) * 16 + uint32_t(nx.gpr) * 4;
+  ptx::mbar_arrive_expect_tx(bar, uint32_t(r.n) * row_bytes);
+#pragma unroll
+  for (int m = 0; m < kMoeNextMats; ++m) {  // unrolled: static indices into the parameter arrays
+    const int a = max(r.r0, nx.start[m]), b = min(r.r0 + r.n, min(nx.start[m + 1], nx.rows));
+    if (a >= b) continue;  // (matrices past the last start at INT_MAX)
+    const int64_t lr = a - nx.start[m];  // first row within matrix m
+    const int i = a - r.r0, n = b - a;
+    ptx::bulk_copy_g2s(r.w + int64_t(i) * nx.cpr, nx.w[m] + lr * nx.cpr, uint32_t(n) * nx.cpr * 16, bar);
+    ptx::bulk_copy_g2s(r.s + int64_t(i) * nx.gpr, nx.s[m] + lr * nx.gpr, uint32_t(n) * nx.gpr * 2, bar);
+    ptx::bulk_copy_g2s(r.b + int64_t(i) * nx.gpr, nx.b[m] + lr * nx.gpr, uint32_t(n) * nx.gpr * 2, bar);
   }
-  const int spr = nx.gpr / 8;  // 16-byte pieces per row of scales (checked on the host)
-  for (int p = threadIdx.x; p < r.n * spr; p += NT) {
-    const int i = p / spr, q = p - i * spr, row = r.r0 + i, m = next_mat(nx, row);
-    const int64_t g = int64_t(row - pick(nx.start, m)) * nx.gpr + q * 8;
-    ptx::cp_async16(r.s + p * 8, pick(nx.s, m) + g);
-    ptx::cp_async16(r.b + p * 8, pick(nx.b, m) + g);
-  }
-  ptx::cp_commit();
 }
 
 // Phase 4's dot products: warp w takes rows w, w + 2 W, ... and their neighbours w + W, ... (two rows per pass, so
@@ -436,9 +441,10 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   };
   if (v < n_p1) load_p1(v);  // weights only: before waiting on the previous kernel
   NextRows nr{};
+  __shared__ uint64_t next_bar;
   if constexpr (NEXT) {  // after the router's rows, which are needed first
     nr = next_rows(a.nx, reinterpret_cast<unsigned char*>(smem));
-    next_prefetch<NT>(a.nx, nr);
+    next_prefetch(a.nx, nr, &next_bar);
   }
   float4 wn[kNormV];  // the norm weight (norm mode), also a weight: requested before the wait
   if (a.norm.resid != nullptr) {
@@ -640,7 +646,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       wn2[q] = f < H / 4 ? __ldg(w4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     grid_handoff(a.counters + 5 + par, 0, a.counters, false, st, kMoeStampEnd, kMoeStampLastEnd, kMoeStampEnd);
-    ptx::cp_wait<0>();  // this thread's copies of the rows; the staging's barrier publishes everyone's
+    ptx::mbar_wait(&next_bar, 0);  // the rows (thread 0 initialised the barrier before the barriers since)
     __shared__ float red2[32];
     const float4* r4 = reinterpret_cast<const float4*>(a.norm.resid);
     float4 rv[kNormV];
@@ -722,13 +728,15 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a_in) {
     a.nx.smem_off = static_cast<int>((smem + 15) / 16 * 16);
     smem = size_t(a.nx.smem_off) + size_t(a.nx.rpb) * (size_t(a.nx.cpr) * 16 + size_t(a.nx.gpr) * 4);
     // The opt-in limit covers static and dynamic shared memory together.
+    // The bulk copies need code compiled for sm_90+ (the kernel's PTX version: a JIT of the compute_80 PTX on a
+    // newer GPU would run their trapping stand-ins); elsewhere nothing fits (dyn_max 0) and the caller falls back.
     thread_local size_t dyn_max = SIZE_MAX;
     if (dyn_max == SIZE_MAX) {
       cudaFuncAttributes fa{};
       check(cudaFuncGetAttributes(&fa, moe_fused_kernel<RB, B, TIMED, NT, NEXT>), "cudaFuncGetAttributes", __FILE__,
             __LINE__);
       const size_t optin = static_cast<size_t>(smem_optin());
-      dyn_max = optin > fa.sharedSizeBytes ? optin - fa.sharedSizeBytes : 0;
+      dyn_max = fa.ptxVersion >= 90 && optin > fa.sharedSizeBytes ? optin - fa.sharedSizeBytes : 0;
     }
     limit = dyn_max;
     if (smem > limit) return false;
