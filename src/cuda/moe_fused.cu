@@ -345,26 +345,41 @@ __device__ __forceinline__ void next_prefetch(const NextArgs& nx, const NextRows
   }
 }
 
-// Phase 4's dot products: warp w takes rows w, w + 2 W, ... and their neighbours w + W, ... (two rows per pass, so
-// that each float4 of x read from shared memory serves both); lane l chunks l, l + 32, ... of a row (the GEMV's
-// order: linear.cu with 32 lanes per row).
+// Phase 4's dot products: warp w takes rows w, w + 2 W, ... and their neighbours w + W, ... (two rows per pass);
+// lane l chunks l and l + 32 of every row (the GEMV's order: linear.cu with 32 lanes per row; rows are at most 64
+// chunks, H <= 2048), so each lane keeps its two chunks of x in registers for all its rows. (The first form read
+// x from shared memory for every pair of rows: 4 KB per chunk and warp against 1 KB of codes; measured 29.8 us per
+// launch, docs/notes/cuda-decode-v13-next.md.)
 template <int NT>
 __device__ __forceinline__ void next_dots(const NextArgs& nx, const NextRows& r, const float4* xs, const float* xc) {
   constexpr int kW = NT / 32, F4 = ChunkTraits<4>::kF4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float4 xl[2][F4];
+  float xcl[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int c = lane + 32 * j;
+    const bool ok = c < nx.cpr;
+#pragma unroll
+    for (int k = 0; k < F4; ++k) xl[j][k] = ok ? xs[j * (F4 * 32) + k * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+    xcl[j] = ok ? xc[c] : 0.0f;
+  }
   for (int i = warp; i < r.n; i += 2 * kW) {
     const int i2 = i + kW;
     const bool two = i2 < r.n;
     const int j2 = two ? i2 : i;
     float acc[2] = {0.0f, 0.0f};
-    for (int c = lane; c < nx.cpr; c += 32) {
-      const uint4 wv[2] = {r.w[i * nx.cpr + c], r.w[j2 * nx.cpr + c]};
-      float d[2];
-      chunk_dot<4, 32, 2>(wv, xs + (c >> 5) * (F4 * 32) + (c & 31), d);
-      const float xsum = xc[c];
-      const int g = c >> nx.gsh;
-      acc[0] += apply_group<4>(d[0], bf16_to_f32(r.s[i * nx.gpr + g]), bf16_to_f32(r.b[i * nx.gpr + g]), xsum);
-      acc[1] += apply_group<4>(d[1], bf16_to_f32(r.s[j2 * nx.gpr + g]), bf16_to_f32(r.b[j2 * nx.gpr + g]), xsum);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int c = lane + 32 * j;
+      if (c < nx.cpr) {
+        const uint4 wv[2] = {r.w[i * nx.cpr + c], r.w[j2 * nx.cpr + c]};
+        float d[2];
+        chunk_dot<4, 1, 2>(wv, xl[j], d);  // x in registers: float4 k of the chunk at xl[j][k]
+        const int g = c >> nx.gsh;
+        acc[0] += apply_group<4>(d[0], bf16_to_f32(r.s[i * nx.gpr + g]), bf16_to_f32(r.b[i * nx.gpr + g]), xcl[j]);
+        acc[1] += apply_group<4>(d[1], bf16_to_f32(r.s[j2 * nx.gpr + g]), bf16_to_f32(r.b[j2 * nx.gpr + g]), xcl[j]);
+      }
     }
     acc[0] = warp_sum(acc[0]);
     acc[1] = warp_sum(acc[1]);
@@ -784,7 +799,8 @@ bool launch_fused(const Ctx& c, const FusedArgs& a, bool next) {
 bool next_args(const MoeNext& n, const MoeNorm* norm, int64_t H, NextArgs& nx) {
   if (norm == nullptr || !norm->add_out || n.n < 1 || n.n > kMoeNextMats || n.norm_w == nullptr) return false;
   const int gs = n.w[0].gs;
-  if (gs < 32 || (gs & (gs - 1)) != 0 || H % gs != 0 || (H / gs) % 8 != 0) return false;
+  // (H <= 2048 with the norm: at most two chunks of 32 values per lane, next_dots.)
+  if (gs < 32 || (gs & (gs - 1)) != 0 || H % gs != 0 || (H / gs) % 8 != 0 || H > 64 * 32) return false;
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   nx = NextArgs{};
   int64_t rows = 0;
