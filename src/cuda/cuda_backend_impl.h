@@ -63,9 +63,6 @@ class CudaBackend : public Backend {
   void moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) override;
   void moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out, const MoeWeights& w,
                     const ModelConfig& cfg) override;
-  void moe_residual_project(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
-                            const MoeWeights& w, const ModelConfig& cfg, Tensor next_norm_w,
-                            std::span<const Tensor> next_outs, std::span<const LinearWeight* const> next_ws) override;
   void rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, Tensor norm_w, float eps, Tensor xn,
                             std::span<const LinearWeight* const> ws) override;
   void argmax(Tensor ids, Tensor logits) override;
@@ -148,9 +145,7 @@ class CudaBackend : public Backend {
   void moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg);
   // The one-launch MoE of one token (backend_moe_decode.cpp); with `norm` it also computes its input. False: not
   // taken (formats, shapes, FERN_CUDA_MOE_FUSED=0), nothing launched.
-  // With `next` too, the next layer's input norm and projections (moe_residual_project).
-  bool moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg, const cuda::MoeNorm* norm,
-                  const cuda::MoeNext* next = nullptr);
+  bool moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg, const cuda::MoeNorm* norm);
 
   int device_ = 0;
   int sms_ = 0;

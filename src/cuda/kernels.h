@@ -113,7 +113,7 @@ struct MoeQW {
   QW gate, up, down;     // routed experts
   QW sgate, sup, sdown;  // shared expert
 };
-constexpr int kMoeFusedCounters = 7;
+constexpr int kMoeFusedCounters = 5;
 // With `norm`, the input is computed by the kernel: resid += delta; x = rmsnorm(resid) * w (written to xn when
 // non-null); `x` is then unused and `out` may alias delta; with add_out, also resid += out at the end. Needs
 // H <= 2048.
@@ -125,22 +125,8 @@ struct MoeNorm {
   float* xn = nullptr;
   bool add_out = false;
 };
-// The next layer's input RMSNorm and projections (rmsnorm_linear_multi of the final resid) as a fourth phase of
-// the same launch, after a third handoff (docs/notes/cuda-decode-v13-next.md): every block copies its share of the
-// projection rows into shared memory (cp.async) at its start, while the MoE's own phases leave HBM mostly idle.
-// Needs `norm` with add_out, 4-bit matrices of one group size and width H whose scale rows are whole 16-byte pieces,
-// and the shared memory for a block's rows; otherwise moe_fused returns false.
-constexpr int kMoeNextMats = 4;
-struct MoeNext {
-  QW w[kMoeNextMats];
-  float* y[kMoeNextMats] = {};
-  int n = 0;
-  const float* norm_w = nullptr;  // [H]
-  float eps = 0.0f;
-  float* xn = nullptr;  // rmsnorm(resid) * norm_w (block 0 writes it; may be null)
-};
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
-               const MoeNorm* norm = nullptr, const MoeNext* next = nullptr);
+               const MoeNorm* norm = nullptr);
 // Phase timing of moe_fused (docs/notes/cuda-decode-v5.md): the same launch with %globaltimer stamps (ns) written
 // to stamps[kMoeStamps] (zero before the launch): block 0's thread 0 at each point, and the latest (or, stored
 // inverted, the earliest) block at a few. Compiled only with -DFERN_MOE_PHASE_TIMING (a separate instantiation;

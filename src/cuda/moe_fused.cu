@@ -24,15 +24,8 @@
 // words through per-warp bulk copies (cp.async.bulk) into shared memory instead of registers, measured slower on
 // the H200 (23.5 us per launch; the gate/up segment 9.7 us against ~7.5) and is not kept.
 //
-// Version 13 (docs/notes/cuda-decode-v13-next.md) can add a fourth phase (NEXT kernels, moe_fused with a MoeNext):
-// the next layer's input RMSNorm and projections, after a third handoff (every block's rows of resid written). Their
-// weights do not depend on anything the step computes, so every block copies its share of the rows into shared
-// memory (cp.async, no registers held) at its start; the MoE's own phases leave HBM mostly idle for the ~20 us of the
-// launch, and the separate projection launch it replaces paid its start, its first-load latency and its stream
-// (~10 us for ~3.3 us of bytes at the real shapes).
-//
 // Handoff counters (ctx.counters[0, kMoeFusedCounters)): [0] an epoch, [1..2] arrivals at the router handoff, [3..4]
-// arrivals at the h handoff, [5..6] arrivals at the resid handoff (NEXT only), one of each pair per epoch parity. A launch reads the epoch after its PDL wait (the
+// arrivals at the h handoff, one of each pair per epoch parity. A launch reads the epoch after its PDL wait (the
 // previous launch has then finished), uses the pair of its parity, zeroes the other pair for the next launch, and
 // the last block to arrive at the h handoff (every block has read the epoch by then) advances the epoch. Nothing
 // needs a reset between launches, whatever the grid size.
@@ -47,7 +40,6 @@
 
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
-#include "cuda/ptx.cuh"
 #include "cuda/qdot.cuh"
 #include "cuda/topk.cuh"
 
@@ -264,22 +256,6 @@ __device__ __forceinline__ void topk_fused(const float* logits, const float* sg_
   }
 }
 
-// The next layer's projections (NEXT kernels): 4-bit matrices of one width and group size; matrix m holds rows
-// [start[m], start[m + 1]) of their concatenation (start[m] = INT_MAX past the last, so that a row's matrix is a sum
-// of compares, not a loop over a parameter array), and block b takes rows [b rpb, (b + 1) rpb).
-struct NextArgs {
-  const uint4* w[kMoeNextMats];
-  const uint16_t* s[kMoeNextMats];
-  const uint16_t* b[kMoeNextMats];
-  float* y[kMoeNextMats];
-  int start[kMoeNextMats + 1];
-  int rows, rpb, cpr, gpr, gsh;
-  const float* norm_w;
-  float eps;
-  float* xn;
-  int smem_off;  // byte offset of the rows in dynamic shared memory (after the staging of fused_smem)
-};
-
 struct FusedArgs {
   QW router, sgr;             // router [E, H] and the shared-expert gate's single row [1, H] (format RB)
   QW gate, up, down;          // routed experts (format B)
@@ -291,108 +267,7 @@ struct FusedArgs {
   int topk;
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
-  NextArgs nx;                 // NEXT only
 };
-
-// Matrix of concatenated row `row` (static indices only: see NextArgs).
-__device__ __forceinline__ int next_mat(const NextArgs& nx, int row) {
-  return int(row >= nx.start[1]) + int(row >= nx.start[2]) + int(row >= nx.start[3]);
-}
-template <typename P, int N>
-__device__ __forceinline__ P pick(const P (&p)[N], int m) {
-  static_assert(kMoeNextMats == 4 && N >= 4, "pick: one select per matrix");
-  return m == 0 ? p[0] : m == 1 ? p[1] : m == 2 ? p[2] : p[3];
-}
-
-// This block's rows of the next projections in shared memory: codes [n][cpr] (16-byte chunks), then scales and
-// biases [n][gpr] each (bf16).
-struct NextRows {
-  int r0, n;
-  uint4* w;
-  uint16_t* s;
-  uint16_t* b;
-};
-__device__ __forceinline__ NextRows next_rows(const NextArgs& nx, unsigned char* smem_base) {
-  NextRows r;
-  r.r0 = blockIdx.x * nx.rpb;
-  r.n = max(0, min(nx.rows, r.r0 + nx.rpb) - r.r0);
-  r.w = reinterpret_cast<uint4*>(smem_base + nx.smem_off);
-  r.s = reinterpret_cast<uint16_t*>(r.w + r.n * nx.cpr);
-  r.b = r.s + r.n * nx.gpr;
-  return r;
-}
-
-// Requests the block's rows: thread 0 asks the copy engine for each matrix's codes, scales and biases (at most
-// three pieces per matrix the block's rows touch), counted on `bar` (waited for in phase 4). Weights only: may run
-// before the PDL wait. (A first form issued one 16-byte cp.async per piece from every thread: measured on the H200,
-// the launch took 31.0 us against 20.2 + 10.1 for the MoE and the projection launches, most likely because the
-// threads stall issuing ~14 copies each while the SM's miss tracking is full: docs/notes/cuda-decode-v13-next.md.)
-__device__ __forceinline__ void next_prefetch(const NextArgs& nx, const NextRows& r, uint64_t* bar) {
-  if (threadIdx.x != 0) return;
-  ptx::mbar_init(bar, 1);
-  ptx::fence_mbar_init();
-  const uint32_t row_bytes = uint32_t(nx.cpr) * 16 + uint32_t(nx.gpr) * 4;
-  ptx::mbar_arrive_expect_tx(bar, uint32_t(r.n) * row_bytes);
-#pragma unroll
-  for (int m = 0; m < kMoeNextMats; ++m) {  // unrolled: static indices into the parameter arrays
-    const int a = max(r.r0, nx.start[m]), b = min(r.r0 + r.n, min(nx.start[m + 1], nx.rows));
-    if (a >= b) continue;  // (matrices past the last start at INT_MAX)
-    const int64_t lr = a - nx.start[m];  // first row within matrix m
-    const int i = a - r.r0, n = b - a;
-    ptx::bulk_copy_g2s(r.w + int64_t(i) * nx.cpr, nx.w[m] + lr * nx.cpr, uint32_t(n) * nx.cpr * 16, bar);
-    ptx::bulk_copy_g2s(r.s + int64_t(i) * nx.gpr, nx.s[m] + lr * nx.gpr, uint32_t(n) * nx.gpr * 2, bar);
-    ptx::bulk_copy_g2s(r.b + int64_t(i) * nx.gpr, nx.b[m] + lr * nx.gpr, uint32_t(n) * nx.gpr * 2, bar);
-  }
-}
-
-// Phase 4's dot products: warp w takes rows w, w + 2 W, ... and their neighbours w + W, ... (two rows per pass);
-// lane l chunks l and l + 32 of every row (the GEMV's order: linear.cu with 32 lanes per row; rows are at most 64
-// chunks, H <= 2048), so each lane keeps its two chunks of x in registers for all its rows. (The first form read
-// x from shared memory for every pair of rows: 4 KB per chunk and warp against 1 KB of codes; measured 29.8 us per
-// launch, docs/notes/cuda-decode-v13-next.md.)
-template <int NT>
-__device__ __forceinline__ void next_dots(const NextArgs& nx, const NextRows& r, const float4* xs, const float* xc) {
-  constexpr int kW = NT / 32, F4 = ChunkTraits<4>::kF4;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float4 xl[2][F4];
-  float xcl[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int c = lane + 32 * j;
-    const bool ok = c < nx.cpr;
-#pragma unroll
-    for (int k = 0; k < F4; ++k) xl[j][k] = ok ? xs[j * (F4 * 32) + k * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-    xcl[j] = ok ? xc[c] : 0.0f;
-  }
-  for (int i = warp; i < r.n; i += 2 * kW) {
-    const int i2 = i + kW;
-    const bool two = i2 < r.n;
-    const int j2 = two ? i2 : i;
-    float acc[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int c = lane + 32 * j;
-      if (c < nx.cpr) {
-        const uint4 wv[2] = {r.w[i * nx.cpr + c], r.w[j2 * nx.cpr + c]};
-        float d[2];
-        chunk_dot<4, 1, 2>(wv, xl[j], d);  // x in registers: float4 k of the chunk at xl[j][k]
-        const int g = c >> nx.gsh;
-        acc[0] += apply_group<4>(d[0], bf16_to_f32(r.s[i * nx.gpr + g]), bf16_to_f32(r.b[i * nx.gpr + g]), xcl[j]);
-        acc[1] += apply_group<4>(d[1], bf16_to_f32(r.s[j2 * nx.gpr + g]), bf16_to_f32(r.b[j2 * nx.gpr + g]), xcl[j]);
-      }
-    }
-    acc[0] = warp_sum(acc[0]);
-    acc[1] = warp_sum(acc[1]);
-    if (lane == 0) {
-      const int row = r.r0 + i, m = next_mat(nx, row);
-      pick(nx.y, m)[row - pick(nx.start, m)] = acc[0];
-      if (two) {
-        const int row2 = r.r0 + i2, m2 = next_mat(nx, row2);
-        pick(nx.y, m2)[row2 - pick(nx.start, m2)] = acc[1];
-      }
-    }
-  }
-}
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
 constexpr int kNormV = 2;
@@ -404,7 +279,7 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
   xs[x_slot<BITS, 32>(f / F4, f % F4)] = v;
 }
 
-template <int RB, int B, bool TIMED, int NT, bool NEXT>
+template <int RB, int B, bool TIMED, int NT>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   constexpr int kWarps = NT / 32;
   const Stamps<TIMED> st{a.stamps};
@@ -455,12 +330,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
   };
   if (v < n_p1) load_p1(v);  // weights only: before waiting on the previous kernel
-  NextRows nr{};
-  __shared__ uint64_t next_bar;
-  if constexpr (NEXT) {  // after the router's rows, which are needed first
-    nr = next_rows(a.nx, reinterpret_cast<unsigned char*>(smem));
-    next_prefetch(a.nx, nr, &next_bar);
-  }
   float4 wn[kNormV];  // the norm weight (norm mode), also a weight: requested before the wait
   if (a.norm.resid != nullptr) {
 #pragma unroll
@@ -478,7 +347,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       const int o = (ep + 1) & 1;
       a.counters[1 + o] = 0;
       a.counters[3 + o] = 0;
-      a.counters[5 + o] = 0;
     }
   }
   float4 rsum[kNormV];  // resid + delta (norm mode), written back by block 0 once every block has read resid
@@ -650,45 +518,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   }
   st.at(kMoeStampEnd);
   st.extreme(kMoeStampLastEnd);
-
-  // ---- phase 4 (NEXT): the next layer's input norm and projections of the final resid ----
-  if constexpr (NEXT) {
-    float4 wn2[kNormV];  // the next norm's weight, requested before the handoff
-    const float4* w4 = reinterpret_cast<const float4*>(a.nx.norm_w);
-#pragma unroll
-    for (int q = 0; q < kNormV; ++q) {
-      const int f = threadIdx.x + q * NT;
-      wn2[q] = f < H / 4 ? __ldg(w4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    grid_handoff(a.counters + 5 + par, 0, a.counters, false, st, kMoeStampEnd, kMoeStampLastEnd, kMoeStampEnd);
-    ptx::mbar_wait(&next_bar, 0);  // the rows (thread 0 initialised the barrier before the barriers since)
-    __shared__ float red2[32];
-    const float4* r4 = reinterpret_cast<const float4*>(a.norm.resid);
-    float4 rv[kNormV];
-    float ss = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kNormV; ++q) {
-      const int f = threadIdx.x + q * NT;
-      rv[q] = f < H / 4 ? __ldcg(r4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);
-      ss += rv[q].x * rv[q].x + rv[q].y * rv[q].y + rv[q].z * rv[q].z + rv[q].w * rv[q].w;
-    }
-    const float inv = rsqrtf(block_sum(ss, red2) / float(H) + a.nx.eps);
-#pragma unroll
-    for (int q = 0; q < kNormV; ++q) {
-      if (q * NT >= H / 4) break;  // the same on every thread: all lanes take part in the shuffles
-      const int f = threadIdx.x + q * NT;
-      const float4 xv = make_float4(rv[q].x * inv * wn2[q].x, rv[q].y * inv * wn2[q].y, rv[q].z * inv * wn2[q].z,
-                                    rv[q].w * inv * wn2[q].w);
-      if (f < H / 4) {
-        put_x<B>(xe, f, xv);
-        if (blockIdx.x == 0 && a.nx.xn) reinterpret_cast<float4*>(a.nx.xn)[f] = xv;
-      }
-      const float se = chunk_sum_lanes<B>(xv);
-      if (f < H / 4 && f % FB == 0) xec[f / FB] = se;
-    }
-    __syncthreads();
-    next_dots<NT>(a.nx, nr, xe, xec);
-  }
 }
 
 template <int RB, int B>
@@ -701,13 +530,13 @@ size_t fused_smem(int64_t H, int64_t nx) {
 }
 
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED, int NT, bool NEXT>
+template <int RB, int B, bool TIMED, int NT>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, NEXT>, NT, smem) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT>, NT, smem) !=
         cudaSuccess)
       per_sm = 0;
     cached = per_sm;
@@ -716,56 +545,21 @@ int resident_blocks(const Ctx& c, size_t smem) {
   return std::min(cached, 512 / NT) * c.sms;
 }
 
-// The most dynamic shared memory a block may ask for on this device (NEXT kernels hold a block's projection rows).
-int smem_optin() {
-  thread_local int v = -1;
-  if (v < 0) {
-    int dev = 0;
-    v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-      v = 0;
-  }
-  return v;
-}
-
-template <int RB, int B, bool TIMED, int NT, bool NEXT>
-bool launch_fused_nt(const Ctx& c, const FusedArgs& a_in) {
-  FusedArgs a = a_in;
+template <int RB, int B, bool TIMED, int NT>
+bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
-  size_t smem = fused_smem<RB, B>(a.router.in, nx);
+  const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
-  size_t limit = kMaxSmem;
-  const int grid = c.sms * (512 / NT);
-  if constexpr (NEXT) {
-    // Rows per block for a grid of one block per SM (the row split is fixed before the launch; checked below).
-    a.nx.rpb = (a.nx.rows + grid - 1) / grid;
-    a.nx.smem_off = static_cast<int>((smem + 15) / 16 * 16);
-    smem = size_t(a.nx.smem_off) + size_t(a.nx.rpb) * (size_t(a.nx.cpr) * 16 + size_t(a.nx.gpr) * 4);
-    // The opt-in limit covers static and dynamic shared memory together.
-    // The bulk copies need code compiled for sm_90+ (the kernel's PTX version: a JIT of the compute_80 PTX on a
-    // newer GPU would run their trapping stand-ins); elsewhere nothing fits (dyn_max 0) and the caller falls back.
-    thread_local size_t dyn_max = SIZE_MAX;
-    if (dyn_max == SIZE_MAX) {
-      cudaFuncAttributes fa{};
-      check(cudaFuncGetAttributes(&fa, moe_fused_kernel<RB, B, TIMED, NT, NEXT>), "cudaFuncGetAttributes", __FILE__,
-            __LINE__);
-      const size_t optin = static_cast<size_t>(smem_optin());
-      dyn_max = fa.ptxVersion >= 90 && optin > fa.sharedSizeBytes ? optin - fa.sharedSizeBytes : 0;
-    }
-    limit = dyn_max;
-    if (smem > limit) return false;
-  }
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, NEXT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(limit)),
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT, NEXT>(c, smem);
-  if (blocks <= 0 || (NEXT && blocks != grid)) return false;
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, NEXT>, blocks, NT, smem, a);
+  const int blocks = resident_blocks<RB, B, TIMED, NT>(c, smem);
+  if (blocks <= 0) return false;
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
@@ -779,60 +573,14 @@ bool moe_wide() {
   throw std::runtime_error(std::string("FERN_CUDA_MOE_WIDE: want 1 or 0, got '") + e + "'");
 }
 
-// The next layer's projections in the MoE launch: NEXT kernels exist for 512-thread blocks only (the default shape).
 template <int RB, int B, bool TIMED>
-bool launch_fused(const Ctx& c, const FusedArgs& a, bool next) {
-  if (next) {
-    if constexpr (TIMED) {
-      return false;
-    } else {
-      return moe_wide() && launch_fused_nt<RB, B, false, 512, true>(c, a);
-    }
-  }
-  return moe_wide() ? launch_fused_nt<RB, B, TIMED, 512, false>(c, a)
-                    : launch_fused_nt<RB, B, TIMED, kThreads, false>(c, a);
-}
-
-// NextArgs of the next layer's projections, or false where the kernel does not take them: 4-bit matrices of width H
-// and one group size (a power of two, a multiple of the 32-value chunk) whose rows of scales are whole 16-byte pieces
-// (cp.async), 16-byte aligned arrays, and `norm` with add_out (phase 4 reads the final resid).
-bool next_args(const MoeNext& n, const MoeNorm* norm, int64_t H, NextArgs& nx) {
-  if (norm == nullptr || !norm->add_out || n.n < 1 || n.n > kMoeNextMats || n.norm_w == nullptr) return false;
-  const int gs = n.w[0].gs;
-  // (H <= 2048 with the norm: at most two chunks of 32 values per lane, next_dots.)
-  if (gs < 32 || (gs & (gs - 1)) != 0 || H % gs != 0 || (H / gs) % 8 != 0 || H > 64 * 32) return false;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  nx = NextArgs{};
-  int64_t rows = 0;
-  for (int m = 0; m < kMoeNextMats; ++m) {
-    nx.start[m] = INT_MAX;
-    if (m >= n.n) continue;
-    const QW& q = n.w[m];
-    if (q.bits != 4 || q.gs != gs || q.in != H || q.experts != 0 || q.out < 1 || n.y[m] == nullptr ||
-        !aligned(q.w) || !aligned(q.s) || !aligned(q.b))
-      return false;
-    nx.start[m] = static_cast<int>(rows);
-    nx.w[m] = static_cast<const uint4*>(q.w);
-    nx.s[m] = q.s;
-    nx.b[m] = q.b;
-    nx.y[m] = n.y[m];
-    rows += q.out;
-    if (rows > INT_MAX / 64) return false;
-  }
-  nx.start[kMoeNextMats] = INT_MAX;
-  nx.rows = static_cast<int>(rows);
-  nx.cpr = static_cast<int>(H / 32);
-  nx.gpr = static_cast<int>(H / gs);
-  nx.gsh = 31 - __builtin_clz(static_cast<unsigned>(gs / 32));
-  nx.norm_w = n.norm_w;
-  nx.eps = n.eps;
-  nx.xn = n.xn;
-  return true;
+bool launch_fused(const Ctx& c, const FusedArgs& a) {
+  return moe_wide() ? launch_fused_nt<RB, B, TIMED, 512>(c, a) : launch_fused_nt<RB, B, TIMED, kThreads>(c, a);
 }
 
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
 bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
-                const MoeNorm* norm, const MoeNext* next, FusedArgs& a) {
+                const MoeNorm* norm, FusedArgs& a) {
   const int64_t H = w.router.in, E = w.router.out, I = w.gate.out, Is = w.sgate.out;
   const int RB = w.router.bits, B = w.gate.bits;
   if (c.n_counters < kMoeFusedCounters || topk < 1 || topk > 32 || topk > E || E > 32 * kTopkMaxPerLane) return false;
@@ -850,27 +598,26 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr, NextArgs{}};
-  return next == nullptr || next_args(*next, norm, H, a.nx);
+                norm != nullptr ? *norm : MoeNorm{}, nullptr};
+  return true;
 }
 
 }  // namespace
 
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
-               const MoeNorm* norm, const MoeNext* next) {
+               const MoeNorm* norm) {
   FusedArgs a;
-  if (!fused_args(c, w, x, s, out, topk, norm, next, a)) return false;
-  const bool nx = next != nullptr;
-  return w.router.bits == 8 ? launch_fused<8, 4, false>(c, a, nx) : launch_fused<4, 4, false>(c, a, nx);
+  if (!fused_args(c, w, x, s, out, topk, norm, a)) return false;
+  return w.router.bits == 8 ? launch_fused<8, 4, false>(c, a) : launch_fused<4, 4, false>(c, a);
 }
 
 bool moe_fused_timed(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
                      const MoeNorm* norm, unsigned long long* stamps) {
 #ifdef FERN_MOE_PHASE_TIMING
   FusedArgs a;
-  if (!fused_args(c, w, x, s, out, topk, norm, nullptr, a)) return false;
+  if (!fused_args(c, w, x, s, out, topk, norm, a)) return false;
   a.stamps = stamps;
-  return w.router.bits == 8 ? launch_fused<8, 4, true>(c, a, false) : launch_fused<4, 4, true>(c, a, false);
+  return w.router.bits == 8 ? launch_fused<8, 4, true>(c, a) : launch_fused<4, 4, true>(c, a);
 #else
   (void)c, (void)w, (void)x, (void)s, (void)out, (void)topk, (void)norm, (void)stamps;
   return false;

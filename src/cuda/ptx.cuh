@@ -91,35 +91,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-// Bulk copies (sm_90+; compiled for older targets they trap, callers check the kernel's PTX version first): one
-// thread asks the copy engine for `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to this
-// block's shared memory, counted on `bar` in bytes; the thread goes on at once and holds no registers for the data.
-// An mbarrier that bulk copies complete must be made visible to them after mbar_init (fence_mbar_init), and the
-// bytes to expect announced with this thread's arrival (mbar_arrive_expect_tx) before waiting on the phase.
-__device__ __forceinline__ void fence_mbar_init() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-#else
-  __trap();
-#endif
-}
 // Spins until the phase of parity `parity` has completed (a fresh barrier counts its phase "-1", parity 1, as
 // complete, so a producer's first wait on an empty-slot barrier with parity 1 passes at once).
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {

@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <span>
-
 namespace fern {
 namespace {
 
@@ -35,35 +33,27 @@ struct MixerScratch {
   }
 };
 
-// A mixer's input projections, all of one input: xn = RMSNorm(h; input_norm) is computed with them
-// (rmsnorm_linear_multi, or moe_residual_project with the previous layer's MoE; a backend may fold the norm into the
-// projection kernel, or run the whole in the MoE's launch).
-struct Projection {
-  Tensor outs[4];
-  const LinearWeight* ws[4];
-  size_t n = 0;
-  std::span<const Tensor> out_span() const { return {outs, n}; }
-  std::span<const LinearWeight* const> w_span() const { return {ws, n}; }
-};
-
-// Gated DeltaNet (MODEL.md 2.4 step 1): q|k|v, z, b, a. Attention (MODEL.md 2.3 step 1): per head [query | gate], k, v.
-Projection mixer_projection(const LayerWeights& L, const MixerScratch& s) {
-  if (L.type == LayerType::LinearAttention)
-    return {{s.mixed, s.z, s.b, s.a}, {&L.gdn.in_proj_qkv, &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a}, 4};
-  return {{s.qg, s.k, s.v}, {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, nullptr}, 3};
+// The mixers take the residual stream h and the layer's input norm: xn = RMSNorm(h) is computed with the
+// projections (rmsnorm_linear_multi; a backend may fold the norm into the projection kernel).
+// Gated DeltaNet mixer (MODEL.md 2.4): projections, then the fused core with the output projection.
+void gdn_mixer(Backend& be, const GdnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor h,
+               Tensor norm_w, float eps, Tensor xn, MixerScratch& s, Tensor out) {
+  const Tensor proj_out[] = {s.mixed, s.z, s.b, s.a};  // four projections of one input: one launch where supported
+  const LinearWeight* const proj_w[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
+  be.rmsnorm_linear_multi(proj_out, h, norm_w, eps, xn, proj_w);
+  // Conv, gates, delta rule, gated norm (gdn_core), then out_proj -> [T, H]; a backend may run the gated norm
+  // inside the projection.
+  be.gdn_core_linear(out, s.y, s.mixed, s.z, s.b, s.a, w, cfg, st, layer);
 }
 
-// The rest of a mixer, from its projections to its output [T, H]. Gated DeltaNet: conv, gates, delta rule, gated
-// norm (gdn_core), then out_proj; a backend may run the gated norm inside the projection. Attention: q/k norm, RoPE,
-// KV append, attention, then o_proj.
-void mixer_core(Backend& be, const LayerWeights& L, const ModelConfig& cfg, SequenceState& st, int layer,
-                MixerScratch& s, Tensor out) {
-  if (L.type == LayerType::LinearAttention) {
-    be.gdn_core_linear(out, s.y, s.mixed, s.z, s.b, s.a, L.gdn, cfg, st, layer);
-  } else {
-    be.attn_core(s.o, s.qg, s.k, s.v, L.attn, cfg, st, layer);
-    be.linear(out, s.o, L.attn.o_proj);
-  }
+// Gated attention mixer (MODEL.md 2.3).
+void attn_mixer(Backend& be, const AttnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor h,
+                Tensor norm_w, float eps, Tensor xn, MixerScratch& s, Tensor out) {
+  const Tensor proj_out[] = {s.qg, s.k, s.v};  // three projections of one input: one launch where supported
+  const LinearWeight* const proj_w[] = {&w.q_proj, &w.k_proj, &w.v_proj};
+  be.rmsnorm_linear_multi(proj_out, h, norm_w, eps, xn, proj_w);
+  be.attn_core(s.o, s.qg, s.k, s.v, w, cfg, st, layer);                 // q/k norm, RoPE, KV append, attention
+  be.linear(out, s.o, w.o_proj);                                          // [T, H]
 }
 
 }  // namespace
@@ -90,25 +80,15 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
   be.embed(h, ids, w.embed);
   dump("embed", h);
 
-  // Layer il's input projections run with layer il - 1's MoE (moe_residual_project), layer 0's on their own.
-  const int n_layers = cfg.num_hidden_layers;
-  if (n_layers > 0) {
-    const Projection p0 = mixer_projection(w.layers[0], mix);
-    be.rmsnorm_linear_multi(p0.out_span(), h, w.layers[0].input_norm, eps, xn, p0.w_span());
-  }
-  for (int il = 0; il < n_layers; ++il) {
+  for (int il = 0; il < cfg.num_hidden_layers; ++il) {
     const LayerWeights& L = w.layers[il];
-    mixer_core(be, L, cfg, st, il, mix, delta);
+    if (L.type == LayerType::LinearAttention)
+      gdn_mixer(be, L.gdn, cfg, st, il, h, L.input_norm, eps, xn, mix, delta);
+    else
+      attn_mixer(be, L.attn, cfg, st, il, h, L.input_norm, eps, xn, mix, delta);
     dump(fmt::format("L{}.mixer_out", il), delta);
-    // r = h + a; xn = RMSNorm(r); delta = MoE(xn); h = r + delta (then the next layer's xn and projections).
-    if (il + 1 < n_layers) {
-      const LayerWeights& next = w.layers[il + 1];
-      const Projection p = mixer_projection(next, mix);
-      be.moe_residual_project(h, delta, xn, L.post_norm, eps, delta, L.moe, cfg, next.input_norm, p.out_span(),
-                              p.w_span());
-    } else {
-      be.moe_residual(h, delta, xn, L.post_norm, eps, delta, L.moe, cfg);
-    }
+    // r = h + a; xn = RMSNorm(r); delta = MoE(xn); h = r + delta.
+    be.moe_residual(h, delta, xn, L.post_norm, eps, delta, L.moe, cfg);
     dump(fmt::format("L{}.moe_out", il), delta);
     dump(fmt::format("L{}.out", il), h);
   }

@@ -123,16 +123,6 @@ class Backend {
     moe(out, xn, w, cfg);
     add(resid, resid, out);
   }
-  // The post-mixer half of a layer and the next layer's input norm and projections: moe_residual(...), then
-  // rmsnorm_linear_multi(next_outs, resid, next_norm_w, eps, xn, next_ws), so xn ends as the next layer's normed
-  // input. A backend may run both in one launch (the CUDA decode path requests the next projections' weights while
-  // the MoE runs); by default, one op after the other.
-  virtual void moe_residual_project(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
-                                    const MoeWeights& w, const ModelConfig& cfg, Tensor next_norm_w,
-                                    std::span<const Tensor> next_outs, std::span<const LinearWeight* const> next_ws) {
-    moe_residual(resid, delta, xn, norm_w, eps, out, w, cfg);
-    rmsnorm_linear_multi(next_outs, resid, next_norm_w, eps, xn, next_ws);
-  }
   // ids[t] = argmax_j logits[t, j] (lowest index on ties). logits [T, V] -> ids I32 [T].
   virtual void argmax(Tensor ids, Tensor logits) = 0;
   // state.pos += n (a backend that keeps a device copy of the position updates it too).
