@@ -17,11 +17,6 @@
 // remainder, and hi*hi + hi*lo + lo*hi is accumulated in fp32 (the dropped lo*lo term is ~2^-22 relative), so the
 // result stays at fp32-like accuracy; one tf32 product (10-bit mantissa) would put ~1e-3 relative error into the
 // state every chunk. The cross terms accumulate into a second register set (two independent mma chains per tile).
-#include <cstdlib>
-#include <cstring>
-#include <stdexcept>
-#include <string>
-
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
 #include "cuda/launch.cuh"
@@ -258,21 +253,14 @@ constexpr size_t state_smem_floats() {
   return size_t(4) * kC * (DK + 4) + size_t(2) * kC * kPs + size_t(2) * kC * kVs + size_t(DK) * kVs + 3 * kC;
 }
 
-// NW = 8: every warp runs every phase on its tiles (phase 1's W S and Q S, phase 2, phase 3), one after another.
-// NW = 16 (FERN_GDN_STATE_WARPS=16): the same tiles in two roles, twice the warps to hide the latency of a block
-// that holds a whole SM's shared memory: warps 0-7 compute W S (phase 1) then the state update (phase 3), warps 8-15
-// Q S (phase 1) then O (phase 2); phases 2 and 3 read V', P, K and write y and S apart, so they run side by side.
-// The same products in the same order per tile: the same bits as NW = 8.
-template <int DK, int NW>
-__global__ void __launch_bounds__(32 * NW) gdn_chunk_state_kernel(GdnShape sh, int T, const float* __restrict__ xc,
-                                                                  const float* __restrict__ ws,
-                                                                  float* __restrict__ state,
-                                                                  float* __restrict__ y) {
+template <int DK>
+__global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, int T, const float* __restrict__ xc,
+                                                                   const float* __restrict__ ws,
+                                                                   float* __restrict__ state,
+                                                                   float* __restrict__ y) {
   constexpr int LD = DK + 4;
-  constexpr int NT = 32 * NW;
   constexpr int MT3 = DK / 16, NT3 = DK / 32;  // state update: DK/16 row tiles x 4 column tiles over 8 warps
   static_assert(DK == 32 || DK == 64 || DK == 128);
-  static_assert(NW == 8 || NW == 16);
   extern __shared__ __align__(16) float smem[];
   float* Ws = smem;
   float* Qs = Ws + kC * LD;
@@ -284,9 +272,7 @@ __global__ void __launch_bounds__(32 * NW) gdn_chunk_state_kernel(GdnShape sh, i
   float* gqs = Ss + DK * kVs;
   float* gks = gqs + kC;      // [2][C]
 
-  const int h = blockIdx.x, col0 = blockIdx.y * kCols, tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 7;
-  // Roles (NW = 16): the state warps (W S, phase 3) and the output warps (Q S, phase 2); NW = 8: both in each warp.
-  const bool do_state = NW == 8 || tid < 256, do_out = NW == 8 || tid >= 256;
+  const int h = blockIdx.x, col0 = blockIdx.y * kCols, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int Dv = sh.Dv, Hv = sh.Hv;
   const int64_t C = sh.conv_dim, key_dim = int64_t(sh.Hk) * DK, BS = block_floats(DK, Dv);
@@ -301,13 +287,13 @@ __global__ void __launch_bounds__(32 * NW) gdn_chunk_state_kernel(GdnShape sh, i
   auto load_wq = [&](int ch) {
     const float* wsb = ws + (int64_t(ch) * Hv + h) * BS;
     const int t0 = ch * kC, rows = min(kC, T - t0);
-    for (int idx = tid; idx < kC * (DK / 4); idx += NT) {
+    for (int idx = tid; idx < kC * (DK / 4); idx += kThreads) {
       const int r = idx / (DK / 4), c4 = idx % (DK / 4);
       ptx::cp_async16(Ws + r * LD + 4 * c4, wsb + r * DK + 4 * c4);
       const bool ok = r < rows;
       ptx::cp_async16(Qs + r * LD + 4 * c4, qsrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
     }
-    for (int idx = tid; idx < kC * (kCols / 4); idx += NT) {
+    for (int idx = tid; idx < kC * (kCols / 4); idx += kThreads) {
       const int r = idx / (kCols / 4), c4 = idx % (kCols / 4);
       ptx::cp_async16(Us + r * kVs + 4 * c4, wsb + kC * DK + r * Dv + col0 + 4 * c4);
     }
@@ -319,12 +305,12 @@ __global__ void __launch_bounds__(32 * NW) gdn_chunk_state_kernel(GdnShape sh, i
     const int t0 = ch * kC, rows = min(kC, T - t0);
     float* kd = Ks + buf * kC * LD;
     float* pd = Ps + buf * kC * kPs;
-    for (int idx = tid; idx < kC * (DK / 4); idx += NT) {
+    for (int idx = tid; idx < kC * (DK / 4); idx += kThreads) {
       const int r = idx / (DK / 4), c4 = idx % (DK / 4);
       const bool ok = r < rows;
       ptx::cp_async16(kd + r * LD + 4 * c4, ksrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
     }
-    for (int idx = tid; idx < kC * (kC / 4); idx += NT) {
+    for (int idx = tid; idx < kC * (kC / 4); idx += kThreads) {
       const int r = idx / (kC / 4), c4 = idx % (kC / 4);
       ptx::cp_async16(pd + r * kPs + 4 * c4, wsb + kC * (DK + Dv) + r * kC + 4 * c4);
     }
@@ -332,7 +318,7 @@ __global__ void __launch_bounds__(32 * NW) gdn_chunk_state_kernel(GdnShape sh, i
   };
 
   float* S = state + int64_t(h) * DK * Dv + col0;
-  for (int idx = tid; idx < DK * (kCols / 4); idx += NT) {
+  for (int idx = tid; idx < DK * (kCols / 4); idx += kThreads) {
     const int i = idx / (kCols / 4), c4 = idx % (kCols / 4);
     *reinterpret_cast<float4*>(Ss + i * kVs + 4 * c4) = *reinterpret_cast<const float4*>(S + int64_t(i) * Dv + 4 * c4);
   }
@@ -351,26 +337,15 @@ __global__ void __launch_bounds__(32 * NW) gdn_chunk_state_kernel(GdnShape sh, i
 
     // Phase 1: W S and Q S over the key dimension, sharing the S fragments.
     float dW[2][4] = {}, eW[2][4] = {}, dQ[2][4] = {}, eQ[2][4] = {};
-    if constexpr (NW == 8) {
 #pragma unroll 4
-      for (int k0 = 0; k0 < DK; k0 += 8) {
-        const FragA aw = frag_a(Ws + m0 * LD + k0, LD, g, t);
-        const FragA aq = frag_a(Qs + m0 * LD + k0, LD, g, t);
+    for (int k0 = 0; k0 < DK; k0 += 8) {
+      const FragA aw = frag_a(Ws + m0 * LD + k0, LD, g, t);
+      const FragA aq = frag_a(Qs + m0 * LD + k0, LD, g, t);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const FragB bs = frag_b(Ss + k0 * kVs + n1 + 8 * j, kVs, g, t);
-          mma3(dW[j], eW[j], aw, bs);
-          mma3(dQ[j], eQ[j], aq, bs);
-        }
-      }
-    } else {
-      // One product per warp, into dW / eW: W S for the state warps, Q S for the output warps.
-      const float* src = do_state ? Ws : Qs;
-#pragma unroll 4
-      for (int k0 = 0; k0 < DK; k0 += 8) {
-        const FragA am = frag_a(src + m0 * LD + k0, LD, g, t);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) mma3(dW[j], eW[j], am, frag_b(Ss + k0 * kVs + n1 + 8 * j, kVs, g, t));
+      for (int j = 0; j < 2; ++j) {
+        const FragB bs = frag_b(Ss + k0 * kVs + n1 + 8 * j, kVs, g, t);
+        mma3(dW[j], eW[j], aw, bs);
+        mma3(dQ[j], eQ[j], aq, bs);
       }
     }
     const float eL = gqs[kC - 1];
@@ -380,9 +355,8 @@ __global__ void __launch_bounds__(32 * NW) gdn_chunk_state_kernel(GdnShape sh, i
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = m0 + g + 8 * (e >> 1), n = n1 + 8 * j + 2 * t + (e & 1);
-        if (do_state) Vs[r * kVs + n] = Us[r * kVs + n] - (dW[j][e] + eW[j][e]);  // V' = U - W S
-        const float qs = NW == 8 ? dQ[j][e] + eQ[j][e] : dW[j][e] + eW[j][e];    // (NW = 16: output warps)
-        dO[j][e] = qs * gqs[r];                                                   // diag(exp Gamma) Q S
+        Vs[r * kVs + n] = Us[r * kVs + n] - (dW[j][e] + eW[j][e]);  // V' = U - W S
+        dO[j][e] = (dQ[j][e] + eQ[j][e]) * gqs[r];                  // diag(exp Gamma) Q S
       }
     __syncthreads();
     if (ch + 1 < nch) load_wq(ch + 1);  // W, Q, U, exp(Gamma) are free now
@@ -390,28 +364,25 @@ __global__ void __launch_bounds__(32 * NW) gdn_chunk_state_kernel(GdnShape sh, i
 
     // Phase 2: O += P V', rows of this chunk written raw (the gated norm follows).
     const float* pb = Ps + buf * kC * kPs;
-    if (do_out) {
 #pragma unroll 2
-      for (int k0 = 0; k0 < kC; k0 += 8) {
-        const FragA ap = frag_a(pb + m0 * kPs + k0, kPs, g, t);
+    for (int k0 = 0; k0 < kC; k0 += 8) {
+      const FragA ap = frag_a(pb + m0 * kPs + k0, kPs, g, t);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) mma3(dO[j], eO[j], ap, frag_b(Vs + k0 * kVs + n1 + 8 * j, kVs, g, t));
-      }
+      for (int j = 0; j < 2; ++j) mma3(dO[j], eO[j], ap, frag_b(Vs + k0 * kVs + n1 + 8 * j, kVs, g, t));
+    }
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = m0 + g + 8 * hr;
-          if (r < rows) {
-            const int n = n1 + 8 * j + 2 * t;
-            *reinterpret_cast<float2*>(y + (int64_t(t0 + r) * Hv + h) * Dv + col0 + n) =
-                make_float2(dO[j][2 * hr] + eO[j][2 * hr], dO[j][2 * hr + 1] + eO[j][2 * hr + 1]);
-          }
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = m0 + g + 8 * hr;
+        if (r < rows) {
+          const int n = n1 + 8 * j + 2 * t;
+          *reinterpret_cast<float2*>(y + (int64_t(t0 + r) * Hv + h) * Dv + col0 + n) =
+              make_float2(dO[j][2 * hr] + eO[j][2 * hr], dO[j][2 * hr + 1] + eO[j][2 * hr + 1]);
         }
-    }  // phase 2
+      }
 
     // Phase 3: S <- exp(Gamma_L) S + K^T diag(exp(Gamma_L - Gamma)) V' (this warp's tiles of S only).
-    if (!do_state) continue;
     const float* kb = Ks + buf * kC * LD;
     const float* gkb = gks + buf * kC;
     float dS[NT3][4], eS[NT3][4] = {};
@@ -438,36 +409,20 @@ __global__ void __launch_bounds__(32 * NW) gdn_chunk_state_kernel(GdnShape sh, i
   }
   ptx::cp_wait<0>();
   __syncthreads();
-  for (int idx = tid; idx < DK * (kCols / 4); idx += NT) {
+  for (int idx = tid; idx < DK * (kCols / 4); idx += kThreads) {
     const int i = idx / (kCols / 4), c4 = idx % (kCols / 4);
     *reinterpret_cast<float4*>(S + int64_t(i) * Dv + 4 * c4) = *reinterpret_cast<const float4*>(Ss + i * kVs + 4 * c4);
   }
 }
 
-template <int DK, int NW>
+template <int DK>
 void launch_state(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* ws, float* state, float* y) {
   constexpr size_t smem = state_smem_floats<DK>() * sizeof(float);
   static_assert(smem <= 227 * 1024, "state kernel shared memory");
-  allow_dynamic_smem<gdn_chunk_state_kernel<DK, NW>>(smem);
-  launch(c, "gdn_chunk_state_kernel", gdn_chunk_state_kernel<DK, NW>, dim3(sh.Hv, sh.Dv / kCols), 32 * NW, smem, sh,
-         T, xc, ws, state, y);
+  allow_dynamic_smem<gdn_chunk_state_kernel<DK>>(smem);
+  launch(c, "gdn_chunk_state_kernel", gdn_chunk_state_kernel<DK>, dim3(sh.Hv, sh.Dv / kCols), kThreads, smem, sh, T,
+         xc, ws, state, y);
   FERN_CUDA_LAUNCH_CHECK("gdn_chunk_state_kernel");
-}
-
-// Warps per block of the state kernel: FERN_GDN_STATE_WARPS=8 or 16 (unset: 8); read at every call, for comparisons.
-int state_warps() {
-  const char* e = std::getenv("FERN_GDN_STATE_WARPS");
-  if (e == nullptr || std::strcmp(e, "8") == 0) return 8;
-  if (std::strcmp(e, "16") == 0) return 16;
-  throw std::runtime_error(std::string("FERN_GDN_STATE_WARPS: want 8 or 16, got '") + e + "'");
-}
-
-template <int DK>
-void launch_state(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* ws, float* state, float* y) {
-  if (state_warps() == 16)
-    launch_state<DK, 16>(c, sh, T, xc, ws, state, y);
-  else
-    launch_state<DK, 8>(c, sh, T, xc, ws, state, y);
 }
 
 }  // namespace
