@@ -75,7 +75,7 @@ void moe_grouped_down_f16(const Ctx& c, const QW& down, const QW& sdown, const X
 bool moe_grouped_wg_ok(const QW& gate, const QW& down, const QW& sdown);
 bool moe_grouped_q4_ok(const QW& a, const QW& b, const QW& c, const QW& d);
 // Token rows per tile the wgmma kernels take: those of moe_tile_rows_ok, and 96 and 128 on the exact-code loop (q4
-// rows; 128 opt-in, FERN_MOE_TILE=128: docs/notes/cuda-prefill-v15-moe-tile128.md).
+// rows; the backend's adaptive rule takes 128 from 128 rows per expert: docs/notes/cuda-prefill-v15-moe-tile128.md).
 bool moe_tile_rows_wg_ok(int bm, bool q4);
 void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup,
                             const X16& x, const MoeGroups& g, int T, int k, int E, int bm, float* h_routed,
