@@ -702,6 +702,9 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   return true;
 }
 
+// Shared memory a cluster-route block may use (the H200's 227 KB per block).
+constexpr size_t kMaxClusterSmem = 227 * 1024;
+
 // The cluster route with clusters of `cb` blocks: as many whole clusters as fit on the GPU at once (every block must
 // be resident for the second handoff). False where it cannot run (the caller then takes the grid route).
 template <int RB, int B, bool TIMED, int NT>
@@ -709,21 +712,13 @@ bool launch_cluster_nt(const Ctx& c, const FusedArgs& a, int cb) {
   auto kernel = moe_fused_kernel<RB, B, TIMED, NT, true>;
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx) + cluster_smem<RB>(a.router.in, a.router.out, a.router.gs, cb);
-  // The dynamic shared memory a block may have: the device's opt-in limit less the kernel's static tables, allowed
-  // once per instantiation (227 KB per block on the H200).
-  thread_local const size_t max_dyn = [&] {
-    int dev = 0, optin = 0;
-    cudaFuncAttributes fa{};
-    check(cudaGetDevice(&dev), "cudaGetDevice", __FILE__, __LINE__);
-    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute",
-          __FILE__, __LINE__);
-    check(cudaFuncGetAttributes(&fa, kernel), "cudaFuncGetAttributes", __FILE__, __LINE__);
-    const size_t m = size_t(optin) > fa.sharedSizeBytes ? size_t(optin) - fa.sharedSizeBytes : 0;
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m)), "cudaFuncSetAttribute",
-          __FILE__, __LINE__);
-    return m;
-  }();
-  if (smem > max_dyn) return false;
+  if (smem > kMaxClusterSmem) return false;
+  thread_local bool opted_in = false;
+  if (!opted_in) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxClusterSmem)),
+          "cudaFuncSetAttribute", __FILE__, __LINE__);
+    opted_in = true;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.blockDim = dim3(NT);
   cfg.dynamicSmemBytes = smem;
@@ -740,7 +735,6 @@ bool launch_cluster_nt(const Ctx& c, const FusedArgs& a, int cb) {
   thread_local int cached_cb = 0, cached = 0;
   if (smem != cached_smem || cb != cached_cb) {
     cfg.gridDim = dim3(unsigned(cb));
-    cfg.numAttrs = 1;  // the query takes the cluster shape alone
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -752,7 +746,6 @@ bool launch_cluster_nt(const Ctx& c, const FusedArgs& a, int cb) {
   }
   if (cached <= 0) return false;
   cfg.gridDim = dim3(unsigned(cached * cb));
-  cfg.numAttrs = c.pdl ? 2 : 1;
   check(cudaLaunchKernelEx(&cfg, kernel, a), "moe_fused_kernel (cluster)", __FILE__, __LINE__);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel (cluster)");
   return true;
