@@ -127,9 +127,6 @@ struct MoeNorm {
 };
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
                const MoeNorm* norm = nullptr);
-// The cluster size moe_fused's route takes for these weights under the current FERN_CUDA_MOE_ROUTE (0: the grid
-// route), for tests; launches nothing.
-int moe_fused_cluster(const Ctx& c, const MoeQW& w, int topk);
 // Phase timing of moe_fused (docs/notes/cuda-decode-v5.md): the same launch with %globaltimer stamps (ns) written
 // to stamps[kMoeStamps] (zero before the launch): block 0's thread 0 at each point, and the latest (or, stored
 // inverted, the earliest) block at a few. Compiled only with -DFERN_MOE_PHASE_TIMING (a separate instantiation;

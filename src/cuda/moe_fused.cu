@@ -40,7 +40,6 @@
 
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
-#include "cuda/ptx.cuh"
 #include "cuda/qdot.cuh"
 #include "cuda/topk.cuh"
 
@@ -195,19 +194,17 @@ __device__ __forceinline__ float key_float(uint32_t k) {
 // chosen). A round is two single-instruction warp reductions (redux.sync: the largest key, then the lowest index
 // holding it, the CPU's tie rule) instead of topk.cuh's five shuffle-and-compare steps of (value, index) pairs; no
 // softmax over all E before the selection. Same choice and order as topk_warp (descending, lowest index on ties).
-// SMEM: the logits are in this block's shared memory (the cluster route), else read through L2.
-template <int NPL, bool SMEM>
+template <int NPL>
 __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
                                           float* wts, float* sgate) {
   const int lane = threadIdx.x & 31;
-  auto get = [](const float* p) { return SMEM ? *p : __ldcg(p); };
   uint32_t key[NPL];
 #pragma unroll
   for (int i = 0; i < NPL; ++i) {
     const int e = i * 32 + lane;
-    key[i] = e < E ? float_key(get(logits + e)) : 0u;
+    key[i] = e < E ? float_key(__ldcg(logits + e)) : 0u;
   }
-  const float sgl = get(sg_logit);  // requested with the logits
+  const float sgl = __ldcg(sg_logit);  // requested with the logits
   uint32_t bk;
   int bi;
   auto local_best = [&] {  // i ascending and strict >: the lowest index among this lane's equal keys
@@ -248,15 +245,14 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
   if (lane == 0) *sgate = 1.0f / (1.0f + expf(-sgl));
 }
 
-template <bool SMEM>
 __device__ __forceinline__ void topk_fused(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
                                            float* wts, float* sgate) {
   if (E <= 64) {
-    topk_keys<2, SMEM>(logits, sg_logit, E, k, ids, wts, sgate);
+    topk_keys<2>(logits, sg_logit, E, k, ids, wts, sgate);
   } else if (E <= 256) {
-    topk_keys<8, SMEM>(logits, sg_logit, E, k, ids, wts, sgate);
+    topk_keys<8>(logits, sg_logit, E, k, ids, wts, sgate);
   } else {
-    topk_keys<kTopkMaxPerLane, SMEM>(logits, sg_logit, E, k, ids, wts, sgate);
+    topk_keys<kTopkMaxPerLane>(logits, sg_logit, E, k, ids, wts, sgate);
   }
 }
 
@@ -283,66 +279,7 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
   xs[x_slot<BITS, 32>(f / F4, f % F4)] = v;
 }
 
-// Thread-block cluster primitives of the cluster route (sm_90; the route is never launched below it, where they trap).
-__device__ __forceinline__ int cluster_rank() {
-  unsigned r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-  return static_cast<int>(r);
-}
-__device__ __forceinline__ int cluster_blocks() {
-  unsigned r = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-#endif
-  return static_cast<int>(r);
-}
-// Arrive (relaxed) / wait: the pair that tells a block the other blocks of its cluster have started, which storing
-// into their shared memory requires.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-// Every thread of the cluster meets; its stores before (also into other blocks' shared memory) are visible after.
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-// *p = v in the shared memory of block `rank` of the cluster (p: the same variable in this block).
-__device__ __forceinline__ void st_cluster(float* p, int rank, float v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(ptx::smem_addr(p)), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
-#else
-  (void)p, (void)rank, (void)v;
-  __trap();
-#endif
-}
-
-// CL: the cluster route (docs/notes/cuda-decode-v14-cluster-router.md). Instead of phase 1's router rows spread
-// over the grid and the first grid-wide handoff, block r of each cluster of C blocks copies router rows
-// [r E / C, (r + 1) E / C) and the shared-expert gate's row into shared memory before the PDL wait, computes their
-// logits once the input is staged, stores each logit into the shared memory of every block of its cluster, and
-// after one cluster barrier every block runs the top-k on its own copy: the experts are known without a grid-wide
-// handoff and without every block reading the logits through L2. Same sums in the same order as the grid route
-// (the same chosen experts and weights). The shared expert's gate/up rows stay spread over the grid; the residual's
-// resid + delta is written by the down rows' warps (the grid route's block 0 writes it after the first handoff).
-template <int RB, int B, bool TIMED, int NT, bool CL>
+template <int RB, int B, bool TIMED, int NT>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   constexpr int kWarps = NT / 32;
   const Stamps<TIMED> st{a.stamps};
@@ -392,33 +329,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       load_rows<B, 2>(shared_mat, row, 0, cpr_e, lane, sr);
     }
   };
-  // Cluster route: R router rows of this block, then the shared gate's row, as chunks (rw), scales (rsc) and biases
-  // (rbi); then the E logits of the whole router and the shared gate's logit (lg[E]).
-  const int cl_blocks = CL ? cluster_blocks() : 1, cl_rank = CL ? cluster_rank() : 0;
-  const int R = E / cl_blocks, r0 = cl_rank * R, gpr_r = m_router.gpr;
-  uint4* rw = reinterpret_cast<uint4*>(xhc + (nx / EB + 31) / 32 * 32);
-  uint16_t* rsc = reinterpret_cast<uint16_t*>(rw + (R + 1) * cpr_r);
-  uint16_t* rbi = rsc + (R + 1) * gpr_r;
-  float* lg = reinterpret_cast<float*>(rbi + (R + 1) * gpr_r);
-  if constexpr (CL) {
-    cluster_arrive_relaxed();  // this block has started (waited for before storing into the others)
-    const uint4* w0 = m_router.w + r0 * cpr_r;
-    for (int i = threadIdx.x; i < R * cpr_r; i += NT) ptx::cp_async16(rw + i, w0 + i);
-    for (int i = threadIdx.x; i < cpr_r; i += NT) ptx::cp_async16(rw + R * cpr_r + i, m_sgr.w + i);
-    const int sp = R * gpr_r / 8, sq = gpr_r / 8;  // 16-byte pieces of the rows' scales, then of the shared gate's
-    for (int i = threadIdx.x; i < sp + sq; i += NT) {
-      const int off = i < sp ? r0 * gpr_r + 8 * i : 8 * (i - sp);
-      ptx::cp_async16(rsc + 8 * i, (i < sp ? m_router.s : m_sgr.s) + off);
-      ptx::cp_async16(rbi + 8 * i, (i < sp ? m_router.b : m_sgr.b) + off);
-    }
-    ptx::cp_commit();
-    if (v < Is) {  // the shared expert's gate/up rows of this warp's first task
-      const int row[2] = {v, v};
-      load_rows<B, 2>(shared_mat, row, 0, cpr_e, lane, sr);
-    }
-  } else if (v < n_p1) {
-    load_p1(v);  // weights only: before waiting on the previous kernel
-  }
+  if (v < n_p1) load_p1(v);  // weights only: before waiting on the previous kernel
   float4 wn[kNormV];  // the norm weight (norm mode), also a weight: requested before the wait
   if (a.norm.resid != nullptr) {
 #pragma unroll
@@ -483,43 +394,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   st.at(kMoeStampStaged);
   pdl_trigger();
   const int epoch = epoch_s, par = epoch & 1;
-  if constexpr (CL) {
-    ptx::cp_wait<0>();
-    __syncthreads();  // every thread's copies of the rows have landed
-    cluster_wait();   // every block of the cluster has started
-    constexpr int FR = ChunkTraits<RB>::kF4;
-    for (int j = threadIdx.x >> 5; j <= R; j += kWarps) {  // a warp per row; row R: the shared gate's
-      float acc = 0.0f;
-      for (int c = lane, jj = 0; c < cpr_r; c += 32, ++jj) {  // finish_rows' order: the same sums
-        const uint4 w1[1] = {rw[j * cpr_r + c]};
-        float d[1];
-        chunk_dot<RB, 32, 1>(w1, xr + lane + jj * (FR * 32), d);
-        const int g = j * gpr_r + (c >> m_router.gsh);
-        acc += apply_group<RB>(d[0], bf16_to_f32(rsc[g]), bf16_to_f32(rbi[g]), xrc[c]);
-      }
-      acc = warp_sum(acc);
-      if (j < R) {
-        if (lane < cl_blocks) st_cluster(lg + r0 + j, lane, acc);
-        if (blockIdx.x == 0 && lane == 0) a.s.router_logits[r0 + j] = acc;  // for inspection
-      } else if (lane == 0) {
-        lg[E] = acc;
-        if (blockIdx.x == 0) a.s.sgate_logit[0] = acc;
-      }
-    }
-    st.at(kMoeStampArrive1);
-    st.extreme(kMoeStampLastArrive1);
-    cluster_sync();  // every logit is in every block of the cluster
-    st.at(kMoeStampPass1);
-    for (int u = v; u < Is; u += W) {  // the shared expert's gate/up rows, while the last warp runs the top-k
-      const int row[2] = {u, u};
-      if (u != v) load_rows<B, 2>(shared_mat, row, 0, cpr_e, lane, sr);
-      float d[2];
-      finish_rows<B, 2>(shared_mat, row, sr, cpr_e, xe, xec, lane, d);
-      if (lane == 0) a.s.h[int64_t(k) * I + u] = silu(d[0]) * d[1];
-    }
-    if (threadIdx.x >= NT - 32) topk_fused<true>(lg, lg + E, E, k, ids_s, wts_s, &sg_s);
-  }
-  for (int u = v; !CL && u < n_p1; u += W) {
+  for (int u = v; u < n_p1; u += W) {
     if (u != v) load_p1(u);
     if (u < n_route) {
       const int row[1] = {u < E ? u : 0};
@@ -538,19 +413,18 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       if (lane == 0) a.s.h[int64_t(k) * I + row[0]] = silu(d[0]) * d[1];
     }
   }
-  if constexpr (!CL) {
-    grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
-                 kMoeStampPass1);
-    if (a.norm.resid != nullptr && blockIdx.x == 0) {  // every block has read resid by now
+  grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
+               kMoeStampPass1);
+  if (a.norm.resid != nullptr && blockIdx.x == 0) {  // every block has read resid by now
 #pragma unroll
-      for (int q = 0; q < kNormV; ++q) {
-        const int f = threadIdx.x + q * NT;
-        if (f < H / 4) reinterpret_cast<float4*>(a.norm.resid)[f] = rsum[q];
-      }
+    for (int q = 0; q < kNormV; ++q) {
+      const int f = threadIdx.x + q * NT;
+      if (f < H / 4) reinterpret_cast<float4*>(a.norm.resid)[f] = rsum[q];
     }
-    // ---- top-k in every block (the cluster route ran it above), then the expert tables ----
-    if (threadIdx.x < 32) topk_fused<false>(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s);
   }
+
+  // ---- top-k in every block, then the expert tables ----
+  if (threadIdx.x < 32) topk_fused(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s);
   __syncthreads();
   if (threadIdx.x <= k) {
     const int sl = threadIdx.x;
@@ -616,12 +490,8 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
 
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----
   // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
-  // The cluster route writes resid + delta here (the grid route's block 0 wrote it after the first handoff); each
-  // row's resid and delta are read by the one warp that writes them (out may alias delta), after every block has
-  // read them for the norm (before the handoff).
-  const bool resid_w = CL ? a.norm.resid != nullptr : a.norm.add_out;
-  auto resid_in = [&](int n) { return CL ? __ldcg(a.norm.resid + n) + __ldcg(a.norm.delta + n) : __ldcg(a.norm.resid + n); };
-  const float resid_v = resid_w && lane == 0 && v < H ? resid_in(v) : 0.0f;
+  const bool resid_early = a.norm.add_out;
+  const float resid_v = resid_early && lane == 0 && v < H ? __ldcg(a.norm.resid + v) : 0.0f;
   stage_x<B, 32>(a.s.h, nx, xh, xhc);
   st.at(kMoeStampHStaged);
   for (int n = v; n < H; n += W) {
@@ -641,10 +511,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
     acc = warp_sum(acc);
     if (lane == 0) {
-      const float r = resid_w ? (n == v ? resid_v : resid_in(n)) : 0.0f;  // before out[n] (it may alias delta)
       a.out[n] = acc;
-      // Grid route: resid + delta was written by block 0 before the second handoff; this warp owns row n.
-      if (resid_w) a.norm.resid[n] = a.norm.add_out ? r + acc : r;
+      // resid + delta was written by block 0 before the second handoff; this warp owns row n.
+      if (a.norm.add_out) a.norm.resid[n] = (n == v && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + acc;
     }
   }
   st.at(kMoeStampEnd);
@@ -660,13 +529,6 @@ size_t fused_smem(int64_t H, int64_t nx) {
          size_t(cols(nx / EB)) * (FB * 16 + 4);
 }
 
-// The cluster route's shared memory after the grid route's: R + 1 rows of chunks, scales and biases, E + 1 logits.
-template <int RB>
-size_t cluster_smem(int64_t H, int64_t E, int gs, int blocks) {
-  const int64_t R = E / blocks, cpr = H / ChunkTraits<RB>::kElems, gpr = H / gs;
-  return size_t(R + 1) * size_t(cpr * 16 + gpr * 4) + size_t(E + 1) * 4;
-}
-
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
 template <int RB, int B, bool TIMED, int NT>
 int resident_blocks(const Ctx& c, size_t smem) {
@@ -674,8 +536,8 @@ int resident_blocks(const Ctx& c, size_t smem) {
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, false>, NT,
-                                                      smem) != cudaSuccess)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT>, NT, smem) !=
+        cudaSuccess)
       per_sm = 0;
     cached = per_sm;
     cached_smem = smem;
@@ -690,79 +552,16 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
   const int blocks = resident_blocks<RB, B, TIMED, NT>(c, smem);
   if (blocks <= 0) return false;
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, false>, blocks, NT, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
-}
-
-// Shared memory a cluster-route block may use (the H200's 227 KB per block).
-constexpr size_t kMaxClusterSmem = 227 * 1024;
-
-// The cluster route with clusters of `cb` blocks: as many whole clusters as fit on the GPU at once (every block must
-// be resident for the second handoff). False where it cannot run (the caller then takes the grid route).
-template <int RB, int B, bool TIMED, int NT>
-bool launch_cluster_nt(const Ctx& c, const FusedArgs& a, int cb) {
-  auto kernel = moe_fused_kernel<RB, B, TIMED, NT, true>;
-  const int64_t nx = a.topk * a.gate.out + a.sgate.out;
-  const size_t smem = fused_smem<RB, B>(a.router.in, nx) + cluster_smem<RB>(a.router.in, a.router.out, a.router.gs, cb);
-  if (smem > kMaxClusterSmem) return false;
-  thread_local bool opted_in = false;
-  if (!opted_in) {
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxClusterSmem)),
-          "cudaFuncSetAttribute", __FILE__, __LINE__);
-    opted_in = true;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.blockDim = dim3(NT);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = c.stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cb);
-  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = c.pdl ? 2 : 1;
-  thread_local size_t cached_smem = SIZE_MAX;
-  thread_local int cached_cb = 0, cached = 0;
-  if (smem != cached_smem || cb != cached_cb) {
-    cfg.gridDim = dim3(unsigned(cb));
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      clusters = 0;
-    }
-    cached = std::min(clusters, c.sms / cb);
-    cached_smem = smem;
-    cached_cb = cb;
-  }
-  if (cached <= 0) return false;
-  cfg.gridDim = dim3(unsigned(cached * cb));
-  check(cudaLaunchKernelEx(&cfg, kernel, a), "moe_fused_kernel (cluster)", __FILE__, __LINE__);
-  FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel (cluster)");
-  return true;
-}
-
-// Whether the cluster route takes these weights with clusters of cb blocks: sm_90, the router's rows split evenly,
-// 16-byte pieces of every block's scales and biases (copied with cp.async), the shared gate in the router's groups.
-bool cluster_shapes_ok(const FusedArgs& a, int cb) {
-  static const bool sm90 = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-  }();
-  const QW &r = a.router, &g = a.sgr;
-  auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return sm90 && cb > 1 && r.out % cb == 0 && r.gs > 0 && r.gs == g.gs && (r.in / r.gs) % 8 == 0 && al16(r.w) &&
-         al16(r.s) && al16(r.b) && al16(g.w) && al16(g.s) && al16(g.b);
 }
 
 // 512 threads per block, one block per SM ("1" or unset), or 256 with two per SM ("0"); read at every call, for
@@ -774,28 +573,9 @@ bool moe_wide() {
   throw std::runtime_error(std::string("FERN_CUDA_MOE_WIDE: want 1 or 0, got '") + e + "'");
 }
 
-// How the experts are chosen (FERN_CUDA_MOE_ROUTE): "grid" (the router's rows over the whole grid, a grid-wide
-// handoff, the top-k in every block from L2), "cluster4" or "cluster8" (the cluster route in clusters of 4 or 8
-// blocks, where cluster_shapes_ok; otherwise the grid route). Unset: kDefaultCluster. Read at every call, for
-// comparisons; any other value is an error naming the switch.
-constexpr int kDefaultCluster = 0;
-int moe_cluster() {
-  const char* e = std::getenv("FERN_CUDA_MOE_ROUTE");
-  if (e == nullptr) return kDefaultCluster;
-  if (std::strcmp(e, "grid") == 0) return 0;
-  if (std::strcmp(e, "cluster4") == 0) return 4;
-  if (std::strcmp(e, "cluster8") == 0) return 8;
-  throw std::runtime_error(std::string("FERN_CUDA_MOE_ROUTE: want grid, cluster4 or cluster8, got '") + e + "'");
-}
-
 template <int RB, int B, bool TIMED>
 bool launch_fused(const Ctx& c, const FusedArgs& a) {
-  const bool wide = moe_wide();
-  const int cb = moe_cluster();
-  if (cb > 0 && cluster_shapes_ok(a, cb) &&
-      (wide ? launch_cluster_nt<RB, B, TIMED, 512>(c, a, cb) : launch_cluster_nt<RB, B, TIMED, kThreads>(c, a, cb)))
-    return true;
-  return wide ? launch_fused_nt<RB, B, TIMED, 512>(c, a) : launch_fused_nt<RB, B, TIMED, kThreads>(c, a);
+  return moe_wide() ? launch_fused_nt<RB, B, TIMED, 512>(c, a) : launch_fused_nt<RB, B, TIMED, kThreads>(c, a);
 }
 
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
@@ -829,13 +609,6 @@ bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s
   FusedArgs a;
   if (!fused_args(c, w, x, s, out, topk, norm, a)) return false;
   return w.router.bits == 8 ? launch_fused<8, 4, false>(c, a) : launch_fused<4, 4, false>(c, a);
-}
-
-int moe_fused_cluster(const Ctx& c, const MoeQW& w, int topk) {
-  FusedArgs a;
-  if (!fused_args(c, w, nullptr, MoeScratch{}, nullptr, topk, nullptr, a)) return 0;
-  const int cb = moe_cluster();
-  return cb > 0 && cluster_shapes_ok(a, cb) ? cb : 0;
 }
 
 bool moe_fused_timed(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
