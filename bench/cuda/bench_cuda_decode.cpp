@@ -627,6 +627,8 @@ void bench_decode(bool splitk, bool steps = true) {
                  {"block 0: router/shared rows done (arrive 1)", cuda::kMoeStampArrive1},
                  {"last block arrives at handoff 1", cuda::kMoeStampLastArrive1},
                  {"block 0: past handoff 1", cuda::kMoeStampPass1},
+                 {"block 0: top-k keys loaded", cuda::kMoeStampTopkKeys},
+                 {"block 0: top-k rounds done", cuda::kMoeStampTopkRounds},
                  {"block 0: top-k + expert tables done", cuda::kMoeStampRouted},
                  {"block 0: gate/up rows done (arrive 2)", cuda::kMoeStampArrive2},
                  {"last block arrives at handoff 2", cuda::kMoeStampLastArrive2},

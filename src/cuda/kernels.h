@@ -134,7 +134,8 @@ bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s
 enum MoeStamp {
   kMoeStampStart, kMoeStampWaited, kMoeStampStaged, kMoeStampArrive1, kMoeStampPass1, kMoeStampRouted,
   kMoeStampArrive2, kMoeStampPass2, kMoeStampHStaged, kMoeStampEnd,
-  kMoeStampFirstStart, kMoeStampLastStart, kMoeStampLastArrive1, kMoeStampLastArrive2, kMoeStampLastEnd, kMoeStamps
+  kMoeStampFirstStart, kMoeStampLastStart, kMoeStampLastArrive1, kMoeStampLastArrive2, kMoeStampLastEnd,
+  kMoeStampTopkKeys, kMoeStampTopkRounds, kMoeStamps
 };
 bool moe_fused_timed(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
                      const MoeNorm* norm, unsigned long long* stamps);
