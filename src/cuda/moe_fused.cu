@@ -194,12 +194,9 @@ __device__ __forceinline__ float key_float(uint32_t k) {
 // chosen). A round is two single-instruction warp reductions (redux.sync: the largest key, then the lowest index
 // holding it, the CPU's tie rule) instead of topk.cuh's five shuffle-and-compare steps of (value, index) pairs; no
 // softmax over all E before the selection. Same choice and order as topk_warp (descending, lowest index on ties).
-// SORTED (FERN_CUDA_MOE_TOPK=sorted, docs/notes/cuda-decode-v15-topk.md): each lane first sorts its NPL keys
-// (descending key, ascending index: a total order, so the network's result is exact) and a round then takes the
-// warp's best head and shifts the winner's list by one, instead of rescanning the winner's NPL keys on the round's
-// critical path. The same choice and order as the scan. `st` stamps block 0 once the keys are in registers and once
-// the rounds are done (TIMED builds only).
-template <int NPL, bool SORTED, bool TIMED>
+// `st` stamps block 0 once the keys are in registers and once the rounds are done (TIMED builds only;
+// docs/notes/cuda-decode-v15-topk.md).
+template <int NPL, bool TIMED>
 __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
                                           float* wts, float* sgate, const Stamps<TIMED>& st) {
   const int lane = threadIdx.x & 31;
@@ -213,45 +210,6 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
   if constexpr (TIMED) {
     if (key[0] != 1u) st.at(kMoeStampTopkKeys);  // (a use of the loaded keys: the stamp waits for them)
   }
-  uint32_t my_key = 0u;
-  int my_id = 0;
-  if constexpr (SORTED) {
-    int idx[NPL];
-#pragma unroll
-    for (int i = 0; i < NPL; ++i) idx[i] = i * 32 + lane < E ? i * 32 + lane : INT_MAX;
-    // Odd-even transposition sort: NPL rounds of neighbour exchanges, larger key (then smaller index) first.
-#pragma unroll
-    for (int p = 0; p < NPL; ++p) {
-#pragma unroll
-      for (int i = p & 1; i + 1 < NPL; i += 2) {
-        const bool sw = key[i + 1] > key[i] || (key[i + 1] == key[i] && idx[i + 1] < idx[i]);
-        const uint32_t ka = key[i], kb = key[i + 1];
-        const int ia = idx[i], ib = idx[i + 1];
-        key[i] = sw ? kb : ka;
-        key[i + 1] = sw ? ka : kb;
-        idx[i] = sw ? ib : ia;
-        idx[i + 1] = sw ? ia : ib;
-      }
-    }
-    for (int r = 0; r < k; ++r) {
-      const uint32_t mk = __reduce_max_sync(0xffffffffu, key[0]);
-      const int win =
-          static_cast<int>(__reduce_min_sync(0xffffffffu, key[0] == mk ? static_cast<uint32_t>(idx[0]) : 0xffffffffu));
-      if (idx[0] == win) {  // the owner pops its head
-#pragma unroll
-        for (int i = 0; i + 1 < NPL; ++i) {
-          key[i] = key[i + 1];
-          idx[i] = idx[i + 1];
-        }
-        key[NPL - 1] = 0u;
-        idx[NPL - 1] = INT_MAX;
-      }
-      if (lane == r) {
-        my_key = mk;
-        my_id = win;
-      }
-    }
-  } else {
   uint32_t bk;
   int bi;
   auto local_best = [&] {  // i ascending and strict >: the lowest index among this lane's equal keys
@@ -266,6 +224,8 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
     }
   };
   local_best();
+  uint32_t my_key = 0u;
+  int my_id = 0;
   for (int r = 0; r < k; ++r) {
     const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
     const int win = static_cast<int>(__reduce_min_sync(0xffffffffu, bk == mk ? static_cast<uint32_t>(bi) : 0xffffffffu));
@@ -280,7 +240,6 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
       my_id = win;
     }
   }
-  }
   st.at(kMoeStampTopkRounds);
   const float lmax = key_float(__shfl_sync(0xffffffffu, my_key, 0));
   const float p = lane < k ? expf(key_float(my_key) - lmax) : 0.0f;
@@ -292,15 +251,15 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
   if (lane == 0) *sgate = 1.0f / (1.0f + expf(-sgl));
 }
 
-template <bool SORTED, bool TIMED>
+template <bool TIMED>
 __device__ __forceinline__ void topk_fused(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
                                            float* wts, float* sgate, const Stamps<TIMED>& st) {
   if (E <= 64) {
-    topk_keys<2, SORTED>(logits, sg_logit, E, k, ids, wts, sgate, st);
+    topk_keys<2>(logits, sg_logit, E, k, ids, wts, sgate, st);
   } else if (E <= 256) {
-    topk_keys<8, SORTED>(logits, sg_logit, E, k, ids, wts, sgate, st);
+    topk_keys<8>(logits, sg_logit, E, k, ids, wts, sgate, st);
   } else {
-    topk_keys<kTopkMaxPerLane, SORTED>(logits, sg_logit, E, k, ids, wts, sgate, st);
+    topk_keys<kTopkMaxPerLane>(logits, sg_logit, E, k, ids, wts, sgate, st);
   }
 }
 
@@ -313,7 +272,6 @@ struct FusedArgs {
   float* out;                 // [H]
   int* counters;              // kFusedCounters ints, zero before the first launch
   int topk;
-  int topk_sorted;            // FERN_CUDA_MOE_TOPK=sorted (topk_keys)
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
 };
@@ -337,6 +295,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   st.extreme(kMoeStampLastStart);
   extern __shared__ float4 smem[];
   __shared__ ChunkMat mg[kMaxSlots], mu[kMaxSlots], md[kMaxSlots];
+  __shared__ float fac[kMaxSlots];
   __shared__ int32_t ids_s[32];
   __shared__ float wts_s[32], sg_s;
   __shared__ int epoch_s;
@@ -358,8 +317,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   float* xec = reinterpret_cast<float*>(xe + x_slots<B, 32>(H));
   float4* xh = reinterpret_cast<float4*>(xec + (H / EB + 31) / 32 * 32);
   float* xhc = reinterpret_cast<float*>(xh + x_slots<B, 32>(nx));
-  int* item_tab = reinterpret_cast<int*>(xhc + (nx / EB + 31) / 32 * 32);  // per down-row item (nx / EB of them)
-  float* item_fac = reinterpret_cast<float*>(item_tab + (nx / EB + 31) / 32 * 32);
 
   // ---- phase 1: router rows [0, E), the shared-expert gate row E, shared gate/up rows E + 1 + [0, Is) ----
   const ChunkMat m_router = chunk_mat<RB>(a.router, 0), m_sgr = chunk_mat<RB>(a.sgr, 0);
@@ -474,12 +431,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   }
 
   // ---- top-k in every block, then the expert tables ----
-  if (threadIdx.x < 32) {
-    if (a.topk_sorted)
-      topk_fused<true>(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s, st);
-    else
-      topk_fused<false>(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s, st);
-  }
+  if (threadIdx.x < 32) topk_fused(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s, st);
   __syncthreads();
   if (threadIdx.x <= k) {
     const int sl = threadIdx.x;
@@ -488,6 +440,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     mg[sl] = sh ? m_sg : chunk_mat<B>(a.gate, e);
     mu[sl] = sh ? m_su : chunk_mat<B>(a.up, e);
     md[sl] = sh ? chunk_mat<B>(a.sdown, 0) : chunk_mat<B>(a.down, e);
+    fac[sl] = sh ? sg_s : wts_s[sl];
     if (blockIdx.x == 0) {  // the routing decision, for inspection (the kernel itself uses the shared copy)
       if (sh) {
         a.s.sgate[0] = sg_s;
@@ -497,21 +450,13 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       }
     }
   }
-  for (int j = threadIdx.x; j < nx / EB; j += NT) {  // the down rows' items: slot, chunk and the slot's factor
-    const int cp = I / EB, sl = j < k * cp ? j / cp : k, ch = j < k * cp ? j - sl * cp : j - k * cp;
-    item_tab[j] = sl << 16 | ch;
-    item_fac[j] = sl == k ? sg_s : wts_s[sl];
-  }
   __syncthreads();
 
   // ---- phase 2: request this warp's first down row, then the routed gate/up rows (two tasks per warp pass) ----
   const int cprd = I / EB;
   const int routed_items = k * cprd, items = routed_items + Is / EB;
-  // Item j of a down row (a 16-byte chunk of one slot's expert): its slot and chunk from the block's table (item_tab:
-  // slot << 16 | chunk, filled with the expert tables above), not a division by the run-time cprd per chunk, twice
-  // per chunk of every down row (docs/notes/cuda-decode-v15-topk.md).
-  auto item_slot = [&](int j) { return item_tab[j] >> 16; };
-  auto item_chunk = [&](int j) { return item_tab[j] & 0xffff; };
+  auto item_slot = [&](int j) { return j < routed_items ? j / cprd : k; };
+  auto item_chunk = [&](int j) { return j < routed_items ? j - (j / cprd) * cprd : j - routed_items; };
   uint4 dw[kDownU];
   float ds[kDownU], db[kDownU];
   auto load_down = [&](int n, int j0) {
@@ -567,7 +512,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
           const uint4 w1[1] = {dw[q]};
           float d[1];
           chunk_dot<B, 32, 1>(w1, xh + (j >> 5) * (FB * 32) + (j & 31), d);
-          acc = fmaf(item_fac[j], apply_group<B>(d[0], ds[q], db[q], xhc[j]), acc);
+          acc = fmaf(fac[item_slot(j)], apply_group<B>(d[0], ds[q], db[q], xhc[j]), acc);
         }
       }
     }
@@ -588,7 +533,7 @@ size_t fused_smem(int64_t H, int64_t nx) {
   constexpr int EB = ChunkTraits<B>::kElems, FB = ChunkTraits<B>::kF4;
   auto cols = [](int64_t chunks) { return (chunks + 31) / 32 * 32; };
   return size_t(cols(H / ER)) * (FR * 16 + 4) + size_t(cols(H / EB)) * (FB * 16 + 4) +
-         size_t(cols(nx / EB)) * (FB * 16 + 4 + 8);  // + the items' table and factors
+         size_t(cols(nx / EB)) * (FB * 16 + 4);
 }
 
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
@@ -628,15 +573,6 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
 
 // 512 threads per block, one block per SM ("1" or unset), or 256 with two per SM ("0"); read at every call, for
 // comparisons. Any other value is an error naming the switch, not a silent default.
-// The top-k's rounds (FERN_CUDA_MOE_TOPK): "scan" (unset: the default) or "sorted" (topk_keys); read at every
-// call, for comparisons.
-bool moe_topk_sorted() {
-  const char* e = std::getenv("FERN_CUDA_MOE_TOPK");
-  if (e == nullptr || std::strcmp(e, "scan") == 0) return false;
-  if (std::strcmp(e, "sorted") == 0) return true;
-  throw std::runtime_error(std::string("FERN_CUDA_MOE_TOPK: want scan or sorted, got '") + e + "'");
-}
-
 bool moe_wide() {
   const char* e = std::getenv("FERN_CUDA_MOE_WIDE");
   if (e == nullptr || std::strcmp(e, "1") == 0) return true;
@@ -669,7 +605,7 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                moe_topk_sorted() ? 1 : 0, norm != nullptr ? *norm : MoeNorm{}, nullptr};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr};
   return true;
 }
 

@@ -162,8 +162,7 @@ cuda::MoeScratch fused_scratch(CudaBackend& gpu, const MoeCase& c) {
 // experts it chose against the three-launch router's. Shapes: the real one; a 4-bit router; an awkward small one
 // (E 40, k 5, widths of 10 and 6 chunks: most lanes idle); 2 passes per gate/up and router row (H 4096); 2 passes per
 // down row (k 8 x I 1024: 272 chunks > 5 x 32); 600 experts (the 32-values-per-lane top-k). Both block sizes
-// (FERN_CUDA_MOE_WIDE: 256 threads, two blocks per SM; 512 threads, one) and both top-k forms (FERN_CUDA_MOE_TOPK:
-// the rescan or the sorted lists, which must choose the same experts as the three-launch router).
+// (FERN_CUDA_MOE_WIDE: 256 threads, two blocks per SM; 512 threads, one).
 TEST(CudaMoe, FusedDecodeMatchesCpu) {
   FERN_REQUIRE_GPU();
   const MoeCase cases[] = {
@@ -174,11 +173,10 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
       {"fused wide down", 64, 1024, 1024, 512, 8, 4, 1},
       {"fused 600 experts", 600, 256, 64, 64, 10, 4, 1},
   };
-  for (const char* topk : {"scan", "sorted"})
   for (const char* wide : {"0", "1"})
   for (const MoeCase& c : cases) {
-    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide), gt("FERN_CUDA_MOE_TOPK", topk);
-    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide + " FERN_CUDA_MOE_TOPK=" + topk);
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
+    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
     auto gpu = test::make_gpu();
     auto cpu = make_cpu_backend();
     test::OwnedStorage st;
@@ -203,8 +201,8 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
       ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
       auto got = test::download(*gpu, dy);
       const double e = test::nmse(got.data(), ref.data(), got.size());
-      std::printf("moe %-18s E=%ld H=%ld I=%ld Is=%ld k=%d wide %s %s call %d  NMSE %.3e\n", c.name, long(c.E),
-                  long(c.H), long(c.I), long(c.Is), c.k, wide, topk, rep, e);
+      std::printf("moe %-18s E=%ld H=%ld I=%ld Is=%ld k=%d wide %s call %d  NMSE %.3e\n", c.name, long(c.E),
+                  long(c.H), long(c.I), long(c.Is), c.k, wide, rep, e);
       EXPECT_LT(e, kNmse);  // the same threshold as the three-launch path (run_case)
       cuda::moe_route(ctx3, cuda::make_qw(dw.router), cuda::make_qw(dw.shared_expert_gate), dx.ptr<float>(), s3, 1, c.k);
       std::vector<int32_t> a(size_t(c.k)), b(size_t(c.k));
@@ -215,7 +213,7 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
   }
 }
 
-// An unknown block shape or top-k form is an error naming the switch, not a silent default.
+// An unknown block shape is an error naming the switch, not a silent default.
 TEST(CudaMoe, FusedDecodeRefusesUnknownShape) {
   FERN_REQUIRE_GPU();
   auto gpu = test::make_gpu();
@@ -233,13 +231,6 @@ TEST(CudaMoe, FusedDecodeRefusesUnknownShape) {
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_WIDE"), std::string::npos) << e.what();
     }
-  }
-  test::EnvGuard g("FERN_CUDA_MOE_TOPK", "heap");  // the top-k switch likewise
-  try {
-    cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
-    ADD_FAILURE() << "FERN_CUDA_MOE_TOPK=heap was taken";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_TOPK"), std::string::npos) << e.what();
   }
 }
 
