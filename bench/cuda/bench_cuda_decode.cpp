@@ -592,6 +592,9 @@ void bench_decode(bool splitk, bool steps = true) {
                          cuda::make_qw(m.up),     cuda::make_qw(m.down),               cuda::make_qw(m.shared_gate),
                          cuda::make_qw(m.shared_up), cuda::make_qw(m.shared_down)};
     };
+    // FERN_BENCH_MOE_ONE_LAYER=1: every launch on layer 0's experts (one layer's pages instead of forty: a probe of
+    // address translation's share in the expert rows' segment; docs/notes/cuda-decode-v15-topk.md section 5).
+    const bool one_layer = std::getenv("FERN_BENCH_MOE_ONE_LAYER") != nullptr;
     for (const char* wide : {"1", "0"}) {
     if (!steps && wide[0] == '0') break;  // "blocks": the default block size only
     setenv("FERN_CUDA_MOE_WIDE", wide, 1);
@@ -601,7 +604,7 @@ void bench_decode(bool splitk, bool steps = true) {
       for (int r = 0; r < R && timed; ++r)
         for (int l = 0; l < L && timed; ++l) {
           nm.w = w->layers[l].post_norm.ptr<float>();
-          timed = cuda::moe_fused_timed(tc, moe_qw(l), nullptr, ms, out2.ptr<float>(), topk, &nm,
+          timed = cuda::moe_fused_timed(tc, moe_qw(one_layer ? 0 : l), nullptr, ms, out2.ptr<float>(), topk, &nm,
                                         dst + (size_t(r) * L + l) * cuda::kMoeStamps);
         }
     });
@@ -613,9 +616,9 @@ void bench_decode(bool splitk, bool steps = true) {
       const int n = R * L;
       auto at = [&](int i, int k) { return hs[size_t(i) * cuda::kMoeStamps + k]; };
       auto first = [&](int i) { return ~at(i, cuda::kMoeStampFirstStart); };
-      std::printf("\n== fused MoE phases (moe_residual, %s blocks, %d launches, graph replay %.2f us per launch): us "
-                  "from the launch's first block start ==\n", wide[0] == '1' ? "512-thread" : "256-thread", n,
-                  tt * 1e6 / n);
+      std::printf("\n== fused MoE phases (moe_residual, %s blocks, %d launches%s, graph replay %.2f us per launch): "
+                  "us from the launch's first block start ==\n", wide[0] == '1' ? "512-thread" : "256-thread", n,
+                  one_layer ? " all on layer 0" : "", tt * 1e6 / n);
       std::printf("%-44s %8s %8s %8s\n", "point", "mean", "min", "max");
       const struct {
         const char* name;
