@@ -17,6 +17,9 @@
 // takes only lm_head-sized matrices, where it measured faster (gemv_tc_wanted).
 #include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "cuda/gemv_tc.cuh"
 #include "cuda/kernels.h"
@@ -70,15 +73,15 @@ constexpr int kNormV = 4;
 // wait) and the row read once into registers. Block 0 of the row's grid column also writes the row to xn.
 // (The first version re-read the row and read the weight after the reduction: two more dependent round trips,
 // measured ~1.9 us per GDN projection launch against 1.33 us for the separate norm launch it replaced.)
-template <int NT, typename Sink>
-__device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[kNormV], float eps, int n,
+template <int NT, int NV, typename Sink>
+__device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[NV], float eps, int n,
                                              const Sink& sink, float* xn) {
   __shared__ float red[32];
   const float4* x4 = reinterpret_cast<const float4*>(x);
-  float4 xv[kNormV];
+  float4 xv[NV];
   float ss = 0.0f;
 #pragma unroll
-  for (int q = 0; q < kNormV; ++q) {
+  for (int q = 0; q < NV; ++q) {
     const int f = threadIdx.x + q * NT;
     xv[q] = f < n / 4 ? __ldcg(x4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);  // through L2: stage_x
     ss += (xv[q].x * xv[q].x + xv[q].y * xv[q].y) + (xv[q].z * xv[q].z + xv[q].w * xv[q].w);
@@ -87,7 +90,7 @@ __device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[
   // The sink's sums come from shuffles (qdot.cuh, ChunkSink): thread f holds float4 f, so a chunk's float4s sit in
   // consecutive lanes; no second pass over shared memory behind another barrier.
 #pragma unroll
-  for (int q = 0; q < kNormV; ++q) {
+  for (int q = 0; q < NV; ++q) {
     if (q * NT >= n / 4) break;  // the same on every thread: all lanes take part in the shuffles
     const int f = threadIdx.x + q * NT;
     const float4 o = make_float4(xv[q].x * inv * wn[q].x, xv[q].y * inv * wn[q].y, xv[q].z * inv * wn[q].z,
@@ -147,22 +150,28 @@ __device__ __forceinline__ void stage_x_gated_norm(const float* y, const float* 
 // the previous kernel (kStageNorm: the norm weight; kStageGatedNorm: the norm weight's float4 of this thread and,
 // with early_z, the gates silu(z) * w, so that only the norm itself is left after the wait: the first version read
 // z there but left the gates, 16 silu per thread, after it), run() stages token row t through `sink` after it.
-template <int STAGE, int NT>
+// LATE: the norm weight and the gates are read after the wait, with the row (no round trip more: the loads go out
+// together), so that they hold no registers across the weights' first loads (the capped-register kernels, MINB > 1).
+// NV: float4s of the norm's row per thread (LATE kernels: 2, rows up to 2,048 at 256 threads, norm_v).
+template <int STAGE, int NT, bool LATE = false>
 struct InputStage {
-  float4 wn[kNormV];
+  static constexpr int NV = LATE ? 2 : kNormV;
+  float4 wn[NV];
   float4 gnw = make_float4(0.f, 0.f, 0.f, 0.f), gv[kNormV];
 
-  __device__ __forceinline__ void before_wait(const InNorm& nm, int K, int t) {
-    if constexpr (STAGE == kStageNorm) {
+  __device__ __forceinline__ void load_norm_w(const InNorm& nm, int K) {
 #pragma unroll
-      for (int q = 0; q < kNormV; ++q) {
-        const int f = threadIdx.x + q * NT;
-        wn[q] = f < K / 4 ? __ldg(reinterpret_cast<const float4*>(nm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
+    for (int q = 0; q < NV; ++q) {
+      const int f = threadIdx.x + q * NT;
+      wn[q] = f < K / 4 ? __ldg(reinterpret_cast<const float4*>(nm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+  }
+
+  __device__ __forceinline__ void before_wait(const InNorm& nm, int K, int t) {
+    if constexpr (STAGE == kStageNorm && !LATE) load_norm_w(nm, K);
     if constexpr (STAGE == kStageGatedNorm) {
       gnw = __ldg(reinterpret_cast<const float4*>(nm.w) + threadIdx.x % (nm.head / 4));
-      if (nm.z_early) {
+      if (nm.z_early && !LATE) {
 #pragma unroll
         for (int q = 0; q < kNormV; ++q) {
           const int f = threadIdx.x + q * NT;
@@ -176,12 +185,14 @@ struct InputStage {
 
   template <typename Sink>
   __device__ __forceinline__ void run(const float* x, const InNorm& nm, int K, int t, const Sink& sink) {
-    if constexpr (STAGE == kStageNorm)
-      stage_x_norm<NT>(x + int64_t(t) * K, wn, nm.eps, K, sink,
+    if constexpr (STAGE == kStageNorm) {
+      if constexpr (LATE) load_norm_w(nm, K);
+      stage_x_norm<NT, NV>(x + int64_t(t) * K, wn, nm.eps, K, sink,
                        blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
-    else if constexpr (STAGE == kStageGatedNorm)
-      stage_x_gated_norm<NT>(x + int64_t(t) * K, nm.z + int64_t(t) * K, gv, nm.z_early != 0, gnw, nm.eps, K,
-                             nm.head, sink);
+    } else if constexpr (STAGE == kStageGatedNorm) {
+      stage_x_gated_norm<NT>(x + int64_t(t) * K, nm.z + int64_t(t) * K, gv, nm.z_early != 0 && !LATE, gnw, nm.eps,
+                             K, nm.head, sink);
+    }
     else
       stage_rows(x + int64_t(t) * K, K, sink);
   }
@@ -212,8 +223,9 @@ __device__ __forceinline__ int mat_of(const int (&start)[kMaxMats + 1], int v) {
 // A's shape and format describe every matrix; the rows come from M. With ROUTE (two matrices: the router, then the
 // shared-expert gate's single row) the last block of each token row runs the router's top-k over y[0] with y[1]
 // as the shared-expert gate logit.
-template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT>
-__global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, const float* x,
+// MINB > 1: registers capped so that MINB blocks fit on an SM (FERN_CUDA_GEMV_OCC, gemv_occupancy).
+template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1>
+__global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
   extern __shared__ float4 smem[];
@@ -275,7 +287,7 @@ __global__ void __launch_bounds__(NT) linear_kernel(QW A, Mats M, int rows, cons
 #pragma unroll
   for (int i = 0; i < NB; ++i)
     if (i < S) load_step(buf[i]);
-  InputStage<STAGE, NT> in;
+  InputStage<STAGE, NT, (MINB > 1)> in;
   in.before_wait(nm, K, t);
   pdl_wait();
   float4* xs = smem;
@@ -533,6 +545,16 @@ bool gated_norm_wide(const Ctx& c, int rows) {
   return gemv_wide(c, rows);
 }
 
+// Blocks per SM of the 256-thread 4-bit GEMVs with 32 lanes per row: 2 (the default), or 3 with
+// FERN_CUDA_GEMV_OCC=3 (registers capped at 80 so that three fit: 24 warps per SM, half as many weights again
+// requested before the PDL wait; docs/notes/cuda-decode-v16-occupancy.md). Read at every call, for comparisons.
+int gemv_occupancy() {
+  const char* e = std::getenv("FERN_CUDA_GEMV_OCC");
+  if (e == nullptr || std::strcmp(e, "2") == 0) return 2;
+  if (std::strcmp(e, "3") == 0) return 3;
+  throw std::runtime_error(std::string("FERN_CUDA_GEMV_OCC: want 2 or 3, got '") + e + "'");
+}
+
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
@@ -555,8 +577,17 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // launch early under PDL) and each warp walks several row groups, overlapping the next group's loads with this
   // one's math. One 256-thread block per SM (half the weights in flight) measured 10% slower for the whole 4K step
   // (docs/notes/cuda-decode-v10-tc.md).
-  const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : 2)));
+  const bool occ3 = BITS == 4 && !ROUTE && lpr == 32 && !wide && gemv_occupancy() == 3 &&
+                    (STAGE != kStageNorm || a.in <= 4 * kThreads * 2);  // InputStage<.., LATE>::NV
+  const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : occ3 ? 3 : 2)));
   dim3 grid(blocks, T);
+  if constexpr (BITS == 4 && !ROUTE) {
+    if (occ3) {
+      launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3>, grid, kThreads, smem, a,
+             m, rows, x, tail, nm);
+      return;
+    }
+  }
   if constexpr (!MULTI && !ROUTE && STAGE == kStagePlain) {
     if (lpr == 32 && !wide && gemv_depth() == 3) {
       launch(c, "linear_kernel", linear_kernel<BITS, 32, false, false, kStagePlain, 3, kThreads>, grid, kThreads, smem, a, m,

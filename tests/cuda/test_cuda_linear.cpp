@@ -102,6 +102,19 @@ TEST(CudaLinear, WideBlocks) {
   }
 }
 
+// Three 256-thread blocks per SM for the 4-bit rows of 32 lanes (FERN_CUDA_GEMV_OCC=3; the others keep their
+// kernel): the real shapes, odd rows, several token rows, 8-bit and a narrow bf16 case; an unknown value is an error.
+TEST(CudaLinear, ThreeBlocksPerSm) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0"), occ("FERN_CUDA_GEMV_OCC", "3");
+  for (const Case& c : {Case{"occ3 qkv", 8192, 2048, 4, 64, 1}, Case{"occ3 out_proj", 2048, 4096, 4, 64, 1},
+                        Case{"occ3 odd rows", 40001, 2048, 4, 64, 1}, Case{"occ3 T=3", 1000, 2048, 4, 64, 3},
+                        Case{"occ3 8-bit", 33333, 1024, 8, 64, 1}, Case{"occ3 bf16", 515, 2048, 16, 0, 2}})
+    run_case(c);
+  test::EnvGuard bad("FERN_CUDA_GEMV_OCC", "4");
+  EXPECT_THROW(run_case(Case{"occ3 refused", 64, 2048, 4, 64, 1}), std::exception);
+}
+
 // The tensor-core GEMV (linear.cu linear_tc_kernel, gemv_tc.cuh; by default for lm_head-sized 4-bit weights with
 // groups a multiple of 64, FERN_CUDA_GEMV_TC=1 for all), with two and three item buffers per warp
 // (FERN_CUDA_GEMV_TC_NB): blocks whose warps share

@@ -116,6 +116,17 @@ TEST(CudaLinearGatedNorm, WideBlocks) {
   }
 }
 
+// Three 256-thread blocks per SM (FERN_CUDA_GEMV_OCC=3: registers capped at 80, the gates computed after the PDL
+// wait with the row): the real shape with the gates early and late, and the awkward shapes.
+TEST(CudaLinearGatedNorm, ThreeBlocksPerSm) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0"), occ("FERN_CUDA_GEMV_OCC", "3");
+  run_case(kReal, true);
+  run_case(kReal, false);
+  run_case(kAwkward[0], false);
+  run_case(kAwkward[1], false);
+}
+
 // The tensor-core kernel (FERN_CUDA_GEMV_TC=1; linear.cu linear_tc_kernel) staging the gated norm into its B table,
 // with two and three item buffers (FERN_CUDA_GEMV_TC_NB); the 8-bit, bf16 and group-32 cases fall back to the
 // CUDA-core kernel.
