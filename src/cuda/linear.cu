@@ -545,13 +545,16 @@ bool gated_norm_wide(const Ctx& c, int rows) {
   return gemv_wide(c, rows);
 }
 
-// Blocks per SM of the 256-thread 4-bit GEMVs with 32 lanes per row: 2 (the default), or 3 with
-// FERN_CUDA_GEMV_OCC=3 (registers capped at 80 so that three fit: 24 warps per SM, half as many weights again
-// requested before the PDL wait; docs/notes/cuda-decode-v16-occupancy.md). Read at every call, for comparisons.
+// Blocks per SM of the 256-thread 4-bit GEMVs with 32 lanes per row that have more than two blocks' work per SM
+// (the input projections with their norm, 9,216-12,352 rows): 3 (the default: registers capped at 80 so that three
+// fit, 24 warps per SM and half as many weights again requested before the PDL wait; the norm weight read after the
+// wait with the row) or 2 (FERN_CUDA_GEMV_OCC=2). Smaller GEMVs (out_proj, o_proj: one block's work per SM) keep
+// the uncapped kernel, which measured faster for them (docs/notes/cuda-decode-v16-occupancy.md). Read at every
+// call, for comparisons.
 int gemv_occupancy() {
   const char* e = std::getenv("FERN_CUDA_GEMV_OCC");
-  if (e == nullptr || std::strcmp(e, "2") == 0) return 2;
-  if (std::strcmp(e, "3") == 0) return 3;
+  if (e == nullptr || std::strcmp(e, "3") == 0) return 3;
+  if (std::strcmp(e, "2") == 0) return 2;
   throw std::runtime_error(std::string("FERN_CUDA_GEMV_OCC: want 2 or 3, got '") + e + "'");
 }
 
@@ -577,8 +580,8 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // launch early under PDL) and each warp walks several row groups, overlapping the next group's loads with this
   // one's math. One 256-thread block per SM (half the weights in flight) measured 10% slower for the whole 4K step
   // (docs/notes/cuda-decode-v10-tc.md).
-  const bool occ3 = BITS == 4 && !ROUTE && lpr == 32 && !wide && gemv_occupancy() == 3 &&
-                    (STAGE != kStageNorm || a.in <= 4 * kThreads * 2);  // InputStage<.., LATE>::NV
+  const bool occ3 = BITS == 4 && !ROUTE && lpr == 32 && !wide && need > 2 * int64_t(c.sms) &&
+                    gemv_occupancy() == 3 && (STAGE != kStageNorm || a.in <= 4 * kThreads * 2);  // InputStage NV
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : occ3 ? 3 : 2)));
   dim3 grid(blocks, T);
   if constexpr (BITS == 4 && !ROUTE) {

@@ -102,15 +102,20 @@ TEST(CudaLinear, WideBlocks) {
   }
 }
 
-// Three 256-thread blocks per SM for the 4-bit rows of 32 lanes (FERN_CUDA_GEMV_OCC=3; the others keep their
-// kernel): the real shapes, odd rows, several token rows, 8-bit and a narrow bf16 case; an unknown value is an error.
+// Three 256-thread blocks per SM for the 4-bit rows of 32 lanes with more than two blocks' work per SM
+// (FERN_CUDA_GEMV_OCC=3, the default; the others keep their kernel), and =2 for all: the real shapes, odd rows,
+// several token rows, 8-bit and a narrow bf16 case; an unknown value is an error.
 TEST(CudaLinear, ThreeBlocksPerSm) {
   FERN_REQUIRE_GPU();
-  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0"), occ("FERN_CUDA_GEMV_OCC", "3");
-  for (const Case& c : {Case{"occ3 qkv", 8192, 2048, 4, 64, 1}, Case{"occ3 out_proj", 2048, 4096, 4, 64, 1},
-                        Case{"occ3 odd rows", 40001, 2048, 4, 64, 1}, Case{"occ3 T=3", 1000, 2048, 4, 64, 3},
-                        Case{"occ3 8-bit", 33333, 1024, 8, 64, 1}, Case{"occ3 bf16", 515, 2048, 16, 0, 2}})
-    run_case(c);
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
+  for (const char* o : {"3", "2"}) {
+    test::EnvGuard occ("FERN_CUDA_GEMV_OCC", o);
+    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_OCC=") + o);
+    for (const Case& c : {Case{"occ qkv", 8192, 2048, 4, 64, 1}, Case{"occ out_proj", 2048, 4096, 4, 64, 1},
+                          Case{"occ odd rows", 40001, 2048, 4, 64, 1}, Case{"occ T=3", 1000, 2048, 4, 64, 3},
+                          Case{"occ 8-bit", 33333, 1024, 8, 64, 1}, Case{"occ bf16", 515, 2048, 16, 0, 2}})
+      run_case(c);
+  }
   test::EnvGuard bad("FERN_CUDA_GEMV_OCC", "4");
   EXPECT_THROW(run_case(Case{"occ3 refused", 64, 2048, 4, 64, 1}), std::exception);
 }

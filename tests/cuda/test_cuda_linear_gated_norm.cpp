@@ -116,15 +116,19 @@ TEST(CudaLinearGatedNorm, WideBlocks) {
   }
 }
 
-// Three 256-thread blocks per SM (FERN_CUDA_GEMV_OCC=3: registers capped at 80, the gates computed after the PDL
-// wait with the row): the real shape with the gates early and late, and the awkward shapes.
+// FERN_CUDA_GEMV_OCC=3 (the default) and 2: the capped kernel takes only GEMVs with more than two blocks' work per
+// SM (none of these shapes at 132 SMs, which keep the uncapped one); the real shape with the gates early and late,
+// and the awkward shapes.
 TEST(CudaLinearGatedNorm, ThreeBlocksPerSm) {
   FERN_REQUIRE_GPU();
-  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0"), occ("FERN_CUDA_GEMV_OCC", "3");
-  run_case(kReal, true);
-  run_case(kReal, false);
-  run_case(kAwkward[0], false);
-  run_case(kAwkward[1], false);
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
+  for (const char* o : {"3", "2"}) {
+    test::EnvGuard occ("FERN_CUDA_GEMV_OCC", o);
+    run_case(kReal, true);
+    run_case(kReal, false);
+    run_case(kAwkward[0], false);
+    run_case(kAwkward[1], false);
+  }
 }
 
 // The tensor-core kernel (FERN_CUDA_GEMV_TC=1; linear.cu linear_tc_kernel) staging the gated norm into its B table,

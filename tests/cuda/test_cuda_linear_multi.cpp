@@ -166,18 +166,23 @@ TEST(CudaLinearMulti, WideBlocks) {
   }
 }
 
-// Three 256-thread blocks per SM (FERN_CUDA_GEMV_OCC=3: registers capped at 80, the norm weight read after the PDL
-// wait with the row; 4-bit rows of 32 lanes only, the norm up to 2,048 inputs): the real tables with and without the
-// norm, one-row matrices, a norm over 4,096 inputs and 8-bit rows (both keep the two-block kernel), several tokens.
+// Three 256-thread blocks per SM (FERN_CUDA_GEMV_OCC=3, the default: registers capped at 80, the norm weight read
+// after the PDL wait with the row; 4-bit rows of 32 lanes with more than two blocks' work per SM, the norm up to
+// 2,048 inputs) and two (=2): the real tables with and without the norm, one-row matrices, a norm over 4,096 inputs
+// and 8-bit rows (both keep the two-block kernel), several tokens.
 TEST(CudaLinearMulti, ThreeBlocksPerSm) {
   FERN_REQUIRE_GPU();
-  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0"), occ("FERN_CUDA_GEMV_OCC", "3");
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
+  for (const char* o : {"3", "2"}) {
+  test::EnvGuard occ("FERN_CUDA_GEMV_OCC", o);
+  SCOPED_TRACE(std::string("FERN_CUDA_GEMV_OCC=") + o);
   run_table("occ3 gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
   run_table("occ3 one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
   run_table("occ3 norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
   run_table("occ3 norm attn backend T=2", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 2, {true, true});
   run_table("occ3 norm 4096 wide", {{300, 4}, {19, 4}}, 4096, 64, 1, {true, false});
   run_table("occ3 norm 8-bit", {{300, 8}, {19, 8}}, 4096, 32, 1, {true, false});
+  }
 }
 
 // The tensor-core kernel (FERN_CUDA_GEMV_TC=1) and its tiles per matrix (each matrix's rows rounded up to 16) with
