@@ -117,8 +117,8 @@ TEST(CudaLinearGatedNorm, WideBlocks) {
 }
 
 // FERN_CUDA_GEMV_OCC=3 (the default) and 2: the capped kernel takes only GEMVs with more than two blocks' work per
-// SM (none of these shapes at 132 SMs, which keep the uncapped one); the real shape with the gates early and late,
-// and the awkward shapes.
+// SM (at 132 SMs only the 6,000-row case, the others keep the uncapped one); the real shape with the gates early
+// and late, the awkward shapes.
 TEST(CudaLinearGatedNorm, ThreeBlocksPerSm) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
@@ -128,6 +128,7 @@ TEST(CudaLinearGatedNorm, ThreeBlocksPerSm) {
     run_case(kReal, false);
     run_case(kAwkward[0], false);
     run_case(kAwkward[1], false);
+    run_case(Case{"many rows", 6000, 4096, 128, 4, 64}, true);
   }
 }
 
