@@ -576,12 +576,13 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   const int nt = wide ? 2 * kThreads : kThreads;
   const int rows_per_block = (nt / 32) * (32 / lpr) * kRPI;
   const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
-  // At most two blocks per SM (one when wide): every block is resident in the first wave (so the next kernel can
-  // launch early under PDL) and each warp walks several row groups, overlapping the next group's loads with this
-  // one's math. One 256-thread block per SM (half the weights in flight) measured 10% slower for the whole 4K step
-  // (docs/notes/cuda-decode-v10-tc.md).
-  const bool occ3 = BITS == 4 && !ROUTE && lpr == 32 && !wide && need > 2 * int64_t(c.sms) &&
-                    gemv_occupancy() == 3 && (STAGE != kStageNorm || a.in <= 4 * kThreads * 2);  // InputStage NV
+  // At most two blocks per SM (one when wide; three for the larger 4-bit GEMVs, gemv_occupancy): every block is
+  // resident in the first wave (so the next kernel can launch early under PDL) and each warp walks several row
+  // groups, overlapping the next group's loads with this one's math. One 256-thread block per SM (half the weights
+  // in flight) measured 10% slower for the whole 4K step (docs/notes/cuda-decode-v10-tc.md).
+  const int occ = gemv_occupancy();  // read for every GEMV: an unknown value is an error whatever the shape
+  const bool occ3 = BITS == 4 && !ROUTE && lpr == 32 && !wide && need > 2 * int64_t(c.sms) && occ == 3 &&
+                    (STAGE != kStageNorm || a.in <= 4 * kThreads * 2);  // InputStage<.., LATE>::NV
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : occ3 ? 3 : 2)));
   dim3 grid(blocks, T);
   if constexpr (BITS == 4 && !ROUTE) {
