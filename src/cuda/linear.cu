@@ -152,7 +152,7 @@ __device__ __forceinline__ void stage_x_gated_norm(const float* y, const float* 
 // z there but left the gates, 16 silu per thread, after it), run() stages token row t through `sink` after it.
 // LATE: the norm weight and the gates are read after the wait, with the row (no round trip more: the loads go out
 // together), so that they hold no registers across the weights' first loads (the capped-register kernels, MINB > 1).
-// NV: float4s of the norm's row per thread (LATE kernels: 2, rows up to 2,048 at 256 threads, norm_v).
+// NV: float4s of the norm's row per thread (LATE kernels: 2, rows up to 2,048 at 256 threads; launch_bits checks).
 template <int STAGE, int NT, bool LATE = false>
 struct InputStage {
   static constexpr int NV = LATE ? 2 : kNormV;
@@ -188,13 +188,13 @@ struct InputStage {
     if constexpr (STAGE == kStageNorm) {
       if constexpr (LATE) load_norm_w(nm, K);
       stage_x_norm<NT, NV>(x + int64_t(t) * K, wn, nm.eps, K, sink,
-                       blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
+                           blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
     } else if constexpr (STAGE == kStageGatedNorm) {
       stage_x_gated_norm<NT>(x + int64_t(t) * K, nm.z + int64_t(t) * K, gv, nm.z_early != 0 && !LATE, gnw, nm.eps,
                              K, nm.head, sink);
-    }
-    else
+    } else {
       stage_rows(x + int64_t(t) * K, K, sink);
+    }
   }
 };
 

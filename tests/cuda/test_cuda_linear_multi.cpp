@@ -176,12 +176,12 @@ TEST(CudaLinearMulti, ThreeBlocksPerSm) {
   for (const char* o : {"3", "2"}) {
   test::EnvGuard occ("FERN_CUDA_GEMV_OCC", o);
   SCOPED_TRACE(std::string("FERN_CUDA_GEMV_OCC=") + o);
-  run_table("occ3 gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
-  run_table("occ3 one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
-  run_table("occ3 norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
-  run_table("occ3 norm attn backend T=2", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 2, {true, true});
-  run_table("occ3 norm 4096 wide", {{300, 4}, {19, 4}}, 4096, 64, 1, {true, false});
-  run_table("occ3 norm 8-bit", {{300, 8}, {19, 8}}, 4096, 32, 1, {true, false});
+  run_table("occ gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
+  run_table("occ one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
+  run_table("occ norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
+  run_table("occ norm attn backend T=2", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 2, {true, true});
+  run_table("occ norm 4096 wide", {{300, 4}, {19, 4}}, 4096, 64, 1, {true, false});
+  run_table("occ norm 8-bit", {{300, 8}, {19, 8}}, 4096, 32, 1, {true, false});
   }
 }
 
