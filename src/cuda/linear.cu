@@ -18,7 +18,6 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <stdexcept>
 #include <string>
 
 #include "cuda/gemv_tc.cuh"
@@ -555,7 +554,7 @@ int gemv_occupancy() {
   const char* e = std::getenv("FERN_CUDA_GEMV_OCC");
   if (e == nullptr || std::strcmp(e, "3") == 0) return 3;
   if (std::strcmp(e, "2") == 0) return 2;
-  throw std::runtime_error(std::string("FERN_CUDA_GEMV_OCC: want 2 or 3, got '") + e + "'");
+  raise_error(std::string("FERN_CUDA_GEMV_OCC=") + e + ": expected 2 or 3");
 }
 
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>

@@ -35,7 +35,6 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <stdexcept>
 #include <string>
 
 #include "cuda/kernels.h"
@@ -577,7 +576,7 @@ bool moe_wide() {
   const char* e = std::getenv("FERN_CUDA_MOE_WIDE");
   if (e == nullptr || std::strcmp(e, "1") == 0) return true;
   if (std::strcmp(e, "0") == 0) return false;
-  throw std::runtime_error(std::string("FERN_CUDA_MOE_WIDE: want 1 or 0, got '") + e + "'");
+  raise_error(std::string("FERN_CUDA_MOE_WIDE=") + e + ": expected 1 or 0");
 }
 
 template <int RB, int B, bool TIMED>
