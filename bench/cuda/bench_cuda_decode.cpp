@@ -77,9 +77,6 @@ void bench_gemv() {
                          Shape{"in_proj_z, tensor cores", 4096, 2048, 4, nullptr, nullptr, true},
                          Shape{"down, tensor cores", 2048, 512, 4, nullptr, nullptr, true},
                          Shape{"out_proj, tensor cores", 2048, 4096, 4, nullptr, nullptr, true},
-                         Shape{"qkv, smem tiles", 8192, 2048, 4, "FERN_CUDA_GEMV_SMEM", "1"},
-                         Shape{"in_proj_z, smem tiles", 4096, 2048, 4, "FERN_CUDA_GEMV_SMEM", "1"},
-                         Shape{"out_proj, smem tiles", 2048, 4096, 4, "FERN_CUDA_GEMV_SMEM", "1"},
                          Shape{"lm_head, CUDA cores", 248320, 2048, 4, "FERN_CUDA_GEMV_TC", "0"},
                          Shape{"lm_head, TC 2 buffers", 248320, 2048, 4, "FERN_CUDA_GEMV_TC_NB", "2"}}) {
     if (s.env != nullptr) setenv(s.env, s.val, 1);
@@ -117,17 +114,11 @@ void bench_gemv() {
   }
   Tensor x = be.alloc(DType::F32, {1, 2048}), y = be.alloc(DType::F32, {1, 8192});
   cuda::fill_random_f32(be.stream(), x.ptr<float>(), 2048, 98, -1.0f, 1.0f);
-  // Once as configured, once on the shared-memory tensor-core kernel (FERN_CUDA_GEMV_SMEM=1).
-  for (const char* smem : {"", "1"}) {
-    if (smem[0] != 0) setenv("FERN_CUDA_GEMV_SMEM", smem, 1);
-    const double t = time_graph(be, [&] {
-      for (auto& w : ws) be.linear(y, x, w);
-    });
-    std::printf("%-22s %7zu mats        4 %10.1f %9.1f %6.1f%%   (%.0f GB/s)\n",
-                smem[0] != 0 ? "sweep, smem tiles" : "sweep 1.67 GB", ws.size(), total / 1e6, t * 1e6,
-                100.0 * total / t / kCopyBw, total / t / 1e9);
-    if (smem[0] != 0) unsetenv("FERN_CUDA_GEMV_SMEM");
-  }
+  const double t = time_graph(be, [&] {
+    for (auto& w : ws) be.linear(y, x, w);
+  });
+  std::printf("%-22s %7zu mats        4 %10.1f %9.1f %6.1f%%   (%.0f GB/s)\n", "sweep 1.67 GB", ws.size(), total / 1e6,
+              t * 1e6, 100.0 * total / t / kCopyBw, total / t / 1e9);
 }
 
 ModelConfig full_config() {
