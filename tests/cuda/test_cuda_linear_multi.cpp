@@ -204,5 +204,25 @@ TEST(CudaLinearMulti, TensorCoreLoop) {
   }
 }
 
+// The shared-memory tensor-core kernel (FERN_CUDA_GEMV_SMEM=1, sm_90+): tiles per matrix as in the kernel above,
+// each tile's three bulk copies from its own matrix; the real tables with and without the input norm (772 and 576
+// tiles), one-row matrices, odd rows, groups of 128; the launch counter checks that each ran on it.
+TEST(CudaLinearMulti, SharedMemoryTensorCoreLoop) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard on("FERN_CUDA_GEMV_SMEM", "1");
+  const uint64_t expect = cuda::linear_smem_supported() ? 1 : 0;
+  auto run = [&](auto&&... args) {
+    const uint64_t before = cuda::linear_smem_launches();
+    run_table(args...);
+    EXPECT_EQ(cuda::linear_smem_launches() - before, expect);
+  };
+  run("smem gdn qkv|z|b|a", std::vector<Mat>{{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, NormMode{});
+  run("smem one row each", std::vector<Mat>{{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1, NormMode{});
+  run("smem odd rows", std::vector<Mat>{{37, 4}, {1, 4}, {45, 4}}, 2048, 64, 1, NormMode{});
+  run("smem group 128", std::vector<Mat>{{129, 4}, {17, 4}}, 2048, 128, 1, NormMode{});
+  run("smem norm gdn", std::vector<Mat>{{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, NormMode{true, false});
+  run("smem norm attn backend", std::vector<Mat>{{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, NormMode{true, true});
+}
+
 }  // namespace
 }  // namespace fern
