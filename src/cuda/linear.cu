@@ -798,9 +798,18 @@ bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* 
   return true;
 }
 
-// Where the shared-memory tensor-core GEMV (linear_tcs_kernel) is taken: FERN_CUDA_GEMV_SMEM=1 for every eligible
-// GEMV, =N > 1 from N rows, 0 or unset for none (read at every call, for comparisons; docs/notes/cuda-decode-v17-smem.md).
-bool gemv_smem_wanted(int rows) { return rows_switch("FERN_CUDA_GEMV_SMEM", rows, false); }
+// Where the shared-memory tensor-core GEMV (linear_tcs_kernel) is taken (docs/notes/cuda-decode-v17-smem.md):
+// unset or "norm", the GEMVs that stage the input norm (the input projections of every layer); "1" every eligible
+// GEMV, "0" none, N > 1 from N rows. Read at every call, for comparisons; any other value is an error.
+bool gemv_smem_wanted(int rows, int stage) {
+  const char* e = std::getenv("FERN_CUDA_GEMV_SMEM");
+  if (e == nullptr || std::strcmp(e, "norm") == 0) return stage == kStageNorm;
+  if (std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0) return e[0] == '1';
+  char* end = nullptr;
+  const long n = std::strtol(e, &end, 10);
+  if (end != e && *end == 0 && n > 1) return rows >= n;
+  raise_error(std::string("FERN_CUDA_GEMV_SMEM=") + e + ": expected norm, 0, 1 or a row count");
+}
 
 // Compute capability 9.0 or later on the current device (the copy engine's bulk copies), cached per device.
 bool device_sm90() {
@@ -820,7 +829,9 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 template <bool MULTI, int STAGE>
 bool launch_tcs(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, int T, const InNorm& nm) {
-  if (T != 1 || a.bits != 4 || a.gs % 64 != 0 || a.in % 64 != 0 || (a.in / a.gs) % 8 != 0 || !gemv_smem_wanted(rows))
+  // The switch first: an unknown value is an error whatever the shape.
+  if (!gemv_smem_wanted(rows, STAGE) || T != 1 || a.bits != 4 || a.gs % 64 != 0 || a.in % 64 != 0 ||
+      (a.in / a.gs) % 8 != 0)
     return false;
   for (int i = 0; i < kMaxMats && m.start[i] != INT_MAX; ++i)
     if (!aligned16(m.w[i]) || !aligned16(m.s[i]) || !aligned16(m.b[i])) return false;

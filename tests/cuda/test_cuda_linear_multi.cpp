@@ -151,6 +151,7 @@ TEST(CudaLinearMulti, WithInputNorm) {
 // (=0; the default takes 512 for lm_head-sized GEMVs only), with and without the input norm.
 TEST(CudaLinearMulti, WideBlocks) {
   FERN_REQUIRE_GPU();
+  test::EnvGuard smem_off("FERN_CUDA_GEMV_SMEM", "0");  // the input-norm tables too stay on this kernel
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
   for (const char* w : {"1", "0"}) {
   test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", w);
@@ -172,6 +173,7 @@ TEST(CudaLinearMulti, WideBlocks) {
 // and 8-bit rows (both keep the two-block kernel), several tokens.
 TEST(CudaLinearMulti, ThreeBlocksPerSm) {
   FERN_REQUIRE_GPU();
+  test::EnvGuard smem_off("FERN_CUDA_GEMV_SMEM", "0");  // the input-norm tables too stay on this kernel
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
   for (const char* o : {"3", "2"}) {
   test::EnvGuard occ("FERN_CUDA_GEMV_OCC", o);
@@ -190,6 +192,7 @@ TEST(CudaLinearMulti, ThreeBlocksPerSm) {
 // row each), odd rows with K not a multiple of 256, several token rows, groups of 128.
 TEST(CudaLinearMulti, TensorCoreLoop) {
   FERN_REQUIRE_GPU();
+  test::EnvGuard smem_off("FERN_CUDA_GEMV_SMEM", "0");  // the input-norm tables too stay on this kernel
   test::EnvGuard on("FERN_CUDA_GEMV_TC", "1");
   for (const char* nb : {"2", "3"}) {
     test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
@@ -222,6 +225,25 @@ TEST(CudaLinearMulti, SharedMemoryTensorCoreLoop) {
   run("smem group 128", std::vector<Mat>{{129, 4}, {17, 4}}, 2048, 128, 1, NormMode{});
   run("smem norm gdn", std::vector<Mat>{{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, NormMode{true, false});
   run("smem norm attn backend", std::vector<Mat>{{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, NormMode{true, true});
+}
+
+// The default rule (FERN_CUDA_GEMV_SMEM unset or "norm"): the shared-memory kernel for the tables that stage the
+// input norm (the input projections), the other kernels for plain tables; an unknown value is an error.
+TEST(CudaLinearMulti, SharedMemoryKernelForTheInputProjections) {
+  FERN_REQUIRE_GPU();
+  const uint64_t expect = cuda::linear_smem_supported() ? 1 : 0;
+  for (const char* v : {static_cast<const char*>(nullptr), "norm"}) {
+    test::EnvGuard set("FERN_CUDA_GEMV_SMEM", v);  // nullptr: unset
+    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_SMEM=") + (v != nullptr ? v : "(unset)"));
+    uint64_t before = cuda::linear_smem_launches();
+    run_table("default norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
+    EXPECT_EQ(cuda::linear_smem_launches() - before, expect);
+    before = cuda::linear_smem_launches();
+    run_table("default plain gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
+    EXPECT_EQ(cuda::linear_smem_launches() - before, 0u);
+  }
+  test::EnvGuard bad("FERN_CUDA_GEMV_SMEM", "some");
+  EXPECT_THROW(run_table("refused", {{64, 4}}, 2048, 64, 1), std::exception);
 }
 
 }  // namespace
