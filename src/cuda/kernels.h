@@ -43,11 +43,6 @@ struct Ctx {
 
 // y[t] = x[t] W^T for t < T. x [T, in], y [T, out] (F32).
 void linear(const Ctx& c, const QW& w, const float* x, float* y, int T);
-// The tensor-core GEMV whose blocks stage all their weights in shared memory through the copy engine (linear.cu
-// linear_tcs_kernel, FERN_CUDA_GEMV_SMEM): whether this device runs it (sm_90+), and its launches so far in this
-// process (the tests check that a case ran on it).
-bool linear_smem_supported();
-uint64_t linear_smem_launches();
 // ys[i][t] = x[t] W_i^T for n <= 4 matrices of one input, in one launch over their concatenated rows. They must
 // share bits, width and group size (linear_multi_ok).
 bool linear_multi_ok(const QW* ws, int n);

@@ -15,7 +15,6 @@
 // a shift, and the activations are read through one per-lane shared-memory base plus constants (qdot.cuh).
 // linear_tc_kernel below is the same GEMV with its inner loop on the tensor cores (gemv_tc.cuh); by default it
 // takes only lm_head-sized matrices, where it measured faster (gemv_tc_wanted).
-#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -500,138 +499,6 @@ __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, T
   }
 }
 
-// ---- The tensor-core GEMV with every weight of a block requested at its start (sm_90+, docs/notes/cuda-decode-v17-smem.md) ----
-// The decode GEMVs are bound by the bytes they have asked for before their PDL wait (docs/notes/cuda-decode-v10-tc.md
-// section 5): linear_kernel holds them in registers, two pipeline steps per warp (~96 KB per SM with three blocks),
-// and asks for the rest only as its buffers drain, while its FMA loop (~2.3 instructions per weight) runs behind
-// the loads. Here one thread of each block hands all of the block's tiles (16 rows x K codes, then their scales and
-// biases: three bulk copies per tile, one mbarrier each) to the copy engine before the wait, so the whole matrix
-// is in flight as soon as the block is resident (the input projections: ~108 KB per SM), and the tensor-core
-// inner loop (gemv_tc.cuh, ~1.2 instructions per weight) consumes each tile from shared memory as its barrier
-// completes. A block's registers stay few, so the next kernel's blocks fit beside it (the GDN step after the
-// input projections can request its state early).
-// Work split: the tiles are dealt to the blocks in contiguous runs of ceil or floor(tiles / blocks) (one block per
-// SM); a block's tile x K-block items go round-robin to its warps, each item's partial row sums to shared memory,
-// and after a barrier the block adds them per row in K order (linear_tc_kernel's split mode: the same bits).
-// Shared-memory reads of the codes: lane (g, j) reads chunks 2j and 2j + 1 of row g, rows 512-2048 bytes apart
-// (a multiple of 128: every row starts on bank 0), so the odd rows of each quarter-warp read their second chunk
-// first: the 8 lanes of a quarter-warp then touch 8 different 16-byte bank groups.
-constexpr int kTcsThreads = 512;
-constexpr int kTcsMaxTiles = 8;
-constexpr int kTcsBarBytes = kTcsMaxTiles * 8;
-
-// Bytes of one tile in shared memory: 16 rows of codes (K / 2 bytes each), then 16 rows of G bf16 scales, then of
-// G bf16 biases.
-__host__ __device__ constexpr int tcs_tile_bytes(int K, int G) { return 16 * (K / 2) + 2 * (16 * G * 2); }
-
-template <bool MULTI, int STAGE, int NT>
-__global__ void __launch_bounds__(NT, 1) linear_tcs_kernel(QW A, Mats M, TcTiles tt, const float* x, InNorm nm) {
-  extern __shared__ float4 smem[];
-  constexpr int W = NT / 32;
-  const int K = static_cast<int>(A.in);
-  const int KB = tc_blocks(K), cpr = K / 32, G = K / A.gs;
-  const int gsh = __ffs(A.gs / 32) - 1;  // chunks per group: a power of two (make_qw)
-  const int TB = tcs_tile_bytes(K, G);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, j = lane & 3;
-  const int tile0 = static_cast<int>(int64_t(blockIdx.x) * tt.tiles / gridDim.x);
-  const int ntl = static_cast<int>(int64_t(blockIdx.x + 1) * tt.tiles / gridDim.x) - tile0;
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
-  unsigned char* wsm = reinterpret_cast<unsigned char*>(smem) + kTcsBarBytes;
-  uint4* xb = reinterpret_cast<uint4*>(wsm + size_t(tt.tpb) * TB);
-  float* xg = reinterpret_cast<float*>(xb + tc_table_uint4s(K));
-  float* red = xg + KB * 4;  // [tpb][KB][16] partial row sums
-  // Rows of tile `tile` (its matrix's row count, the tile's first row inside it) and the matrix's index.
-  auto tile_rows = [&](int tile, int& nq, int& r0, int& q) {
-    q = mat_of<MULTI>(tt.start, tile);
-    nq = MULTI ? M.start[q + 1] - M.start[q] : M.start[1];
-    r0 = (tile - (MULTI ? tt.start[q] : 0)) * 16;
-  };
-
-  // Weights do not depend on the previous kernel: every tile of the block is requested before the PDL wait.
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < ntl; ++i) ptx::mbar_init(bar + i, 1);
-    ptx::bulk_fence_init();
-    for (int i = 0; i < ntl; ++i) {
-      int nq, r0, q;
-      tile_rows(tile0 + i, nq, r0, q);
-      const int n = min(16, nq - r0);
-      const unsigned char* w = static_cast<const unsigned char*>(A.w);
-      const uint16_t *sc = A.s, *bi = A.b;
-      if constexpr (MULTI) {
-#pragma unroll
-        for (int m = 1; m < kMaxMats; ++m) {
-          if (q == m) {
-            w = static_cast<const unsigned char*>(M.w[m]);
-            sc = M.s[m];
-            bi = M.b[m];
-          }
-        }
-      }
-      unsigned char* d = wsm + size_t(i) * TB;
-      const uint32_t cb = uint32_t(n) * (K / 2), sb = uint32_t(n) * G * 2;
-      ptx::mbar_arrive_expect_tx(bar + i, cb + 2 * sb);
-      ptx::bulk_g2s(d, w + int64_t(r0) * (K / 2), cb, bar + i);
-      ptx::bulk_g2s(d + 16 * (K / 2), sc + int64_t(r0) * G, sb, bar + i);
-      ptx::bulk_g2s(d + 16 * (K / 2) + 16 * G * 2, bi + int64_t(r0) * G, sb, bar + i);
-    }
-  }
-  InputStage<STAGE, NT> in;
-  in.before_wait(nm, K, 0);
-  pdl_wait();
-  tc_zero_tail(xb, xg, K);
-  in.run(x, nm, K, 0, TcSink{xb, xg});  // ends with a barrier: the mbarriers' initialisation is visible too
-  pdl_trigger();
-
-  const int bq = (g >> 1) == j ? g : -1;
-  const int sw = g & 1;
-  for (int it = warp; it < ntl * KB; it += W) {
-    const int tl = it / KB, kb = it - tl * KB;
-    int nq, r0, q;
-    tile_rows(tile0 + tl, nq, r0, q);
-    const unsigned char* tb = wsm + size_t(tl) * TB;
-    const uint4* tw = reinterpret_cast<const uint4*>(tb);
-    const uint16_t* ts = reinterpret_cast<const uint16_t*>(tb + 16 * (K / 2));
-    const uint16_t* tbi = ts + 16 * G;
-    const int c0 = kb * 8 + 2 * j;  // chunks c0, c0 + 1: group j of K block kb (cpr is even: K % 64 == 0)
-    ptx::mbar_wait(bar + tl, 0);
-    TcItem cur;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = g + 8 * r;
-      if (r0 + row < nq && c0 < cpr) {
-        const uint4* p = tw + (row * cpr + c0);
-        const uint4 u = p[sw], v = p[sw ^ 1];
-        cur.w[2 * r] = sw ? v : u;
-        cur.w[2 * r + 1] = sw ? u : v;
-        const int gi = row * G + (c0 >> gsh);
-        cur.s[r] = bf16_to_f32(ts[gi]);
-        cur.b[r] = bf16_to_f32(tbi[gi]);
-      } else {
-        cur.w[2 * r] = cur.w[2 * r + 1] = make_uint4(0, 0, 0, 0);
-        cur.s[r] = cur.b[r] = 0.0f;
-      }
-    }
-    float acc[2] = {0.0f, 0.0f};
-    tc_item(cur, xb, xg, kb, j, bq, acc);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
-      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
-    }
-    if (j < 2) red[(tl * KB + kb) * 16 + g + 8 * j] = j == 0 ? acc[0] : acc[1];
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < ntl * 16; e += NT) {
-    const int tl = e >> 4, r = e & 15;
-    float v = 0.0f;
-    for (int kb = 0; kb < KB; ++kb) v += red[(tl * KB + kb) * 16 + r];
-    int nq, r0, q;
-    tile_rows(tile0 + tl, nq, r0, q);
-    if (r0 + r < nq) M.y[q][r0 + r] = v;
-  }
-}
-
 // Pipeline steps in flight per warp (NB) for a plain GEMV: 2. FERN_CUDA_GEMV_NB=3 selects a third buffer for the
 // plain GEMVs with 32 lanes per row (read at every call, for comparisons). Measured on the H200, cold L2, lm_head:
 // 104.8 us with 3 against 96.9 with 2 (docs/notes/cuda-decode-v5.md), then 96.0 / 96.7 and 95.1 / 96.4
@@ -744,22 +611,6 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   }
 }
 
-// The tiles of the 16-row-rounded matrices of m (TcTiles::start; tiles never straddle two matrices).
-TcTiles tc_tiles(const Mats& m) {
-  TcTiles tt{};
-  int tiles = 0;
-  for (int i = 0; i <= kMaxMats; ++i) {
-    if (m.start[i] == INT_MAX) {
-      tt.start[i] = INT_MAX;
-      continue;
-    }
-    tt.start[i] = tiles;
-    if (i < kMaxMats && m.start[i + 1] != INT_MAX) tiles += (m.start[i + 1] - m.start[i] + 15) / 16;
-  }
-  tt.tiles = tiles;
-  return tt;
-}
-
 // Where the tensor-core GEMV (linear_tc_kernel) is taken for 4-bit matrices whose groups are a multiple of 64: by
 // default from kTcRows rows (lm_head). Measured on the H200 (docs/notes/cuda-decode-v10-tc.md, bench_cuda_decode
 // gemv, cold L2): lm_head 87.7 us against 92.6 on the CUDA cores (three item buffers), but the smaller matrices
@@ -783,9 +634,18 @@ bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* 
   if (a.bits != 4 || a.gs % 64 != 0 || a.in % 64 != 0 || !gemv_tc_wanted(rows)) return false;
   const int K = static_cast<int>(a.in), KB = tc_blocks(K);
   if (int64_t(rows) * (K / 32) >= (int64_t(1) << 31)) return false;  // 32-bit chunk offsets (qdot.cuh)
-  TcTiles tt = tc_tiles(m);
-  const int tiles = tt.tiles;
+  TcTiles tt{};
+  int tiles = 0;
+  for (int i = 0; i <= kMaxMats; ++i) {
+    if (m.start[i] == INT_MAX) {
+      tt.start[i] = INT_MAX;
+      continue;
+    }
+    tt.start[i] = tiles;
+    if (i < kMaxMats && m.start[i + 1] != INT_MAX) tiles += (m.start[i + 1] - m.start[i] + 15) / 16;
+  }
   constexpr int NT = kThreads, W = NT / 32;
+  tt.tiles = tiles;
   tt.tpb = (tiles + 2 * c.sms - 1) / (2 * c.sms);
   const int blocks = (tiles + tt.tpb - 1) / tt.tpb;
   const size_t smem = size_t(tc_smem_bytes(K)) + (tt.tpb < W ? size_t(tt.tpb) * KB * 16 * 4 : 0);
@@ -798,65 +658,10 @@ bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* 
   return true;
 }
 
-// Where the shared-memory tensor-core GEMV (linear_tcs_kernel) is taken (docs/notes/cuda-decode-v17-smem.md):
-// unset or "norm", the GEMVs that stage the input norm (the input projections of every layer); "1" every eligible
-// GEMV, "0" none, N > 1 from N rows. Read at every call, for comparisons; any other value is an error.
-bool gemv_smem_wanted(int rows, int stage) {
-  const char* e = std::getenv("FERN_CUDA_GEMV_SMEM");
-  if (e == nullptr || std::strcmp(e, "norm") == 0) return stage == kStageNorm;
-  if (std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0) return e[0] == '1';
-  char* end = nullptr;
-  const long n = std::strtol(e, &end, 10);
-  if (end != e && *end == 0 && n > 1) return rows >= n;
-  raise_error(std::string("FERN_CUDA_GEMV_SMEM=") + e + ": expected norm, 0, 1 or a row count");
-}
-
-// Compute capability 9.0 or later on the current device (the copy engine's bulk copies), cached per device.
-bool device_sm90() {
-  thread_local int dev = -1, major = 0;
-  int d = 0;
-  if (cudaGetDevice(&d) != cudaSuccess) return false;
-  if (d != dev) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess) major = 0;
-    dev = d;
-  }
-  return major >= 9;
-}
-
-std::atomic<uint64_t> g_tcs_launches{0};
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-template <bool MULTI, int STAGE>
-bool launch_tcs(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, int T, const InNorm& nm) {
-  // The switch first: an unknown value is an error whatever the shape.
-  if (!gemv_smem_wanted(rows, STAGE) || T != 1 || a.bits != 4 || a.gs % 64 != 0 || a.in % 64 != 0 ||
-      (a.in / a.gs) % 8 != 0)
-    return false;
-  for (int i = 0; i < kMaxMats && m.start[i] != INT_MAX; ++i)
-    if (!aligned16(m.w[i]) || !aligned16(m.s[i]) || !aligned16(m.b[i])) return false;
-  if (!device_sm90()) return false;
-  const int K = static_cast<int>(a.in), KB = tc_blocks(K), G = static_cast<int>(a.in / a.gs);
-  TcTiles tt = tc_tiles(m);
-  const int blocks = std::min(tt.tiles, c.sms);
-  tt.tpb = (tt.tiles + blocks - 1) / blocks;  // the most tiles a block gets (the runs are floor or ceil of this)
-  if (tt.tpb > kTcsMaxTiles) return false;
-  constexpr size_t kMaxSmem = 220 * 1024;  // under the 227 KB per block with the stage's static shared memory
-  const size_t smem = kTcsBarBytes + size_t(tt.tpb) * tcs_tile_bytes(K, G) + size_t(tc_smem_bytes(K)) +
-                      size_t(tt.tpb) * KB * 16 * 4;
-  if (smem > kMaxSmem) return false;
-  constexpr auto kernel = linear_tcs_kernel<MULTI, STAGE, kTcsThreads>;
-  allow_dynamic_smem<kernel>(kMaxSmem);
-  launch(c, "linear_tcs_kernel", kernel, dim3(blocks), kTcsThreads, smem, a, m, tt, x, nm);
-  g_tcs_launches.fetch_add(1, std::memory_order_relaxed);
-  return true;
-}
-
 template <bool MULTI, bool ROUTE, int STAGE = kStagePlain>
 void launch_any(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                 const InNorm& nm = InNorm{}) {
   if constexpr (!ROUTE) {
-    if (launch_tcs<MULTI, STAGE>(c, a, m, rows, x, T, nm)) return;
     if (launch_tc<MULTI, STAGE>(c, a, m, rows, x, T, nm)) return;
   }
   switch (a.bits) {
@@ -891,9 +696,6 @@ Mats make_mats(const QW* ws, float* const* ys, int n) {
 }
 
 }  // namespace
-
-bool linear_smem_supported() { return device_sm90(); }
-uint64_t linear_smem_launches() { return g_tcs_launches.load(std::memory_order_relaxed); }
 
 void linear(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   if (linear_gemm_wins(w, T)) return linear_gemm(c, w, x, y, T);

@@ -5,7 +5,6 @@
 
 #include <string>
 
-#include "cuda/kernels.h"
 #include "cuda_test_util.h"
 
 namespace fern {
@@ -147,32 +146,6 @@ TEST(CudaLinear, TensorCoreLoop) {
                           Case{"tc expert down", 2048, 512, 4, 64, 1}})
       run_case(c);
   }
-}
-
-// The tensor-core GEMV whose blocks stage all their weights in shared memory through the copy engine before the
-// PDL wait (FERN_CUDA_GEMV_SMEM=1; linear.cu linear_tcs_kernel, sm_90+): the real decode shapes (qkv: 512 tiles,
-// 3-4 per block; out_proj: one tile of K = 4096 per block), tiles dealt unevenly (9,216 rows: 576 tiles on the
-// SMs), odd rows (a partly empty last tile), one row, K = 512 (8 groups per row: the narrowest scale rows of whole
-// 16-byte pieces), groups of 128; the launch counter checks that each of these ran on it. Shapes it does not take
-// (several token rows, K = 192, groups of 32, more than 8 tiles per block) fall back to the other kernels, checked
-// too. Same inner loop and summation as the tensor-core kernel's split mode: the same bound.
-TEST(CudaLinear, SharedMemoryTensorCoreLoop) {
-  FERN_REQUIRE_GPU();
-  test::EnvGuard on("FERN_CUDA_GEMV_SMEM", "1");
-  const bool sm90 = cuda::linear_smem_supported();
-  auto run = [&](const Case& c, bool taken) {
-    const uint64_t before = cuda::linear_smem_launches();
-    run_case(c);
-    EXPECT_EQ(cuda::linear_smem_launches() - before, sm90 && taken ? 1u : 0u) << c.name;
-  };
-  for (const Case& c : {Case{"smem qkv", 8192, 2048, 4, 64, 1}, Case{"smem out_proj", 2048, 4096, 4, 64, 1},
-                        Case{"smem attn qkv", 9216, 2048, 4, 64, 1}, Case{"smem odd rows", 37, 2048, 4, 64, 1},
-                        Case{"smem one row", 1, 2048, 4, 64, 1}, Case{"smem 1000 rows", 1000, 2048, 4, 64, 1},
-                        Case{"smem K=512", 2048, 512, 4, 64, 1}, Case{"smem group 128", 129, 2048, 4, 128, 1}})
-    run(c, true);
-  for (const Case& c : {Case{"smem T=2", 1000, 2048, 4, 64, 2}, Case{"smem narrow", 45, 192, 4, 64, 1},
-                        Case{"smem group 32", 77, 2048, 4, 32, 1}, Case{"smem many tiles", 40001, 2048, 4, 64, 1}})
-    run(c, false);
 }
 
 TEST(CudaLinear, BadWeightIsAnError) {

@@ -146,27 +146,6 @@ TEST(CudaLinearGatedNorm, TensorCoreLoop) {
   }
 }
 
-// The shared-memory tensor-core kernel (FERN_CUDA_GEMV_SMEM=1, sm_90+) staging the gated norm into its B table: the
-// real shape (one tile per block) with the gates early and late, groups of 128 at K = 1024, 6,000 rows (three
-// tiles of K = 4096 per block); the launch counter checks that each ran on it. The awkward heads (K = 384, 640:
-// scale rows not whole 16-byte pieces) fall back.
-TEST(CudaLinearGatedNorm, SharedMemoryTensorCoreLoop) {
-  FERN_REQUIRE_GPU();
-  test::EnvGuard on("FERN_CUDA_GEMV_SMEM", "1");
-  const bool sm90 = cuda::linear_smem_supported();
-  auto run = [&](const Case& c, bool early, bool taken) {
-    const uint64_t before = cuda::linear_smem_launches();
-    run_case(c, early);
-    EXPECT_EQ(cuda::linear_smem_launches() - before, sm90 && taken ? 1u : 0u) << c.name;
-  };
-  run(kReal, true, true);
-  run(kReal, false, true);
-  run(kAwkward[5], false, true);
-  run(Case{"many rows", 6000, 4096, 128, 4, 64}, true, true);
-  run(kAwkward[0], false, false);
-  run(kAwkward[1], false, false);
-}
-
 TEST(CudaLinearGatedNorm, UnsupportedShapesAreRefused) {
   FERN_REQUIRE_GPU();
   cuda::QW q;

@@ -151,7 +151,6 @@ TEST(CudaLinearMulti, WithInputNorm) {
 // (=0; the default takes 512 for lm_head-sized GEMVs only), with and without the input norm.
 TEST(CudaLinearMulti, WideBlocks) {
   FERN_REQUIRE_GPU();
-  test::EnvGuard smem_off("FERN_CUDA_GEMV_SMEM", "0");  // the input-norm tables too stay on this kernel
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
   for (const char* w : {"1", "0"}) {
   test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", w);
@@ -173,7 +172,6 @@ TEST(CudaLinearMulti, WideBlocks) {
 // and 8-bit rows (both keep the two-block kernel), several tokens.
 TEST(CudaLinearMulti, ThreeBlocksPerSm) {
   FERN_REQUIRE_GPU();
-  test::EnvGuard smem_off("FERN_CUDA_GEMV_SMEM", "0");  // the input-norm tables too stay on this kernel
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
   for (const char* o : {"3", "2"}) {
   test::EnvGuard occ("FERN_CUDA_GEMV_OCC", o);
@@ -192,7 +190,6 @@ TEST(CudaLinearMulti, ThreeBlocksPerSm) {
 // row each), odd rows with K not a multiple of 256, several token rows, groups of 128.
 TEST(CudaLinearMulti, TensorCoreLoop) {
   FERN_REQUIRE_GPU();
-  test::EnvGuard smem_off("FERN_CUDA_GEMV_SMEM", "0");  // the input-norm tables too stay on this kernel
   test::EnvGuard on("FERN_CUDA_GEMV_TC", "1");
   for (const char* nb : {"2", "3"}) {
     test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
@@ -205,45 +202,6 @@ TEST(CudaLinearMulti, TensorCoreLoop) {
     run_table("tc norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, {true, true});
     run_table("tc norm odd rows T=3", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 3, {true, false});
   }
-}
-
-// The shared-memory tensor-core kernel (FERN_CUDA_GEMV_SMEM=1, sm_90+): tiles per matrix as in the kernel above,
-// each tile's three bulk copies from its own matrix; the real tables with and without the input norm (772 and 576
-// tiles), one-row matrices, odd rows, groups of 128; the launch counter checks that each ran on it.
-TEST(CudaLinearMulti, SharedMemoryTensorCoreLoop) {
-  FERN_REQUIRE_GPU();
-  test::EnvGuard on("FERN_CUDA_GEMV_SMEM", "1");
-  const uint64_t expect = cuda::linear_smem_supported() ? 1 : 0;
-  auto run = [&](auto&&... args) {
-    const uint64_t before = cuda::linear_smem_launches();
-    run_table(args...);
-    EXPECT_EQ(cuda::linear_smem_launches() - before, expect);
-  };
-  run("smem gdn qkv|z|b|a", std::vector<Mat>{{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, NormMode{});
-  run("smem one row each", std::vector<Mat>{{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1, NormMode{});
-  run("smem odd rows", std::vector<Mat>{{37, 4}, {1, 4}, {45, 4}}, 2048, 64, 1, NormMode{});
-  run("smem group 128", std::vector<Mat>{{129, 4}, {17, 4}}, 2048, 128, 1, NormMode{});
-  run("smem norm gdn", std::vector<Mat>{{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, NormMode{true, false});
-  run("smem norm attn backend", std::vector<Mat>{{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, NormMode{true, true});
-}
-
-// The default rule (FERN_CUDA_GEMV_SMEM unset or "norm"): the shared-memory kernel for the tables that stage the
-// input norm (the input projections), the other kernels for plain tables; an unknown value is an error.
-TEST(CudaLinearMulti, SharedMemoryKernelForTheInputProjections) {
-  FERN_REQUIRE_GPU();
-  const uint64_t expect = cuda::linear_smem_supported() ? 1 : 0;
-  for (const char* v : {static_cast<const char*>(nullptr), "norm"}) {
-    test::EnvGuard set("FERN_CUDA_GEMV_SMEM", v);  // nullptr: unset
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_SMEM=") + (v != nullptr ? v : "(unset)"));
-    uint64_t before = cuda::linear_smem_launches();
-    run_table("default norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
-    EXPECT_EQ(cuda::linear_smem_launches() - before, expect);
-    before = cuda::linear_smem_launches();
-    run_table("default plain gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
-    EXPECT_EQ(cuda::linear_smem_launches() - before, 0u);
-  }
-  test::EnvGuard bad("FERN_CUDA_GEMV_SMEM", "some");
-  EXPECT_THROW(run_table("refused", {{64, 4}}, 2048, 64, 1), std::exception);
 }
 
 }  // namespace
