@@ -205,9 +205,18 @@ int resident_blocks(const Ctx& c, size_t smem) {
 bool gdn_out_wanted() {
   const char* e = std::getenv("FERN_CUDA_GDN_OUT");
   if (e == nullptr || std::strcmp(e, "separate") == 0) return false;
-  if (std::strcmp(e, "fused") == 0) return true;
-  raise_error(std::string("FERN_CUDA_GDN_OUT=") + e + ": expected separate or fused");
+  if (std::strcmp(e, "fused") == 0 || std::strcmp(e, "fused1") == 0) return true;
+  raise_error(std::string("FERN_CUDA_GDN_OUT=") + e + ": expected separate, fused or fused1");
 }
+
+namespace {
+// "fused1": the launch asks for enough shared memory that one block fits per SM (a probe: are blocks packed two or
+// three to an SM, as the kernel before leaves, slower than spread?).
+bool one_per_sm() {
+  const char* e = std::getenv("FERN_CUDA_GDN_OUT");
+  return e != nullptr && std::strcmp(e, "fused1") == 0;
+}
+}  // namespace
 
 uint64_t gdn_out_fused_launches() { return g_launches.load(std::memory_order_relaxed); }
 
@@ -232,14 +241,16 @@ bool gdn_out_fused(const Ctx& c, const GdnShape& sh, const float* mixed, const f
   const size_t smem = kBarBytes + size_t(o.tpb) * tile_bytes(K, G) + size_t(tc_smem_bytes(K)) +
                       size_t(o.tpb) * KB * 16 * 4;
   if (smem > kMaxSmem) return false;
+  const size_t smem_launch = one_per_sm() ? std::max(smem, size_t(120 * 1024)) : smem;
   const bool wide = sh.kernel > 4;
-  if (nblk > (wide ? resident_blocks<gdn_detail::kMaxKS>(c, smem) : resident_blocks<4>(c, smem))) return false;
+  if (nblk > (wide ? resident_blocks<gdn_detail::kMaxKS>(c, smem_launch) : resident_blocks<4>(c, smem_launch)))
+    return false;
   const int early = early_state ? 1 : 0;
   if (wide)
-    launch(c, "gdn_out_kernel", gdn_out_kernel<gdn_detail::kMaxKS>, grid, NT, smem, sh, mixed, b, a, conv_w, A_log,
+    launch(c, "gdn_out_kernel", gdn_out_kernel<gdn_detail::kMaxKS>, grid, NT, smem_launch, sh, mixed, b, a, conv_w, A_log,
            dt_bias, conv_state, state, y, c.counters, early, o);
   else
-    launch(c, "gdn_out_kernel", gdn_out_kernel<4>, grid, NT, smem, sh, mixed, b, a, conv_w, A_log, dt_bias,
+    launch(c, "gdn_out_kernel", gdn_out_kernel<4>, grid, NT, smem_launch, sh, mixed, b, a, conv_w, A_log, dt_bias,
            conv_state, state, y, c.counters, early, o);
   FERN_CUDA_LAUNCH_CHECK("gdn_out_kernel");
   g_launches.fetch_add(1, std::memory_order_relaxed);
