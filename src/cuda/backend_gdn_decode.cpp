@@ -1,8 +1,7 @@
 // Gated DeltaNet core for one token (decode). gdn_decode_ (through gdn_core, whose shapes it has checked): the step
 // kernel, then the gated norm kernel (gdn.cu). gdn_core_linear, the path of the forward pass: the step kernel writes
 // the raw delta-rule output and the out_proj GEMV applies the gated norm while staging it (linear.cu,
-// linear_gated_norm), so the norm costs no launch and no round trip at the end of the step kernel; with
-// FERN_CUDA_GDN_OUT=fused both in one launch (gdn_out.cu) where it applies.
+// linear_gated_norm), so the norm costs no launch and no round trip at the end of the step kernel.
 #include "cuda/backend_internal.h"
 
 namespace fern {
@@ -45,14 +44,6 @@ void CudaBackend::gdn_core_linear(Tensor out, Tensor y, Tensor mixed, Tensor z, 
   float* rec = f32(st.recurrent_state.at(layer), "recurrent state");
   const bool early = last_gdn_state_ != rec;  // gdn_decode_ says why
   float* yp = f32(y, "gdn y");
-  if (cuda::gdn_out_wanted() && sh.Hk < kGdnOutBarrierBase &&
-      cuda::gdn_out_fused(ctx(0), sh, f32(mixed, "gdn mixed"), f32(b, "gdn b"), f32(a, "gdn a"),
-                          f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"), conv, rec, yp,
-                          early, wo, f32(z, "gdn z"), f32(w.norm_w, "norm_w"), f32(out, "gdn out"),
-                          ctx(kGdnOutBarrierBase, 2).counters)) {
-    last_gdn_state_ = rec;
-    return;
-  }
   cuda::gdn_step_raw(ctx(0), sh, 0, f32(mixed, "gdn mixed"), f32(b, "gdn b"), f32(a, "gdn a"),
                      f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"), conv, rec, yp, early);
   last_gdn_state_ = rec;

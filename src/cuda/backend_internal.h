@@ -16,8 +16,6 @@ constexpr int kCounters = kMoeCounterBase + 4096;
 // kernel uses [0, Hk) (one counter per key head; [0, Hk + Hv) before the gated norm moved to the out_proj GEMV):
 // moe_decode_ takes that path only for models with Hk + Hv <= kMoeFusedCounterBase (the older, larger bound kept).
 constexpr int kMoeFusedCounterBase = kArgmaxCounterBase - 16;
-// The fused GDN step + out_proj launch (gdn_out.cu): its grid barrier, two ints below the fused MoE's.
-constexpr int kGdnOutBarrierBase = kMoeFusedCounterBase - 2;
 
 inline float* f32(const Tensor& t, const char* what) {
   FERN_CHECK(t.dtype == DType::F32 && t.device == Device::Cuda, "{}: expected an F32 tensor on the GPU, got {} on {}",

@@ -156,17 +156,6 @@ bool gdn_step_ok(const GdnShape& sh);
 void gdn_step_raw(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* b, const float* a,
                   const float* conv_w, const float* A_log, const float* dt_bias, float* conv_state, float* state,
                   float* y, bool early_state = false);
-// Row 0's step (gdn_step_raw) and out = g W^T of its gated norm g (linear_gated_norm's GEMV) in one launch
-// (gdn_out.cu): out_proj's weights stream into shared memory during the step, a grid barrier separates the two.
-// False (nothing launched) where the shapes, formats, alignment, device (sm_90+) or occupancy do not allow it.
-// barrier: two ints of the counter area, zero before the first launch, used by no other kernel.
-// gdn_out_wanted: FERN_CUDA_GDN_OUT = "fused" (or "separate", the default); any other value is an error.
-bool gdn_out_wanted();
-bool gdn_out_fused(const Ctx& c, const GdnShape& sh, const float* mixed, const float* b, const float* a,
-                   const float* conv_w, const float* A_log, const float* dt_bias, float* conv_state, float* state,
-                   float* y, bool early_state, const QW& w, const float* z, const float* norm_w, float* out,
-                   int* barrier);
-uint64_t gdn_out_fused_launches();  // launches so far in this process (the tests check which path ran)
 // Step 9 in place on T rows of y [T, Hv*Dv]: per value head y = rmsnorm(y) * norm_w * silu(z) (eps = sh.eps).
 void gdn_gated_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, const float* norm_w, float* y);
 // Steps 3-9 of row t: gdn_step_raw, then gdn_gated_norm of that row (two launches).

@@ -113,36 +113,4 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
-// The copy engine (sm_90+): a bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global
-// to shared memory whose completion counts on `bar` as transaction bytes, and the arrival that announces them
-// (mbarrier.arrive.expect_tx; the phase completes once the arrivals and all announced bytes are in). A barrier must
-// be made visible to the copy engine after mbar_init (bulk_fence_init) before a copy names it. Below sm_90 these
-// trap: the host only launches their kernels on sm_90+ (gdn_out.cu gdn_out_fused_ok).
-__device__ __forceinline__ void bulk_fence_init() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-#else
-  (void)bar, (void)bytes;
-  __trap();
-#endif
-}
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-#else
-  (void)dst, (void)src, (void)bytes, (void)bar;
-  __trap();
-#endif
-}
-
 }  // namespace fern::cuda::ptx

@@ -3,10 +3,8 @@
 // conv and recurrent states; plus a smaller head count. The same sequence through gdn_core_linear (the forward
 // pass's op: the core with out_proj; on the GPU for one row the step kernel's raw output normalised inside the
 // out_proj GEMV, linear_gated_norm) against the CPU's gdn_core followed by linear().
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include "cuda/kernels.h"
 #include "cuda_test_util.h"
 
 namespace fern {
@@ -114,30 +112,6 @@ TEST(CudaGdn, WithOutProjRealShapes) {
 TEST(CudaGdn, WithOutProjFewHeads) {
   FERN_REQUIRE_GPU();
   run(2, 4, 11, true);
-}
-
-// The step and out_proj in one launch (FERN_CUDA_GDN_OUT=fused; gdn_out.cu, sm_90+): the real shape (one 16-row tile
-// per block, 128 blocks) and few heads (16 blocks, 8 tiles each, K = 512), the same sequence of calls (its
-// multi-row calls take the separate path); the launch counter checks that the one-row calls ran fused. Its GEMV is
-// the tensor-core loop (NMSE ~1e-11 alone, test_cuda_linear.cpp): the same bound. An unknown value is an error.
-TEST(CudaGdn, FusedOutProj) {
-  FERN_REQUIRE_GPU();
-  test::EnvGuard fused("FERN_CUDA_GDN_OUT", "fused");
-  int major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  for (int heads : {16, 2}) {
-    const uint64_t before = cuda::gdn_out_fused_launches();
-    if (heads == 16) {
-      run(16, 32, 7, true);
-    } else {
-      run(2, 4, 11, true);
-    }
-    if (major >= 9) {  // 15 calls, 13 of them one row (the sequence in run)
-      EXPECT_EQ(cuda::gdn_out_fused_launches() - before, 13u);
-    }
-  }
-  test::EnvGuard bad("FERN_CUDA_GDN_OUT", "maybe");
-  EXPECT_THROW(run(2, 4, 11, true), std::exception);
 }
 
 // The multi-row fallback of an unsupported prefill shape (one step launch per row, then the gated norm of all
