@@ -150,7 +150,7 @@ TEST(CudaLinear, TensorCoreLoop) {
 
 // The 4-bit GEMVs with one block's work per SM launched one block per SM (FERN_CUDA_SPREAD=gemv, launch.cuh: only
 // the dynamic shared memory request changes): o_proj / out_proj, odd rows, several token rows (the grid counts
-// them), 8-bit and bf16 (not spread), K = 512; the same kernels, the same bound.
+// them), 8-bit and bf16 and K = 512 (8 lanes per row), which are not spread; the same kernels, the same bound.
 TEST(CudaLinear, SpreadBlocks) {
   FERN_REQUIRE_GPU();
   test::EnvGuard spread("FERN_CUDA_SPREAD", "gemv");
