@@ -252,10 +252,7 @@ void gdn_step_raw(const Ctx& c, const GdnShape& sh, int t, const float* mixed, c
   FERN_CU_CHECK(gdn_step_ok(sh), "gdn: unsupported head shape");
   const int64_t vd = int64_t(sh.Hv) * sh.Dv;
   dim3 grid(sh.Hv, sh.Dv / kCols);
-  const int64_t blocks = int64_t(grid.x) * grid.y;
-  const size_t smem = sh.kernel <= 4 ? spread_smem<gdn_kernel<4>>(c, kSpreadGdn, blocks, 0)
-                                     : spread_smem<gdn_kernel<kMaxKS>>(c, kSpreadGdn, blocks, 0);  // FERN_CUDA_SPREAD
-  launch(c, "gdn_kernel", sh.kernel <= 4 ? gdn_kernel<4> : gdn_kernel<kMaxKS>, grid, kThreads, smem, sh,
+  launch(c, "gdn_kernel", sh.kernel <= 4 ? gdn_kernel<4> : gdn_kernel<kMaxKS>, grid, kThreads, 0, sh,
          mixed + int64_t(t) * sh.conv_dim, b + int64_t(t) * sh.Hv, a + int64_t(t) * sh.Hv, conv_w, A_log, dt_bias,
          conv_state, state, y + t * vd, c.counters, early_state && t == 0 ? 1 : 0);
   FERN_CUDA_LAUNCH_CHECK("gdn_kernel");

@@ -3,10 +3,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-#include <string>
-
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 
@@ -37,35 +33,6 @@ void allow_dynamic_smem(size_t bytes) {
     return true;
   }();
   (void)once;
-}
-
-// FERN_CUDA_SPREAD (default 0; docs/notes/cuda-decode-v19-spread.md): the decode launches with at most one block's
-// work per SM ask for enough dynamic shared memory that a second block of the same kernel cannot fit an SM: "gdn" the
-// GDN step (128 blocks), "gemv" the 4-bit GEMVs of 32 lanes per row with one block's work per SM (out_proj, o_proj),
-// "1" both. Under PDL such a kernel is launched while the one before still runs, and its blocks take the first
-// slots that free up, up to three to an SM (the sixteenth session measured a fused GDN step + out_proj at 16.6 us
-// packed that way and 13.1 us spread, docs/notes/cuda-decode-v18-gdn-out.md). A padded block leaves room beside it
-// for an unpadded block of another kernel, not for a padded one. Read at every launch, for comparisons; any other
-// value is an error.
-constexpr size_t kSpreadSmem = 116 * 1024;  // over half of an SM's 228 KB: one block per SM
-enum SpreadClass : int { kSpreadGdn = 1, kSpreadGemv = 2 };
-
-inline bool spread_wanted(SpreadClass cls) {
-  const char* e = std::getenv("FERN_CUDA_SPREAD");
-  if (e == nullptr || std::strcmp(e, "0") == 0) return false;
-  if (std::strcmp(e, "1") == 0) return true;
-  if (std::strcmp(e, "gdn") == 0) return cls == kSpreadGdn;
-  if (std::strcmp(e, "gemv") == 0) return cls == kSpreadGemv;
-  raise_error(std::string("FERN_CUDA_SPREAD=") + e + ": expected 0, 1, gdn or gemv");
-}
-
-// The dynamic shared memory to launch `Kernel` with: `smem`, or, when its class is spread and the grid has at most
-// one block per SM, kSpreadSmem (the kernel uses only its first `smem` bytes).
-template <auto Kernel>
-size_t spread_smem(const Ctx& c, SpreadClass cls, int64_t blocks, size_t smem) {
-  if (!spread_wanted(cls) || blocks > c.sms || smem >= kSpreadSmem) return smem;
-  allow_dynamic_smem<Kernel>(kSpreadSmem);
-  return kSpreadSmem;
 }
 
 }  // namespace fern::cuda

@@ -604,12 +604,7 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
     return;
   }
   switch (lpr) {
-    case 32: {
-      constexpr auto kernel = linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads>;
-      const size_t sm = BITS == 4 ? spread_smem<kernel>(c, kSpreadGemv, int64_t(blocks) * T, smem) : smem;
-      launch(c, "linear_kernel", kernel, grid, kThreads, sm, a, m, rows, x, tail, nm);  // FERN_CUDA_SPREAD (launch.cuh)
-      break;
-    }
+    case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
     case 16: launch(c, "linear_kernel", linear_kernel<BITS, 16, MULTI, ROUTE, STAGE, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
     case 8: launch(c, "linear_kernel", linear_kernel<BITS, 8, MULTI, ROUTE, STAGE, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;
     default: launch(c, "linear_kernel", linear_kernel<BITS, 4, MULTI, ROUTE, STAGE, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;

@@ -5,8 +5,6 @@
 // out_proj GEMV, linear_gated_norm) against the CPU's gdn_core followed by linear().
 #include <gtest/gtest.h>
 
-#include <string>
-
 #include "cuda_test_util.h"
 
 namespace fern {
@@ -114,20 +112,6 @@ TEST(CudaGdn, WithOutProjRealShapes) {
 TEST(CudaGdn, WithOutProjFewHeads) {
   FERN_REQUIRE_GPU();
   run(2, 4, 11, true);
-}
-
-// The step kernel and the out_proj GEMV launched one block per SM (FERN_CUDA_SPREAD, launch.cuh: only their dynamic
-// shared memory request changes), each value; the same kernels, so the same bound. An unknown value is an error.
-TEST(CudaGdn, SpreadBlocks) {
-  FERN_REQUIRE_GPU();
-  for (const char* v : {"gdn", "gemv", "1"}) {
-    test::EnvGuard spread("FERN_CUDA_SPREAD", v);
-    SCOPED_TRACE(std::string("FERN_CUDA_SPREAD=") + v);
-    run(16, 32, 7, true);
-    run(2, 4, 11, true);
-  }
-  test::EnvGuard bad("FERN_CUDA_SPREAD", "everywhere");
-  EXPECT_THROW(run(2, 4, 11, true), std::exception);
 }
 
 // The multi-row fallback of an unsupported prefill shape (one step launch per row, then the gated norm of all

@@ -148,18 +148,6 @@ TEST(CudaLinear, TensorCoreLoop) {
   }
 }
 
-// The 4-bit GEMVs with one block's work per SM launched one block per SM (FERN_CUDA_SPREAD=gemv, launch.cuh: only
-// the dynamic shared memory request changes): o_proj / out_proj, odd rows, several token rows (the grid counts
-// them), 8-bit and bf16 and K = 512 (8 lanes per row), which are not spread; the same kernels, the same bound.
-TEST(CudaLinear, SpreadBlocks) {
-  FERN_REQUIRE_GPU();
-  test::EnvGuard spread("FERN_CUDA_SPREAD", "gemv");
-  for (const Case& c : {Case{"spread o_proj", 2048, 4096, 4, 64, 1}, Case{"spread odd rows", 37, 2048, 4, 64, 1},
-                        Case{"spread T=3", 1000, 2048, 4, 64, 3}, Case{"spread 8-bit", 300, 4096, 8, 32, 1},
-                        Case{"spread bf16", 515, 2048, 16, 0, 1}, Case{"spread K=512", 2048, 512, 4, 64, 1}})
-    run_case(c);
-}
-
 TEST(CudaLinear, BadWeightIsAnError) {
   FERN_REQUIRE_GPU();
   auto gpu = test::make_gpu();
