@@ -6,11 +6,13 @@
 // chunked form is then 1 GB of conv output + 1.35 GB of workspace); "32768 = 16 x 2048" runs the same rows as 16
 // calls of 2,048 carrying the state, as the engine's 2,048-row prefill chunks do. Inputs are random device fills
 // (decays ~0.98 per row); each figure is the median of 7 timed calls (CUDA events, after one warm-up) on a state
-// that keeps evolving.
+// that keeps evolving. Arguments, if any: the T values to run instead of the default list (e.g. `8192`, for a
+// profiler: the first launch of each kernel is then at that T), without the 16 x 2,048 row.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <vector>
 
@@ -35,7 +37,7 @@ float* dev_uniform(int64_t n, uint64_t seed, float lo, float hi) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   cuda::GdnShape sh{};
   sh.Hk = 16;
   sh.Hv = 32;
@@ -44,7 +46,15 @@ int main() {
   sh.kernel = 4;
   sh.conv_dim = 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv;
   sh.eps = 1e-6f;
-  const int Ts[] = {16, 64, 128, 256, 512, 1024, 2048, 4096, 32768};
+  std::vector<int> Ts = {16, 64, 128, 256, 512, 1024, 2048, 4096, 32768};
+  if (argc > 1) {
+    Ts.clear();
+    for (int i = 1; i < argc; ++i) Ts.push_back(std::atoi(argv[i]));
+    if (std::any_of(Ts.begin(), Ts.end(), [](int t) { return t < 1 || t > 32768; })) {
+      std::fprintf(stderr, "usage: bench_cuda_gdn_prefill [T ...] (1 <= T <= 32768)\n");
+      return 2;
+    }
+  }
   const int maxT = 32768;
   const int64_t C = sh.conv_dim, V = int64_t(sh.Hv) * sh.Dv;
 
@@ -87,6 +97,7 @@ int main() {
     std::fflush(stdout);
   }
   // 32K rows as the engine runs them: 16 calls of 2,048 rows, the state carried.
+  if (argc > 1) return 0;
   constexpr int kCall = 2048, kCalls = 16;
   auto calls = [&](cuda::GdnForm form) {
     return median_ms([&] {

@@ -5,7 +5,8 @@
 # mangled names, each optionally followed by :N launches to skip; default: the exact-code loop's dense 128-token
 # kernel and the MoE block's 96-row gate/up and down kernels, first launched at T = 2,048; `decode:REGEX` profiles a
 # kernel of bench_cuda_decode's 4K step, e.g. decode:moe_fused_kernel:40, `gemv:REGEX` one of its GEMV table,
-# `attn:REGEX` one of the attention prefill micro-benchmark, e.g. attn:attn_prefill_kernel) with the
+# `attn:REGEX` one of the attention prefill micro-benchmark, e.g. attn:attn_prefill_kernel, `gdn:REGEX` one of the
+# GDN prefill micro-benchmark at NCU_GDN_T rows (default 8,192), e.g. gdn:gdn_chunk_prep_kernel) with the
 # "full" section set and the per-instruction stall samples. Text reports (details, and the SASS source page with
 # the stall samples as CSV) packed into $OUT/ncu_reports.tar.gz, the key metrics in the summary.
 set -u
@@ -18,7 +19,8 @@ if [ -x /tmp/w/build/bench/bench_cuda_moe_prefill ] && [ "${NCU_REUSE:-0}" = 1 ]
 else
   gpu_unpack_head gemm-head
   gpu_configure
-  gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill bench_cuda_decode bench_cuda_attn_prefill
+  gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill bench_cuda_decode bench_cuda_attn_prefill \
+    bench_cuda_gdn_prefill
 fi
 KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi4ELi2E moe:gate_up_wg_kernelILi4ELi96ELi5ELi2E moe:down_wg_kernelILi4ELi96ELi5ELi2E"}
 for kv in $KERNELS; do
@@ -29,6 +31,7 @@ for kv in $KERNELS; do
     decode) exe=(build/bench/bench_cuda_decode blocks) ;;
     gemv) exe=(build/bench/bench_cuda_decode gemv) ;;  # the GEMV table (its first launch: in_proj_qkv, eager)
     attn) exe=(build/bench/bench_cuda_attn_prefill) ;;
+    gdn) exe=(build/bench/bench_cuda_gdn_prefill "${NCU_GDN_T:-8192}") ;;  # one layer's GDN core at T rows
     *) exe=(build/bench/bench_cuda_prefill_linear) ;;
   esac
   out="$OUT/ncu_$(echo "$k" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).txt"

@@ -81,6 +81,93 @@ __global__ void __launch_bounds__(kThreads) attn_prep_kernel(AttnShape sh, const
   }
 }
 
+// The same, one warp per (row, head) with the head in registers as float4 chunks (chunk c = dims 4c .. 4c + 3, lane
+// c % 32; D a multiple of 4, at most 256), for prompt rows: the block-per-(head, row) kernel above took 345 us per
+// 8,192-row call at the real shape (~5x its bytes at the copy bandwidth: 163,840 blocks of one 256-wide head each,
+// two block barriers per head). The rotary partner of a dim (d +- rot/2) is in the same chunk slot of lane
+// c -+ rot/8 (rot a multiple of 8, at most 128: all rotary dims in the first 32 chunks). Same per-element arithmetic
+// as attn_prep_kernel; the sum of squares is added in another order.
+constexpr int kPrepVpt = 2;  // float4 chunks per lane: D <= 256
+__global__ void __launch_bounds__(kThreads) attn_prep_rows_kernel(AttnShape sh, int T, const int32_t* __restrict__ d_pos,
+                                                                  const float* qg, const float* k, const float* v,
+                                                                  const float* __restrict__ q_norm,
+                                                                  const float* __restrict__ k_norm,
+                                                                  float* __restrict__ q_out,
+                                                                  uint16_t* __restrict__ k_cache,
+                                                                  uint16_t* __restrict__ v_cache) {
+  const int lane = threadIdx.x & 31;
+  const int heads = sh.Hq + 2 * sh.Hkv;
+  const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  pdl_wait();
+  pdl_trigger();
+  if (item >= int64_t(T) * heads) return;  // whole warps
+  const int t = static_cast<int>(item / heads), b = static_cast<int>(item % heads);
+  const int D = sh.D, n4 = D / 4;
+  const int64_t pos = int64_t(d_pos[0]) + t;
+  const auto store_bf16 = [](uint16_t* dst, float4 r) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(uint32_t(f32_to_bf16(r.x)) | uint32_t(f32_to_bf16(r.y)) << 16,
+                                                uint32_t(f32_to_bf16(r.z)) | uint32_t(f32_to_bf16(r.w)) << 16);
+  };
+  if (b >= sh.Hq + sh.Hkv) {  // v head: store as is
+    const int kvh = b - sh.Hq - sh.Hkv;
+    if (pos >= sh.capacity) return;
+    const float* src = v + (int64_t(t) * sh.Hkv + kvh) * D;
+    uint16_t* dst = v_cache + (pos * sh.Hkv + kvh) * D;
+    for (int c = lane; c < n4; c += 32) store_bf16(dst + 4 * c, reinterpret_cast<const float4*>(src)[c]);
+    return;
+  }
+  const bool is_q = b < sh.Hq;
+  const int hh = is_q ? b : b - sh.Hq;
+  if (!is_q && pos >= sh.capacity) return;
+  const float* src = is_q ? qg + (int64_t(t) * sh.Hq + hh) * 2 * D : k + (int64_t(t) * sh.Hkv + hh) * D;
+  const float* w = is_q ? q_norm : k_norm;
+  float4 xv[kPrepVpt];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPrepVpt; ++j) {
+    const int c = lane + 32 * j;
+    xv[j] = c < n4 ? reinterpret_cast<const float4*>(src)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    ss += (xv[j].x * xv[j].x + xv[j].y * xv[j].y) + (xv[j].z * xv[j].z + xv[j].w * xv[j].w);
+  }
+  ss = warp_sum(ss);
+  const float inv = rsqrtf(ss / float(D) + sh.eps);
+  const int half = sh.rot / 2, hq = half / 4;  // partner chunks are hq lanes apart
+  float* qdst = q_out + (int64_t(t) * sh.Hq + hh) * D;
+  uint16_t* kdst = k_cache + (pos * sh.Hkv + hh) * D;
+#pragma unroll
+  for (int j = 0; j < kPrepVpt; ++j) {
+    const int c = lane + 32 * j;
+    float4 n = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c < n4) {
+      const float4 wv = __ldg(reinterpret_cast<const float4*>(w) + c);
+      n = make_float4(xv[j].x * inv * wv.x, xv[j].y * inv * wv.y, xv[j].z * inv * wv.z, xv[j].w * inv * wv.w);
+    }
+    if (j == 0) {  // the rotary dims (all in the first 32 chunks); every lane takes part in the shuffles
+      const int src_lane = lane < hq ? lane + hq : lane - hq;
+      const float4 pn = make_float4(__shfl_sync(0xffffffffu, n.x, src_lane), __shfl_sync(0xffffffffu, n.y, src_lane),
+                                    __shfl_sync(0xffffffffu, n.z, src_lane), __shfl_sync(0xffffffffu, n.w, src_lane));
+      if (4 * c < sh.rot) {
+        const bool first = 4 * c < half;
+        const float nv[4] = {n.x, n.y, n.z, n.w}, pv[4] = {pn.x, pn.y, pn.z, pn.w};
+        float r[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int d = 4 * c + e, i = first ? d : d - half;
+          const float inv_freq = 1.0f / powf(sh.theta, float(2 * i) / float(sh.rot));
+          float sn, cs;
+          sincosf(float(pos) * inv_freq, &sn, &cs);
+          r[e] = first ? nv[e] * cs - pv[e] * sn : nv[e] * cs + pv[e] * sn;
+        }
+        n = make_float4(r[0], r[1], r[2], r[3]);
+      }
+    }
+    if (c < n4) {
+      if (is_q) reinterpret_cast<float4*>(qdst)[c] = n;
+      else store_bf16(kdst + 4 * c, n);
+    }
+  }
+}
+
 // The split kernel walks one KV position per warp iteration (version 4: the next two positions' rows in flight). A version that kept 4 positions in flight per warp
 // (raw BF16 rows in registers, 252 registers) measured 27-29% slower on the H200 with nsplit = 1 (4K: 6.0 vs
 // 4.7 ms for 10 layers; 128K: 180 vs 139 ms): the loop is bound by the dependent shuffle reductions at 8 warps per
@@ -447,6 +534,17 @@ void attn_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const fl
                uint16_t* v_cache, int T) {
   if (T <= 0) return;
   FERN_CU_CHECK(sh.rot % 2 == 0 && sh.rot <= sh.D, "attention: rotary dims");
+  const auto al16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  const bool rows = T > 1 && sh.D % 4 == 0 && sh.D <= 4 * 32 * kPrepVpt && sh.rot % 8 == 0 && sh.rot <= 128 &&
+                    al16(qg) && al16(k) && al16(v) && al16(q_norm) && al16(k_norm) && al16(q_out) &&
+                    reinterpret_cast<uintptr_t>(k_cache) % 8 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 8 == 0;
+  if (rows) {  // prompt rows (a decode step's single row keeps the block-per-head kernel)
+    const int64_t items = int64_t(T) * (sh.Hq + 2 * sh.Hkv);
+    launch(c, "attn_prep_rows_kernel", attn_prep_rows_kernel, static_cast<unsigned>((items + kWarps - 1) / kWarps),
+           kThreads, 0, sh, T, d_pos, qg, k, v, q_norm, k_norm, q_out, k_cache, v_cache);
+    FERN_CUDA_LAUNCH_CHECK("attn_prep_rows_kernel");
+    return;
+  }
   dim3 grid(sh.Hq + 2 * sh.Hkv, T);
   launch(c, "attn_prep_kernel", attn_prep_kernel, grid, kThreads, size_t(sh.D) * 4, sh, d_pos, qg, k, v, q_norm, k_norm, q_out,
                                                                     k_cache, v_cache);

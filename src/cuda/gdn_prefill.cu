@@ -1,7 +1,7 @@
 // Gated DeltaNet prefill (MODEL.md 2.4 steps 3-9) over T rows in three launches:
 //  1. gdn_conv_prep_kernel: causal conv + SiLU of every channel of every row, the carried conv state read for the
 //     first kernel-1 rows and then replaced by the chunk's last kernel-1 inputs, q and k l2-normalised (q also
-//     scaled by Dk^-1/2), all into the scratch xc [T, conv_dim]. Fully parallel over rows and heads.
+//     scaled by Dk^-1/2), all into the scratch xc [T, conv_dim]. Fully parallel over 64-row tiles and heads.
 //  2. gdn_scan_kernel: the delta rule, sequential over the T rows. Block (value head h, 32 value columns), 32*P/NC
 //     threads = 32 columns x P slices of the key dimension, NC columns per thread (default P = 8, NC = 2); each
 //     thread holds R = Dk/P elements of each of its state columns S[:, j] in registers for the whole call (the
@@ -11,6 +11,8 @@
 //     the next row needs for m = S^T k (times its decay), so a row costs one pass and one P-lane shuffle reduction.
 //  3. gdn_gated_norm (gdn.cu, shared with decode): gated RMSNorm with z, one warp per (row, value head), in place.
 // With GdnForm::Chunked, gdn_prefill runs the chunked WY form (gdn_chunked.cu, two launches) in place of kernel 2.
+#include <algorithm>
+
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
 #include "cuda/launch.cuh"
@@ -23,23 +25,29 @@ constexpr int kMaxHeadDim = 256;  // largest Dk / Dv of a head the pre-pass take
 constexpr int kMaxKernel = 8;     // largest conv kernel
 
 // ---- 1. conv + SiLU + l2 norms ----
-constexpr int kPrepThreads = 128;
-constexpr int kPrepRows = 16;  // rows per block; >= kMaxKernel - 1, so only the first row tile reads the conv state
-static_assert(kPrepRows >= kMaxKernel - 1);
-
+// Grid (64-row tiles, 2*Hk + Hv segments): segment s < Hk is q head s, then the Hk k heads, then the Hv v heads.
+// 2 * max(Dk, Dv) threads: thread = (row group rg of 8 rows, channel quad cq of the segment's D / 4), so a thread
+// loads its 8 + KS - 1 input rows of 4 channels as float4 (the 3-row halo of a group is mostly an L1 hit: the group
+// above loaded it) and keeps them in registers; a q/k row's sum of squares is a butterfly over the D / 4 lanes of the
+// row group (Dk <= 128: at most a warp), so no shared memory and no barrier. Version 1 (16-row tiles, 128 threads,
+// one channel and scalar loads per thread, the tile staged in shared memory) took 416 us per 8,192-row call at the
+// real shape, ~3x its bytes at the copy bandwidth (docs/notes/cuda-prefill-v17-glue.md).
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// Grid (row tiles, 2*Hk + Hv segments): segment s < Hk is q head s, then the Hk k heads, then the Hv v heads.
-__global__ void __launch_bounds__(kPrepThreads) gdn_conv_prep_kernel(GdnShape sh, int T,
-                                                                     const float* __restrict__ mixed,
-                                                                     const float* __restrict__ conv_w,
-                                                                     float* __restrict__ conv_state,
-                                                                     float* __restrict__ xc) {
-  __shared__ float buf[kPrepRows][kMaxHeadDim];
-  __shared__ float inv[kPrepRows];
-  const int seg = blockIdx.y, t0 = blockIdx.x * kPrepRows, tid = threadIdx.x;
-  const int rows = min(kPrepRows, T - t0);
-  const int KS = sh.kernel;
+constexpr int kConvRows = 64;   // rows per block
+constexpr int kConvRowsPerThread = 8;
+constexpr int kConvGroups = kConvRows / kConvRowsPerThread;
+
+__device__ __forceinline__ float4 f4_at(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+template <int KS>
+__global__ void __launch_bounds__(2 * kMaxHeadDim) gdn_conv_prep_kernel(GdnShape sh, int T,
+                                                                        const float* __restrict__ mixed,
+                                                                        const float* __restrict__ conv_w,
+                                                                        float* __restrict__ conv_state,
+                                                                        float* __restrict__ xc) {
+  constexpr int R = kConvRowsPerThread, NX = R + KS - 1;
+  const int seg = blockIdx.y, t0 = blockIdx.x * kConvRows;
   const int64_t C = sh.conv_dim, key_dim = int64_t(sh.Hk) * sh.Dk;
   int64_t base;
   int D;
@@ -56,64 +64,64 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_conv_prep_kernel(GdnShape sh
     D = sh.Dv;
   }
   const bool l2 = seg < 2 * sh.Hk;
+  const int nq = D / 4, rg = threadIdx.x / nq, cq = threadIdx.x - rg * nq;
+  if (rg >= kConvGroups) return;  // whole warps (8 nq is a multiple of 32): the shuffles below see full warps
+  const int64_t ch = base + 4 * cq;
+  const int r0 = t0 + R * rg;  // this thread's first output row
+  float4 w[KS];                // tap j of channels ch .. ch + 3 (weights: read before the PDL wait)
+#pragma unroll
+  for (int j = 0; j < KS; ++j)
+    w[j] = make_float4(conv_w[ch * KS + j], conv_w[(ch + 1) * KS + j], conv_w[(ch + 2) * KS + j],
+                       conv_w[(ch + 3) * KS + j]);
   pdl_wait();
   pdl_trigger();
 
-  for (int c = tid; c < D; c += kPrepThreads) {
-    const int64_t ch = base + c;
-    // The tile's inputs (rows t0-kMaxKernel+1 .. t0+kPrepRows-1; x[i] is row t0-kMaxKernel+1+i) are loaded once,
-    // all before the arithmetic, and the weights are right-aligned to kMaxKernel taps (zeros in front), so every
-    // index below is a compile-time constant and x stays in registers.
-    float wq[kMaxKernel], x[kPrepRows + kMaxKernel - 1];
+  // x[i] is input row r0 - (KS - 1) + i; negative rows come from the carried conv state (first tile only).
+  float4 x[NX];
 #pragma unroll
-    for (int j = 0; j < kMaxKernel; ++j) {
-      const int tap = j - (kMaxKernel - KS);
-      wq[j] = tap >= 0 ? conv_w[ch * KS + tap] : 0.0f;
+  for (int i = 0; i < NX; ++i) {
+    const int p = r0 - (KS - 1) + i;
+    x[i] = p >= T ? make_float4(0.f, 0.f, 0.f, 0.f)
+                  : f4_at(p >= 0 ? mixed + int64_t(p) * C + ch : conv_state + int64_t(KS - 1 + p) * C + ch);
+  }
+  if (blockIdx.x == 0 && rg == 0) {
+    // The new conv state: the last KS - 1 inputs of [old state; mixed]. Only this thread reads or writes these
+    // entries (other threads' inputs start at row >= R - KS + 1 >= 0), and it reads every old value before writing.
+    float4 next[KS - 1];
+#pragma unroll
+    for (int r = 0; r < KS - 1; ++r) {
+      const int p = T - (KS - 1) + r;
+      next[r] = f4_at(p >= 0 ? mixed + int64_t(p) * C + ch : conv_state + int64_t(KS - 1 + p) * C + ch);
     }
 #pragma unroll
-    for (int i = 0; i < kPrepRows + kMaxKernel - 1; ++i) {
-      const int p = t0 - (kMaxKernel - 1) + i;  // negative: carried from the previous call
-      float v = 0.0f;
-      if (p >= t0 - (KS - 1) && p < t0 + rows)
-        v = p >= 0 ? mixed[int64_t(p) * C + ch] : conv_state[int64_t(KS - 1 + p) * C + ch];
-      x[i] = v;
+    for (int r = 0; r < KS - 1; ++r) *reinterpret_cast<float4*>(conv_state + int64_t(r) * C + ch) = next[r];
+  }
+  // Output row r0 + r: taps in order 0 .. KS - 1 (the oldest input first, as the CPU reference).
+  float4 y[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int j = 0; j < KS; ++j) {
+      acc.x = fmaf(w[j].x, x[r + j].x, acc.x);
+      acc.y = fmaf(w[j].y, x[r + j].y, acc.y);
+      acc.z = fmaf(w[j].z, x[r + j].z, acc.z);
+      acc.w = fmaf(w[j].w, x[r + j].w, acc.w);
     }
+    y[r] = make_float4(silu(acc.x), silu(acc.y), silu(acc.z), silu(acc.w));
+  }
+  if (l2) {  // uniform over the block; the row group's nq lanes (a power of two, <= 32) are adjacent in one warp
 #pragma unroll
-    for (int r = 0; r < kPrepRows; ++r) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kMaxKernel; ++j) acc = fmaf(wq[j], x[r + j], acc);
-      if (r < rows) buf[r][c] = silu(acc);
-    }
-    if (blockIdx.x == 0) {
-      // The new conv state: the last KS-1 inputs of [old state; mixed]. Only this thread reads or writes these
-      // entries (other row tiles start at row >= KS-1), and it reads every old value before writing any.
-      float next[kMaxKernel];
-#pragma unroll
-      for (int r = 0; r < kMaxKernel - 1; ++r) {
-        if (r < KS - 1) {
-          const int p = T - (KS - 1) + r;
-          next[r] = p >= 0 ? mixed[int64_t(p) * C + ch] : conv_state[int64_t(KS - 1 + p) * C + ch];
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kMaxKernel - 1; ++r)
-        if (r < KS - 1) conv_state[int64_t(r) * C + ch] = next[r];
+    for (int r = 0; r < R; ++r) {
+      float ss = (y[r].x * y[r].x + y[r].y * y[r].y) + (y[r].z * y[r].z + y[r].w * y[r].w);
+      for (int o = nq / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float inv = rsqrtf(ss + 1e-6f) * scale;  // eps inside the root, on the sum (MODEL.md 2.2)
+      y[r] = make_float4(y[r].x * inv, y[r].y * inv, y[r].z * inv, y[r].w * inv);
     }
   }
-  if (l2) {  // uniform over the block
-    __syncthreads();
-    const int warp = tid >> 5, lane = tid & 31;
-    for (int r = warp; r < rows; r += kPrepThreads / 32) {
-      float ss = 0.0f;
-      for (int c = lane; c < D; c += 32) ss = fmaf(buf[r][c], buf[r][c], ss);
-      ss = warp_sum(ss);
-      if (lane == 0) inv[r] = rsqrtf(ss + 1e-6f) * scale;  // eps inside the root, on the sum (MODEL.md 2.2)
-    }
-    __syncthreads();
-  }
-  for (int c = tid; c < D; c += kPrepThreads)
-    for (int r = 0; r < rows; ++r) xc[int64_t(t0 + r) * C + base + c] = l2 ? buf[r][c] * inv[r] : buf[r][c];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r0 + r < T) *reinterpret_cast<float4*>(xc + int64_t(r0 + r) * C + ch) = y[r];
 }
 
 // ---- 2. the delta-rule scan ----
@@ -332,9 +340,22 @@ void gdn_prefill_conv(const Ctx& c, const GdnShape& sh, int T, const float* mixe
                       float* conv_state, float* xc) {
   FERN_CU_CHECK(gdn_prefill_ok(sh), "gdn_prefill: unsupported head shape");
   FERN_CU_CHECK(T >= 1, "gdn_prefill: no rows");
-  const dim3 grid((T + kPrepRows - 1) / kPrepRows, 2 * sh.Hk + sh.Hv);
-  launch(c, "gdn_conv_prep_kernel", gdn_conv_prep_kernel, grid, kPrepThreads, 0, sh, T, mixed, conv_w, conv_state,
-         xc);
+  const auto al16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  FERN_CU_CHECK(al16(mixed) && al16(conv_state) && al16(xc), "gdn_prefill: rows or conv state not 16-byte aligned");
+  const dim3 grid((T + kConvRows - 1) / kConvRows, 2 * sh.Hk + sh.Hv);
+  const int threads = 2 * std::max(sh.Dk, sh.Dv);  // 8 row groups x D / 4 channel quads of the widest segment
+  const auto go = [&](auto kernel) {
+    launch(c, "gdn_conv_prep_kernel", kernel, grid, threads, 0, sh, T, mixed, conv_w, conv_state, xc);
+  };
+  switch (sh.kernel) {
+    case 2: go(gdn_conv_prep_kernel<2>); break;
+    case 3: go(gdn_conv_prep_kernel<3>); break;
+    case 4: go(gdn_conv_prep_kernel<4>); break;
+    case 5: go(gdn_conv_prep_kernel<5>); break;
+    case 6: go(gdn_conv_prep_kernel<6>); break;
+    case 7: go(gdn_conv_prep_kernel<7>); break;
+    default: go(gdn_conv_prep_kernel<8>); break;
+  }
   FERN_CUDA_LAUNCH_CHECK("gdn_conv_prep_kernel");
 }
 
