@@ -36,14 +36,16 @@ __host__ __device__ inline int64_t block_floats(int Dk, int Dv) { return int64_t
 
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
+// x = hi + lo as two tf32 values, in four integer/float instructions: hi rounded to nearest (ties away) by adding
+// half an ulp of the tf32 mantissa to the bits and clearing the 13 low ones, lo = x - hi (exact) truncated the same
+// way (its dropped bits are ~2^-22 of x, the size of the lo*lo term 3xTF32 leaves out). `cvt.rna.tf32.f32` is not
+// a hardware conversion on sm_80/sm_90: it compiles to ~4-5 instructions with an Inf/NaN check, so the two
+// conversions per element were ~60% of the state kernel's instructions (Nsight Compute, notes cuda-prefill-v17-glue.md).
+// Inf/NaN inputs give NaN either way; finite values near FLT_MAX could round up to Inf (the GDN operands are
+// normalised keys and queries, decay factors <= 1 and their products: far below).
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = to_tf32(x);
-  lo = to_tf32(x - __uint_as_float(hi));
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
 
 // d += a b for one m16n8k8 tile, tf32 operands, fp32 accumulators.
