@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/env.h"
 #include "cuda/attn_decode_tc.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -485,12 +486,7 @@ __global__ void __launch_bounds__(kThreads) attn_combine2_kernel(AttnShape sh, i
 }
 
 // FERN_CUDA_ATTN_COMBINE: unset/empty/v2 -> version 2, v1 -> the first (read at every call, for the benchmark).
-bool combine_v1() {
-  const char* e = std::getenv("FERN_CUDA_ATTN_COMBINE");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "v2") == 0) return false;
-  if (std::strcmp(e, "v1") == 0) return true;
-  raise_error(std::string("FERN_CUDA_ATTN_COMBINE=") + e + ": expected v1 or v2");
-}
+bool combine_v1() { return env_choice("FERN_CUDA_ATTN_COMBINE", {"v2", "v1"}, 0) == 1; }
 
 template <int G>
 void launch_split(const Ctx& c, const AttnShape& sh, dim3 grid, const int32_t* d_pos, const float* q,
@@ -508,8 +504,7 @@ void launch_split(const Ctx& c, const AttnShape& sh, dim3 grid, const int32_t* d
 // heads per KV head below 64K positions of capacity, else 1. FERN_CUDA_ATTN_HG=1/2/4 overrides (read at every
 // call, for the benchmark).
 int attn_head_groups(int G, int64_t capacity) {
-  const char* e = std::getenv("FERN_CUDA_ATTN_HG");
-  const int want = e != nullptr ? std::atoi(e) : (G == 8 && capacity < 65536 ? 2 : 1);
+  const int want = static_cast<int>(env_int("FERN_CUDA_ATTN_HG", 1, 8, G == 8 && capacity < 65536 ? 2 : 1));
   return want >= 1 && want <= G && G % want == 0 ? want : 1;
 }
 

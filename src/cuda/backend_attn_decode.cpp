@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.h"
 #include "cuda/attn_decode_tc.h"
 #include "cuda/backend_internal.h"
 
@@ -15,19 +16,11 @@ using namespace cuda_backend_detail;
 namespace cuda {
 
 AttnDecodeKernel attn_decode_kernel_choice() {
-  const char* e = std::getenv("FERN_CUDA_ATTN_DECODE");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0 || std::strcmp(e, "tc") == 0)
-    return AttnDecodeKernel::Tc;
-  if (std::strcmp(e, "split") == 0) return AttnDecodeKernel::Split;
-  fail("FERN_CUDA_ATTN_DECODE={}: expected auto, tc or split", e);
+  return env_choice("FERN_CUDA_ATTN_DECODE", {"auto", "tc", "split"}, 0) == 2 ? AttnDecodeKernel::Split
+                                                                              : AttnDecodeKernel::Tc;
 }
 
-bool attn_prep_fused() {
-  const char* e = std::getenv("FERN_CUDA_ATTN_PREP");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "fused") == 0) return true;
-  if (std::strcmp(e, "separate") == 0) return false;
-  fail("FERN_CUDA_ATTN_PREP={}: expected fused or separate", e);
-}
+bool attn_prep_fused() { return env_choice("FERN_CUDA_ATTN_PREP", {"fused", "separate"}, 0) == 0; }
 
 }  // namespace cuda
 

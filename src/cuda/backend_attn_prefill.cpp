@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.h"
 #include "cuda/attn_prefill.h"
 #include "cuda/backend_internal.h"
 
@@ -34,14 +35,8 @@ constexpr int kAttnCopiesMinRows = 128;
 // FP16 copies), wg (the warpgroup kernel where it takes the shape and the device, else flash-kv16) or decode.
 enum class Choice { Auto, Flash, FlashBf16, FlashKv16, Wg, Decode };
 Choice forced_choice() {
-  const char* e = std::getenv("FERN_ATTN_PREFILL");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return Choice::Auto;
-  if (std::strcmp(e, "flash") == 0) return Choice::Flash;
-  if (std::strcmp(e, "flash-bf16") == 0) return Choice::FlashBf16;
-  if (std::strcmp(e, "flash-kv16") == 0) return Choice::FlashKv16;
-  if (std::strcmp(e, "wg") == 0) return Choice::Wg;
-  if (std::strcmp(e, "decode") == 0) return Choice::Decode;
-  fail("FERN_ATTN_PREFILL={}: expected auto, flash, flash-bf16, flash-kv16, wg or decode", e);
+  return static_cast<Choice>(
+      env_choice("FERN_ATTN_PREFILL", {"auto", "flash", "flash-bf16", "flash-kv16", "wg", "decode"}, 0));
 }
 
 bool decode_kernel_ok(const cuda::AttnShape& sh) {

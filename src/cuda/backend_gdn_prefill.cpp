@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.h"
 #include "cuda/backend_internal.h"
 #include "cuda/gdn_prefill.h"
 
@@ -25,12 +26,7 @@ constexpr int kChunkedMinRows = 320;
 
 enum class Choice { Auto, Scan, Chunked, Rows };
 Choice forced_choice() {
-  const char* e = std::getenv("FERN_GDN_PREFILL");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return Choice::Auto;
-  if (std::strcmp(e, "scan") == 0) return Choice::Scan;
-  if (std::strcmp(e, "chunked") == 0) return Choice::Chunked;
-  if (std::strcmp(e, "rows") == 0) return Choice::Rows;
-  fail("FERN_GDN_PREFILL={}: expected auto, scan, chunked or rows", e);
+  return static_cast<Choice>(env_choice("FERN_GDN_PREFILL", {"auto", "scan", "chunked", "rows"}, 0));
 }
 
 }  // namespace

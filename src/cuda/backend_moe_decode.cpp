@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.h"
 #include "cuda/backend_internal.h"
 
 namespace fern {
@@ -13,10 +14,7 @@ namespace {
 
 // FERN_CUDA_MOE_FUSED=0 keeps the three launches (for comparisons).
 bool fused_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("FERN_CUDA_MOE_FUSED");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = env_choice("FERN_CUDA_MOE_FUSED", {"0", "1"}, 1) == 1;
   return on;
 }
 

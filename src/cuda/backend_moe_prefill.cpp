@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "cuda/backend_internal.h"
 #include "cuda/cuda_check.h"
 #include "cuda/gemm_wg.h"
@@ -40,10 +41,6 @@ using namespace cuda_backend_detail;
 
 namespace {
 
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
 
 // Rows from which the router logits take the dense linear's path when that is the wgmma loop (bench_cuda_moe_prefill,
 // the MoE block on the H200, thirteenth session: 0.690 vs 0.666 ms at T = 512, 1.122 vs 1.131 at 2,048, 3.425 vs
@@ -53,13 +50,9 @@ constexpr int kRouterGemmMinRows = 2048;
 
 enum class RouterForm { Tiles, Gemm, Fused };
 RouterForm router_form(int T) {
-  const char* v = std::getenv("FERN_MOE_ROUTER");
-  if (v == nullptr || *v == '\0')
-    return T >= kRouterGemmMinRows && cuda::gemm_mode() == cuda::GemmMode::Wg ? RouterForm::Gemm : RouterForm::Tiles;
-  if (std::strcmp(v, "tiles") == 0) return RouterForm::Tiles;
-  if (std::strcmp(v, "gemm") == 0) return RouterForm::Gemm;
-  if (std::strcmp(v, "fused") == 0) return RouterForm::Fused;
-  fail("FERN_MOE_ROUTER={}: expected tiles, gemm or fused", v);
+  const int forced = env_choice("FERN_MOE_ROUTER", {"tiles", "gemm", "fused"}, -1);
+  if (forced >= 0) return static_cast<RouterForm>(forced);
+  return T >= kRouterGemmMinRows && cuda::gemm_mode() == cuda::GemmMode::Wg ? RouterForm::Gemm : RouterForm::Tiles;
 }
 
 // Token rows per tile. A tile costs its full height in MMAs whatever rows it holds, and each tile stages the
@@ -140,7 +133,7 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   const float* xp = f32(x, "moe x");
   float* op = f32(out, "moe out");
 
-  if (env_is("FERN_MOE_PATH", "rows") || !cuda::moe_grouped_ok(gate, up, down, sgate, sup, sdown)) {
+  if (env_choice("FERN_MOE_PATH", {"grouped", "rows"}, 0) == 1 || !cuda::moe_grouped_ok(gate, up, down, sgate, sup, sdown)) {
     // The decode kernels over the T rows (each row re-reads its experts' weights).
     s.h = scratch(DType::F32, {T, k * I + Is}).ptr<float>();
     cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router),
@@ -164,9 +157,9 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
     cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);
   }
 
-  const bool prefetch = env_is("FERN_MOE_PREFETCH", "1");
+  const bool prefetch = env_choice("FERN_MOE_PREFETCH", {"0", "1"}, 0) == 1;
   const cuda::GemmMode mode = cuda::gemm_mode();
-  const bool separate = env_is("FERN_MOE_DEQUANT", "separate") && gate.bits != 16;
+  const bool separate = env_choice("FERN_MOE_DEQUANT", {"fused", "separate"}, 0) == 1 && gate.bits != 16;
   // The wgmma loops (FERN_MOE_DEQUANT=separate and FERN_MOE_PREFETCH=1 take split); the exact-code one is decided
   // per GEMM (its own row layout for x and h), and both GEMMs on it allow the tile heights it alone takes.
   const bool wg = mode == cuda::GemmMode::Wg && !prefetch && !separate && cuda::moe_grouped_wg_ok(gate, down, sdown);
@@ -182,7 +175,7 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   g.order = scratch(DType::I32, {int64_t(T) * k}).ptr<int32_t>();
   g.tiles = scratch(DType::I32, {2 * cuda::moe_max_tiles(T, k, Ei, bm)}).ptr<int32_t>();
   g.n_tiles = scratch(DType::I32, {1}).ptr<int32_t>();
-  if (env_is("FERN_MOE_ROUTING", "host"))
+  if (env_choice("FERN_MOE_ROUTING", {"gpu", "host"}, 0) == 1)
     group_on_host(stream(), s.topk_ids, T, k, Ei, bm, g);
   else
     cuda::moe_group(ctx(), s.topk_ids, T, k, Ei, bm, g);

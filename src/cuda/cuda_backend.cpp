@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "cuda/backend_internal.h"
 #include "cuda/cuda_backend_impl.h"
@@ -35,16 +36,14 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
   int major = 0;
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const char* env = std::getenv("FERN_CUDA_PDL");
-  pdl_ = major >= 9 && (env ? std::string(env) != "0" : kPdlDefault);
+  pdl_ = major >= 9 && env_choice("FERN_CUDA_PDL", {"0", "1"}, kPdlDefault ? 1 : 0) == 1;
   FERN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FERN_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   FERN_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
   FERN_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
-  const char* br = std::getenv("FERN_CUDA_BRANCHES");
   // Off by default: measured on the H200, 3039 vs 3021 us per 4K decode step with and without (the branches
   // compete for the SMs that the first projection already fills, and a join costs the PDL overlap).
-  branches_ = br ? std::string(br) != "0" : false;
+  branches_ = env_choice("FERN_CUDA_BRANCHES", {"0", "1"}, 0) == 1;
   FERN_CUDA_CHECK(cudaMalloc(&counters_, sizeof(int) * kCounters));
   FERN_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(int) * kCounters));
   (void)cuda::gemm_wg_supported();  // probe the wgmma path now, not inside a prefill

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/env.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_f16.h"
 #include "cuda/gemm_wg.h"
@@ -99,17 +100,16 @@ X16 x16_carve(void* ws, int64_t rows, int64_t K, bool precise) {
 }
 
 GemmMode gemm_mode() {
-  const char* v = std::getenv("FERN_GEMM");
-  if (v == nullptr) return gemm_wg_supported() ? GemmMode::Wg : GemmMode::Split;
-  if (std::strcmp(v, "split") == 0) return GemmMode::Split;
-  if (std::strcmp(v, "fp16") == 0) return GemmMode::Fp16;
-  if (std::strcmp(v, "fp16x2") == 0) return GemmMode::Fp16x2;
-  if (std::strcmp(v, "wg") == 0) {
-    if (!gemm_wg_supported())
-      raise_error("FERN_GEMM=wg: needs a compute-capability 9.0 GPU and a build with sm_90a (FERN_CUDA_ARCHS)");
-    return GemmMode::Wg;
+  switch (env_choice("FERN_GEMM", {"split", "fp16", "fp16x2", "wg"}, -1)) {
+    case 0: return GemmMode::Split;
+    case 1: return GemmMode::Fp16;
+    case 2: return GemmMode::Fp16x2;
+    case 3:
+      if (!gemm_wg_supported())
+        raise_error("FERN_GEMM=wg: needs a compute-capability 9.0 GPU and a build with sm_90a (FERN_CUDA_ARCHS)");
+      return GemmMode::Wg;
+    default: return gemm_wg_supported() ? GemmMode::Wg : GemmMode::Split;
   }
-  raise_error(std::string("FERN_GEMM=") + v + ": expected split, fp16, fp16x2 or wg");
 }
 
 void to_x16(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_wg.h"
 #include "cuda/launch.cuh"
@@ -127,32 +128,20 @@ bool gemm_wg_supported() {
 }
 
 int gemm_wg_stages() {
-  const char* v = std::getenv("FERN_GEMM_WG_STAGES");
-  if (v == nullptr) return 0;
-  if (std::strcmp(v, "2") == 0) return 2;
-  if (std::strcmp(v, "4") == 0) return 4;
-  raise_error(std::string("FERN_GEMM_WG_STAGES=") + v + ": expected 2 or 4");
+  const int i = env_choice("FERN_GEMM_WG_STAGES", {"2", "4"}, -1);
+  return i < 0 ? 0 : i == 0 ? 2 : 4;
 }
 
 int items_per_block(const char* env, int64_t blocks, int most, int sms) {
-  if (const char* v = std::getenv(env); v != nullptr && *v != 0) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*end != 0 || n < 1 || n > 64) raise_error(std::string(env) + "=" + v + ": expected 1..64 output blocks per block");
-    return static_cast<int>(n);
-  }
+  if (const long forced = env_int(env, 1, 64, 0); forced > 0) return static_cast<int>(forced);
   int n = 1;
   while (2 * n <= most && blocks / (2 * n) >= 3 * int64_t(sms)) n *= 2;
   return n;
 }
 
 WgPipe gemm_wg_pipe() {
-  const char* v = std::getenv("FERN_GEMM_WG_PIPE");
-  if (v == nullptr || std::strcmp(v, "q4") == 0) return WgPipe::Q4;
-  if (std::strcmp(v, "q4h") == 0) return WgPipe::Q4h;
-  if (std::strcmp(v, "ws") == 0) return WgPipe::Ws;
-  if (std::strcmp(v, "sync") == 0) return WgPipe::Sync;
-  raise_error(std::string("FERN_GEMM_WG_PIPE=") + v + ": expected q4, q4h, ws or sync");
+  constexpr WgPipe kPipes[] = {WgPipe::Q4, WgPipe::Q4h, WgPipe::Ws, WgPipe::Sync};
+  return kPipes[env_choice("FERN_GEMM_WG_PIPE", {"q4", "q4h", "ws", "sync"}, 0)];
 }
 
 bool gemm_q4_ok(const QW& w) {

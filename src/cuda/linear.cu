@@ -20,6 +20,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/env.h"
 #include "cuda/gemv_tc.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -503,10 +504,7 @@ __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, T
 // plain GEMVs with 32 lanes per row (read at every call, for comparisons). Measured on the H200, cold L2, lm_head:
 // 104.8 us with 3 against 96.9 with 2 (docs/notes/cuda-decode-v5.md), then 96.0 / 96.7 and 95.1 / 96.4
 // (cuda-decode-v6.md, runs 1-2): within ~1%, so 2 stays the default.
-int gemv_depth() {
-  if (const char* e = std::getenv("FERN_CUDA_GEMV_NB"); e != nullptr && e[0] == '3' && e[1] == 0) return 3;
-  return 2;
-}
+int gemv_depth() { return env_choice("FERN_CUDA_GEMV_NB", {"2", "3"}, 0) == 1 ? 3 : 2; }
 
 // 512-thread blocks (one per SM) for a GEMV with 32 lanes per row (not the fused router): by default only where
 // every block walks at least kWideGroups row groups of 32 rows (>= 67,584 rows on 132 SMs: lm_head). Measured on
@@ -522,12 +520,10 @@ int gemv_depth() {
 // every call, for comparisons).
 constexpr int kWideGroups = 16;
 // A GEMV choice taken by row count, overridable through the environment variable `var` (read at every call, for
-// comparisons): "0" / "1" never / always, N > 1 from N rows, unset (or anything else) `by_default`.
+// comparisons): "0" / "1" never / always, N > 1 from N rows, unset `by_default`.
 bool rows_switch(const char* var, int rows, bool by_default) {
-  const char* e = std::getenv(var);
-  if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
-  if (e != nullptr && e[0] >= '1' && e[0] <= '9') return rows >= std::atoi(e);
-  return by_default;
+  const long n = env_int(var, 0, INT_MAX, -1);
+  return n < 0 ? by_default : n <= 1 ? n == 1 : rows >= n;
 }
 
 bool gemv_wide(const Ctx& c, int rows) {
@@ -539,9 +535,8 @@ bool gemv_wide(const Ctx& c, int rows) {
 // FERN_CUDA_GNORM_WIDE=1 / 0 forces 512 / 256 threads (read at every call, for comparisons: with 512 threads each
 // block stages the row with half the work per thread, in half as many blocks).
 bool gated_norm_wide(const Ctx& c, int rows) {
-  const char* e = std::getenv("FERN_CUDA_GNORM_WIDE");
-  if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
-  return gemv_wide(c, rows);
+  const int forced = env_choice("FERN_CUDA_GNORM_WIDE", {"0", "1"}, -1);
+  return forced >= 0 ? forced == 1 : gemv_wide(c, rows);
 }
 
 // Blocks per SM of the 256-thread 4-bit GEMVs with 32 lanes per row that have more than two blocks' work per SM
@@ -550,12 +545,7 @@ bool gated_norm_wide(const Ctx& c, int rows) {
 // wait with the row) or 2 (FERN_CUDA_GEMV_OCC=2). Smaller GEMVs (out_proj, o_proj: one block's work per SM) keep
 // the uncapped kernel, which measured faster for them (docs/notes/cuda-decode-v16-occupancy.md). Read at every
 // call, for comparisons.
-int gemv_occupancy() {
-  const char* e = std::getenv("FERN_CUDA_GEMV_OCC");
-  if (e == nullptr || std::strcmp(e, "3") == 0) return 3;
-  if (std::strcmp(e, "2") == 0) return 2;
-  raise_error(std::string("FERN_CUDA_GEMV_OCC=") + e + ": expected 2 or 3");
-}
+int gemv_occupancy() { return env_choice("FERN_CUDA_GEMV_OCC", {"2", "3"}, 1) == 0 ? 2 : 3; }
 
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
@@ -624,9 +614,8 @@ bool gemv_tc_wanted(int rows) { return rows_switch("FERN_CUDA_GEMV_TC", rows, ro
 // Item buffers per warp: 3 where warps own whole tiles (lm_head: 87.7 us against 93.9 with 2), 2 where they share
 // a tile's K blocks (at most a few items per warp); FERN_CUDA_GEMV_TC_NB=2 / 3 forces it (read at every call).
 int tc_depth(bool whole) {
-  const char* e = std::getenv("FERN_CUDA_GEMV_TC_NB");
-  if (e != nullptr && (e[0] == '2' || e[0] == '3') && e[1] == 0) return e[0] - '0';
-  return whole ? 3 : 2;
+  const int forced = env_choice("FERN_CUDA_GEMV_TC_NB", {"2", "3"}, -1);
+  return forced >= 0 ? 2 + forced : whole ? 3 : 2;
 }
 
 template <bool MULTI, int STAGE>

@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 
+#include "core/env.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/cuda_util.cuh"
@@ -141,8 +142,8 @@ void gemm16_bits(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
   }
   constexpr int S = BITS == 4 ? 4 : 3;  // 8-bit code rows are twice as long: 3 stages keep 2 blocks per SM
   // FERN_GEMM_TILE=64|128 forces a tile height (for the micro-benchmark's comparison).
-  const char* force = std::getenv("FERN_GEMM_TILE");
-  const int bm = force != nullptr ? std::atoi(force) : T >= kTallRows ? 128 : 64;
+  const int forced = env_choice("FERN_GEMM_TILE", {"64", "128"}, -1);
+  const int bm = forced >= 0 ? (forced == 0 ? 64 : 128) : T >= kTallRows ? 128 : 64;
   if (bm == 128)
     launch16<BITS, 2, 4, 4, S>(c, w, x, y, T);
   else

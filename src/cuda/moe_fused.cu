@@ -37,6 +37,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/env.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
@@ -572,12 +573,7 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
 
 // 512 threads per block, one block per SM ("1" or unset), or 256 with two per SM ("0"); read at every call, for
 // comparisons. Any other value is an error naming the switch, not a silent default.
-bool moe_wide() {
-  const char* e = std::getenv("FERN_CUDA_MOE_WIDE");
-  if (e == nullptr || std::strcmp(e, "1") == 0) return true;
-  if (std::strcmp(e, "0") == 0) return false;
-  raise_error(std::string("FERN_CUDA_MOE_WIDE=") + e + ": expected 1 or 0");
-}
+bool moe_wide() { return env_choice("FERN_CUDA_MOE_WIDE", {"0", "1"}, 1) == 1; }
 
 template <int RB, int B, bool TIMED>
 bool launch_fused(const Ctx& c, const FusedArgs& a) {
