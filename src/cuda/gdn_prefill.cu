@@ -24,6 +24,8 @@ namespace {
 constexpr int kMaxHeadDim = 256;  // largest Dk / Dv of a head the pre-pass takes (gdn_gated_norm: the same)
 constexpr int kMaxKernel = 8;     // largest conv kernel
 
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
 // ---- 1. conv + SiLU + l2 norms ----
 // Grid (64-row tiles, 2*Hk + Hv segments): segment s < Hk is q head s, then the Hk k heads, then the Hv v heads.
 // 2 * max(Dk, Dv) threads: thread = (row group rg of 8 rows, channel quad cq of the segment's D / 4), so a thread
@@ -32,8 +34,6 @@ constexpr int kMaxKernel = 8;     // largest conv kernel
 // row group (Dk <= 128: at most a warp), so no shared memory and no barrier. Version 1 (16-row tiles, 128 threads,
 // one channel and scalar loads per thread, the tile staged in shared memory) took 416 us per 8,192-row call at the
 // real shape, ~3x its bytes at the copy bandwidth (docs/notes/cuda-prefill-v17-glue.md).
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
 constexpr int kConvRows = 64;   // rows per block
 constexpr int kConvRowsPerThread = 8;
 constexpr int kConvGroups = kConvRows / kConvRowsPerThread;
