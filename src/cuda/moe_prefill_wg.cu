@@ -11,7 +11,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
+#include "core/env.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_loop_wg.cuh"
 #include "cuda/gemm_wg.h"
@@ -25,11 +27,30 @@ namespace {
 using wgtile::kBW;
 constexpr int kGateUpCols = kBW / 2;  // intermediate columns per gate/up block
 
+// Runs run(integral_constant<int, W>) with the token width W of the loop for a tile of `rows` rows: NTOK, or with
+// `narrow` (FERN_MOE_NARROW=1, off by default, not yet measured: docs/notes/cuda-prefill-v18-narrow.md) and the
+// exact-code loop at 96/128-row tiles, 32 or 64 where the tile's rows fit. A tile costs its full width in MMAs,
+// promotions and x copies whatever it holds; with 128-row tiles at ~128-256 rows per expert (4K-32K prompts) about
+// half the experts' last tiles hold a few rows. The branch is block-uniform and outside the loop (an MMA width
+// chosen inside the K loop made ptxas serialize every wgmma of the kernel, C7520).
+template <int NTOK, int P, class Run>
+__device__ __forceinline__ void by_width(bool narrow, int rows, Run run) {
+  if constexpr (wgloop::is_q4(P) && NTOK > 64) {
+    if (narrow && rows <= 32) return run(std::integral_constant<int, 32>{});
+    if (narrow && rows <= 64) return run(std::integral_constant<int, 64>{});
+  }
+  run(std::integral_constant<int, NTOK>{});
+}
+// The ring depth of the loop at width W inside a kernel built for NTOK tokens and S stages (the narrower loops'
+// deepest ring; it fits the kernel's shared memory: static_assert at the launch).
+template <int W, int NTOK, int S>
+constexpr int kStagesAt = W == NTOK ? S : wgloop::kQ4Stages<W>;
+
 // Block (x, tile) computes column blocks x * ncb .. x * ncb + ncb - 1 of its token tile, one after the other
 // through one ring (wgloop::run_items; ncb = 1 for the loops other than the exact-code one).
 template <int BITS, int NTOK, int S, int P>
 __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
-    gate_up_wg_kernel(QW G, QW U, QW SG, QW SU, X16 x, MoeGroups gr, int E, int topk, int ncb,
+    gate_up_wg_kernel(QW G, QW U, QW SG, QW SU, X16 x, MoeGroups gr, int E, int topk, int ncb, int narrow,
                       float* __restrict__ h_routed, float* __restrict__ h_shared) {
   extern __shared__ unsigned char gu_wg_smem[];
   pdl_wait();
@@ -55,13 +76,14 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   // 4) + i % 2 of the tile; i < 2 gate, i >= 2 up of column j0 + 8 (tid / 32) + lane / 4.
   // The row addresses are the same for every item; opaque() keeps the compiler from holding all of them in
   // registers across the main loop (ptxas spilled then).
-  auto epilogue = [&](int item, const float (&acc)[NTOK / 2]) {
+  auto epilogue = [&](int item, const auto& acc) {  // acc: float[W / 2] for the loop's width W
+    constexpr int W = 2 * int(sizeof(acc) / sizeof(float));
     const int n = (cb0 + item) * kGateUpCols + 8 * (tid >> 5) + (lane >> 2);
     if (n >= width) return;
     const int row0 = opaque(sh ? ti.row0 : ti.base);
     float* const base = sh ? h_shared : h_routed;
 #pragma unroll
-    for (int j = 0; j < NTOK / 8; ++j) {
+    for (int j = 0; j < W / 8; ++j) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = 8 * j + 2 * (lane & 3) + i;
@@ -71,14 +93,16 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
       }
     }
   };
-  wgloop::run_items<BITS, NTOK, S, P>(gu_wg_smem, K, G.gs, x, [&](int r) { return r < ti.rows ? token(r) : -1; },
-                                      n_items, wsrc_of, epilogue);
+  by_width<NTOK, P>(narrow != 0, ti.rows, [&](auto w) {
+    wgloop::run_items<BITS, w(), kStagesAt<w(), NTOK, S>, P>(
+        gu_wg_smem, K, G.gs, x, [&](int r) { return r < ti.rows ? token(r) : -1; }, n_items, wsrc_of, epilogue);
+  });
 }
 
 template <int BITS, int NTOK, int S, int P>
 __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
     down_wg_kernel(QW D, QW SD, X16 hr, X16 hs, MoeGroups gr, const float* topk_w, const float* sgate, int E, int ncb,
-                   float* __restrict__ y_pair, float* __restrict__ out) {
+                   int narrow, float* __restrict__ y_pair, float* __restrict__ out) {
   extern __shared__ unsigned char dn_wg_smem[];
   pdl_wait();
   pdl_trigger();
@@ -113,10 +137,11 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
     dst_f[tid] = sh ? sgate[row] : topk_w[row];
   }
   float* const dst_base = sh ? out : y_pair;
-  auto epilogue = [&](int item, const float (&acc)[NTOK / 2]) {
+  auto epilogue = [&](int item, const auto& acc) {  // acc: float[W / 2] for the loop's width W
+    constexpr int W = 2 * int(sizeof(acc) / sizeof(float));
     const int m = (cb0 + item) * kBW + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
 #pragma unroll
-    for (int j = 0; j < NTOK / 8; ++j) {
+    for (int j = 0; j < W / 8; ++j) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = 8 * j + 2 * (lane & 3) + i;
@@ -128,8 +153,10 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
       }
     }
   };
-  wgloop::run_items<BITS, NTOK, S, P>(dn_wg_smem, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; },
-                                      n_items, wsrc_of, epilogue);
+  by_width<NTOK, P>(narrow != 0, ti.rows, [&](auto w) {
+    wgloop::run_items<BITS, w(), kStagesAt<w(), NTOK, S>, P>(
+        dn_wg_smem, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, n_items, wsrc_of, epilogue);
+  });
 }
 
 // Column blocks per block of the exact-code loop (kernels above; gemm_wg.h items_per_block). A block of this loop has
@@ -143,6 +170,14 @@ int seq_cols(const Ctx& c, bool up, int T, int k, int E, int bm, int64_t col_blo
             : items_per_block("FERN_MOE_DOWN_SEQ", tiles * col_blocks, 8, c.sms);
 }
 
+bool narrow_tiles() { return env_choice("FERN_MOE_NARROW", {"0", "1"}, 0) == 1; }
+
+// The narrower loops' rings fit the shared memory a kernel is launched with.
+template <int NTOK, int S, int P>
+constexpr bool kNarrowFits = !wgloop::is_q4(P) || NTOK <= 64 ||
+                             (q4tile::kSmemBytes<32, wgloop::kQ4Stages<32>> <= q4tile::kSmemBytes<NTOK, S> &&
+                              q4tile::kSmemBytes<64, wgloop::kQ4Stages<64>> <= q4tile::kSmemBytes<NTOK, S>);
+
 template <int BITS, int NTOK, int S, int P>
 void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                 const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
@@ -152,8 +187,9 @@ void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, con
   const int64_t col_blocks = (std::max(gate.out, sgate.out) + kGateUpCols - 1) / kGateUpCols;
   const int ncb = wgloop::is_q4(P) ? seq_cols(c, true, T, k, E, NTOK, col_blocks) : 1;
   const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, std::max(gate.out, sgate.out), int64_t(kGateUpCols) * ncb);
+  static_assert(kNarrowFits<NTOK, S, P>);
   launch(c, "moe gate_up_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, gate, up, sgate, sup, x, g, E, k, ncb,
-         h_routed, h_shared);
+         narrow_tiles() ? 1 : 0, h_routed, h_shared);
 }
 
 template <int BITS, int NTOK, int S, int P>
@@ -164,8 +200,9 @@ void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const
   allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, P>>(smem);
   const int ncb = wgloop::is_q4(P) ? seq_cols(c, false, T, k, E, NTOK, (down.out + kBW - 1) / kBW) : 1;
   const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, down.out, int64_t(kBW) * ncb);
+  static_assert(kNarrowFits<NTOK, S, P>);
   launch(c, "moe down_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, down, sdown, hr, hs, g, topk_w, sgate, E, ncb,
-         y_pair, out);
+         narrow_tiles() ? 1 : 0, y_pair, out);
 }
 
 // Pipeline depth: two stages (half the shared memory: two blocks per SM) from 1,024 rows per chunk, else 4 (3 below

@@ -324,6 +324,45 @@ TEST(CudaMoePrefill, ColumnBlocksPerBlock) {
   }
 }
 
+// FERN_MOE_NARROW=1 (docs/notes/cuda-prefill-v18-narrow.md): the 96/128-row tiles of the exact-code loop in up to
+// three launches by their fill (more than 64 rows at the full width, 33-64 on the 64-token loop, 1-32 on the 32-token
+// loop). A row's products and promotions are those of the one-launch form in the same order, so the same bits are
+// expected; the bound 1e-12 (against the one-launch result) still catches a skipped, doubled or misplaced tile
+// (NMSE ~1). T = 300 puts every routed tile and the shared expert's last tile (44 rows) in the narrow classes;
+// T = 2,048 and 4,096 (about 64 and 128 rows per expert) spread the routed tiles over all three.
+TEST(CudaMoePrefill, NarrowTilesByFill) {
+  FERN_REQUIRE_GPU();
+  if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no wgmma on this GPU/build";
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  auto m = make_model(*gpu, kReal, 17, false);
+  for (int T : {300, 2048, 4096}) {
+    auto x = inputs(*m, T, 50 + T, 0.0f);
+    std::vector<float> ref;
+    if (T <= 2048) ref = run_cpu(*cpu, *m, x, T);
+    for (const char* tile : {"96", "128"}) {
+      test::EnvGuard t("FERN_MOE_TILE", tile);
+      std::vector<float> one, split;
+      {
+        test::EnvGuard n("FERN_MOE_NARROW", "0");
+        one = run_gpu(*gpu, *m, x, T);
+      }
+      {
+        test::EnvGuard n("FERN_MOE_NARROW", "1");
+        split = run_gpu(*gpu, *m, x, T);
+      }
+      const double d = test::nmse(split.data(), one.data(), one.size());
+      std::printf("moe prefill, tile %s, T=%d: launches by fill vs one launch NMSE %.3e (%s)\n", tile, T, d,
+                  split == one ? "same bits" : "bits differ");
+      EXPECT_LT(d, 1e-12) << "tile " << tile << " T=" << T;
+      if (!ref.empty()) EXPECT_LT(test::nmse(split.data(), ref.data(), ref.size()), kNmse) << "tile " << tile;
+    }
+  }
+  test::EnvGuard bad("FERN_MOE_NARROW", "2");
+  auto x = inputs(*m, 64, 5, 0.0f);
+  EXPECT_THROW(run_gpu(*gpu, *m, x, 64), Error);
+}
+
 // Expert 0 gets every row (a hot expert spanning many tiles), expert E-1 none. The CPU routing confirms the bias
 // did what it should, so the test cannot pass without exercising both.
 TEST(CudaMoePrefill, HotAndEmptyExperts) {
