@@ -69,9 +69,8 @@ __global__ void __launch_bounds__(kThreads) attn_prep_kernel(AttnShape sh, const
     float r;
     if (d < sh.rot) {
       const int i = d < half ? d : d - half;
-      const float inv_freq = 1.0f / powf(sh.theta, float(2 * i) / float(sh.rot));
       float sn, cs;
-      sincosf(float(pos) * inv_freq, &sn, &cs);
+      rope_sincos(sh.theta, sh.rot, pos, i, sn, cs);
       const float a = xs[i] * inv * w[i], bb = xs[i + half] * inv * w[i + half];
       r = d < half ? a * cs - bb * sn : bb * cs + a * sn;
     } else {
@@ -154,9 +153,8 @@ __global__ void __launch_bounds__(kThreads) attn_prep_rows_kernel(AttnShape sh, 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int d = 4 * c + e, i = first ? d : d - half;
-          const float inv_freq = 1.0f / powf(sh.theta, float(2 * i) / float(sh.rot));
           float sn, cs;
-          sincosf(float(pos) * inv_freq, &sn, &cs);
+          rope_sincos(sh.theta, sh.rot, pos, i, sn, cs);
           r[e] = first ? nv[e] * cs - pv[e] * sn : nv[e] * cs + pv[e] * sn;
         }
         n = make_float4(r[0], r[1], r[2], r[3]);
@@ -529,9 +527,9 @@ void attn_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const fl
                uint16_t* v_cache, int T) {
   if (T <= 0) return;
   FERN_CU_CHECK(sh.rot % 2 == 0 && sh.rot <= sh.D, "attention: rotary dims");
-  const auto al16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   const bool rows = T > 1 && sh.D % 4 == 0 && sh.D <= 4 * 32 * kPrepVpt && sh.rot % 8 == 0 && sh.rot <= 128 &&
-                    al16(qg) && al16(k) && al16(v) && al16(q_norm) && al16(k_norm) && al16(q_out) &&
+                    aligned16(qg) && aligned16(k) && aligned16(v) && aligned16(q_norm) && aligned16(k_norm) &&
+                    aligned16(q_out) &&
                     reinterpret_cast<uintptr_t>(k_cache) % 8 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 8 == 0;
   if (rows) {  // prompt rows (a decode step's single row keeps the block-per-head kernel)
     const int64_t items = int64_t(T) * (sh.Hq + 2 * sh.Hkv);

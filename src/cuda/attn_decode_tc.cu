@@ -89,13 +89,12 @@ struct PrepIn {
   uint16_t* v_cache;
 };
 
-// The rotation at `pos` for pair i < rot / 2: tab[i] = cos, tab[rot / 2 + i] = sin, from the same operations as
-// attn_prep_kernel (attn.cu), once per block instead of once per element (sincosf of large angles is slow).
+// The rotation at `pos` for pair i < rot / 2: tab[i] = cos, tab[rot / 2 + i] = sin (rope_sincos, as the other
+// preps), once per block instead of once per element (sincosf of large angles is slow).
 __device__ __forceinline__ void rope_table(float* tab, int64_t pos, const AttnShape& sh) {
   const int half = sh.rot / 2;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float inv_freq = 1.0f / powf(sh.theta, float(2 * i) / float(sh.rot));
-    sincosf(float(pos) * inv_freq, &tab[half + i], &tab[i]);
+    rope_sincos(sh.theta, sh.rot, pos, i, tab[half + i], tab[i]);
   }
 }
 // Element d of a normed head `n` after partial RoPE (the table above).

@@ -2,9 +2,14 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include <string>
 
 namespace fern::cuda {
+
+// Whether p is on a 16-byte boundary (what float4 / uint4 accesses and cp.async of 16 bytes need).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Throw fern::Error / fern::InternalError (defined in errors.cpp: nvcc's front end cannot compile fmt's
 // compile-time format strings, so .cu files never format messages themselves).

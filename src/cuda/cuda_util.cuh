@@ -77,6 +77,14 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+
+// sin and cos of the partial-RoPE angle of pair i (< rot / 2) at position pos. Every kernel that rotates q or k
+// (the prefill and decode preps, attn.cu; the fused decode prep, attn_decode_tc.cu) takes it from here, so that a
+// row rotated by any of them carries the same bits into the cache.
+__device__ __forceinline__ void rope_sincos(float theta, int rot, int64_t pos, int i, float& sn, float& cs) {
+  const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(rot));
+  sincosf(float(pos) * inv_freq, &sn, &cs);
+}
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
 }  // namespace fern::cuda

@@ -440,8 +440,7 @@ int64_t gdn_chunked_ws_floats(const GdnShape& sh, int T) {
 void gdn_chunked_prep(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
                       const float* A_log, const float* dt_bias, float* ws) {
   FERN_CU_CHECK(gdn_chunked_ok(sh), "gdn_chunked: unsupported head shape");
-  FERN_CU_CHECK(T >= 1 && (reinterpret_cast<uintptr_t>(xc) & 15) == 0 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0,
-                "gdn_chunked: no rows or unaligned scratch");
+  FERN_CU_CHECK(T >= 1 && aligned16(xc) && aligned16(ws), "gdn_chunked: no rows or unaligned scratch");
   const size_t smem = prep_smem_bytes(sh.Dk);
   allow_dynamic_smem<gdn_chunk_prep_kernel>(prep_smem_bytes(128));  // the largest Dk the kernel takes
   launch(c, "gdn_chunk_prep_kernel", gdn_chunk_prep_kernel, dim3((T + kC - 1) / kC, sh.Hv), kThreads, smem, sh, T, xc,

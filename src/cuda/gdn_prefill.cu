@@ -340,8 +340,8 @@ void gdn_prefill_conv(const Ctx& c, const GdnShape& sh, int T, const float* mixe
                       float* conv_state, float* xc) {
   FERN_CU_CHECK(gdn_prefill_ok(sh), "gdn_prefill: unsupported head shape");
   FERN_CU_CHECK(T >= 1, "gdn_prefill: no rows");
-  const auto al16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  FERN_CU_CHECK(al16(mixed) && al16(conv_state) && al16(xc), "gdn_prefill: rows or conv state not 16-byte aligned");
+  FERN_CU_CHECK(aligned16(mixed) && aligned16(conv_state) && aligned16(xc),
+                "gdn_prefill: rows or conv state not 16-byte aligned");
   const dim3 grid((T + kConvRows - 1) / kConvRows, 2 * sh.Hk + sh.Hv);
   const int threads = 2 * std::max(sh.Dk, sh.Dv);  // 8 row groups x D / 4 channel quads of the widest segment
   const auto go = [&](auto kernel) {
@@ -372,7 +372,7 @@ bool gdn_scan_ok(const GdnShape& sh, GdnScan v) {
 void gdn_prefill_scan(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
                       const float* A_log, const float* dt_bias, float* state, float* y, GdnScan variant) {
   FERN_CU_CHECK(gdn_scan_ok(sh, variant), "gdn_prefill_scan: unsupported head shape for this variant");
-  FERN_CU_CHECK(T >= 1 && (reinterpret_cast<uintptr_t>(xc) & 15) == 0, "gdn_prefill: no rows or unaligned scratch");
+  FERN_CU_CHECK(T >= 1 && aligned16(xc), "gdn_prefill: no rows or unaligned scratch");
   if (variant == GdnScan::Default) variant = sh.Dk >= 32 ? kDefaultScan : GdnScan::Slices4;
   switch (variant) {
     case GdnScan::Slices8: launch_scan_dk<8, 1>(c, sh, T, xc, b, a, A_log, dt_bias, state, y); break;
