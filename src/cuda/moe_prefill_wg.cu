@@ -28,7 +28,7 @@ using wgtile::kBW;
 constexpr int kGateUpCols = kBW / 2;  // intermediate columns per gate/up block
 
 // Runs run(integral_constant<int, W>) with the token width W of the loop for a tile of `rows` rows: NTOK, or with
-// `narrow` (FERN_MOE_NARROW=1, off by default, not yet measured: docs/notes/cuda-prefill-v18-narrow.md) and the
+// `narrow` (FERN_MOE_NARROW=1, the default; 0 = the tile's full width: docs/notes/cuda-prefill-v18-narrow.md) and the
 // exact-code loop at 96/128-row tiles, 32 or 64 where the tile's rows fit. A tile costs its full width in MMAs,
 // promotions and x copies whatever it holds; with 128-row tiles at ~128-256 rows per expert (4K-32K prompts) about
 // half the experts' last tiles hold a few rows. The branch is block-uniform and outside the loop (an MMA width
@@ -170,7 +170,9 @@ int seq_cols(const Ctx& c, bool up, int T, int k, int E, int bm, int64_t col_blo
             : items_per_block("FERN_MOE_DOWN_SEQ", tiles * col_blocks, 8, c.sms);
 }
 
-bool narrow_tiles() { return env_choice("FERN_MOE_NARROW", {"0", "1"}, 0) == 1; }
+// Measured on the H200 (eighteenth session, fern bench prefill, median of 3): 25,882 vs 25,109 tok/s at 4K, 23,276 vs
+// 22,917 at 32K.
+bool narrow_tiles() { return env_choice("FERN_MOE_NARROW", {"0", "1"}, 1) == 1; }
 
 // The narrower loops' rings fit the shared memory a kernel is launched with.
 template <int NTOK, int S, int P>
