@@ -25,13 +25,8 @@ struct X16 {
   // order 0 4 1 5 2 6 3 7, and sums [rows, ks = K / 64] the 64-wide sums of hi + lo (to_xbf_q4); with lo == nullptr
   // (q4h) x holds one fp16 row per row instead, and the sums are those of its values.
   bool q4 = false;
-  // With q4: x holds fp16 rows of x scaled per row by a power of two, lo (as bytes: K per row) their e4m3
-  // remainders, sums the 64-wide sums of hi + lo, and scale[row] the power of two that undoes the row's scaling
-  // (FERN_GEMM_WG_PIPE=q4f8, xbf_carve(..., f8)).
-  bool f8 = false;
   // The exact-code loop's fp16 rows (FERN_GEMM_WG_PIPE=q4h, xbf_carve(..., half)).
   bool q4h() const { return q4 && lo == nullptr; }
-  bool q4f8() const { return q4 && f8; }
 };
 
 // Bytes of workspace for `rows` rows of width K (the arrays, each 256-byte aligned).

@@ -13,18 +13,15 @@
 
 namespace fern::cuda::wgloop {
 
-// kQ4H: the exact-code loop on fp16 rows of x (FERN_GEMM_WG_PIPE=q4h; X16::lo == nullptr), one MMA per step;
-// kQ4F8: on fp16 rows and their e4m3 remainders (FERN_GEMM_WG_PIPE=q4f8; X16::f8).
-enum : int { kSync = 0, kWs = 1, kQ4 = 2, kQ4H = 3, kQ4F8 = 4 };
-constexpr bool is_q4(int P) { return P == kQ4 || P == kQ4H || P == kQ4F8; }
+// kQ4H: the exact-code loop on fp16 rows of x (FERN_GEMM_WG_PIPE=q4h; X16::lo == nullptr), one MMA per step.
+enum : int { kSync = 0, kWs = 1, kQ4 = 2, kQ4H = 3 };
+constexpr bool is_q4(int P) { return P == kQ4 || P == kQ4H; }
 
 // Calls f(std::integral_constant<int, P>{}) with the exact-code loop kind that rows x (x.q4) take: kQ4H for fp16
-// rows, kQ4F8 for fp16 rows with e4m3 remainders, else kQ4.
+// rows, else kQ4.
 template <class F>
 void with_q4_loop(const X16& x, F&& f) {
-  if (x.q4f8())
-    f(std::integral_constant<int, kQ4F8>{});
-  else if (x.q4h())
+  if (x.q4h())
     f(std::integral_constant<int, kQ4H>{});
   else
     f(std::integral_constant<int, kQ4>{});
@@ -53,9 +50,8 @@ __device__ __forceinline__ void run_items(unsigned char* raw, int K, int gs, con
                                           WsrcOf wsrc_of, Epilogue epilogue) {
   if constexpr (is_q4(P)) {
     static_assert(BITS == 4, "the exact-code loop takes 4-bit codes");
-    constexpr int xf = P == kQ4H ? q4tile::kXF16 : P == kQ4F8 ? q4tile::kXF16E4m3 : q4tile::kXHiLo;
-    q4tile::mainloop_items<NTOK, S, xf>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, x.scale, row_of,
-                                        n_items, wsrc_of, epilogue);
+    q4tile::mainloop_items<NTOK, S, P == kQ4H>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, row_of,
+                                               n_items, wsrc_of, epilogue);
   } else {
     (void)n_items;
     float acc[NTOK / 2];

@@ -25,18 +25,8 @@
 // plus each row's scale and bias (loaded two tiles ahead, converted and stored, then a second arrival). The MMA
 // warpgroups wait on "full", unpack, issue the tile's 8 MMAs, wait for them, promote, and hand the stage back on
 // "empty". (Tried and reverted: the next tile's MMAs into a second partial before the promotion, which capped the
-// tiles at 96 tokens and lost 5%: docs/notes/cuda-prefill-v9-overlap.md.) The x rows come in one of three forms (XF):
-//  - kXHiLo (the default): bf16 hi + lo, as above;
-//  - kXF16 (FERN_GEMM_WG_PIPE=q4h, opt-in): one fp16 row and the codes as fp16 128 + q, one MMA per step
-//    (docs/notes/cuda-prefill-v13-q4h.md);
-//  - kXF16E4m3 (FERN_GEMM_WG_PIPE=q4f8): x scaled per row by a power of two, an fp16 row and its e4m3 remainders
-//    (to_xbf_q4, gemm_wg.cu). Per 64-wide K tile two e4m3 MMAs (K 32 each, twice the fp16 rate) multiply the
-//    remainders by the codes as e4m3 bytes (the nibble q as a byte is the e4m3 number q 2^-9; the rows carry
-//    512 r), then four fp16 MMAs multiply hi by the codes as fp16 q (exact: (1024 + q) - 1024), all into the one
-//    partial: P = sum q (hi + lo). The e4m3 MMAs go first, on the zeroed partial: they keep ~14 bits of their
-//    sum, which is then ~2^-11 of the total. The promotion is acc += s P + b xs (no 128 to take out), and at an
-//    item's last tile acc is multiplied by each token row's factor 2^-E (X16::scale). 6 MMA-steps of K 16 instead
-//    of 8, 3 bytes per activation instead of 4 (docs/notes/cuda-prefill-v19-f8lo.md).
+// tiles at 96 tokens and lost 5%: docs/notes/cuda-prefill-v9-overlap.md.) H (FERN_GEMM_WG_PIPE=q4h, opt-in):
+// x as one fp16 row and the codes as fp16, one MMA per step (docs/notes/cuda-prefill-v13-q4h.md).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -49,9 +39,6 @@
 #include "cuda/wgmma.cuh"
 
 namespace fern::cuda::q4tile {
-
-// The form of the x rows (see the top of the file).
-enum : int { kXHiLo = 0, kXF16 = 1, kXF16E4m3 = 2 };
 
 using wgtile::kBK;  // K per tile: one 128-byte swizzled row of bf16
 using wgtile::kBW;  // weight rows per block: two MMA warpgroups of 64
@@ -70,7 +57,6 @@ struct Smem {
   uint4 codes[S][kBW][2];  // weight row r's 32 bytes, its two 16-byte halves stored swapped when (r / 4) is odd
   float2 sb[S][kBW];
   float xs[S][NTOK];
-  float xf[S][NTOK];  // kXF16E4m3: the token rows' factors 2^-E (unused by the other forms)
   uint64_t full[S];
   uint64_t empty[S];
 };
@@ -96,16 +82,6 @@ __device__ __forceinline__ uint32_t code_pair_f16(uint32_t w, int j) {
   return (((w >> (4 * j)) & 0x000f000fu) << 3) | 0x58005800u;
 }
 
-// Codes j and j + 4 of an 8-code word in bytes 0 and 2 (the common first step of the kXF16E4m3 fragments).
-__device__ __forceinline__ uint32_t code_bytes(uint32_t w, int j) { return (w >> (4 * j)) & 0x000f000fu; }
-// Those codes as fp16x2 q (exact): 1024 + q by the exponent bits (fp16's last mantissa bit is worth 1 at 1024), then
-// 1024 off.
-__device__ __forceinline__ uint32_t code_q_f16(uint32_t t) {
-  uint32_t r;
-  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(t | 0x64006400u), "r"(0x64006400u));
-  return r;
-}
-
 // The weight-tile row thread `tid` stages (producers only; other threads get a row too, unused).
 __device__ __forceinline__ int weight_row(int tid) { return tid & (kProducers - 1); }
 
@@ -120,20 +96,16 @@ struct RowSb {
 // (barriers, tile map, row lookups, the first stage's latency) is paid once for all of them). For the MMA threads,
 // epilogue(item, acc) receives each item's results (MMA warpgroup's 64 weight rows x NTOK tokens, wgmma layout) = W x^T
 // over the width K; the producer threads return false (the caller returns: only the MMA threads hold results).
-// xhi/xlo: the permuted bf16 rows of to_xbf_q4 (row stride K), xsum: their 64-wide sums (row stride K / 64); XF
-// kXF16 (q4h): xhi holds one fp16 row per row (xlo unused), the codes enter as fp16 and each K step is one MMA;
-// kXF16E4m3 (q4f8): xhi fp16 rows, xlo their e4m3 remainders (K bytes per row), xscale the rows' factors;
+// xhi/xlo: the permuted bf16 rows of to_xbf_q4 (row stride K), xsum: their 64-wide sums (row stride K / 64); H
+// (q4h): xhi holds one fp16 row per row (xlo unused), the codes enter as fp16 and each K step is one MMA;
 // row_of(r): the global row of token-tile row r (< 0: padding); wsrc_of(item): the weight row of weight_row(tid) in
 // item `item` (w == nullptr: padding); gs: the group size, a multiple of 64. Must be called by all kThreads threads
 // after the caller's last early return; does not end with a block barrier (the epilogues write global memory only).
-template <int NTOK, int S, int XF, class RowOf, class WsrcOf, class Epilogue>
+template <int NTOK, int S, bool H, class RowOf, class WsrcOf, class Epilogue>
 __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs, const uint16_t* xhi,
-                                               const uint16_t* xlo, const float* xsum, const float* xscale,
-                                               RowOf row_of, int n_items, WsrcOf wsrc_of, Epilogue epilogue) {
+                                               const uint16_t* xlo, const float* xsum, RowOf row_of, int n_items,
+                                               WsrcOf wsrc_of, Epilogue epilogue) {
   static_assert(S >= 2, "a ring of at least two stages");
-  static_assert(XF == kXHiLo || XF == kXF16 || XF == kXF16E4m3, "a form of the x rows");
-  constexpr bool H = XF == kXF16;
-  constexpr bool F8 = XF == kXF16E4m3;
   const int tid = threadIdx.x;
   const int nk = K / kBK;
   const int n_tiles = n_items * nk;  // ring tile t is item t / nk, K tile t % nk
@@ -171,49 +143,21 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         // The MMA fragments of the four 16-wide steps, all written before the wgmma fence (registers an MMA reads
         // must be written before the fence that precedes it).
         uint32_t a[kBK / 16][4];
-        uint32_t a8[F8 ? kBK / 32 : 1][4];  // kXF16E4m3: the e4m3 fragments of the two 32-wide steps
-        if constexpr (F8) {
-          uint32_t t0[8], t1[8];
 #pragma unroll
-          for (int w = 0; w < 8; ++w) t0[w] = code_bytes(c0[w], jq), t1[w] = code_bytes(c1[w], jq);
-#pragma unroll
-          for (int ks = 0; ks < kBK / 16; ++ks) {
-            a[ks][0] = code_q_f16(t0[2 * ks]);
-            a[ks][1] = code_q_f16(t1[2 * ks]);
-            a[ks][2] = code_q_f16(t0[2 * ks + 1]);
-            a[ks][3] = code_q_f16(t1[2 * ks + 1]);
-          }
-          // Step s, register h (K 16 h + 4 jq .. + 3 of the step): bytes (code jq of word 4 s + 2 h, of word
-          // 4 s + 2 h + 1, code jq + 4 of each), the order to_xbf_q4 stores the remainders in.
-#pragma unroll
-          for (int s8 = 0; s8 < kBK / 32; ++s8) {
-            a8[s8][0] = __byte_perm(t0[4 * s8], t0[4 * s8 + 1], 0x6240);
-            a8[s8][1] = __byte_perm(t1[4 * s8], t1[4 * s8 + 1], 0x6240);
-            a8[s8][2] = __byte_perm(t0[4 * s8 + 2], t0[4 * s8 + 3], 0x6240);
-            a8[s8][3] = __byte_perm(t1[4 * s8 + 2], t1[4 * s8 + 3], 0x6240);
-          }
-        } else {
-#pragma unroll
-          for (int ks = 0; ks < kBK / 16; ++ks) {
-            const auto pair = [&](uint32_t w) { return H ? code_pair_f16(w, jq) : code_pair(w, jq); };
-            a[ks][0] = pair(c0[2 * ks]);
-            a[ks][1] = pair(c1[2 * ks]);
-            a[ks][2] = pair(c0[2 * ks + 1]);
-            a[ks][3] = pair(c1[2 * ks + 1]);
-          }
+        for (int ks = 0; ks < kBK / 16; ++ks) {
+          const auto pair = [&](uint32_t w) { return H ? code_pair_f16(w, jq) : code_pair(w, jq); };
+          a[ks][0] = pair(c0[2 * ks]);
+          a[ks][1] = pair(c1[2 * ks]);
+          a[ks][2] = pair(c0[2 * ks + 1]);
+          a[ks][3] = pair(c1[2 * ks + 1]);
         }
 #pragma unroll
         for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;
         wgmma::fence_operand(part);
         wgmma::fence();
-        if constexpr (F8) {
-#pragma unroll
-          for (int s8 = 0; s8 < kBK / 32; ++s8)
-            wgmma::mma_e4m3_rs<NTOK>(part, a8[s8], wgmma::desc_sw64(&sm.xlo[st][32 * s8]));
-        }
 #pragma unroll
         for (int ks = 0; ks < kBK / 16; ++ks) {
-          if constexpr (H || F8) {
+          if constexpr (H) {
             wgmma::mma_f16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
           } else {
             wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
@@ -231,18 +175,6 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
           acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
           acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
           acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
-        }
-        if constexpr (F8) {
-          if (kt == nk - 1) {  // the item is complete: undo the token rows' scaling
-#pragma unroll
-            for (int j = 0; j < NTOK / 8; ++j) {
-              const float2 f = *reinterpret_cast<const float2*>(&sm.xf[st][8 * j + 2 * (lane & 3)]);
-              acc[4 * j + 0] *= f.x;
-              acc[4 * j + 1] *= f.y;
-              acc[4 * j + 2] *= f.x;
-              acc[4 * j + 3] *= f.y;
-            }
-          }
         }
         ptx::mbar_arrive(&sm.empty[st]);  // the stage's operands, sums and scales are all read
       }
@@ -288,22 +220,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
     const int st = t % S;
     next_sb(n2);
     ptx::mbar_wait(&sm.empty[st], ((t / S) & 1) ^ 1);
-    wgtile::copy_x_tile<NTOK, kProducers, XF == kXHiLo>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
-    if constexpr (F8) {  // the remainders: 4 chunks of 16 bytes per token row, by the threads of chunks 0..3
-      const int xch = p & 7;
-      if (xch < 4) {
-#pragma unroll
-        for (int j = 0; j < kXPer; ++j) {
-          const int r = (p >> 3) + (kProducers / 8) * j;
-          if (r < NTOK) {
-            const bool ok = xrow[j] >= 0;
-            const int64_t off = ok ? int64_t(xrow[j]) * K + kt * kBK + 16 * xch : 0;
-            ptx::cp_async16(&sm.xlo[st][wgmma::sw64(r, xch)], reinterpret_cast<const uint8_t*>(xlo) + off, ok);
-          }
-        }
-      }
-      if (p < NTOK) ptx::cp_async4(&sm.xf[st][p], srow >= 0 ? xscale + srow : xsum, srow >= 0);
-    }
+    wgtile::copy_x_tile<NTOK, kProducers, !H>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
     if (p < NTOK)
       ptx::cp_async4(&sm.xs[st][p], srow >= 0 ? xsum + int64_t(srow) * groups + kt : xsum, srow >= 0);
     // This row's 32 bytes of codes (zeros for a padding row: cp.async with no source bytes fills zeros).
@@ -313,7 +230,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
     for (int h = 0; h < 2; ++h) ptx::cp_async16(&sm.codes[st][p][code_half(p, h)], src + 16 * h, wbase != nullptr);
     ptx::cp_async_arrive_noinc(&sm.full[st]);
     const float sc = bf16_to_f32(cur.s), bi = bf16_to_f32(cur.b);
-    sm.sb[st][p] = make_float2(sc, F8 ? bi : fmaf(-128.0f, sc, bi));  // F8: the codes enter as q, not 128 + q
+    sm.sb[st][p] = make_float2(sc, fmaf(-128.0f, sc, bi));
     ptx::mbar_arrive(&sm.full[st]);
     cur = n1;
     n1 = n2;

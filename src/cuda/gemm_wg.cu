@@ -93,104 +93,6 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, 
   }
 }
 
-// Two floats as e4m3 (round to nearest, finite values past the range saturate at 448): a in byte 0, b in byte 1.
-// (sm_89 and later; the q4f8 rows are made only where the wgmma loop runs, sm_90a.)
-__device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t r;
-  asm("{\n.reg .b16 t;\ncvt.rn.satfinite.e4m3x2.f32 t, %1, %2;\ncvt.u32.u16 %0, t;\n}" : "=r"(r) : "f"(b), "f"(a));
-  return r;
-#else
-  (void)a, (void)b;
-  __trap();
-  return 0;
-#endif
-}
-// The two e4m3 values of bytes 0 and 1 of v, exactly (e4m3 is a subset of fp16).
-__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t h;
-  asm("{\n.reg .b16 t;\ncvt.u16.u32 t, %1;\ncvt.rn.f16x2.e4m3x2 %0, t;\n}" : "=r"(h) : "r"(v));
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
-#else
-  (void)v;
-  __trap();
-  return make_float2(0.0f, 0.0f);
-#endif
-}
-
-// The q4f8 rows (gemm_tile_q4.cuh, FERN_GEMM_WG_PIPE=q4f8). Each row is first scaled by 2^E so that its largest
-// magnitude lies in [512, 1024) (exact: a power of two); then hi = fp16(x') (relative error <= 2^-11, in the K
-// order 0 4 1 5 2 6 3 7 of to_xbf_q4), r = x' - hi (exact in fp32, |r| <= 0.25) and lo = e4m3(512 r) (|512 r| <=
-// 128 < 448: no saturation; 4 significant bits, so x' = hi + lo / 512 to ~2^-15 of the row's largest value, and
-// values down to ~2^-16 of it still keep a remainder before e4m3's subnormals run out). The loop multiplies lo by
-// the codes as e4m3 bytes q, which are the numbers q 2^-9 (the nibble q as a byte is that e4m3 value, normal or
-// subnormal), so the 512 cancels. lo is stored in the order of the loop's e4m3 fragments: within a 64-wide group,
-// byte 32 s + 16 h + 4 j + b holds the element of word w = 4 s + 2 h + (b & 1) (8 elements per word), position
-// j + 4 (b >> 1) in the word: a lane's 8 values interleave with its neighbour's (the lane of word w ^ 1), so the
-// even lane of each pair assembles and stores 16 bytes. sums: the 64-wide sums of hi + lo / 512 (what the MMAs
-// multiply); scale[row] = 2^-E.
-__global__ void __launch_bounds__(32 * kWarps) to_xbf_q4f8_kernel(const float* x, int64_t rows, int K,
-                                                                 uint16_t* __restrict__ hi, uint8_t* __restrict__ lo,
-                                                                 float* __restrict__ sums, float* __restrict__ scale) {
-  pdl_wait();
-  pdl_trigger();
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int chunks = K / 8;
-  const float4* src = reinterpret_cast<const float4*>(x + row * K);
-  float m = 0.0f;
-  for (int c = lane; c < 2 * chunks; c += 32) {
-    const float4 a = src[c];
-    m = fmaxf(m, fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  int e = 0;  // a zero or non-finite row keeps its scale (non-finite values stay non-finite or saturate)
-  if (m > 0.0f && isfinite(m)) {
-    int ex = 0;
-    frexpf(m, &ex);  // m = f 2^ex, f in [0.5, 1)
-    e = max(-120, min(120, 10 - ex));
-  }
-  const float up = ldexpf(1.0f, e);
-  if (lane == 0) scale[row] = ldexpf(1.0f, -e);
-  uint4* dh = reinterpret_cast<uint4*>(hi + row * K);
-  uint8_t* dl = lo + row * K;
-  for (int c0 = 0; c0 < chunks; c0 += 32) {
-    const int c = c0 + lane;  // chunks is a multiple of 8, so c and its neighbour c ^ 1 are both in range or out
-    float sum = 0.0f;
-    uint32_t l[4] = {0, 0, 0, 0};
-    if (c < chunks) {
-      const float4 a = src[2 * c], b = src[2 * c + 1];
-      const float v[8] = {a.x * up, a.y * up, a.z * up, a.w * up, b.x * up, b.y * up, b.z * up, b.w * up};
-      const int odd = c & 1;  // (b & 1) of this lane's bytes
-      uint32_t h[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {  // pair j: elements j and j + 4
-        asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(h[j]) : "f"(v[j + 4]), "f"(v[j]));  // j in the low half
-        const float2 hf = __half22float2(*reinterpret_cast<const __half2*>(&h[j]));
-        const uint32_t q = e4m3x2(512.0f * (v[j] - hf.x), 512.0f * (v[j + 4] - hf.y));
-        const float2 lf = e4m3x2_to_float2(q);
-        sum += (hf.x + lf.x * (1.0f / 512.0f)) + (hf.y + lf.y * (1.0f / 512.0f));
-        l[j] = ((q & 0xffu) | ((q & 0xff00u) << 8)) << (8 * odd);  // bytes b = odd and b = odd + 2 of word j
-      }
-      dh[c] = make_uint4(h[0], h[1], h[2], h[3]);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) l[j] |= __shfl_xor_sync(0xffffffffu, l[j], 1);
-    if (c < chunks && (c & 1) == 0) {
-      const int w = c & 7;  // word of the group: 4 s + 2 h (+ 1 for the odd neighbour)
-      *reinterpret_cast<uint4*>(dl + (c >> 3) * 64 + 32 * (w >> 2) + 16 * ((w >> 1) & 1)) =
-          make_uint4(l[0], l[1], l[2], l[3]);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-    if (c < chunks && (lane & 7) == 0) sums[row * (K / 64) + c / 8] = sum;
-  }
-}
-
 // Writes 1 where the code was compiled with the wgmma instructions (sm_90a), 0 elsewhere.
 __global__ void wg_probe_kernel(int* out) { *out = FERN_HAS_WGMMA; }
 
@@ -238,8 +140,8 @@ int items_per_block(const char* env, int64_t blocks, int most, int sms) {
 }
 
 WgPipe gemm_wg_pipe() {
-  constexpr WgPipe kPipes[] = {WgPipe::Q4, WgPipe::Q4h, WgPipe::Ws, WgPipe::Sync, WgPipe::Q4f8};
-  return kPipes[env_choice("FERN_GEMM_WG_PIPE", {"q4", "q4h", "ws", "sync", "q4f8"}, 0)];
+  constexpr WgPipe kPipes[] = {WgPipe::Q4, WgPipe::Q4h, WgPipe::Ws, WgPipe::Sync};
+  return kPipes[env_choice("FERN_GEMM_WG_PIPE", {"q4", "q4h", "ws", "sync"}, 0)];
 }
 
 bool gemm_q4_ok(const QW& w) {
@@ -247,24 +149,19 @@ bool gemm_q4_ok(const QW& w) {
 }
 
 size_t xbf_bytes(int64_t rows, int64_t K) {
-  return 2 * align256(size_t(rows) * size_t(K) * 2) + align256(size_t(rows) * size_t(K / 64) * 4) +
-         align256(size_t(rows) * 4);
+  return 2 * align256(size_t(rows) * size_t(K) * 2) + align256(size_t(rows) * size_t(K / 64) * 4);
 }
 
-X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4, bool half, bool f8) {
+X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4, bool half) {
   char* p = static_cast<char*>(ws);
   X16 r;
   const size_t bytes = align256(size_t(rows) * size_t(K) * 2);
   r.x = reinterpret_cast<uint16_t*>(p);
-  r.lo = q4 && half && !f8 ? nullptr : reinterpret_cast<uint16_t*>(p + bytes);
+  r.lo = q4 && half ? nullptr : reinterpret_cast<uint16_t*>(p + bytes);
   if (q4) {
     r.sums = reinterpret_cast<float*>(p + 2 * bytes);
     r.ks = K / 64;
     r.q4 = true;
-    if (f8) {
-      r.f8 = true;
-      r.scale = reinterpret_cast<float*>(p + 2 * bytes + align256(size_t(rows) * size_t(K / 64) * 4));
-    }
   }
   return r;
 }
@@ -284,12 +181,6 @@ void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16&
   if (rows <= 0) return;
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   FERN_CU_CHECK(blocks < (int64_t(1) << 31), "to_xbf_q4: too many rows");
-  if (out.q4f8()) {
-    FERN_CU_CHECK(out.lo != nullptr && out.scale != nullptr, "to_xbf_q4: q4f8 rows without remainders or scales");
-    launch(c, "to_xbf_q4f8_kernel", to_xbf_q4f8_kernel, static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows,
-           static_cast<int>(K), out.x, reinterpret_cast<uint8_t*>(out.lo), out.sums, out.scale);
-    return;
-  }
   launch(c, "to_xbf_q4_kernel", out.q4h() ? to_xbf_q4_kernel<true> : to_xbf_q4_kernel<false>,
          static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows, static_cast<int>(K), out.x, out.lo, out.sums);
 }

@@ -32,14 +32,10 @@ int gemm_wg_stages();
 //         never meet at a block barrier);
 //   sync  the synchronous hi/lo loop (gemm_tile_wg.cuh); FERN_GEMM_WG_STAGES applies to it only.
 // ws and sync compute the same products in the same order (bit-identical results).
-//   q4f8  the exact-code loop on fp16 rows of x and their remainders in e4m3 (x scaled per row by a power of two so
-//         that the remainder stays in e4m3's range; relative rounding ~2^-15 of the row's largest value): one fp16
-//         MMA per 16-wide step and one e4m3 MMA (twice the rate) per 32-wide step instead of two bf16 MMAs, 3 bytes
-//         per activation instead of 4 (docs/notes/cuda-prefill-v19-f8lo.md).
-enum class WgPipe { Q4, Q4h, Ws, Sync, Q4f8 };
+enum class WgPipe { Q4, Q4h, Ws, Sync };
 WgPipe gemm_wg_pipe();
 // Whether the form is one of the exact-code loop's (q4, q4h).
-inline bool gemm_pipe_q4(WgPipe p) { return p == WgPipe::Q4 || p == WgPipe::Q4h || p == WgPipe::Q4f8; }
+inline bool gemm_pipe_q4(WgPipe p) { return p == WgPipe::Q4 || p == WgPipe::Q4h; }
 // Whether the exact-code loop takes these weights (format only).
 bool gemm_q4_ok(const QW& w);
 
@@ -53,10 +49,9 @@ int items_per_block(const char* env, int64_t blocks, int most, int sms);
 // xbf_bytes leaves room for the exact-code loop's sums as well; xbf_carve(..., q4 = true) lays them out (K a multiple
 // of 64) and marks the rows for that loop, which to_xbf_q4 then fills (hi/lo in its K order, and the 64-wide sums);
 // with half (q4h) it carves one fp16 row per row of x and no lo rows (X16::lo == nullptr), which to_xbf_q4 fills
-// with x rounded to fp16 (saturating) and the sums of those rounded values; with f8 (q4f8) fp16 rows of x scaled per
-// row, lo as e4m3 remainders (K bytes per row) and the per-row factors that undo the scaling (X16::scale).
+// with x rounded to fp16 (saturating) and the sums of those rounded values.
 size_t xbf_bytes(int64_t rows, int64_t K);
-X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4 = false, bool half = false, bool f8 = false);
+X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4 = false, bool half = false);
 void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 

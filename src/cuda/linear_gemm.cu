@@ -178,7 +178,7 @@ void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   if (c.gemm_wg && linear_gemm_wg_ok(w) && c.gemm_ws != nullptr && c.gemm_ws_bytes >= xbf_bytes(T, w.in)) {
     const WgPipe pipe = gemm_wg_pipe();
     const bool q4 = gemm_pipe_q4(pipe) && gemm_q4_ok(w);
-    const X16 xs = xbf_carve(c.gemm_ws, T, w.in, q4, pipe == WgPipe::Q4h, pipe == WgPipe::Q4f8);
+    const X16 xs = xbf_carve(c.gemm_ws, T, w.in, q4, pipe == WgPipe::Q4h);
     (q4 ? to_xbf_q4 : to_xbf)(c, x, T, w.in, xs);
     linear_gemm_wg(c, w, xs, y, T);
     return;

@@ -336,8 +336,8 @@ void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X1
                     sdown.in % wgtile::kBK == 0,
                 "moe down wg: tile rows, format or width");
   FERN_CU_CHECK(h_routed.q4 == h_shared.q4 && h_routed.q4h() == h_shared.q4h() &&
-                    h_routed.q4f8() == h_shared.q4f8() && (!h_routed.q4 || moe_grouped_q4_ok(down, sdown, down, sdown)),
-                "moe down wg: exact-code rows (both hi/lo, both fp16 or both fp16 + e4m3), other weights");
+                    (!h_routed.q4 || moe_grouped_q4_ok(down, sdown, down, sdown)),
+                "moe down wg: exact-code rows (both hi/lo or both fp16), other weights");
   if (down.bits == 4)
     down_wg_bits<4>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out);
   else

@@ -31,15 +31,6 @@ __device__ __forceinline__ uint64_t desc_sw128(const void* p) {
   return uint64_t((a & 0x3ffffu) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
-// Descriptor of a K-major, 64-byte-swizzled tile (rows of 64 bytes, 8-row atoms of 512 bytes, the tile 512-byte
-// aligned): the 16-byte chunk c of row r sits at chunk position c ^ ((r / 2) % 4) (sw64). Swizzle mode 2 in bits
-// 62-63, the stride between 8-row atoms 512 bytes. The e4m3 rows of the exact-code loop's fp8 remainders
-// (gemm_tile_q4.cuh: 64 one-byte values per K tile and token row); a K step of 32 moves the start by 32 bytes.
-__device__ __forceinline__ uint64_t desc_sw64(const void* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  return uint64_t((a & 0x3ffffu) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(512 >> 4) << 32) | (uint64_t(2) << 62);
-}
-
 // The block's dynamic shared memory as a T starting at the next 1024-byte boundary (the swizzle atom: every tile of
 // the tile loops' shared-memory structs starts on one; the kernels ask for 1024 bytes of slack).
 template <class T>
@@ -53,8 +44,6 @@ __device__ __forceinline__ T& smem_at_atom(unsigned char* raw) {
 
 // Byte offset of 16-byte chunk c of row r in a K-major 128-byte-swizzled tile.
 __device__ __forceinline__ uint32_t sw128(int r, int c) { return uint32_t(r) * 128u + (uint32_t(c ^ (r & 7)) << 4); }
-// Byte offset of 16-byte chunk c (0..3) of row r in a K-major 64-byte-swizzled tile.
-__device__ __forceinline__ uint32_t sw64(int r, int c) { return uint32_t(r) * 64u + (uint32_t(c ^ ((r >> 1) & 3)) << 4); }
 
 // Orders this warpgroup's earlier register accesses before the next wgmma (required before the first one and
 // whenever other instructions touched the accumulators).
@@ -168,51 +157,6 @@ FERN_WG_WRAPPERS(128, 64,
                  "%66", "%69",
                  FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24),
                  FERN_WG_D8(32), FERN_WG_D8(40), FERN_WG_D8(48), FERN_WG_D8(56))
-// mma_e4m3_rs_nN(d, a, db, acc): d += A (64 x 32 e4m3 in registers) B^T (N x 32 e4m3, a K-major 64-byte-swizzled
-// descriptor db; 8-bit operands are K-major only, so there is no transpose operand). A fragment (PTX ISA, wgmma
-// .m64nNk32 with 8-bit A): each register holds 4 consecutive K values, lowest byte first: a[0] row lane / 4 of the
-// warp's 16, K 4 (lane % 4) .. + 3; a[1] row lane / 4 + 8, same K; a[2], a[3] the same rows at K + 16. The
-// accumulator layout is that of the 16-bit forms (it depends on M and N only).
-#if FERN_HAS_WGMMA
-#define FERN_WG_E4M3(N, R, DSTR, RS_TAIL, SD_RS, ...)                                                               \
-  __device__ __forceinline__ void mma_e4m3_rs_n##N(float (&d)[R], const uint32_t (&a)[4], uint64_t db,              \
-                                                   int acc = 1) {                                                   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SD_RS ", 0;\n"                                               \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" DSTR "}, " RS_TAIL ";\n}\n"            \
-                 : __VA_ARGS__                                                                                      \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));                                 \
-  }
-#else
-#define FERN_WG_E4M3(N, R, DSTR, RS_TAIL, SD_RS, ...)                                                               \
-  __device__ __forceinline__ void mma_e4m3_rs_n##N(float (&d)[R], const uint32_t (&a)[4], uint64_t db,              \
-                                                   int acc = 1) {                                                   \
-    (void)d, (void)a, (void)db, (void)acc;                                                                          \
-    __trap();                                                                                                       \
-  }
-#endif
-FERN_WG_E4M3(16, 8, "%0, %1, %2, %3, %4, %5, %6, %7", "{%8, %9, %10, %11}, %12, p, 1, 1", "%13", FERN_WG_D8(0))
-FERN_WG_E4M3(32, 16, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15",
-             "{%16, %17, %18, %19}, %20, p, 1, 1", "%21", FERN_WG_D8(0), FERN_WG_D8(8))
-FERN_WG_E4M3(64, 32,
-             "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-             "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31",
-             "{%32, %33, %34, %35}, %36, p, 1, 1", "%37",
-             FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24))
-FERN_WG_E4M3(96, 48,
-             "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-             "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-             "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47",
-             "{%48, %49, %50, %51}, %52, p, 1, 1", "%53",
-             FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24), FERN_WG_D8(32), FERN_WG_D8(40))
-FERN_WG_E4M3(128, 64,
-             "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-             "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-             "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-             "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63",
-             "{%64, %65, %66, %67}, %68, p, 1, 1", "%69",
-             FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24),
-             FERN_WG_D8(32), FERN_WG_D8(40), FERN_WG_D8(48), FERN_WG_D8(56))
-#undef FERN_WG_E4M3
 #undef FERN_WG_TYPED
 #undef FERN_WG_WRAPPERS
 #undef FERN_WG_D8
@@ -252,7 +196,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t da, uint64_
   }
 FERN_WG_RS_BY_WIDTH(bf16)
 FERN_WG_RS_BY_WIDTH(f16)
-FERN_WG_RS_BY_WIDTH(e4m3)
 #undef FERN_WG_RS_BY_WIDTH
 
 }  // namespace fern::cuda::wgmma
