@@ -59,5 +59,7 @@ void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16&
 // the loop follows x.q4). linear_gemm_wg_ok: 4/8-bit affine weights, K a multiple of 64, groups a multiple of 16.
 bool linear_gemm_wg_ok(const QW& w);
 void linear_gemm_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T);
+// ys[i] = x W_i^T for n <= 4 matrices of one width and format in one launch (each linear_gemm_wg_ok).
+void linear_gemm_wg_multi(const Ctx& c, const QW* ws, float* const* ys, int n, const X16& x, int T);
 
 }  // namespace fern::cuda

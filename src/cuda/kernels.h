@@ -67,6 +67,10 @@ constexpr int kGemmMinRows = 16;
 bool linear_gemm_ok(const QW& w);
 bool linear_gemm_wins(const QW& w, int T);
 void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T);
+// ys[i] = x W_i^T for n <= 4 matrices of one width and format (linear_multi_ok) in one launch of the wgmma loop, x
+// converted once: when the context has that loop and its workspace (c.gemm_wg, c.gemm_ws for x), T >= kGemmMinRows
+// and every matrix suits it. Returns false (and launches nothing) otherwise.
+bool linear_gemm_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T);
 // The GEMV for any T (every row re-reads the weights; linear() uses it unless linear_gemm_wins). For benchmarks.
 void linear_gemv(const Ctx& c, const QW& w, const float* x, float* y, int T);
 

@@ -713,7 +713,10 @@ void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, 
   bool any_gemm = false;
   for (int i = 0; i < n; ++i) any_gemm = any_gemm || linear_gemm_wins(ws[i], T);
   if (any_gemm) {
-    // Prefill: one launch per matrix, each on the kernel that suits its size.
+    // Prefill: one launch of the wgmma loop for all of them where it runs (x converted once; the small matrices,
+    // e.g. the GDN b and a projections, ride along), else one launch per matrix on the kernel that suits its size.
+    // The one launch measured on the H200: docs/notes/cuda-prefill-v19-multi.md.
+    if (env_choice("FERN_GEMM_MULTI", {"0", "1"}, 1) == 1 && linear_gemm_multi(c, ws, x, ys, n, T)) return;
     for (int i = 0; i < n; ++i) linear(c, ws[i], x, ys[i], T);
     return;
   }

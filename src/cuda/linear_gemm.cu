@@ -201,4 +201,19 @@ void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   }
 }
 
+bool linear_gemm_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T) {
+  if (n < 1 || T < kGemmMinRows || !c.gemm_wg || c.gemm_ws == nullptr || c.gemm_ws_bytes < xbf_bytes(T, ws[0].in))
+    return false;
+  for (int i = 0; i < n; ++i)
+    if (!linear_gemm_ok(ws[i]) || !linear_gemm_wg_ok(ws[i]) || ws[i].bits != ws[0].bits || ws[i].in != ws[0].in ||
+        ws[i].gs != ws[0].gs)
+      return false;
+  const WgPipe pipe = gemm_wg_pipe();
+  const bool q4 = gemm_pipe_q4(pipe) && gemm_q4_ok(ws[0]);
+  const X16 xs = xbf_carve(c.gemm_ws, T, ws[0].in, q4, pipe == WgPipe::Q4h);
+  (q4 ? to_xbf_q4 : to_xbf)(c, x, T, ws[0].in, xs);
+  linear_gemm_wg_multi(c, ws, ys, n, xs, T);
+  return true;
+}
+
 }  // namespace fern::cuda

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "cuda/gemm_wg.h"
 #include "cuda/kernels.h"
 #include "cuda/qweight.h"
 #include "cuda_test_util.h"
@@ -28,6 +29,10 @@ struct Mat {
 // reference values; the table-normalised test itself has not been run on the GPU). 1e-9 still catches a wrong
 // matrix, row offset or output slice (NMSE ~1: independent random weights); an unwritten output is NaN.
 constexpr double kNmse = 1e-9;
+
+void expect_table(Backend& cpu, CudaBackend& gpu, const char* name, const std::vector<Mat>& mats,
+                  const std::vector<LinearWeight>& hw, std::vector<float> x, const std::vector<Tensor>& outs,
+                  int64_t in, int T);
 
 // norm: the table's input is rmsnorm(x) * w computed by the kernel (linear_multi_norm, the layer's input norm
 // folded into the projections), called directly (via_backend false) or through CudaBackend::rmsnorm_linear_multi.
@@ -94,18 +99,26 @@ void run_table(const char* name, const std::vector<Mat>& mats, int64_t in, int g
     // > 1e-6.
     EXPECT_LT(e, 1e-10);
   }
+  expect_table(*cpu, *gpu, name, mats, hw, x, outs, in, T);
+}
+
+// Each output of a table against the CPU's linear() of x, normalised by the whole table's mean square (kNmse says
+// why).
+void expect_table(Backend& cpu, CudaBackend& gpu, const char* name, const std::vector<Mat>& mats,
+                  const std::vector<LinearWeight>& hw, std::vector<float> x, const std::vector<Tensor>& outs,
+                  int64_t in, int T) {
   std::vector<std::vector<float>> refs;
   double table_sq = 0.0;
   size_t table_n = 0;
   for (size_t i = 0; i < mats.size(); ++i) {
     refs.emplace_back(size_t(T * mats[i].out), 0.0f);
-    cpu->linear(test::host_f32(refs[i], {T, mats[i].out}), test::host_f32(x, {T, in}), hw[i]);
+    cpu.linear(test::host_f32(refs[i], {T, mats[i].out}), test::host_f32(x, {T, in}), hw[i]);
     for (float r : refs[i]) table_sq += double(r) * r;
     table_n += refs[i].size();
   }
   const double table_ms = table_sq / double(table_n);
   for (size_t i = 0; i < mats.size(); ++i) {
-    auto got = test::download(*gpu, outs[i]);
+    auto got = test::download(gpu, outs[i]);
     double err = 0.0;
     for (size_t j = 0; j < got.size(); ++j) err += (double(got[j]) - refs[i][j]) * (double(got[j]) - refs[i][j]);
     const double e = err / (double(got.size()) * table_ms);
@@ -202,6 +215,87 @@ TEST(CudaLinearMulti, TensorCoreLoop) {
     run_table("tc norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, {true, true});
     run_table("tc norm odd rows T=3", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 3, {true, false});
   }
+}
+
+// The prefill form (linear_gemm_multi, sm_90a): all the matrices of a table in one launch of the wgmma loop (the
+// exact-code loop for 4-bit groups of 64 and 128, the synchronous loop for 8-bit), x converted once, each matrix
+// starting on a weight block of its own. Tables with 128-token tiles (>= two waves of blocks) and 64-token ones,
+// one-row and odd-row matrices, and through the backend (CudaBackend::linear_multi, which takes it for T > 1 where
+// a matrix wins the GEMM). The wgmma loop's precision class (test_cuda_linear_gemm.cpp: 1e-11 .. 2e-10), so kNmse.
+void run_gemm_table(const char* name, const std::vector<Mat>& mats, int64_t in, int gs, int T, bool via_backend) {
+  SCOPED_TRACE(name);
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  test::OwnedStorage st;
+  std::vector<LinearWeight> hw, dw;
+  for (size_t i = 0; i < mats.size(); ++i) {
+    const uint64_t seed = 3000 + 13 * i + uint64_t(mats[i].out) + uint64_t(in) * 5;
+    const std::string wn = std::string(name) + "." + std::to_string(i);
+    hw.push_back(test::raw_affine(st, wn.c_str(), 0, mats[i].out, in, mats[i].bits, gs, seed));
+  }
+  for (const LinearWeight& w : hw) dw.push_back(gpu->to_device(w));
+  auto x = test::randn(size_t(T * in), 91 + uint64_t(in) + uint64_t(T));
+  Tensor dx = test::upload_f32(*gpu, x, {T, in});
+  std::vector<Tensor> outs;
+  std::vector<const LinearWeight*> ws;
+  std::vector<cuda::QW> q;
+  std::vector<float*> ys;
+  for (size_t i = 0; i < mats.size(); ++i) {
+    outs.push_back(test::nan_filled(*gpu, T, mats[i].out));
+    ws.push_back(&dw[i]);
+    q.push_back(cuda::make_qw(dw[i]));
+    ys.push_back(outs[i].ptr<float>());
+  }
+  if (via_backend) {
+    gpu->linear_multi(outs, dx, ws);
+  } else {
+    const size_t bytes = cuda::xbf_bytes(T, in);
+    Tensor buf = gpu->alloc(DType::F32, {int64_t((bytes + 3) / 4)});
+    cuda::Ctx ctx;
+    ctx.stream = gpu->stream();
+    ctx.sms = gpu->sm_count();
+    ctx.pdl = gpu->pdl();
+    ctx.gemm_wg = true;
+    ctx.gemm_ws = buf.data;
+    ctx.gemm_ws_bytes = bytes;
+    ASSERT_TRUE(cuda::linear_gemm_multi(ctx, q.data(), dx.ptr<float>(), ys.data(), static_cast<int>(q.size()), T))
+        << "the one-launch form refused the table";
+    ASSERT_EQ(cudaStreamSynchronize(gpu->stream()), cudaSuccess);
+  }
+  expect_table(*cpu, *gpu, name, mats, hw, x, outs, in, T);
+}
+
+TEST(CudaLinearMulti, PrefillOneLaunch) {
+  FERN_REQUIRE_GPU();
+  if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
+  run_gemm_table("gemm gdn qkv|z|b|a T=300", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 300, false);
+  run_gemm_table("gemm attn q|k|v T=100", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 100, false);
+  run_gemm_table("gemm odd rows g128 T=70", {{129, 4}, {17, 4}, {1, 4}}, 640, 128, 70, false);
+  run_gemm_table("gemm 8-bit T=200", {{256, 8}, {1, 8}}, 2048, 64, 200, false);
+  run_gemm_table("backend gdn T=300", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 300, true);
+  {
+    test::EnvGuard off("FERN_GEMM_MULTI", "0");  // one launch per matrix, as before
+    run_gemm_table("backend gdn T=300, FERN_GEMM_MULTI=0", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 300,
+                   true);
+  }
+  // The refusals (nothing launched: checked before any memory is touched): no workspace; a matrix of another group
+  // size; too few rows for the GEMM.
+  cuda::Ctx ctx;
+  ctx.gemm_wg = true;
+  cuda::QW a, b;
+  a.bits = b.bits = 4;
+  a.in = b.in = 2048;
+  a.gs = b.gs = 64;
+  a.out = b.out = 128;
+  float* ys[2] = {nullptr, nullptr};
+  const cuda::QW same[2] = {a, b};
+  EXPECT_FALSE(cuda::linear_gemm_multi(ctx, same, nullptr, ys, 2, 300)) << "no workspace";
+  ctx.gemm_ws = &ctx;  // never dereferenced: every case below is refused first
+  ctx.gemm_ws_bytes = cuda::xbf_bytes(300, 2048);
+  EXPECT_FALSE(cuda::linear_gemm_multi(ctx, same, nullptr, ys, 2, 2)) << "two rows";
+  b.gs = 32;
+  const cuda::QW mixed[2] = {a, b};
+  EXPECT_FALSE(cuda::linear_gemm_multi(ctx, mixed, nullptr, ys, 2, 300)) << "group sizes differ";
 }
 
 }  // namespace
