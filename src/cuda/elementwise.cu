@@ -4,7 +4,6 @@
 // may still be running while this one is resident, and const + restrict would allow the non-coherent load path
 // and its scheduling ahead of griddepcontrol.wait (qdot.cuh stage_x, docs/notes/cuda-decode-v6.md). Weights
 // and the position counter (written only by advance_kernel, the last launch of a step) may stay restrict.
-#include "core/env.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
@@ -129,69 +128,13 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_vec_kernel(float* __restrict
   }
 }
 
-// Many rows (prefill chunks): one warp per row, its NV float4 per lane in registers (D = 128 NV), the sum of squares
-// by shuffles: no block barrier and 8 rows per block, where the block-per-row kernel above spent a 256-thread block
-// and two barriers on each 8 KB row (~70 us per 8,192 rows of 2,048 against ~31 at the copy bandwidth;
-// docs/notes/cuda-prefill-v20-glue.md). The norm weights are read after the sum, from L1 (one row for all).
-template <int NV>
-__global__ void __launch_bounds__(kThreads) rmsnorm_rows_kernel(float* __restrict__ out, const float* x,
-                                                                float* resid, const float* delta,
-                                                                const float* __restrict__ w, int rows, int D,
-                                                                float eps) {
-  pdl_wait();
-  pdl_trigger();
-  const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  float4 xv[NV];
-  float ss = 0.0f;
-#pragma unroll
-  for (int v = 0; v < NV; ++v) {
-    const int i = lane + 32 * v;
-    float4 a;
-    if (resid) {
-      float4* rr = reinterpret_cast<float4*>(resid + r * D);
-      const float4 b = reinterpret_cast<const float4*>(delta + r * D)[i];
-      a = rr[i];
-      a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-      rr[i] = a;
-    } else {
-      a = reinterpret_cast<const float4*>(x + r * D)[i];
-    }
-    xv[v] = a;
-    ss += (a.x * a.x + a.y * a.y) + (a.z * a.z + a.w * a.w);
-  }
-  const float inv = rsqrtf(warp_sum(ss) / float(D) + eps);
-  float4* o = reinterpret_cast<float4*>(out + r * D);
-#pragma unroll
-  for (int v = 0; v < NV; ++v) {
-    const int i = lane + 32 * v;
-    const float4 wv = __ldg(reinterpret_cast<const float4*>(w) + i);
-    o[i] = make_float4(xv[v].x * inv * wv.x, xv[v].y * inv * wv.y, xv[v].z * inv * wv.z, xv[v].w * inv * wv.w);
-  }
-}
-// Rows from which the warp-per-row kernel runs (below, the block-per-row kernels give a single row or a few rows
-// more threads each: decode).
-constexpr int kNormRowsMin = 64;
-
 // Launches the register version when the shape and alignment allow it, else the generic kernel.
 void launch_norm(const Ctx& c, float* out, const float* x, float* resid, const float* delta, const float* w, int rows,
                  int D, float eps) {
   auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = D % 4 == 0 && al(out) && al(x) && al(resid) && al(delta) && al(w);
   const int n4 = D / 4;
-  if (vec && rows >= kNormRowsMin && D % 128 == 0 && (D == 512 || D == 1024 || D == 2048) &&
-      env_choice("FERN_CUDA_NORM_ROWS", {"warp", "block"}, 0) == 0) {
-    const unsigned blocks = static_cast<unsigned>((int64_t(rows) + kThreads / 32 - 1) / (kThreads / 32));
-    auto run = [&](auto kernel) { launch(c, "rmsnorm_rows_kernel", kernel, blocks, kThreads, 0, out, x, resid, delta,
-                                         w, rows, D, eps); };
-    if (D == 512)
-      run(rmsnorm_rows_kernel<4>);
-    else if (D == 1024)
-      run(rmsnorm_rows_kernel<8>);
-    else
-      run(rmsnorm_rows_kernel<16>);
-  } else if (vec && n4 <= kThreads) {
+  if (vec && n4 <= kThreads) {
     launch(c, "rmsnorm_vec_kernel", rmsnorm_vec_kernel<1>, rows, kThreads, 0, out, x, resid, delta, w, D, eps);
   } else if (vec && n4 <= 2 * kThreads) {
     launch(c, "rmsnorm_vec_kernel", rmsnorm_vec_kernel<2>, rows, kThreads, 0, out, x, resid, delta, w, D, eps);

@@ -14,8 +14,6 @@
 // products are near fp32 like the dense prefill linear.
 #include <algorithm>
 
-#include "core/env.h"
-#include "cuda/cuda_check.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_tile.cuh"
 #include "cuda/launch.cuh"
@@ -140,62 +138,17 @@ __global__ void __launch_bounds__(gemm::kThreads, 4) router_kernel(QW R, const f
   }
 }
 
-// The shared-expert gate's logit of one token (one weight row of width K, 4/8-bit affine or bf16; sg_dot_ok) by a
-// warp: lane l takes elements 128 i + 4 l .. + 3 (a float4 of x, one word or half word of codes, one group's scale
-// and bias: the group size is a multiple of 4), the dequantized weight s q + b times x in fp32, then a warp sum.
-__device__ __forceinline__ float sg_dot(const QW& w, const float* x) {
-  const int lane = threadIdx.x & 31;
-  const int K = static_cast<int>(w.in);
-  float acc = 0.0f;
-  for (int e = 4 * lane; e < K; e += 128) {
-    const float4 v = *reinterpret_cast<const float4*>(x + e);
-    float q[4];
-    float sc = 1.0f, bi = 0.0f;
-    if (w.bits == 16) {
-      const uint2 h = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(w.w) + e));
-      q[0] = bf16_to_f32(uint16_t(h.x)), q[1] = bf16_to_f32(uint16_t(h.x >> 16));
-      q[2] = bf16_to_f32(uint16_t(h.y)), q[3] = bf16_to_f32(uint16_t(h.y >> 16));
-    } else {
-      const uint32_t word = __ldg(static_cast<const uint32_t*>(w.w) + e * w.bits / 32);
-      const uint32_t c = w.bits == 8 ? word : word >> (4 * (e & 7));  // 4-bit: codes e .. e + 3 of an 8-code word
-#pragma unroll
-      for (int j = 0; j < 4; ++j) q[j] = float(w.bits == 8 ? (c >> (8 * j)) & 0xffu : (c >> (4 * j)) & 0xfu);
-      sc = bf16_at(w.s, e / w.gs);
-      bi = bf16_at(w.b, e / w.gs);
-    }
-    acc = fmaf(fmaf(sc, q[0], bi), v.x, acc);
-    acc = fmaf(fmaf(sc, q[1], bi), v.y, acc);
-    acc = fmaf(fmaf(sc, q[2], bi), v.z, acc);
-    acc = fmaf(fmaf(sc, q[3], bi), v.w, acc);
-  }
-  return warp_sum(acc);
-}
-
 // Softmax, top-k, renormalisation and sigmoid of the shared gate: one warp per token (topk.cuh, the same code as
-// the decode router's tail). With x, the shared gate's logit is computed here first (sg_dot, into sg_logit[t]):
-// one read of the token's row instead of a GEMV launch over all rows (9.4 ms of a 32K prefill on the H200 as a
-// GEMV, docs/notes/cuda-prefill-v20-glue.md).
+// the decode router's tail).
 constexpr int kTopkWarps = 4;
 __global__ void __launch_bounds__(32 * kTopkWarps)
-    topk_rows_kernel(const float* __restrict__ logits, float* __restrict__ sg_logit, int E, int k, int T,
-                     int32_t* __restrict__ ids, float* __restrict__ wts, float* __restrict__ sgate, QW sg,
-                     const float* x) {
+    topk_rows_kernel(const float* __restrict__ logits, const float* __restrict__ sg_logit, int E, int k, int T,
+                     int32_t* __restrict__ ids, float* __restrict__ wts, float* __restrict__ sgate) {
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.x * kTopkWarps + (threadIdx.x >> 5);
   if (t >= T) return;
-  if (x != nullptr) {
-    const float d = sg_dot(sg, x + int64_t(t) * sg.in);
-    if ((threadIdx.x & 31) == 0) sg_logit[t] = d;  // read back by lane 0 below (its own write)
-    __syncwarp();
-  }
   topk_warp(logits + int64_t(t) * E, sg_logit + t, E, k, ids + int64_t(t) * k, wts + int64_t(t) * k, sgate + t);
-}
-
-// The shared gates sg_dot takes: one row, width a multiple of 4, 4/8-bit with groups a multiple of 4, or bf16.
-bool sg_dot_ok(const QW& w) {
-  return w.out == 1 && w.experts == 0 && w.in > 0 && w.in % 4 == 0 && w.in < (int64_t(1) << 30) &&
-         (w.bits == 16 || ((w.bits == 4 || w.bits == 8) && w.gs > 0 && w.gs % 4 == 0 && w.in % w.gs == 0));
 }
 
 
@@ -400,14 +353,11 @@ bool moe_route_topk_ok(int64_t E, int k) { return k >= 1 && k <= 32 && E >= k &&
 
 void moe_route_topk(const Ctx& c, const QW& shared_gate, const float* x, const MoeScratch& s, int E, int T, int k) {
   if (T <= 0) return;
-  // The shared-expert gate is one weight row: its dot products in the top-k kernel (one warp per token reads the
-  // row once), or where sg_dot does not take the format, the GEMV (one block per token) rather than a 128-row tile
-  // of the tensor-core loop with one real row (measured on the H200: +0.6% whole prefill at 32K, +0.3% at 128K).
-  const bool in_topk = sg_dot_ok(shared_gate) && aligned16(x) && env_choice("FERN_MOE_SG", {"topk", "gemv"}, 0) == 0;
-  if (!in_topk) linear_gemv(c, shared_gate, x, s.sgate_logit, T);
+  // The shared-expert gate is one weight row: the GEMV (one block per token) rather than a 128-row tile of the
+  // tensor-core loop with one real row (measured on the H200: +0.6% whole prefill at 32K, +0.3% at 128K).
+  linear_gemv(c, shared_gate, x, s.sgate_logit, T);
   launch(c, "moe topk_rows_kernel", topk_rows_kernel, (T + kTopkWarps - 1) / kTopkWarps, 32 * kTopkWarps, 0,
-         s.router_logits, s.sgate_logit, E, k, T, s.topk_ids, s.topk_w, s.sgate, shared_gate,
-         in_topk ? x : nullptr);
+         s.router_logits, s.sgate_logit, E, k, T, s.topk_ids, s.topk_w, s.sgate);
 }
 
 bool moe_route_gemm(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, const MoeScratch& s,

@@ -189,7 +189,6 @@ TEST(CudaMoePrefill, RealShapeAgainstCpu) {
   auto m = make_model(*gpu, kReal, 11, false);
   ASSERT_TRUE(grouped_ok(*m));
   std::vector<Variant> vs = {{"real, default"},
-                             {"real, shared gate GEMV", "FERN_MOE_SG", "gemv"},  // default: its dot in the top-k
                              {"real, split", nullptr, nullptr, kNmse, false, "split"},
                              {"real, fp16", nullptr, nullptr, kNmse, false, "fp16"},
                              {"real, fp16x2", nullptr, nullptr, kNmse, false, "fp16x2"}};
