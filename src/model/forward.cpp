@@ -92,9 +92,9 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
     dump(fmt::format("L{}.moe_out", il), delta);
     dump(fmt::format("L{}.out", il), h);
   }
-  be.rmsnorm(xn, h, w.final_norm, eps);
-  // xn holds RMSNorm(h; final_norm) for every row; project the rows whose logits are wanted.
+  // The final norm and lm_head on the rows whose logits are wanted (a prompt chunk's last row, or all of them).
   Tensor rows = opt.all_logits ? xn : xn.slice0(T - 1, 1);
+  be.rmsnorm(rows, opt.all_logits ? h : h.slice0(T - 1, 1), w.final_norm, eps);
   be.linear(logits, rows, w.lm_head);
   be.advance(st, T);
 }
