@@ -34,6 +34,24 @@ void expect_table(Backend& cpu, CudaBackend& gpu, const char* name, const std::v
                   const std::vector<LinearWeight>& hw, std::vector<float> x, const std::vector<Tensor>& outs,
                   int64_t in, int T);
 
+// The host weights of a table (affine, or bf16 for 16 bits), matrix i seeded with base + per_mat i + its rows +
+// per_in times the width.
+struct TableSeed {
+  uint64_t base, per_mat, per_in;
+};
+std::vector<LinearWeight> host_table(test::OwnedStorage& st, const char* name, const std::vector<Mat>& mats,
+                                     int64_t in, int gs, TableSeed sd) {
+  std::vector<LinearWeight> hw;
+  for (size_t i = 0; i < mats.size(); ++i) {
+    const Mat& m = mats[i];
+    const uint64_t seed = sd.base + sd.per_mat * i + uint64_t(m.out) + uint64_t(in) * sd.per_in;
+    const std::string wn = std::string(name) + "." + std::to_string(i);
+    hw.push_back(m.bits == 16 ? test::raw_dense(st, wn.c_str(), 0, m.out, in, seed)
+                              : test::raw_affine(st, wn.c_str(), 0, m.out, in, m.bits, gs, seed));
+  }
+  return hw;
+}
+
 // norm: the table's input is rmsnorm(x) * w computed by the kernel (linear_multi_norm, the layer's input norm
 // folded into the projections), called directly (via_backend false) or through CudaBackend::rmsnorm_linear_multi.
 struct NormMode {
@@ -46,14 +64,8 @@ void run_table(const char* name, const std::vector<Mat>& mats, int64_t in, int g
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
   test::OwnedStorage st;
-  std::vector<LinearWeight> hw, dw;
-  for (size_t i = 0; i < mats.size(); ++i) {
-    const Mat& m = mats[i];
-    const uint64_t seed = 1000 + 17 * i + uint64_t(m.out) + uint64_t(in) * 3;
-    const std::string wn = std::string(name) + "." + std::to_string(i);
-    hw.push_back(m.bits == 16 ? test::raw_dense(st, wn.c_str(), 0, m.out, in, seed)
-                              : test::raw_affine(st, wn.c_str(), 0, m.out, in, m.bits, gs, seed));
-  }
+  const std::vector<LinearWeight> hw = host_table(st, name, mats, in, gs, {1000, 17, 3});
+  std::vector<LinearWeight> dw;
   for (const LinearWeight& w : hw) dw.push_back(gpu->to_device(w));
   auto x = test::randn(size_t(T * in), 77 + uint64_t(in));
   Tensor dx = test::upload_f32(*gpu, x, {T, in});
@@ -227,12 +239,8 @@ void run_gemm_table(const char* name, const std::vector<Mat>& mats, int64_t in, 
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
   test::OwnedStorage st;
-  std::vector<LinearWeight> hw, dw;
-  for (size_t i = 0; i < mats.size(); ++i) {
-    const uint64_t seed = 3000 + 13 * i + uint64_t(mats[i].out) + uint64_t(in) * 5;
-    const std::string wn = std::string(name) + "." + std::to_string(i);
-    hw.push_back(test::raw_affine(st, wn.c_str(), 0, mats[i].out, in, mats[i].bits, gs, seed));
-  }
+  const std::vector<LinearWeight> hw = host_table(st, name, mats, in, gs, {3000, 13, 5});
+  std::vector<LinearWeight> dw;
   for (const LinearWeight& w : hw) dw.push_back(gpu->to_device(w));
   auto x = test::randn(size_t(T * in), 91 + uint64_t(in) + uint64_t(T));
   Tensor dx = test::upload_f32(*gpu, x, {T, in});
