@@ -2,9 +2,9 @@
 // y[t] = x[t] W^T for 4/8-bit affine weights, a block computing 128 weight rows x NTOK token rows (NTOK = 128 where
 // that still gives two waves of blocks, else 64). One launch may take up to kWgMats matrices of one input (a layer's
 // projections: WgMats), each starting on a weight block of its own, so small ones (the GDN b and a projections, 32
-// rows) ride along with the large ones instead of taking a launch and a conversion of x each. The accumulator holds the transposed tile (weight rows x tokens),
-// so each thread writes single floats: for a fixed token the 8 lanes of a quad column write 8 consecutive outputs
-// (32-byte segments).
+// rows) ride along with the large ones instead of taking a launch and a conversion of x each. The accumulator holds
+// the transposed tile (weight rows x tokens), so each thread writes single floats: for a fixed token the 8 lanes of
+// a quad column write 8 consecutive outputs (32-byte segments).
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_util.cuh"
