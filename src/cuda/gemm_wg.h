@@ -55,11 +55,10 @@ X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4 = false, bool half = fa
 void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 
-// Dense y [T, w.out] = x W^T on the wgmma loop from the split rows of x (to_xbf, or to_xbf_q4 for the exact-code loop:
-// the loop follows x.q4). linear_gemm_wg_ok: 4/8-bit affine weights, K a multiple of 64, groups a multiple of 16.
+// Dense ys[i] [T, ws[i].out] = x W_i^T on the wgmma loop from the split rows of x (to_xbf, or to_xbf_q4 for the
+// exact-code loop: the loop follows x.q4), for 1 <= n <= 4 matrices of one width and format in one launch.
+// linear_gemm_wg_ok: 4/8-bit affine weights, K a multiple of 64, groups a multiple of 16.
 bool linear_gemm_wg_ok(const QW& w);
-void linear_gemm_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T);
-// ys[i] = x W_i^T for n <= 4 matrices of one width and format in one launch (each linear_gemm_wg_ok).
 void linear_gemm_wg_multi(const Ctx& c, const QW* ws, float* const* ys, int n, const X16& x, int T);
 
 }  // namespace fern::cuda

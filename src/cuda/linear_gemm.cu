@@ -170,17 +170,32 @@ bool linear_gemm_wins(const QW& w, int T) {
   return blocks >= 64;
 }
 
+namespace {
+
+// Whether the wgmma loop takes w with this context: the loop, and a workspace for T rows of x in its layout.
+bool wg_path(const Ctx& c, const QW& w, int T) {
+  return c.gemm_wg && linear_gemm_wg_ok(w) && c.gemm_ws != nullptr && c.gemm_ws_bytes >= xbf_bytes(T, w.in);
+}
+
+// x converted once into the workspace (the exact-code loop's rows where the pipe and format take it, else bf16
+// hi/lo rows), then one launch of the wgmma loop over the n matrices (one width and format).
+void wg_convert_and_launch(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T) {
+  const WgPipe pipe = gemm_wg_pipe();
+  const bool q4 = gemm_pipe_q4(pipe) && gemm_q4_ok(ws[0]);
+  const X16 xs = xbf_carve(c.gemm_ws, T, ws[0].in, q4, pipe == WgPipe::Q4h);
+  (q4 ? to_xbf_q4 : to_xbf)(c, x, T, ws[0].in, xs);
+  linear_gemm_wg_multi(c, ws, ys, n, xs, T);
+}
+
+}  // namespace
+
 void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   FERN_CU_CHECK(linear_gemm_ok(w), "linear_gemm: unsupported weight shape or format");
   if (T <= 0) return;
   const int64_t nb = (w.out + kBN - 1) / kBN;
   FERN_CU_CHECK(nb <= 65535, "linear_gemm: too many output rows");
-  if (c.gemm_wg && linear_gemm_wg_ok(w) && c.gemm_ws != nullptr && c.gemm_ws_bytes >= xbf_bytes(T, w.in)) {
-    const WgPipe pipe = gemm_wg_pipe();
-    const bool q4 = gemm_pipe_q4(pipe) && gemm_q4_ok(w);
-    const X16 xs = xbf_carve(c.gemm_ws, T, w.in, q4, pipe == WgPipe::Q4h);
-    (q4 ? to_xbf_q4 : to_xbf)(c, x, T, w.in, xs);
-    linear_gemm_wg(c, w, xs, y, T);
+  if (wg_path(c, w, T)) {
+    wg_convert_and_launch(c, &w, x, &y, 1, T);
     return;
   }
   if (!c.gemm_wg && gemm_f16_format_ok(w) && c.gemm_ws != nullptr &&
@@ -202,17 +217,12 @@ void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T) {
 }
 
 bool linear_gemm_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T) {
-  if (n < 1 || T < kGemmMinRows || !c.gemm_wg || c.gemm_ws == nullptr || c.gemm_ws_bytes < xbf_bytes(T, ws[0].in))
-    return false;
+  if (n < 1 || T < kGemmMinRows) return false;
   for (int i = 0; i < n; ++i)
-    if (!linear_gemm_ok(ws[i]) || !linear_gemm_wg_ok(ws[i]) || ws[i].bits != ws[0].bits || ws[i].in != ws[0].in ||
+    if (!linear_gemm_ok(ws[i]) || !wg_path(c, ws[i], T) || ws[i].bits != ws[0].bits || ws[i].in != ws[0].in ||
         ws[i].gs != ws[0].gs)
       return false;
-  const WgPipe pipe = gemm_wg_pipe();
-  const bool q4 = gemm_pipe_q4(pipe) && gemm_q4_ok(ws[0]);
-  const X16 xs = xbf_carve(c.gemm_ws, T, ws[0].in, q4, pipe == WgPipe::Q4h);
-  (q4 ? to_xbf_q4 : to_xbf)(c, x, T, ws[0].in, xs);
-  linear_gemm_wg_multi(c, ws, ys, n, xs, T);
+  wg_convert_and_launch(c, ws, x, ys, n, T);
   return true;
 }
 

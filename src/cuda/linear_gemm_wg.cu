@@ -17,19 +17,19 @@ namespace {
 
 using wgtile::kBW;
 
-// Matrices of one width and format in one launch: matrix m owns weight blocks first[m] .. first[m + 1] - 1.
+// Matrices of one width and format in one launch: matrix m owns weight blocks first[m] .. first[m + 1] - 1; the
+// entries past the last matrix hold the total, first[kWgMats] (so no count is needed).
 constexpr int kWgMats = 4;
 struct WgMats {
   QW w[kWgMats];
   float* y[kWgMats];
   int first[kWgMats + 1];
-  int n;
 };
-// The matrix of weight block b (b < first[n]).
+// The matrix of weight block b (b < first[kWgMats]).
 __device__ __forceinline__ int mat_of(const WgMats& M, int b) {
   int m = 0;
 #pragma unroll
-  for (int i = 1; i < kWgMats; ++i) m += (i < M.n && b >= M.first[i]) ? 1 : 0;
+  for (int i = 1; i < kWgMats; ++i) m += b >= M.first[i] ? 1 : 0;
   return m;
 }
 
@@ -90,7 +90,7 @@ void launch_wg(const Ctx& c, const WgMats& w, const X16& x, int T) {
   allow_dynamic_smem<gemm_wg_kernel<BITS, NTOK, S, P>>(smem);
   // Weight blocks per block (exact-code loop only): up to 4, measured on the H200 at 4K and 32K tokens (docs/notes/
   // cuda-prefill-v8-items.md); FERN_GEMM_SEQ=N forces N.
-  const int64_t wblocks = w.first[w.n], ttiles = (T + NTOK - 1) / NTOK;
+  const int64_t wblocks = w.first[kWgMats], ttiles = (T + NTOK - 1) / NTOK;
   const int ncb = wgloop::is_q4(P) ? items_per_block("FERN_GEMM_SEQ", wblocks * ttiles, 4, c.sms) : 1;
   const dim3 grid(static_cast<unsigned>((wblocks + ncb - 1) / ncb), static_cast<unsigned>(ttiles));
   launch(c,
@@ -104,7 +104,7 @@ template <int BITS>
 void wg_bits(const Ctx& c, const WgMats& w, const X16& x, int T) {
   // 128-token tiles halve the weight dequantization per token; below two waves of them, 64-token tiles keep the
   // SMs busy.
-  const int64_t wblocks = w.first[w.n];
+  const int64_t wblocks = w.first[kWgMats];
   const int64_t tall = (int64_t(T) + 127) / 128 * wblocks;
   if constexpr (BITS == 4) {
     if (x.q4) {  // the exact-code loop (to_xbf_q4 rows), one 384-thread block per SM
@@ -146,15 +146,10 @@ bool linear_gemm_wg_ok(const QW& w) {
          w.gs % 16 == 0 && w.in % w.gs == 0 && w.out > 0 && w.out < (int64_t(1) << 31) && w.in < (int64_t(1) << 30);
 }
 
-void linear_gemm_wg(const Ctx& c, const QW& w, const X16& x, float* y, int T) {
-  linear_gemm_wg_multi(c, &w, &y, 1, x, T);
-}
-
 void linear_gemm_wg_multi(const Ctx& c, const QW* ws, float* const* ys, int n, const X16& x, int T) {
   FERN_CU_CHECK(n >= 1 && n <= kWgMats, "linear_gemm_wg: 1 to 4 matrices");
   FERN_CU_CHECK((int64_t(T) + 63) / 64 <= 65535, "linear_gemm_wg: too many rows");
   WgMats M{};
-  M.n = n;
   int64_t blocks = 0;
   for (int i = 0; i < n; ++i) {
     FERN_CU_CHECK(linear_gemm_wg_ok(ws[i]), "linear_gemm_wg: unsupported weight shape or format");
