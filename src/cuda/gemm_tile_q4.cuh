@@ -123,6 +123,8 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
     const int r0 = 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2);  // this thread's rows r0 and r0 + 8
     const int jq = lane & 3;  // its K pair in each 8-wide step of the MMA fragment
     float acc[NTOK / 2], part[NTOK / 2];
+#pragma unroll
+    for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;  // defined values for the asm operands; never summed
     int t = 0;
     for (int item = 0; item < n_items; ++item) {
 #pragma unroll
@@ -151,16 +153,16 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
           a[ks][2] = pair(c0[2 * ks + 1]);
           a[ks][3] = pair(c1[2 * ks + 1]);
         }
-#pragma unroll
-        for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;
+        // The tile's first MMA overwrites the partial (wgmma's scale-d predicate off): no zeroing of its NTOK / 2
+        // registers on the chain between the promotion and the next MMAs.
         wgmma::fence_operand(part);
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kBK / 16; ++ks) {
           if constexpr (H) {
-            wgmma::mma_f16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
+            wgmma::mma_f16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]), ks > 0);
           } else {
-            wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
+            wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]), ks > 0);
             wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
           }
         }

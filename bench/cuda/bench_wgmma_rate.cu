@@ -1,0 +1,177 @@
+// What the exact-code GEMM loop's MMA warpgroups can reach with nothing to wait for but their own MMAs: the loop
+// (gemm_tile_q4.cuh) runs its dense GEMMs at ~45-50% of the tensor cores' bf16 rate and its MoE GEMMs at ~30%
+// (counting the x hi and x lo MMAs), and earlier changes to its chain (turn-taking, halves, a second partial) did not
+// say which part of the chain bounds it. Each kernel here is one block per SM of W warpgroups that repeat, on
+// operands that stay in shared memory (no producer, no barriers), one piece more of the loop's per-tile chain per
+// row of the table:
+//   pipe      8 MMAs (4 K steps x hi, lo) per tile into one accumulator, never waiting (the tensor pipe's rate);
+//   wait      the same, waiting for each tile's MMAs (wgmma.wait_group 0) before the next;
+//   promote   + the loop's promotion of the partial: acc += s P + c xs (xs from shared memory), 2 FMAs per value;
+//   zero      + the partial zeroed before each tile (what the loop does) instead of the first MMA overwriting it;
+//   codes     + the A fragments unpacked from packed 4-bit codes in shared memory each tile (LDS + shift + LOP3);
+// in register-A (RS, the loop's form) and shared-memory-A (SS) forms, at token widths 64, 96 and 128 and with one,
+// two or three MMA warpgroups. TFLOP/s count the MMAs' multiply-adds (hi and lo both) against the H200's 989 TFLOP/s
+// of dense bf16. The operands are arbitrary finite bf16 values (the rate does not depend on them); a sum of each
+// thread's accumulators is written out so that nothing is optimized away.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "bench_timing.h"
+#include "cuda/cuda_check.h"
+#include "cuda/gemm_wg.h"
+#include "cuda/wgmma.cuh"
+
+using namespace fern;
+using namespace fern::cuda;
+
+namespace {
+
+enum Chain { kPipe, kWait, kPromote, kZero, kCodes, kCodesNoZero };
+
+template <int W, int N>
+struct RateSmem {
+  uint8_t a[W][64 * 128];  // SS form: each warpgroup's 64 rows x 64 K
+  uint8_t bhi[N * 128];    // N token rows x 64 K, 128-byte swizzled
+  uint8_t blo[N * 128];
+  uint4 codes[W * 64][2];  // 32 bytes of packed codes per weight row
+  float xs[N];
+};
+
+__device__ __forceinline__ uint32_t code_pair(uint32_t w, int j) {
+  return ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+}
+
+template <int W, int N, bool SS, Chain C>
+__global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out) {
+  extern __shared__ unsigned char rate_raw[];
+  auto& sm = wgmma::smem_at_atom<RateSmem<W, N>>(rate_raw);
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+  // Finite bf16 values in [1, 2) (exponent 127, a varying mantissa), codes from a multiplicative hash.
+  {
+    uint32_t* w = reinterpret_cast<uint32_t*>(&sm);
+    const int words = static_cast<int>(sizeof(RateSmem<W, N>) / 4);
+    for (int i = tid; i < words; i += W * 128) w[i] = 0x3f803f80u | ((i * 2654435761u) & 0x007f007fu);
+  }
+  wgmma::fence_proxy_async();
+  __syncthreads();
+  const int r0 = 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2);
+  uint32_t a[4][4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[ks][i] = 0x3f803f80u | ((tid * 131u + ks * 17u + i) & 0x007f007fu);
+  const float s0 = 1.0f + tid * 1e-3f, c0 = 0.5f - tid * 1e-3f;
+  float acc[N / 2], part[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f, part[i] = 0.0f;
+
+  for (int it = 0; it < iters; ++it) {
+    if constexpr (C == kCodes || C == kCodesNoZero) {
+      const uint4 u = sm.codes[r0][it & 1], v = sm.codes[r0 + 8][it & 1];
+      const uint32_t c0w[4] = {u.x, u.y, u.z, u.w}, c1w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        a[ks][0] = code_pair(c0w[ks], lane & 3);
+        a[ks][1] = code_pair(c1w[ks], lane & 3);
+        a[ks][2] = code_pair(c0w[ks] ^ 0x11111111u, lane & 3);
+        a[ks][3] = code_pair(c1w[ks] ^ 0x11111111u, lane & 3);
+      }
+    }
+    constexpr bool kZeroes = C == kZero || C == kCodes;
+    if constexpr (kZeroes) {
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) part[i] = 0.0f;
+    }
+    wgmma::fence_operand(part);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      // Overwrite at the tile's first MMA where nothing zeroed the partial and a promotion consumed it.
+      const int accum = (C == kPipe || C == kWait || kZeroes || ks > 0) ? 1 : 0;
+      if constexpr (SS) {
+        wgmma::mma_bf16<N>(part, wgmma::desc_sw128(&sm.a[wg][32 * ks]), wgmma::desc_sw128(&sm.bhi[32 * ks]));
+        wgmma::mma_bf16<N>(part, wgmma::desc_sw128(&sm.a[wg][32 * ks]), wgmma::desc_sw128(&sm.blo[32 * ks]));
+      } else {
+        wgmma::mma_bf16_rs<N>(part, a[ks], wgmma::desc_sw128(&sm.bhi[32 * ks]), accum);
+        wgmma::mma_bf16_rs<N>(part, a[ks], wgmma::desc_sw128(&sm.blo[32 * ks]));
+      }
+    }
+    wgmma::commit();
+    if constexpr (C == kPipe) {
+      wgmma::wait<1>();
+    } else {
+      wgmma::wait<0>();
+      wgmma::fence_operand(part);
+      if constexpr (C != kWait) {
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j) {
+          const float2 x = *reinterpret_cast<const float2*>(&sm.xs[8 * j + 2 * (lane & 3)]);
+          acc[4 * j + 0] = fmaf(s0, part[4 * j + 0], fmaf(c0, x.x, acc[4 * j + 0]));
+          acc[4 * j + 1] = fmaf(s0, part[4 * j + 1], fmaf(c0, x.y, acc[4 * j + 1]));
+          acc[4 * j + 2] = fmaf(c0, part[4 * j + 2], fmaf(s0, x.x, acc[4 * j + 2]));
+          acc[4 * j + 3] = fmaf(c0, part[4 * j + 3], fmaf(s0, x.y, acc[4 * j + 3]));
+        }
+      }
+    }
+  }
+  wgmma::wait<0>();
+  wgmma::fence_operand(part);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) sum += acc[i] + part[i];
+  out[blockIdx.x * blockDim.x + tid] = sum;
+}
+
+template <int W, int N, bool SS, Chain C>
+void row(const char* name, int sms, float* out) {
+  constexpr size_t smem = sizeof(RateSmem<W, N>) + 1024;
+  // At least 120 KB so that one block holds an SM alone, as the loop's blocks do.
+  const size_t ask = smem < 120 * 1024 ? 120 * 1024 : smem;
+  FERN_CUDA_CHECK(cudaFuncSetAttribute(rate_kernel<W, N, SS, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(ask)));
+  const int iters = 4096;
+  const double ms = bench::median_ms(nullptr, [&] { rate_kernel<W, N, SS, C><<<sms, W * 128, ask>>>(iters, out); });
+  FERN_CUDA_CHECK(cudaGetLastError());
+  const double flops = 2.0 * sms * W * double(iters) * 8 * 64 * N * 16;
+  const double tf = flops / (ms * 1e-3) / 1e12;
+  // Clocks per tile and warpgroup at the SM clock the run reports (cudaDevAttrClockRate, the maximum).
+  int khz = 0;
+  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  const double clk = ms * 1e-3 * khz * 1e3 / iters;
+  std::printf("| %-28s | %d | %3d | %s | %8.3f | %6.1f | %5.1f%% | %7.0f |\n", name, W, N, SS ? "SS" : "RS", ms, tf,
+              100.0 * tf / 989.0, clk);
+}
+
+}  // namespace
+
+int main() {
+  if (!gemm_wg_supported()) {
+    std::printf("bench_wgmma_rate: needs an sm_90a build on compute capability 9.0; skipped\n");
+    return 0;
+  }
+  int sms = 0;
+  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  float* out = nullptr;
+  FERN_CUDA_CHECK(cudaMalloc(&out, size_t(sms) * 384 * sizeof(float)));
+  std::printf("## wgmma rate, one block per SM (%d SMs), 4,096 tiles of 8 MMAs (m64nNk16 bf16) per warpgroup\n\n", sms);
+  std::printf("| chain | WGs | N | A | ms | TFLOP/s | of 989 | clk/tile |\n|---|---:|---:|---|---:|---:|---:|---:|\n");
+  row<1, 128, false, kPipe>("pipe", sms, out);
+  row<2, 128, false, kPipe>("pipe", sms, out);
+  row<2, 128, true, kPipe>("pipe", sms, out);
+  row<2, 64, false, kPipe>("pipe", sms, out);
+  row<2, 128, false, kWait>("wait", sms, out);
+  row<2, 128, true, kWait>("wait", sms, out);
+  row<2, 128, false, kPromote>("wait+promote", sms, out);
+  row<2, 128, false, kZero>("wait+promote+zero", sms, out);
+  row<2, 128, false, kCodes>("wait+promote+zero+codes", sms, out);
+  row<2, 128, false, kCodesNoZero>("wait+promote+codes (no zero)", sms, out);
+  row<3, 128, false, kCodesNoZero>("wait+promote+codes (no zero)", sms, out);
+  row<2, 96, false, kCodes>("wait+promote+zero+codes", sms, out);
+  row<2, 64, false, kCodes>("wait+promote+zero+codes", sms, out);
+  row<3, 64, false, kCodesNoZero>("wait+promote+codes (no zero)", sms, out);
+  FERN_CUDA_CHECK(cudaFree(out));
+  return 0;
+}
