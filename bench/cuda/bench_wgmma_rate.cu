@@ -9,6 +9,8 @@
 //   promote   + the loop's promotion of the partial: acc += s P + c xs (xs from shared memory), 2 FMAs per value;
 //   zero      + the partial zeroed before each tile (what the loop does) instead of the first MMA overwriting it;
 //   codes     + the A fragments unpacked from packed 4-bit codes in shared memory each tile (LDS + shift + LOP3);
+//   turns     the codes chain with the warpgroups issuing their tiles' MMAs in turn (named barriers): one promotes
+//             while the next one's MMAs run, instead of all of them issuing, waiting and promoting in step;
 // in register-A (RS, the loop's form) and shared-memory-A (SS) forms, at token widths 64, 96 and 128 and with one,
 // two or three MMA warpgroups. TFLOP/s count the MMAs' multiply-adds (hi and lo both) against the H200's 989 TFLOP/s
 // of dense bf16. The operands are arbitrary finite bf16 values (the rate does not depend on them); a sum of each
@@ -22,6 +24,7 @@
 #include "bench_timing.h"
 #include "cuda/cuda_check.h"
 #include "cuda/gemm_wg.h"
+#include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
 
 using namespace fern;
@@ -29,7 +32,7 @@ using namespace fern::cuda;
 
 namespace {
 
-enum Chain { kPipe, kWait, kPromote, kZero, kCodes, kCodesNoZero };
+enum Chain { kPipe, kWait, kPromote, kZero, kCodes, kCodesNoZero, kPingPong };
 
 template <int W, int N>
 struct RateSmem {
@@ -68,8 +71,12 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f, part[i] = 0.0f;
 
+  // Turns: warpgroup w waits on barrier 1 + w and, once its MMAs are issued, arrives on the next one's; the last
+  // warpgroup's arrival lets the first one start.
+  const int my_bar = 1 + wg, next_bar = 1 + (wg + 1) % W;
+  if (C == kPingPong && wg == W - 1) ptx::bar_arrive(next_bar, 256);
   for (int it = 0; it < iters; ++it) {
-    if constexpr (C == kCodes || C == kCodesNoZero) {
+    if constexpr (C == kCodes || C == kCodesNoZero || C == kPingPong) {
       const uint4 u = sm.codes[r0][it & 1], v = sm.codes[r0 + 8][it & 1];
       const uint32_t c0w[4] = {u.x, u.y, u.z, u.w}, c1w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -86,6 +93,7 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
       for (int i = 0; i < N / 2; ++i) part[i] = 0.0f;
     }
     wgmma::fence_operand(part);
+    if constexpr (C == kPingPong) ptx::bar_sync(my_bar, 256);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -100,6 +108,7 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
       }
     }
     wgmma::commit();
+    if constexpr (C == kPingPong) ptx::bar_arrive(next_bar, 256);
     if constexpr (C == kPipe) {
       wgmma::wait<1>();
     } else {
@@ -117,6 +126,7 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
       }
     }
   }
+  if (C == kPingPong && wg == 0) ptx::bar_sync(my_bar, 256);  // the last warpgroup's final arrival
   wgmma::wait<0>();
   wgmma::fence_operand(part);
   float sum = 0.0f;
@@ -172,6 +182,10 @@ int main() {
   row<2, 96, false, kCodes>("wait+promote+zero+codes", sms, out);
   row<2, 64, false, kCodes>("wait+promote+zero+codes", sms, out);
   row<3, 64, false, kCodesNoZero>("wait+promote+codes (no zero)", sms, out);
+  row<2, 128, false, kPingPong>("codes chain, turns", sms, out);
+  row<3, 128, false, kPingPong>("codes chain, turns", sms, out);
+  row<2, 96, false, kPingPong>("codes chain, turns", sms, out);
+  row<2, 64, false, kPingPong>("codes chain, turns", sms, out);
   FERN_CUDA_CHECK(cudaFree(out));
   return 0;
 }

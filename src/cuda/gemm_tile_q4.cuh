@@ -46,6 +46,7 @@ constexpr int kRowBytes = wgtile::kTileRowBytes;
 constexpr int kConsumers = 256;
 constexpr int kProducers = 128;
 constexpr int kThreads = kConsumers + kProducers;
+constexpr int kTurnBar = 1;  // named barriers 1 and 2: the MMA warpgroups' turns (0 is __syncthreads)
 
 // Shared memory: S stages of the x hi and lo tiles (each on a 1024-byte boundary, the swizzle atom), the packed
 // codes, the rows' (s, b - 128 s) and the token rows' sums; then the barriers.
@@ -120,11 +121,14 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
 
   if (tid < kConsumers) {
     const int wg = tid >> 7, lane = tid & 31;
+    // The two warpgroups issue their tiles' MMAs in turn (named barriers kTurnBar + g: warpgroup g waits on its own
+    // before issuing, then arrives on the other's), so that the tensor cores run one warpgroup's MMAs while the
+    // other promotes and unpacks; left alone they fall into step (both issue, both wait, both promote with the
+    // tensor cores idle: bench_wgmma_rate). Warpgroup 1 lets warpgroup 0 start.
+    if (wg == 1) ptx::bar_arrive(kTurnBar, kConsumers);
     const int r0 = 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2);  // this thread's rows r0 and r0 + 8
     const int jq = lane & 3;  // its K pair in each 8-wide step of the MMA fragment
     float acc[NTOK / 2], part[NTOK / 2];
-#pragma unroll
-    for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;  // defined values for the asm operands; never summed
     int t = 0;
     for (int item = 0; item < n_items; ++item) {
 #pragma unroll
@@ -153,20 +157,22 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
           a[ks][2] = pair(c0[2 * ks + 1]);
           a[ks][3] = pair(c1[2 * ks + 1]);
         }
-        // The tile's first MMA overwrites the partial (wgmma's scale-d predicate off): no zeroing of its NTOK / 2
-        // registers on the chain between the promotion and the next MMAs.
+#pragma unroll
+        for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;
         wgmma::fence_operand(part);
+        ptx::bar_sync(kTurnBar + wg, kConsumers);  // this warpgroup's turn to issue
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kBK / 16; ++ks) {
           if constexpr (H) {
-            wgmma::mma_f16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]), ks > 0);
+            wgmma::mma_f16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
           } else {
-            wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]), ks > 0);
+            wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xhi[st][32 * ks]));
             wgmma::mma_bf16_rs<NTOK>(part, a[ks], wgmma::desc_sw128(&sm.xlo[st][32 * ks]));
           }
         }
         wgmma::commit();
+        ptx::bar_arrive(kTurnBar + (wg ^ 1), kConsumers);  // the other warpgroup's turn
         wgmma::wait<0>();
         wgmma::fence_operand(part);
         // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
@@ -182,6 +188,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
       }
       epilogue(item, acc);
     }
+    if (wg == 0) ptx::bar_sync(kTurnBar, kConsumers);  // warpgroup 1's last arrival (each barrier ends balanced)
     return true;
   }
 

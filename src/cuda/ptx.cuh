@@ -76,6 +76,16 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
+// Named hardware barriers (1..15; 0 is __syncthreads): `threads` arrivals complete one, counting the threads that
+// wait (bar_sync) and those that only arrive (bar_arrive, which does not wait). Two groups of warps that take turns
+// use a pair: each waits on its own and arrives on the other's.
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Shared-memory barrier objects (mbarrier, sm_80+): a 64-bit counter of expected arrivals and a phase bit. A
 // producer/consumer ring uses one per stage and direction; waiting on the parity of the phase to complete.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
