@@ -11,6 +11,8 @@
 //   codes     + the A fragments unpacked from packed 4-bit codes in shared memory each tile (LDS + shift + LOP3);
 //   turns     the codes chain with the warpgroups issuing their tiles' MMAs in turn (named barriers): one promotes
 //             while the next one's MMAs run, instead of all of them issuing, waiting and promoting in step;
+//   turns, 1 FMA  the same with one FMA per value in the promotion (acc += s P: the bias term c xs left out), to see
+//             what the promotion's arithmetic costs when it overlaps the other warpgroup's MMAs;
 // in register-A (RS, the loop's form) and shared-memory-A (SS) forms, at token widths 64, 96 and 128 and with one,
 // two or three MMA warpgroups. TFLOP/s count the MMAs' multiply-adds (hi and lo both) against the H200's 989 TFLOP/s
 // of dense bf16. The operands are arbitrary finite bf16 values (the rate does not depend on them); a sum of each
@@ -24,7 +26,6 @@
 #include "bench_timing.h"
 #include "cuda/cuda_check.h"
 #include "cuda/gemm_wg.h"
-#include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
 
 using namespace fern;
@@ -32,7 +33,7 @@ using namespace fern::cuda;
 
 namespace {
 
-enum Chain { kPipe, kWait, kPromote, kZero, kCodes, kCodesNoZero, kPingPong };
+enum Chain { kPipe, kWait, kPromote, kZero, kCodes, kCodesNoZero, kPingPong, kPingPong1 };
 
 template <int W, int N>
 struct RateSmem {
@@ -45,6 +46,17 @@ struct RateSmem {
 
 __device__ __forceinline__ uint32_t code_pair(uint32_t w, int j) {
   return ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+}
+
+// Warpgroup wg's turn (barrier 1 + wg) and the next one's (1 + (wg + 1) % W). Register barrier IDs here: the
+// branches that immediate IDs need made ptxas serialize this kernel's MMAs (C7520).
+template <int W>
+__device__ __forceinline__ void turn_sync(int wg) {
+  asm volatile("bar.sync %0, 256;" ::"r"(1 + wg) : "memory");
+}
+template <int W>
+__device__ __forceinline__ void turn_arrive(int wg) {
+  asm volatile("bar.arrive %0, 256;" ::"r"(1 + (wg + 1) % W) : "memory");
 }
 
 template <int W, int N, bool SS, Chain C>
@@ -73,10 +85,9 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
 
   // Turns: warpgroup w waits on barrier 1 + w and, once its MMAs are issued, arrives on the next one's; the last
   // warpgroup's arrival lets the first one start.
-  const int my_bar = 1 + wg, next_bar = 1 + (wg + 1) % W;
-  if (C == kPingPong && wg == W - 1) ptx::bar_arrive(next_bar, 256);
+  if ((C == kPingPong || C == kPingPong1) && wg == W - 1) turn_arrive<W>(wg);
   for (int it = 0; it < iters; ++it) {
-    if constexpr (C == kCodes || C == kCodesNoZero || C == kPingPong) {
+    if constexpr (C == kCodes || C == kCodesNoZero || C == kPingPong || C == kPingPong1) {
       const uint4 u = sm.codes[r0][it & 1], v = sm.codes[r0 + 8][it & 1];
       const uint32_t c0w[4] = {u.x, u.y, u.z, u.w}, c1w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -93,7 +104,7 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
       for (int i = 0; i < N / 2; ++i) part[i] = 0.0f;
     }
     wgmma::fence_operand(part);
-    if constexpr (C == kPingPong) ptx::bar_sync(my_bar, 256);
+    if constexpr (C == kPingPong || C == kPingPong1) turn_sync<W>(wg);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -108,13 +119,16 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
       }
     }
     wgmma::commit();
-    if constexpr (C == kPingPong) ptx::bar_arrive(next_bar, 256);
+    if constexpr (C == kPingPong || C == kPingPong1) turn_arrive<W>(wg);
     if constexpr (C == kPipe) {
       wgmma::wait<1>();
     } else {
       wgmma::wait<0>();
       wgmma::fence_operand(part);
-      if constexpr (C != kWait) {
+      if constexpr (C == kPingPong1) {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) acc[i] = fmaf(i & 2 ? c0 : s0, part[i], acc[i]);
+      } else if constexpr (C != kWait) {
 #pragma unroll
         for (int j = 0; j < N / 8; ++j) {
           const float2 x = *reinterpret_cast<const float2*>(&sm.xs[8 * j + 2 * (lane & 3)]);
@@ -126,7 +140,7 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
       }
     }
   }
-  if (C == kPingPong && wg == 0) ptx::bar_sync(my_bar, 256);  // the last warpgroup's final arrival
+  if ((C == kPingPong || C == kPingPong1) && wg == 0) turn_sync<W>(wg);  // the last warpgroup's final arrival
   wgmma::wait<0>();
   wgmma::fence_operand(part);
   float sum = 0.0f;
@@ -186,6 +200,8 @@ int main() {
   row<3, 128, false, kPingPong>("codes chain, turns", sms, out);
   row<2, 96, false, kPingPong>("codes chain, turns", sms, out);
   row<2, 64, false, kPingPong>("codes chain, turns", sms, out);
+  row<2, 128, false, kPingPong1>("codes chain, turns, 1 FMA", sms, out);
+  row<3, 128, false, kPingPong1>("codes chain, turns, 1 FMA", sms, out);
   FERN_CUDA_CHECK(cudaFree(out));
   return 0;
 }

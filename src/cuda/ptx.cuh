@@ -78,7 +78,8 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 
 // Named hardware barriers (1..15; 0 is __syncthreads): `threads` arrivals complete one, counting the threads that
 // wait (bar_sync) and those that only arrive (bar_arrive, which does not wait). Two groups of warps that take turns
-// use a pair: each waits on its own and arrives on the other's.
+// use a pair: each waits on its own and arrives on the other's. The ID is a register value (a branch between two
+// immediate IDs made ptxas serialize the exact-code loop's MMAs, C7520); ptxas then reserves all 16 barriers.
 __device__ __forceinline__ void bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
