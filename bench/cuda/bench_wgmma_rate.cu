@@ -13,6 +13,8 @@
 //             while the next one's MMAs run, instead of all of them issuing, waiting and promoting in step;
 //   turns, 1 FMA  the same with one FMA per value in the promotion (acc += s P: the bias term c xs left out), to see
 //             what the promotion's arithmetic costs when it overlaps the other warpgroup's MMAs;
+//   turns, bias under MMAs  the turns chain with the promotion's bias half (acc += c xs, the sums' reads and one FMA
+//             per value) between the MMAs' issue and the wait, and only acc += s P after it;
 // in register-A (RS, the loop's form) and shared-memory-A (SS) forms, at token widths 64, 96 and 128 and with one,
 // two or three MMA warpgroups. TFLOP/s count the MMAs' multiply-adds (hi and lo both) against the H200's 989 TFLOP/s
 // of dense bf16. The operands are arbitrary finite bf16 values (the rate does not depend on them); a sum of each
@@ -33,7 +35,7 @@ using namespace fern::cuda;
 
 namespace {
 
-enum Chain { kPipe, kWait, kPromote, kZero, kCodes, kCodesNoZero, kPingPong, kPingPong1 };
+enum Chain { kPipe, kWait, kPromote, kZero, kCodes, kCodesNoZero, kPingPong, kPingPong1, kBiasUnder };
 
 template <int W, int N>
 struct RateSmem {
@@ -85,9 +87,9 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
 
   // Turns: warpgroup w waits on barrier 1 + w and, once its MMAs are issued, arrives on the next one's; the last
   // warpgroup's arrival lets the first one start.
-  if ((C == kPingPong || C == kPingPong1) && wg == W - 1) turn_arrive<W>(wg);
+  if ((C == kPingPong || C == kPingPong1 || C == kBiasUnder) && wg == W - 1) turn_arrive<W>(wg);
   for (int it = 0; it < iters; ++it) {
-    if constexpr (C == kCodes || C == kCodesNoZero || C == kPingPong || C == kPingPong1) {
+    if constexpr (C == kCodes || C == kCodesNoZero || C == kPingPong || C == kPingPong1 || C == kBiasUnder) {
       const uint4 u = sm.codes[r0][it & 1], v = sm.codes[r0 + 8][it & 1];
       const uint32_t c0w[4] = {u.x, u.y, u.z, u.w}, c1w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -104,7 +106,7 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
       for (int i = 0; i < N / 2; ++i) part[i] = 0.0f;
     }
     wgmma::fence_operand(part);
-    if constexpr (C == kPingPong || C == kPingPong1) turn_sync<W>(wg);
+    if constexpr (C == kPingPong || C == kPingPong1 || C == kBiasUnder) turn_sync<W>(wg);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -119,13 +121,24 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
       }
     }
     wgmma::commit();
-    if constexpr (C == kPingPong || C == kPingPong1) turn_arrive<W>(wg);
+    if constexpr (C == kPingPong || C == kPingPong1 || C == kBiasUnder) turn_arrive<W>(wg);
+    if constexpr (C == kBiasUnder) {
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j) {
+        const float2 x = *reinterpret_cast<const float2*>(&sm.xs[8 * j + 2 * (lane & 3)]);
+        acc[4 * j + 0] = fmaf(c0, x.x, acc[4 * j + 0]);
+        acc[4 * j + 1] = fmaf(c0, x.y, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(s0, x.x, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(s0, x.y, acc[4 * j + 3]);
+      }
+      wgmma::fence_operand(acc);
+    }
     if constexpr (C == kPipe) {
       wgmma::wait<1>();
     } else {
       wgmma::wait<0>();
       wgmma::fence_operand(part);
-      if constexpr (C == kPingPong1) {
+      if constexpr (C == kPingPong1 || C == kBiasUnder) {
 #pragma unroll
         for (int i = 0; i < N / 2; ++i) acc[i] = fmaf(i & 2 ? c0 : s0, part[i], acc[i]);
       } else if constexpr (C != kWait) {
@@ -140,7 +153,7 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
       }
     }
   }
-  if ((C == kPingPong || C == kPingPong1) && wg == 0) turn_sync<W>(wg);  // the last warpgroup's final arrival
+  if ((C == kPingPong || C == kPingPong1 || C == kBiasUnder) && wg == 0) turn_sync<W>(wg);  // the last warpgroup's final arrival
   wgmma::wait<0>();
   wgmma::fence_operand(part);
   float sum = 0.0f;
@@ -202,6 +215,9 @@ int main() {
   row<2, 64, false, kPingPong>("codes chain, turns", sms, out);
   row<2, 128, false, kPingPong1>("codes chain, turns, 1 FMA", sms, out);
   row<3, 128, false, kPingPong1>("codes chain, turns, 1 FMA", sms, out);
+  row<2, 128, false, kBiasUnder>("turns, bias under MMAs", sms, out);
+  row<2, 96, false, kBiasUnder>("turns, bias under MMAs", sms, out);
+  row<2, 64, false, kBiasUnder>("turns, bias under MMAs", sms, out);
   FERN_CUDA_CHECK(cudaFree(out));
   return 0;
 }
