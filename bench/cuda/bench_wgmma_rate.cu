@@ -15,10 +15,16 @@
 //             what the promotion's arithmetic costs when it overlaps the other warpgroup's MMAs;
 //   turns, bias under MMAs  the turns chain with the promotion's bias half (acc += c xs, the sums' reads and one FMA
 //             per value) between the MMAs' issue and the wait, and only acc += s P after it;
+//   turns, sums in registers  the loop's two-FMA promotion with the sums held in registers (no shared-memory reads);
+//   turns, 1 FMA + sums read  one FMA per value, plus the sums' shared-memory reads (each used by one add);
+//   turns, q codes, bias by MMA  the form that takes the bias term off the chain: codes q (one bf16x2 subtraction
+//             more per register), acc += s P per tile, and per 32 tiles (an item at K = 2,048) 4 MMAs of K 16 for
+//             the bias term (b per group against the sums' hi/lo pieces) and acc += P (not counted in TFLOP/s);
 // in register-A (RS, the loop's form) and shared-memory-A (SS) forms, at token widths 64, 96 and 128 and with one,
 // two or three MMA warpgroups. TFLOP/s count the MMAs' multiply-adds (hi and lo both) against the H200's 989 TFLOP/s
 // of dense bf16. The operands are arbitrary finite bf16 values (the rate does not depend on them); a sum of each
 // thread's accumulators is written out so that nothing is optimized away.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -35,7 +41,15 @@ using namespace fern::cuda;
 
 namespace {
 
-enum Chain { kPipe, kWait, kPromote, kZero, kCodes, kCodesNoZero, kPingPong, kPingPong1, kBiasUnder };
+enum Chain {
+  kPipe, kWait, kPromote, kZero, kCodes, kCodesNoZero,  // the loop's chain, piece by piece
+  kPingPong, kPingPong1, kBiasUnder, kSumsRegs, kSumsOnly, kBiasMma  // in turns, forms of the promotion
+};
+constexpr bool takes_turns(Chain c) { return c >= kPingPong; }
+constexpr bool unpacks_codes(Chain c) { return c == kCodes || c == kCodesNoZero || takes_turns(c); }
+constexpr bool zeroes_partial(Chain c) { return c == kZero || c == kCodes; }
+// After the wait: one FMA per value (acc += s P) instead of the loop's two (acc += s P + c xs).
+constexpr bool one_fma(Chain c) { return c == kPingPong1 || c == kBiasUnder || c == kSumsOnly || c == kBiasMma; }
 
 template <int W, int N>
 struct RateSmem {
@@ -48,6 +62,12 @@ struct RateSmem {
 
 __device__ __forceinline__ uint32_t code_pair(uint32_t w, int j) {
   return ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+}
+// The codes themselves (q, not 128 + q): one bf16x2 subtraction more per register.
+__device__ __forceinline__ uint32_t code_pair_q(uint32_t w, int j) {
+  const uint32_t v = code_pair(w, j);
+  __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v), __floats2bfloat162_rn(128.0f, 128.0f));
+  return *reinterpret_cast<const uint32_t*>(&r);
 }
 
 // Warpgroup wg's turn (barrier 1 + wg) and the next one's (1 + (wg + 1) % W). Register barrier IDs here: the
@@ -84,34 +104,38 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
   float acc[N / 2], part[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f, part[i] = 0.0f;
+  // kSumsRegs: the sums the promotion reads held in registers for the whole run (no shared-memory reads).
+  float2 xr[takes_turns(C) && C == kSumsRegs ? N / 8 : 1];
+#pragma unroll
+  for (int j = 0; j < int(sizeof(xr) / sizeof(xr[0])); ++j) xr[j] = *reinterpret_cast<const float2*>(&sm.xs[8 * j]);
 
   // Turns: warpgroup w waits on barrier 1 + w and, once its MMAs are issued, arrives on the next one's; the last
   // warpgroup's arrival lets the first one start.
-  if ((C == kPingPong || C == kPingPong1 || C == kBiasUnder) && wg == W - 1) turn_arrive<W>(wg);
+  if (takes_turns(C) && wg == W - 1) turn_arrive<W>(wg);
   for (int it = 0; it < iters; ++it) {
-    if constexpr (C == kCodes || C == kCodesNoZero || C == kPingPong || C == kPingPong1 || C == kBiasUnder) {
+    if constexpr (unpacks_codes(C)) {
       const uint4 u = sm.codes[r0][it & 1], v = sm.codes[r0 + 8][it & 1];
       const uint32_t c0w[4] = {u.x, u.y, u.z, u.w}, c1w[4] = {v.x, v.y, v.z, v.w};
+      const auto pair = [&](uint32_t w) { return C == kBiasMma ? code_pair_q(w, lane & 3) : code_pair(w, lane & 3); };
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        a[ks][0] = code_pair(c0w[ks], lane & 3);
-        a[ks][1] = code_pair(c1w[ks], lane & 3);
-        a[ks][2] = code_pair(c0w[ks] ^ 0x11111111u, lane & 3);
-        a[ks][3] = code_pair(c1w[ks] ^ 0x11111111u, lane & 3);
+        a[ks][0] = pair(c0w[ks]);
+        a[ks][1] = pair(c1w[ks]);
+        a[ks][2] = pair(c0w[ks] ^ 0x11111111u);
+        a[ks][3] = pair(c1w[ks] ^ 0x11111111u);
       }
     }
-    constexpr bool kZeroes = C == kZero || C == kCodes;
-    if constexpr (kZeroes) {
+    if constexpr (zeroes_partial(C)) {
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) part[i] = 0.0f;
     }
     wgmma::fence_operand(part);
-    if constexpr (C == kPingPong || C == kPingPong1 || C == kBiasUnder) turn_sync<W>(wg);
+    if constexpr (takes_turns(C)) turn_sync<W>(wg);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       // Overwrite at the tile's first MMA where nothing zeroed the partial and a promotion consumed it.
-      const int accum = (C == kPipe || C == kWait || kZeroes || ks > 0) ? 1 : 0;
+      const int accum = (C == kPipe || C == kWait || zeroes_partial(C) || ks > 0) ? 1 : 0;
       if constexpr (SS) {
         wgmma::mma_bf16<N>(part, wgmma::desc_sw128(&sm.a[wg][32 * ks]), wgmma::desc_sw128(&sm.bhi[32 * ks]));
         wgmma::mma_bf16<N>(part, wgmma::desc_sw128(&sm.a[wg][32 * ks]), wgmma::desc_sw128(&sm.blo[32 * ks]));
@@ -121,7 +145,7 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
       }
     }
     wgmma::commit();
-    if constexpr (C == kPingPong || C == kPingPong1 || C == kBiasUnder) turn_arrive<W>(wg);
+    if constexpr (takes_turns(C)) turn_arrive<W>(wg);
     if constexpr (C == kBiasUnder) {
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) {
@@ -138,13 +162,19 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
     } else {
       wgmma::wait<0>();
       wgmma::fence_operand(part);
-      if constexpr (C == kPingPong1 || C == kBiasUnder) {
+      if constexpr (one_fma(C)) {
 #pragma unroll
         for (int i = 0; i < N / 2; ++i) acc[i] = fmaf(i & 2 ? c0 : s0, part[i], acc[i]);
+        if constexpr (C == kSumsOnly) {  // the sums' reads, each used by one add
+#pragma unroll
+          for (int j = 0; j < N / 8; ++j)
+            acc[4 * j] += reinterpret_cast<const float2*>(&sm.xs[8 * j + 2 * (lane & 3)])->x;
+        }
       } else if constexpr (C != kWait) {
 #pragma unroll
         for (int j = 0; j < N / 8; ++j) {
-          const float2 x = *reinterpret_cast<const float2*>(&sm.xs[8 * j + 2 * (lane & 3)]);
+          const float2 x = C == kSumsRegs ? xr[j % (sizeof(xr) / sizeof(xr[0]))]
+                                          : *reinterpret_cast<const float2*>(&sm.xs[8 * j + 2 * (lane & 3)]);
           acc[4 * j + 0] = fmaf(s0, part[4 * j + 0], fmaf(c0, x.x, acc[4 * j + 0]));
           acc[4 * j + 1] = fmaf(s0, part[4 * j + 1], fmaf(c0, x.y, acc[4 * j + 1]));
           acc[4 * j + 2] = fmaf(c0, part[4 * j + 2], fmaf(s0, x.x, acc[4 * j + 2]));
@@ -152,8 +182,22 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
         }
       }
     }
+    // kBiasMma: once per 32 tiles (an item of K = 2,048), the bias term on the tensor cores: 4 MMAs of K 16 (b per
+    // group against the sums' hi and lo pieces, 2 x 32 groups) into the partial, then acc += P.
+    if (C == kBiasMma && (it & 31) == 31) {
+      if constexpr (takes_turns(C)) turn_sync<W>(wg);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) wgmma::mma_bf16_rs<N>(part, a[ks], wgmma::desc_sw128(&sm.bhi[32 * ks]), ks > 0);
+      wgmma::commit();
+      if constexpr (takes_turns(C)) turn_arrive<W>(wg);
+      wgmma::wait<0>();
+      wgmma::fence_operand(part);
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) acc[i] += part[i];
+    }
   }
-  if ((C == kPingPong || C == kPingPong1 || C == kBiasUnder) && wg == 0) turn_sync<W>(wg);  // the last warpgroup's final arrival
+  if (takes_turns(C) && wg == 0) turn_sync<W>(wg);  // the last warpgroup's final arrival
   wgmma::wait<0>();
   wgmma::fence_operand(part);
   float sum = 0.0f;
@@ -218,6 +262,11 @@ int main() {
   row<2, 128, false, kBiasUnder>("turns, bias under MMAs", sms, out);
   row<2, 96, false, kBiasUnder>("turns, bias under MMAs", sms, out);
   row<2, 64, false, kBiasUnder>("turns, bias under MMAs", sms, out);
+  row<2, 128, false, kSumsRegs>("turns, sums in registers", sms, out);
+  row<2, 128, false, kSumsOnly>("turns, 1 FMA + sums read", sms, out);
+  row<2, 128, false, kBiasMma>("turns, q codes, bias by MMA", sms, out);
+  row<2, 96, false, kBiasMma>("turns, q codes, bias by MMA", sms, out);
+  row<2, 64, false, kBiasMma>("turns, q codes, bias by MMA", sms, out);
   FERN_CUDA_CHECK(cudaFree(out));
   return 0;
 }

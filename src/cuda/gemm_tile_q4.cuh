@@ -137,6 +137,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         const int st = t % S;
         ptx::mbar_wait(&sm.full[st], (t / S) & 1);
         wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
+        const float2 sb0 = sm.sb[st][r0], sb1 = sm.sb[st][r0 + 8];
         // The packed codes of rows r0 and r0 + 8: 8 words each, word 2 ks + h holding K 16 ks + 8 h .. + 7.
         uint32_t c0[8], c1[8];
 #pragma unroll
@@ -172,32 +173,16 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         }
         wgmma::commit();
         ptx::bar_arrive(kTurnBar + (wg ^ 1), kConsumers);  // the other warpgroup's turn
-        // The promotion, acc = fma(s, P, fma(b - 128 s, xs, acc)) per value, in two halves: the bias half needs no
-        // MMA result, so it runs while the MMAs do (its shared-memory reads of the sums and its FMAs had been half
-        // of what the warpgroup did between its MMAs: bench_wgmma_rate), and only s P waits for them. The same
-        // operations in the same order per value: the same bits. fence_operand pins the bias half before the wait.
-        // part[4 j + i] and acc[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
-        // The rows' (s, b - 128 s) are read where each half needs them (shorter live ranges: the fragments, the
-        // partial and acc are all live here).
-        const float bias0 = sm.sb[st][r0].y, bias1 = sm.sb[st][r0 + 8].y;
+        wgmma::wait<0>();
+        wgmma::fence_operand(part);
+        // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
 #pragma unroll
         for (int j = 0; j < NTOK / 8; ++j) {
           const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * j + 2 * (lane & 3)]);
-          acc[4 * j + 0] = fmaf(bias0, xs.x, acc[4 * j + 0]);
-          acc[4 * j + 1] = fmaf(bias0, xs.y, acc[4 * j + 1]);
-          acc[4 * j + 2] = fmaf(bias1, xs.x, acc[4 * j + 2]);
-          acc[4 * j + 3] = fmaf(bias1, xs.y, acc[4 * j + 3]);
-        }
-        wgmma::fence_operand(acc);
-        wgmma::wait<0>();
-        wgmma::fence_operand(part);
-        const float scale0 = sm.sb[st][r0].x, scale1 = sm.sb[st][r0 + 8].x;
-#pragma unroll
-        for (int j = 0; j < NTOK / 8; ++j) {
-          acc[4 * j + 0] = fmaf(scale0, part[4 * j + 0], acc[4 * j + 0]);
-          acc[4 * j + 1] = fmaf(scale0, part[4 * j + 1], acc[4 * j + 1]);
-          acc[4 * j + 2] = fmaf(scale1, part[4 * j + 2], acc[4 * j + 2]);
-          acc[4 * j + 3] = fmaf(scale1, part[4 * j + 3], acc[4 * j + 3]);
+          acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], fmaf(sb0.y, xs.x, acc[4 * j + 0]));
+          acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
+          acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
+          acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
         }
         ptx::mbar_arrive(&sm.empty[st]);  // the stage's operands, sums and scales are all read
       }
