@@ -208,7 +208,8 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
       const size_t bytes = wg ? cuda::xbf_bytes(n, K) : cuda::x16_bytes(n, K, precise);
       void* ws = scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data;
       const cuda::X16 r =
-          wg ? cuda::xbf_carve(ws, n, K, q4, pipe == cuda::WgPipe::Q4h) : cuda::x16_carve(ws, n, K, precise);
+          wg ? cuda::xbf_carve(ws, n, K, q4, pipe == cuda::WgPipe::Q4h, pipe == cuda::WgPipe::Q4b)
+             : cuda::x16_carve(ws, n, K, precise);
       if (q4)
         cuda::to_xbf_q4(ctx(), src, n, K, r);
       else if (wg)

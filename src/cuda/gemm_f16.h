@@ -25,8 +25,15 @@ struct X16 {
   // order 0 4 1 5 2 6 3 7, and sums [rows, ks = K / 64] the 64-wide sums of hi + lo (to_xbf_q4); with lo == nullptr
   // (q4h) x holds one fp16 row per row instead, and the sums are those of its values.
   bool q4 = false;
+  // q4b (FERN_GEMM_WG_PIPE=q4b, xbf_carve(..., bias_mma)): the 64-wide sums also as bf16 hi/lo pieces, bsum [rows,
+  // bk], in blocks of 16 groups: [hi of groups 16 t .. 16 t + 15 | lo of the same groups] for t = 0, 1, ..., zeros
+  // past the last group and up to bk (q4b_sum_width: at least 64).
+  uint16_t* bsum = nullptr;
+  int64_t bk = 0;
   // The exact-code loop's fp16 rows (FERN_GEMM_WG_PIPE=q4h, xbf_carve(..., half)).
   bool q4h() const { return q4 && lo == nullptr; }
+  // The exact-code loop with the bias term on the tensor cores (FERN_GEMM_WG_PIPE=q4b).
+  bool q4b() const { return q4 && bsum != nullptr; }
 };
 
 // Bytes of workspace for `rows` rows of width K (the arrays, each 256-byte aligned).

@@ -13,16 +13,19 @@
 
 namespace fern::cuda::wgloop {
 
-// kQ4H: the exact-code loop on fp16 rows of x (FERN_GEMM_WG_PIPE=q4h; X16::lo == nullptr), one MMA per step.
-enum : int { kSync = 0, kWs = 1, kQ4 = 2, kQ4H = 3 };
-constexpr bool is_q4(int P) { return P == kQ4 || P == kQ4H; }
+// kQ4H: the exact-code loop on fp16 rows of x (FERN_GEMM_WG_PIPE=q4h; X16::lo == nullptr), one MMA per step; kQ4B:
+// the exact-code loop with the bias term on the tensor cores (FERN_GEMM_WG_PIPE=q4b; X16::bsum set).
+enum : int { kSync = 0, kWs = 1, kQ4 = 2, kQ4H = 3, kQ4B = 4 };
+constexpr bool is_q4(int P) { return P == kQ4 || P == kQ4H || P == kQ4B; }
 
 // Calls f(std::integral_constant<int, P>{}) with the exact-code loop kind that rows x (x.q4) take: kQ4H for fp16
-// rows, else kQ4.
+// rows, kQ4B for rows with the sums' pieces, else kQ4.
 template <class F>
 void with_q4_loop(const X16& x, F&& f) {
   if (x.q4h())
     f(std::integral_constant<int, kQ4H>{});
+  else if (x.q4b())
+    f(std::integral_constant<int, kQ4B>{});
   else
     f(std::integral_constant<int, kQ4>{});
 }
@@ -44,15 +47,17 @@ __device__ __forceinline__ int weight_row(int tid) {
 // kQ4H), for n_items weight tiles of one token tile: the exact-code loop takes them one after the other through one
 // ring (q4tile::mainloop_items), the other loops take one item per block (their callers launch them so).
 // epilogue(item, acc) runs on the threads holding results, once per item; wsrc_of(item): this thread's weight row in
-// that item.
-template <int BITS, int NTOK, int S, int P, class RowOf, class WsrcOf, class Epilogue>
+// that item; bias_of(item, r): the bias array of weight-tile row r in that item (kQ4B only; nullptr: padding).
+template <int BITS, int NTOK, int S, int P, class RowOf, class WsrcOf, class BiasOf, class Epilogue>
 __device__ __forceinline__ void run_items(unsigned char* raw, int K, int gs, const X16& x, RowOf row_of, int n_items,
-                                          WsrcOf wsrc_of, Epilogue epilogue) {
+                                          WsrcOf wsrc_of, BiasOf bias_of, Epilogue epilogue) {
   if constexpr (is_q4(P)) {
     static_assert(BITS == 4, "the exact-code loop takes 4-bit codes");
-    q4tile::mainloop_items<NTOK, S, P == kQ4H>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, row_of,
-                                               n_items, wsrc_of, epilogue);
+    constexpr int F = P == kQ4H ? q4tile::kHalf : P == kQ4B ? q4tile::kBias : q4tile::kHiLo;
+    q4tile::mainloop_items<NTOK, S, F>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, x.bsum,
+                                       static_cast<int>(x.bk), row_of, n_items, wsrc_of, bias_of, epilogue);
   } else {
+    (void)bias_of;
     (void)n_items;
     float acc[NTOK / 2];
     if constexpr (P == kWs) {

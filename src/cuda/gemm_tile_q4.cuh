@@ -83,6 +83,21 @@ __device__ __forceinline__ uint32_t code_pair_f16(uint32_t w, int j) {
   return (((w >> (4 * j)) & 0x000f000fu) << 3) | 0x58005800u;
 }
 
+// The same pair as the codes themselves (for q4b): bf16x2 (q j, q j + 4), exact, one subtraction of 128 more.
+__device__ __forceinline__ uint32_t code_pair_q(uint32_t w, int j) {
+  const uint32_t v = code_pair(w, j);
+  const __nv_bfloat162 r =
+      __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v), __floats2bfloat162_rn(128.0f, 128.0f));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// The loop's forms (gemm_wg.h WgPipe): kHiLo (q4: codes 128 + q against x hi and lo, acc += s P + (b - 128 s) xs per
+// tile), kHalf (q4h: one fp16 row of x), kBias (q4b: codes q against x hi and lo, acc += s P per tile, and per item
+// one more ring tile for the bias term: the rows' biases against the sums' bf16 hi/lo pieces).
+enum : int { kHiLo = 0, kHalf = 1, kBias = 2 };
+// Blocks of 16 groups of 64 the bias tile covers at most (K <= 4,096: xbf_carve checks).
+constexpr int kMaxBiasBlocks = 4;
+
 // The weight-tile row thread `tid` stages (producers only; other threads get a row too, unused).
 __device__ __forceinline__ int weight_row(int tid) { return tid & (kProducers - 1); }
 
@@ -92,6 +107,48 @@ struct RowSb {
   uint16_t s, b;
 };
 
+// q4b's bias tile for one warpgroup: the A fragments (the biases of rows r0 and r0 + 8 for sub-group j, 64 wide,
+// group j >> gsh: register 0 row r0 at K 2 jq and 2 jq + 1 of a block of 16, 1 row r0 + 8, 2 and 3 the same at K + 8;
+// zero past the last group and for padding rows; loaded before the stage's wait so that their latency overlaps
+// it), the stage's wait, this warpgroup's turn, then NB blocks of 16 groups, each two K-16 MMAs (the sums' hi and lo
+// pieces, B from the stage's x slots: blocks 0, 1 in the hi slot, 2, 3 in the lo slot) with the block's fragment,
+// into the zeroed partial; waits for them. One function per block count: every MMA sequence is straight-line code
+// between its fence and its wait, and only NB fragments are live.
+template <int NTOK, int NB, int S>
+__device__ __forceinline__ void bias_tile(Smem<NTOK, S>& sm, int t, float (&part)[NTOK / 2], const uint16_t* br0,
+                                          const uint16_t* br1, int groups, int gsh, int jq, int wg) {
+  uint32_t ab[NB][4];
+#pragma unroll
+  for (int tb = 0; tb < NB; ++tb)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint16_t* b = q & 1 ? br1 : br0;
+      const int j = 16 * tb + 8 * (q >> 1) + 2 * jq;
+      const uint32_t v0 = b != nullptr && j < groups ? __ldg(b + (j >> gsh)) : 0u;
+      const uint32_t v1 = b != nullptr && j + 1 < groups ? __ldg(b + ((j + 1) >> gsh)) : 0u;
+      ab[tb][q] = v0 | (v1 << 16);
+    }
+  const int st = t % S;
+  ptx::mbar_wait(&sm.full[st], (t / S) & 1);
+  wgmma::fence_proxy_async();
+#pragma unroll
+  for (int i = 0; i < NTOK / 2; ++i) part[i] = 0.0f;
+  wgmma::fence_operand(part);
+  ptx::bar_sync(kTurnBar + wg, kConsumers);
+  wgmma::fence();
+#pragma unroll
+  for (int tb = 0; tb < NB; ++tb) {
+    const uint8_t* slot = tb < 2 ? sm.xhi[st] : sm.xlo[st];
+#pragma unroll
+    for (int piece = 0; piece < 2; ++piece)
+      wgmma::mma_bf16_rs<NTOK>(part, ab[tb], wgmma::desc_sw128(slot + 64 * (tb & 1) + 32 * piece));
+  }
+  wgmma::commit();
+  ptx::bar_arrive(kTurnBar + (wg ^ 1), kConsumers);
+  wgmma::wait<0>();
+  wgmma::fence_operand(part);
+}
+
 // The loop over n_items weight tiles of one token tile, one after the other through the same ring (a block that
 // computes several column blocks of its token rows: the ring never drains between them, and the block's start-up
 // (barriers, tile map, row lookups, the first stage's latency) is paid once for all of them). For the MMA threads,
@@ -100,16 +157,21 @@ struct RowSb {
 // xhi/xlo: the permuted bf16 rows of to_xbf_q4 (row stride K), xsum: their 64-wide sums (row stride K / 64); H
 // (q4h): xhi holds one fp16 row per row (xlo unused), the codes enter as fp16 and each K step is one MMA;
 // row_of(r): the global row of token-tile row r (< 0: padding); wsrc_of(item): the weight row of weight_row(tid) in
-// item `item` (w == nullptr: padding); gs: the group size, a multiple of 64. Must be called by all kThreads threads
-// after the caller's last early return; does not end with a block barrier (the epilogues write global memory only).
-template <int NTOK, int S, bool H, class RowOf, class WsrcOf, class Epilogue>
+// item `item` (w == nullptr: padding); gs: the group size, a multiple of 64. F == kBias (q4b): bsum, bk the sums'
+// pieces (X16::bsum, bk), bias_of(item, r) the bias array (one bf16 per group) of weight-tile row r in item `item`
+// (nullptr: padding). Must be called by all kThreads threads after the caller's last early return; does not end with
+// a block barrier (the epilogues write global memory only).
+template <int NTOK, int S, int F, class RowOf, class WsrcOf, class BiasOf, class Epilogue>
 __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs, const uint16_t* xhi,
-                                               const uint16_t* xlo, const float* xsum, RowOf row_of, int n_items,
-                                               WsrcOf wsrc_of, Epilogue epilogue) {
+                                               const uint16_t* xlo, const float* xsum, const uint16_t* bsum, int bk,
+                                               RowOf row_of, int n_items, WsrcOf wsrc_of, BiasOf bias_of,
+                                               Epilogue epilogue) {
   static_assert(S >= 2, "a ring of at least two stages");
+  constexpr bool H = F == kHalf, B = F == kBias;
   const int tid = threadIdx.x;
   const int nk = K / kBK;
-  const int n_tiles = n_items * nk;  // ring tile t is item t / nk, K tile t % nk
+  const int per_item = nk + (B ? 1 : 0);  // q4b: the item's bias tile after its K tiles
+  const int n_tiles = n_items * per_item;  // ring tile t is item t / per_item, K tile t % per_item
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
@@ -151,7 +213,9 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         uint32_t a[kBK / 16][4];
 #pragma unroll
         for (int ks = 0; ks < kBK / 16; ++ks) {
-          const auto pair = [&](uint32_t w) { return H ? code_pair_f16(w, jq) : code_pair(w, jq); };
+          const auto pair = [&](uint32_t w) {
+            return H ? code_pair_f16(w, jq) : B ? code_pair_q(w, jq) : code_pair(w, jq);
+          };
           a[ks][0] = pair(c0[2 * ks]);
           a[ks][1] = pair(c1[2 * ks]);
           a[ks][2] = pair(c0[2 * ks + 1]);
@@ -176,15 +240,39 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         wgmma::wait<0>();
         wgmma::fence_operand(part);
         // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
+        if constexpr (B) {  // the bias term comes with the item's bias tile
 #pragma unroll
-        for (int j = 0; j < NTOK / 8; ++j) {
-          const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * j + 2 * (lane & 3)]);
-          acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], fmaf(sb0.y, xs.x, acc[4 * j + 0]));
-          acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
-          acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
-          acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
+          for (int j = 0; j < NTOK / 8; ++j) {
+            acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], acc[4 * j + 3]);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < NTOK / 8; ++j) {
+            const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * j + 2 * (lane & 3)]);
+            acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], fmaf(sb0.y, xs.x, acc[4 * j + 0]));
+            acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
+            acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
+            acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
+          }
         }
         ptx::mbar_arrive(&sm.empty[st]);  // the stage's operands, sums and scales are all read
+      }
+      if constexpr (B) {  // the item's bias tile: acc += sum over groups g of b_g (xs_hi + xs_lo)_g
+        const int groups = K / kBK, gsh = 31 - __clz(gs / kBK), nb = (groups + 15) / 16;
+        const uint16_t *br0 = bias_of(item, r0), *br1 = bias_of(item, r0 + 8);
+        if (nb == 1)
+          bias_tile<NTOK, 1>(sm, t, part, br0, br1, groups, gsh, jq, wg);
+        else if (nb == 2)
+          bias_tile<NTOK, 2>(sm, t, part, br0, br1, groups, gsh, jq, wg);
+        else
+          bias_tile<NTOK, kMaxBiasBlocks>(sm, t, part, br0, br1, groups, gsh, jq, wg);
+#pragma unroll
+        for (int i = 0; i < NTOK / 2; ++i) acc[i] += part[i];
+        ptx::mbar_arrive(&sm.empty[t % S]);
+        ++t;
       }
       epilogue(item, acc);
     }
@@ -227,10 +315,22 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
   gemm::RowSrc wsrc = wsrc_of(0);
   for (int t = 0, item = 0, kt = 0; t < n_tiles; ++t) {
     const int st = t % S;
+    if (B && kt == nk) {  // q4b: the item's bias tile, the sums' pieces of its token rows in the x slots
+      ptx::mbar_wait(&sm.empty[st], ((t / S) & 1) ^ 1);
+      if (bk > 64)
+        wgtile::copy_x_tile<NTOK, kProducers, true>(sm.xhi[st], sm.xlo[st], bsum, bsum + 64, xrow, p, bk, 0);
+      else
+        wgtile::copy_x_tile<NTOK, kProducers, false>(sm.xhi[st], sm.xlo[st], bsum, bsum, xrow, p, bk, 0);
+      ptx::cp_async_arrive_noinc(&sm.full[st]);
+      ptx::mbar_arrive(&sm.full[st]);
+      kt = 0;
+      if (t + 1 < n_tiles) wsrc = wsrc_of(++item);
+      continue;
+    }
     next_sb(n2);
     ptx::mbar_wait(&sm.empty[st], ((t / S) & 1) ^ 1);
     wgtile::copy_x_tile<NTOK, kProducers, !H>(sm.xhi[st], sm.xlo[st], xhi, xlo, xrow, p, K, kt * kBK);
-    if (p < NTOK)
+    if (!B && p < NTOK)
       ptx::cp_async4(&sm.xs[st][p], srow >= 0 ? xsum + int64_t(srow) * groups + kt : xsum, srow >= 0);
     // This row's 32 bytes of codes (zeros for a padding row: cp.async with no source bytes fills zeros).
     const char* wbase = static_cast<const char*>(wsrc.w);
@@ -243,7 +343,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
     ptx::mbar_arrive(&sm.full[st]);
     cur = n1;
     n1 = n2;
-    if (++kt == nk && t + 1 < n_tiles) {  // the next item's weight row
+    if (++kt == nk && !B && t + 1 < n_tiles) {  // the next item's weight row (q4b: after the bias tile)
       kt = 0;
       wsrc = wsrc_of(++item);
     }

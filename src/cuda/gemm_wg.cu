@@ -47,10 +47,13 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_kernel(const float* x, int
 // the 8 lanes of a group add up with shuffles. K a multiple of 64, so a warp's 32 chunks are 4 whole groups.
 // H (q4h): one fp16 row instead (round to nearest, finite values past the range saturate), the sums of the rounded
 // values (what the MMA multiplies), lo untouched.
+// bsum (q4b, else nullptr): each sum also as bf16 hi + lo at [(g / 16) 32 + g % 16] and 16 further (X16::bsum),
+// zeros in the rest of the bk-wide row.
 template <bool H>
 __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, int64_t rows, int K,
                                                                 uint16_t* __restrict__ hi, uint16_t* __restrict__ lo,
-                                                                float* __restrict__ sums) {
+                                                                float* __restrict__ sums, uint16_t* __restrict__ bsum,
+                                                                int bk) {
   pdl_wait();
   pdl_trigger();
   const int lane = threadIdx.x & 31;
@@ -89,7 +92,22 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, 
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-    if (c < chunks && (lane & 7) == 0) sums[row * (K / 64) + c / 8] = sum;
+    if (c < chunks && (lane & 7) == 0) {
+      const int g = c / 8;
+      sums[row * (K / 64) + g] = sum;
+      if (bsum != nullptr) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(sum);
+        const __nv_bfloat16 l = __float2bfloat16_rn(sum - __bfloat162float(h));
+        uint16_t* d = bsum + row * bk + (g / 16) * 32 + g % 16;
+        d[0] = *reinterpret_cast<const uint16_t*>(&h);
+        d[16] = *reinterpret_cast<const uint16_t*>(&l);
+      }
+    }
+  }
+  if (bsum != nullptr) {  // the padding: groups past the last one in their 16-group block, and whole blocks past it
+    const int groups = K / 64;
+    for (int i = lane; i < bk; i += 32)
+      if ((i / 32) * 16 + i % 16 >= groups) bsum[row * bk + i] = 0;
   }
 }
 
@@ -140,8 +158,8 @@ int items_per_block(const char* env, int64_t blocks, int most, int sms) {
 }
 
 WgPipe gemm_wg_pipe() {
-  constexpr WgPipe kPipes[] = {WgPipe::Q4, WgPipe::Q4h, WgPipe::Ws, WgPipe::Sync};
-  return kPipes[env_choice("FERN_GEMM_WG_PIPE", {"q4", "q4h", "ws", "sync"}, 0)];
+  constexpr WgPipe kPipes[] = {WgPipe::Q4, WgPipe::Q4h, WgPipe::Q4b, WgPipe::Ws, WgPipe::Sync};
+  return kPipes[env_choice("FERN_GEMM_WG_PIPE", {"q4", "q4h", "q4b", "ws", "sync"}, 0)];
 }
 
 bool gemm_q4_ok(const QW& w) {
@@ -149,10 +167,11 @@ bool gemm_q4_ok(const QW& w) {
 }
 
 size_t xbf_bytes(int64_t rows, int64_t K) {
-  return 2 * align256(size_t(rows) * size_t(K) * 2) + align256(size_t(rows) * size_t(K / 64) * 4);
+  return 2 * align256(size_t(rows) * size_t(K) * 2) + align256(size_t(rows) * size_t(K / 64) * 4) +
+         align256(size_t(rows) * size_t(q4b_sum_width(K)) * 2);
 }
 
-X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4, bool half) {
+X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4, bool half, bool bias_mma) {
   char* p = static_cast<char*>(ws);
   X16 r;
   const size_t bytes = align256(size_t(rows) * size_t(K) * 2);
@@ -162,6 +181,11 @@ X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4, bool half) {
     r.sums = reinterpret_cast<float*>(p + 2 * bytes);
     r.ks = K / 64;
     r.q4 = true;
+    if (bias_mma && !half) {
+      FERN_CU_CHECK(K / 64 <= 64, "xbf_carve: the bias tile of FERN_GEMM_WG_PIPE=q4b covers widths up to 4096");
+      r.bsum = reinterpret_cast<uint16_t*>(p + 2 * bytes + align256(size_t(rows) * size_t(K / 64) * 4));
+      r.bk = q4b_sum_width(K);
+    }
   }
   return r;
 }
@@ -181,8 +205,10 @@ void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16&
   if (rows <= 0) return;
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   FERN_CU_CHECK(blocks < (int64_t(1) << 31), "to_xbf_q4: too many rows");
+  FERN_CU_CHECK(!out.q4b() || out.bk == q4b_sum_width(K), "to_xbf_q4: the sums' pieces carved for another width");
   launch(c, "to_xbf_q4_kernel", out.q4h() ? to_xbf_q4_kernel<true> : to_xbf_q4_kernel<false>,
-         static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows, static_cast<int>(K), out.x, out.lo, out.sums);
+         static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows, static_cast<int>(K), out.x, out.lo, out.sums,
+         out.bsum, static_cast<int>(out.bk));
 }
 
 }  // namespace fern::cuda

@@ -28,14 +28,18 @@ int gemm_wg_stages();
 //         MMA per step instead of two, half the activation bytes; opt-in: +11% / +14% prefill at 4K / 32K on the
 //         H200, but fp16 activations move the small synthetic model's greedy tokens past issue 5's bound
 //         (docs/notes/cuda-prefill-v13-q4h.md);
+//   q4b   the exact-code loop with the affine bias term on the tensor cores, opt-in and not yet measured
+//         (docs/notes/cuda-prefill-v21-turns.md section 5): the codes enter as q (not 128 + q), each tile promotes
+//         acc += s P (one FMA, no sums), and after an item's K tiles one more ring tile multiplies the rows' biases
+//         (exact in bf16) by the token rows' 64-wide sums as bf16 hi/lo pieces (X16::bsum) into the accumulators;
 //   ws    the warp-specialized hi/lo loop (gemm_tile_ws.cuh: producer warpgroups fill a ring, the MMA warpgroups
 //         never meet at a block barrier);
 //   sync  the synchronous hi/lo loop (gemm_tile_wg.cuh); FERN_GEMM_WG_STAGES applies to it only.
 // ws and sync compute the same products in the same order (bit-identical results).
-enum class WgPipe { Q4, Q4h, Ws, Sync };
+enum class WgPipe { Q4, Q4h, Q4b, Ws, Sync };
 WgPipe gemm_wg_pipe();
-// Whether the form is one of the exact-code loop's (q4, q4h).
-inline bool gemm_pipe_q4(WgPipe p) { return p == WgPipe::Q4 || p == WgPipe::Q4h; }
+// Whether the form is one of the exact-code loop's (q4, q4h, q4b).
+inline bool gemm_pipe_q4(WgPipe p) { return p == WgPipe::Q4 || p == WgPipe::Q4h || p == WgPipe::Q4b; }
 // Whether the exact-code loop takes these weights (format only).
 bool gemm_q4_ok(const QW& w);
 
@@ -50,8 +54,16 @@ int items_per_block(const char* env, int64_t blocks, int most, int sms);
 // of 64) and marks the rows for that loop, which to_xbf_q4 then fills (hi/lo in its K order, and the 64-wide sums);
 // with half (q4h) it carves one fp16 row per row of x and no lo rows (X16::lo == nullptr), which to_xbf_q4 fills
 // with x rounded to fp16 (saturating) and the sums of those rounded values.
+// With bias_mma (q4b) it also carves the sums' bf16 pieces (X16::bsum, q4b_sum_width(K) per row), which to_xbf_q4
+// fills as well. xbf_bytes leaves room for them in every case.
 size_t xbf_bytes(int64_t rows, int64_t K);
-X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4 = false, bool half = false);
+X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4 = false, bool half = false, bool bias_mma = false);
+// Width of a row of X16::bsum for rows of width K: 32 per 16 groups of 64 (hi and lo), rounded up to whole 64-wide
+// (128-byte) rows, the unit the bias tile copies.
+inline int64_t q4b_sum_width(int64_t K) {
+  const int64_t w = 32 * ((K / 64 + 15) / 16);
+  return (w + 63) / 64 * 64;
+}
 void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 

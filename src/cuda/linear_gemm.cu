@@ -182,7 +182,7 @@ bool wg_path(const Ctx& c, const QW& w, int T) {
 void wg_convert_and_launch(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T) {
   const WgPipe pipe = gemm_wg_pipe();
   const bool q4 = gemm_pipe_q4(pipe) && gemm_q4_ok(ws[0]);
-  const X16 xs = xbf_carve(c.gemm_ws, T, ws[0].in, q4, pipe == WgPipe::Q4h);
+  const X16 xs = xbf_carve(c.gemm_ws, T, ws[0].in, q4, pipe == WgPipe::Q4h, pipe == WgPipe::Q4b);
   (q4 ? to_xbf_q4 : to_xbf)(c, x, T, ws[0].in, xs);
   linear_gemm_wg_multi(c, ws, ys, n, xs, T);
 }

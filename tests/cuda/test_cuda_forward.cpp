@@ -152,6 +152,19 @@ TEST(CudaForward, Fp16RowsGemmStaysNearTheCpu) {
   expect_within(pre, dec, 1e-3, 0.95, 0.99);
 }
 
+// FERN_GEMM_WG_PIPE=q4b (opt-in, docs/notes/cuda-prefill-v21-turns.md section 5): the exact-code GEMMs with the
+// affine bias term on the tensor cores, as precise as the default (exact products, x and the sums as bf16 hi + lo):
+// held to the acceptance thresholds like the default.
+TEST(CudaForward, BiasByMmaGemmMeetsTheAcceptanceBounds) {
+  FERN_REQUIRE_GPU();
+  if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
+  test::EnvGuard g("FERN_GEMM_WG_PIPE", "q4b");
+  auto [pre, dec] = run_model(small_peaked(), 192, 16, 9);
+  std::printf("synth small, FERN_GEMM_WG_PIPE=q4b: prefill 192 NMSE %.3e top-1 %.4f | decode 16 NMSE %.3e top-1 %.4f\n",
+              pre.nmse, pre.top1, dec.nmse, dec.top1);
+  expect_acceptance(pre, dec);
+}
+
 TEST(CudaForward, SmallSynthCheckpointPeakedLogits) {
   FERN_REQUIRE_GPU();
   auto [pre, dec] = run_model(small_peaked(), 192, 64, 9);

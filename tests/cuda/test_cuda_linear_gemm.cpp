@@ -150,6 +150,12 @@ TEST(CudaLinearGemm, RealShapes) {
       test::EnvGuard q4h("FERN_GEMM_WG_PIPE", "q4h");
       run_direct(c, Loop::Wg, nullptr, kNmseQ4h);
     }
+    {
+      // The exact-code loop with the bias term on the tensor cores (q4b): exact products of the codes q and of the
+      // biases with the sums' bf16 hi + lo pieces (~2^-17, as x itself), fp32 sums: the default loop's kNmse.
+      test::EnvGuard q4b("FERN_GEMM_WG_PIPE", "q4b");
+      run_direct(c, Loop::Wg);
+    }
     test::EnvGuard pipe("FERN_GEMM_WG_PIPE", "sync");
     run_direct(c, Loop::Wg, &sync_out);
     EXPECT_EQ(ws_out, sync_out) << c.name << ": the warp-specialized and synchronous wgmma loops differ";
@@ -385,12 +391,12 @@ TEST(CudaGemmMode, UnknownValueIsAnError) {
     EXPECT_EQ(cuda::gemm_wg_stages(), 0);
   }
   {
-    // The wgmma loop's form: q4, q4h, ws or sync (unset: q4); anything else is named.
+    // The wgmma loop's form: q4, q4h, q4b, ws or sync (unset: q4); anything else is named.
     test::EnvGuard p("FERN_GEMM_WG_PIPE", "async");
     expect_error_naming([] { cuda::gemm_wg_pipe(); }, "FERN_GEMM_WG_PIPE=async");
   }
   for (const auto& [value, pipe] : {std::pair{"q4", cuda::WgPipe::Q4}, std::pair{"q4h", cuda::WgPipe::Q4h},
-                                    std::pair{"ws", cuda::WgPipe::Ws},
+                                    std::pair{"q4b", cuda::WgPipe::Q4b}, std::pair{"ws", cuda::WgPipe::Ws},
                                     std::pair{"sync", cuda::WgPipe::Sync}}) {
     test::EnvGuard p("FERN_GEMM_WG_PIPE", value);
     EXPECT_EQ(cuda::gemm_wg_pipe(), pipe) << value;
