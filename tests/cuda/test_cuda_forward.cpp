@@ -135,6 +135,15 @@ void expect_within(const Compare& pre, const Compare& dec, double nmse, double p
 }
 void expect_acceptance(const Compare& pre, const Compare& dec) { expect_within(pre, dec, 1e-3, 0.99, 0.99); }
 
+// The `small` peaked check (192 prompt rows, 16 decode steps) with FERN_GEMM_WG_PIPE=pipe, printed.
+std::pair<Compare, Compare> run_small_with_pipe(const char* pipe) {
+  test::EnvGuard g("FERN_GEMM_WG_PIPE", pipe);
+  auto r = run_model(small_peaked(), 192, 16, 9);
+  std::printf("synth small, FERN_GEMM_WG_PIPE=%s: prefill 192 NMSE %.3e top-1 %.4f | decode 16 NMSE %.3e top-1 %.4f\n",
+              pipe, r.first.nmse, r.first.top1, r.second.nmse, r.second.top1);
+  return r;
+}
+
 // FERN_GEMM_WG_PIPE=q4h (opt-in, docs/notes/cuda-prefill-v13-q4h.md): every exact-code GEMM on one fp16 row of x
 // (relative rounding 2^-11) instead of the bf16 hi + lo pair (~2^-16). Measured on the H200 (thirteenth session):
 // prefill NMSE 8.4e-5 and top-1 0.974 on this check, against 1.0e-7 and 1.000 for the default; the same rounding
@@ -145,10 +154,7 @@ void expect_acceptance(const Compare& pre, const Compare& dec) { expect_within(p
 TEST(CudaForward, Fp16RowsGemmStaysNearTheCpu) {
   FERN_REQUIRE_GPU();
   if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
-  test::EnvGuard g("FERN_GEMM_WG_PIPE", "q4h");
-  auto [pre, dec] = run_model(small_peaked(), 192, 16, 9);
-  std::printf("synth small, FERN_GEMM_WG_PIPE=q4h: prefill 192 NMSE %.3e top-1 %.4f | decode 16 NMSE %.3e top-1 %.4f\n",
-              pre.nmse, pre.top1, dec.nmse, dec.top1);
+  auto [pre, dec] = run_small_with_pipe("q4h");
   expect_within(pre, dec, 1e-3, 0.95, 0.99);
 }
 
@@ -158,10 +164,7 @@ TEST(CudaForward, Fp16RowsGemmStaysNearTheCpu) {
 TEST(CudaForward, BiasByMmaGemmMeetsTheAcceptanceBounds) {
   FERN_REQUIRE_GPU();
   if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
-  test::EnvGuard g("FERN_GEMM_WG_PIPE", "q4b");
-  auto [pre, dec] = run_model(small_peaked(), 192, 16, 9);
-  std::printf("synth small, FERN_GEMM_WG_PIPE=q4b: prefill 192 NMSE %.3e top-1 %.4f | decode 16 NMSE %.3e top-1 %.4f\n",
-              pre.nmse, pre.top1, dec.nmse, dec.top1);
+  auto [pre, dec] = run_small_with_pipe("q4b");
   expect_acceptance(pre, dec);
 }
 
