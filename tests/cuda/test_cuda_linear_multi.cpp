@@ -52,6 +52,42 @@ std::vector<LinearWeight> host_table(test::OwnedStorage& st, const char* name, c
   return hw;
 }
 
+// A table set up on the GPU: its host weights (host_table, seeds sd) and their device copies, a random input x
+// [T, in] (seed x_seed) on both sides, NaN-filled outputs (an unwritten one stays NaN), and each device matrix and
+// output in the kernels' form (q, ys).
+struct GpuTable {
+  std::unique_ptr<CudaBackend> gpu = test::make_gpu();
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  test::OwnedStorage st;
+  std::vector<LinearWeight> hw, dw;
+  std::vector<float> x;
+  Tensor dx;
+  std::vector<Tensor> outs;
+  std::vector<const LinearWeight*> ws;
+  std::vector<cuda::QW> q;
+  std::vector<float*> ys;
+
+  GpuTable(const char* name, const std::vector<Mat>& mats, int64_t in, int gs, int T, TableSeed sd, uint64_t x_seed)
+      : hw(host_table(st, name, mats, in, gs, sd)), x(test::randn(size_t(T * in), x_seed)) {
+    for (const LinearWeight& w : hw) dw.push_back(gpu->to_device(w));
+    dx = test::upload_f32(*gpu, x, {T, in});
+    for (size_t i = 0; i < mats.size(); ++i) {
+      outs.push_back(test::nan_filled(*gpu, T, mats[i].out));
+      ws.push_back(&dw[i]);
+      q.push_back(cuda::make_qw(dw[i]));
+      ys.push_back(outs[i].ptr<float>());
+    }
+  }
+  // A launch context on the backend's stream.
+  cuda::Ctx ctx() const {
+    cuda::Ctx c;
+    c.stream = gpu->stream();
+    c.sms = gpu->sm_count();
+    c.pdl = gpu->pdl();
+    return c;
+  }
+};
+
 // norm: the table's input is rmsnorm(x) * w computed by the kernel (linear_multi_norm, the layer's input norm
 // folded into the projections), called directly (via_backend false) or through CudaBackend::rmsnorm_linear_multi.
 struct NormMode {
@@ -61,20 +97,8 @@ struct NormMode {
 
 void run_table(const char* name, const std::vector<Mat>& mats, int64_t in, int gs, int T, NormMode nm = {}) {
   SCOPED_TRACE(name);
-  auto gpu = test::make_gpu();
-  auto cpu = make_cpu_backend();
-  test::OwnedStorage st;
-  const std::vector<LinearWeight> hw = host_table(st, name, mats, in, gs, {1000, 17, 3});
-  std::vector<LinearWeight> dw;
-  for (const LinearWeight& w : hw) dw.push_back(gpu->to_device(w));
-  auto x = test::randn(size_t(T * in), 77 + uint64_t(in));
-  Tensor dx = test::upload_f32(*gpu, x, {T, in});
-  std::vector<Tensor> outs;
-  std::vector<const LinearWeight*> ws;
-  for (size_t i = 0; i < mats.size(); ++i) {
-    outs.push_back(test::nan_filled(*gpu, T, mats[i].out));
-    ws.push_back(&dw[i]);
-  }
+  GpuTable tb(name, mats, in, gs, T, {1000, 17, 3}, 77 + uint64_t(in));
+  auto& [gpu, cpu, st, hw, dw, x, dx, outs, ws, q, ys] = tb;
   // Norm weights around 1 (as trained RMSNorm weights are), so that the normed row is not x itself.
   auto nw = test::randn(size_t(in), 55 + uint64_t(in), 0.3f);
   for (float& v : nw) v += 1.0f;
@@ -91,17 +115,7 @@ void run_table(const char* name, const std::vector<Mat>& mats, int64_t in, int g
     if (nm.via_backend) {
       gpu->rmsnorm_linear_multi(outs, dx, dnw, eps, dxn, ws);
     } else {
-      std::vector<cuda::QW> q;
-      std::vector<float*> ys;
-      for (size_t i = 0; i < mats.size(); ++i) {
-        q.push_back(cuda::make_qw(dw[i]));
-        ys.push_back(outs[i].ptr<float>());
-      }
-      cuda::Ctx ctx;
-      ctx.stream = gpu->stream();
-      ctx.sms = gpu->sm_count();
-      ctx.pdl = gpu->pdl();
-      cuda::linear_multi_norm(ctx, q.data(), dx.ptr<float>(), dnw.ptr<float>(), eps, dxn.ptr<float>(), ys.data(),
+      cuda::linear_multi_norm(tb.ctx(), q.data(), dx.ptr<float>(), dnw.ptr<float>(), eps, dxn.ptr<float>(), ys.data(),
                               static_cast<int>(q.size()), T);
     }
     const auto got_xn = test::download(*gpu, dxn);
@@ -236,33 +250,14 @@ TEST(CudaLinearMulti, TensorCoreLoop) {
 // a matrix wins the GEMM). The wgmma loop's precision class (test_cuda_linear_gemm.cpp: 1e-11 .. 2e-10), so kNmse.
 void run_gemm_table(const char* name, const std::vector<Mat>& mats, int64_t in, int gs, int T, bool via_backend) {
   SCOPED_TRACE(name);
-  auto gpu = test::make_gpu();
-  auto cpu = make_cpu_backend();
-  test::OwnedStorage st;
-  const std::vector<LinearWeight> hw = host_table(st, name, mats, in, gs, {3000, 13, 5});
-  std::vector<LinearWeight> dw;
-  for (const LinearWeight& w : hw) dw.push_back(gpu->to_device(w));
-  auto x = test::randn(size_t(T * in), 91 + uint64_t(in) + uint64_t(T));
-  Tensor dx = test::upload_f32(*gpu, x, {T, in});
-  std::vector<Tensor> outs;
-  std::vector<const LinearWeight*> ws;
-  std::vector<cuda::QW> q;
-  std::vector<float*> ys;
-  for (size_t i = 0; i < mats.size(); ++i) {
-    outs.push_back(test::nan_filled(*gpu, T, mats[i].out));
-    ws.push_back(&dw[i]);
-    q.push_back(cuda::make_qw(dw[i]));
-    ys.push_back(outs[i].ptr<float>());
-  }
+  GpuTable tb(name, mats, in, gs, T, {3000, 13, 5}, 91 + uint64_t(in) + uint64_t(T));
+  auto& [gpu, cpu, st, hw, dw, x, dx, outs, ws, q, ys] = tb;
   if (via_backend) {
     gpu->linear_multi(outs, dx, ws);
   } else {
     const size_t bytes = cuda::xbf_bytes(T, in);
     Tensor buf = gpu->alloc(DType::F32, {int64_t((bytes + 3) / 4)});
-    cuda::Ctx ctx;
-    ctx.stream = gpu->stream();
-    ctx.sms = gpu->sm_count();
-    ctx.pdl = gpu->pdl();
+    cuda::Ctx ctx = tb.ctx();
     ctx.gemm_wg = true;
     ctx.gemm_ws = buf.data;
     ctx.gemm_ws_bytes = bytes;
