@@ -45,8 +45,8 @@ int main() {
   const bool default_only = only != nullptr && only[0] == '1';
   std::printf(
       "| shape | T | GEMV row by row (ms) | split (ms) | fp16 (ms) | fp16x2 (ms) | wg sync, 4 stages (ms) | wg sync, 2 stages "
-      "(ms) | wg warp-specialized (ms) | wg exact codes (q4, default) (ms) | x to bf16 hi/lo alone | q4 vs split | split "
-      "TFLOP/s | fp16 TFLOP/s | wg ws TFLOP/s | q4 TFLOP/s |\n"
+      "(ms) | wg warp-specialized (ms) | wg exact codes (q4b, default) (ms) | x to bf16 hi/lo alone | default vs split | split "
+      "TFLOP/s | fp16 TFLOP/s | wg ws TFLOP/s | default TFLOP/s |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   void* ws = nullptr;
   const size_t ws_bytes = cuda::x16_bytes(4096, 4096, true);

@@ -1,5 +1,5 @@
-// The exact-code Hopper prefill tile loop for 4-bit affine weights (FERN_GEMM_WG_PIPE=q4, the default where the
-// format allows: 4-bit codes, groups a multiple of 64). Why: profiling the warp-specialized hi/lo loop
+// The exact-code Hopper prefill tile loop for 4-bit affine weights (FERN_GEMM_WG_PIPE=q4b, the default where the
+// format allows: 4-bit codes, groups a multiple of 64; q4 and q4h are its other forms, kHiLo and kHalf below). Why: profiling the warp-specialized hi/lo loop
 // (gemm_tile_ws.cuh; docs/notes/cuda-prefill-v5-ws.md) showed its MMA warps waiting ~40% of the time for the
 // producers, whose dequantization (s q + b in fp32, split into bf16 hi + lo: ~15 ALU/FMA instructions per weight pair)
 // saturated the integer pipe and waited on the scale loads. Here the weights enter the MMA as their codes:

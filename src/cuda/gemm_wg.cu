@@ -159,7 +159,7 @@ int items_per_block(const char* env, int64_t blocks, int most, int sms) {
 
 WgPipe gemm_wg_pipe() {
   constexpr WgPipe kPipes[] = {WgPipe::Q4, WgPipe::Q4h, WgPipe::Q4b, WgPipe::Ws, WgPipe::Sync};
-  return kPipes[env_choice("FERN_GEMM_WG_PIPE", {"q4", "q4h", "q4b", "ws", "sync"}, 0)];
+  return kPipes[env_choice("FERN_GEMM_WG_PIPE", {"q4", "q4h", "q4b", "ws", "sync"}, 2)];
 }
 
 bool gemm_q4_ok(const QW& w) {
@@ -181,8 +181,8 @@ X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4, bool half, bool bias_m
     r.sums = reinterpret_cast<float*>(p + 2 * bytes);
     r.ks = K / 64;
     r.q4 = true;
-    if (bias_mma && !half) {
-      FERN_CU_CHECK(K / 64 <= 64, "xbf_carve: the bias tile of FERN_GEMM_WG_PIPE=q4b covers widths up to 4096");
+    // The bias tile covers widths up to 4096 (every width of the model); wider rows take the q4 form.
+    if (bias_mma && !half && K / 64 <= 64) {
       r.bsum = reinterpret_cast<uint16_t*>(p + 2 * bytes + align256(size_t(rows) * size_t(K / 64) * 4));
       r.bk = q4b_sum_width(K);
     }

@@ -22,16 +22,19 @@ bool gemm_wg_supported();
 int gemm_wg_stages();
 
 // The form of the wgmma loop, FERN_GEMM_WG_PIPE (read on every call):
-//   q4    (default) the exact-code loop (gemm_tile_q4.cuh) where the weights allow it (gemm_q4_ok: 4-bit codes,
-//         groups a multiple of 64), else the synchronous loop;
+//   q4b   (default) the exact-code loop (gemm_tile_q4.cuh) where the weights allow it (gemm_q4_ok: 4-bit codes,
+//         groups a multiple of 64), else the synchronous loop: the codes enter as q (one bf16x2 subtraction per
+//         register), each tile promotes acc += s P (one FMA), and after an item's K tiles one more ring tile
+//         multiplies the rows' biases (exact in bf16) by the token rows' 64-wide sums as bf16 hi/lo pieces
+//         (X16::bsum) into the accumulators; rows wider than 4096 (the bias tile's reach, wider than any of the
+//         model's) take the q4 form. +3.0% / +2.2% prefill at 4K / 32K over q4 on the H200, the same NMSE on the
+//         whole-model check (docs/notes/cuda-prefill-v21-turns.md section 5);
+//   q4    the same loop with the bias term promoted per tile by FMAs on the fp32 sums (acc += s P + c xs; the
+//         default until the twentieth session);
 //   q4h   the exact-code loop on one fp16 row of x (relative rounding 2^-11) instead of the bf16 hi + lo pair: one
 //         MMA per step instead of two, half the activation bytes; opt-in: +11% / +14% prefill at 4K / 32K on the
-//         H200, but fp16 activations move the small synthetic model's greedy tokens past issue 5's bound
+//         H200 (over q4), but fp16 activations move the small synthetic model's greedy tokens past issue 5's bound
 //         (docs/notes/cuda-prefill-v13-q4h.md);
-//   q4b   the exact-code loop with the affine bias term on the tensor cores, opt-in and not yet measured
-//         (docs/notes/cuda-prefill-v21-turns.md section 5): the codes enter as q (not 128 + q), each tile promotes
-//         acc += s P (one FMA, no sums), and after an item's K tiles one more ring tile multiplies the rows' biases
-//         (exact in bf16) by the token rows' 64-wide sums as bf16 hi/lo pieces (X16::bsum) into the accumulators;
 //   ws    the warp-specialized hi/lo loop (gemm_tile_ws.cuh: producer warpgroups fill a ring, the MMA warpgroups
 //         never meet at a block barrier);
 //   sync  the synchronous hi/lo loop (gemm_tile_wg.cuh); FERN_GEMM_WG_STAGES applies to it only.
@@ -54,8 +57,8 @@ int items_per_block(const char* env, int64_t blocks, int most, int sms);
 // of 64) and marks the rows for that loop, which to_xbf_q4 then fills (hi/lo in its K order, and the 64-wide sums);
 // with half (q4h) it carves one fp16 row per row of x and no lo rows (X16::lo == nullptr), which to_xbf_q4 fills
 // with x rounded to fp16 (saturating) and the sums of those rounded values.
-// With bias_mma (q4b) it also carves the sums' bf16 pieces (X16::bsum, q4b_sum_width(K) per row), which to_xbf_q4
-// fills as well. xbf_bytes leaves room for them in every case.
+// With bias_mma (q4b) and K <= 4096 it also carves the sums' bf16 pieces (X16::bsum, q4b_sum_width(K) per row),
+// which to_xbf_q4 fills as well (wider rows: the q4 form). xbf_bytes leaves room for them in every case.
 size_t xbf_bytes(int64_t rows, int64_t K);
 X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4 = false, bool half = false, bool bias_mma = false);
 // Width of a row of X16::bsum for rows of width K: 32 per 16 groups of 64 (hi and lo), rounded up to whole 64-wide

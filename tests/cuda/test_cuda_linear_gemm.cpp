@@ -151,9 +151,9 @@ TEST(CudaLinearGemm, RealShapes) {
       run_direct(c, Loop::Wg, nullptr, kNmseQ4h);
     }
     {
-      // The exact-code loop with the bias term on the tensor cores (q4b): exact products of the codes q and of the
-      // biases with the sums' bf16 hi + lo pieces (~2^-17, as x itself), fp32 sums: the default loop's kNmse.
-      test::EnvGuard q4b("FERN_GEMM_WG_PIPE", "q4b");
+      // The exact-code loop with the bias term promoted per tile by FMAs on the fp32 sums (q4, opt-in; the default
+      // q4b puts it on the tensor cores): exact products, x as bf16 hi + lo: the default loop's kNmse.
+      test::EnvGuard q4("FERN_GEMM_WG_PIPE", "q4");
       run_direct(c, Loop::Wg);
     }
     test::EnvGuard pipe("FERN_GEMM_WG_PIPE", "sync");
@@ -239,7 +239,9 @@ TEST(CudaLinearGemm, AwkwardShapes) {
   for (const Case& c : {Case{"odd rows", 37, 192, 4, 64, 17}, Case{"group 32", 77, 320, 4, 32, 65},
                         Case{"group 128", 129, 640, 4, 128, 2}, Case{"8-bit group 32", 300, 4096, 8, 32, 64},
                         Case{"8-bit odd", 131, 64, 8, 64, 127}, Case{"bf16", 515, 2048, 16, 0, 17},
-                        Case{"bf16 many rows", 33, 128, 16, 0, 2048}, Case{"one row", 1, 2048, 4, 64, 300}})
+                        Case{"bf16 many rows", 33, 128, 16, 0, 2048}, Case{"one row", 1, 2048, 4, 64, 300},
+                        // wider than the q4b bias tile (4096): the default pipe takes the q4 form there
+                        Case{"4-bit K=8192", 300, 8192, 4, 64, 300}, Case{"4-bit K=4160 group 64", 130, 4160, 4, 64, 129}})
     run_direct(c);
 }
 
@@ -391,7 +393,7 @@ TEST(CudaGemmMode, UnknownValueIsAnError) {
     EXPECT_EQ(cuda::gemm_wg_stages(), 0);
   }
   {
-    // The wgmma loop's form: q4, q4h, q4b, ws or sync (unset: q4); anything else is named.
+    // The wgmma loop's form: q4, q4h, q4b, ws or sync (unset: q4b); anything else is named.
     test::EnvGuard p("FERN_GEMM_WG_PIPE", "async");
     expect_error_naming([] { cuda::gemm_wg_pipe(); }, "FERN_GEMM_WG_PIPE=async");
   }
@@ -403,7 +405,7 @@ TEST(CudaGemmMode, UnknownValueIsAnError) {
   }
   {
     test::EnvGuard p("FERN_GEMM_WG_PIPE", nullptr);
-    EXPECT_EQ(cuda::gemm_wg_pipe(), cuda::WgPipe::Q4);
+    EXPECT_EQ(cuda::gemm_wg_pipe(), cuda::WgPipe::Q4b);
   }
   test::EnvGuard g("FERN_GEMM", nullptr);
   // The default: the wgmma loop where it runs, else the split loop (both precise).
