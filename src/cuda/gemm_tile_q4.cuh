@@ -46,6 +46,13 @@ constexpr int kRowBytes = wgtile::kTileRowBytes;
 constexpr int kConsumers = 256;
 constexpr int kProducers = 128;
 constexpr int kThreads = kConsumers + kProducers;
+// Registers per thread once the roles split (setmaxnreg; the block starts with ptxas's count, 168 in every form that
+// reaches this loop): the MMA warpgroups' two NTOK / 2 arrays (accumulators, partial) and fragments spilled at 168
+// (ptxas: 92 bytes in the dense 128-token q4b kernel, up to 28 in the MoE ones). The MMA warpgroups can only take
+// what the producers give back (128 x 96 + 256 x 200 = 63,488 <= 384 x 168: 96 / 208, the whole SM's 65,536, hung);
+// fewer for the producers made them spill (ptxas at 40: 260-676 bytes; at 72: up to 172; at 88: 44).
+constexpr int kProducerRegs = 96;
+constexpr int kConsumerRegs = 200;
 constexpr int kTurnBar = 1;  // named barriers 1 and 2: the MMA warpgroups' turns (0 is __syncthreads)
 
 // Shared memory: S stages of the x hi and lo tiles (each on a 1024-byte boundary, the swizzle atom), the packed
@@ -182,6 +189,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
   __syncthreads();
 
   if (tid < kConsumers) {
+    ptx::regs_inc<kConsumerRegs>();
     const int wg = tid >> 7, lane = tid & 31;
     // The two warpgroups issue their tiles' MMAs in turn (named barriers kTurnBar + g: warpgroup g waits on its own
     // before issuing, then arrives on the other's), so that the tensor cores run one warpgroup's MMAs while the
@@ -281,6 +289,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
   }
 
   // Producers: thread p stages weight row p of every item.
+  ptx::regs_dec<kProducerRegs>();
   constexpr int kXChunks = NTOK * 8;  // 16-byte chunks of one x tile (hi or lo)
   constexpr int kXPer = kXChunks / kProducers;
   static_assert(kXChunks % kProducers == 0, "whole x chunks per producer");
