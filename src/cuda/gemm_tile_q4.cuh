@@ -53,6 +53,11 @@ constexpr int kThreads = kConsumers + kProducers;
 // fewer for the producers made them spill (ptxas at 40: 260-676 bytes; at 72: up to 172; at 88: 44).
 constexpr int kProducerRegs = 96;
 constexpr int kConsumerRegs = 200;
+// The block's registers at launch: __launch_bounds__(384, 1) caps ptxas at 168 per thread, and a kernel that holds
+// setmaxnreg gets that cap (ptxas -v: 168 in every instance). Were it given fewer, the MMA warpgroups' increase would
+// wait for registers that never come (a hang the GPU tests' timeouts catch).
+static_assert(kProducers * kProducerRegs + kConsumers * kConsumerRegs <= kThreads * 168,
+              "the MMA warpgroups take more registers than the producers give back");
 constexpr int kTurnBar = 1;  // named barriers 1 and 2: the MMA warpgroups' turns (0 is __syncthreads)
 
 // Shared memory: S stages of the x hi and lo tiles (each on a 1024-byte boundary, the swizzle atom), the packed
