@@ -2,8 +2,8 @@
 # One GPU call that profiles the prefill tile loops with Nsight Compute (docs/notes/cuda-prefill-v5-ws.md), from the
 # repository root with carry [".carry/debs", ".carry/gemm-head.tar", ".carry/gemm-head.commit"]: builds the two GEMM
 # micro-benchmarks and profiles the first launch of each kernel named in NCU_KERNELS (regular expressions on the
-# mangled names, each optionally followed by :N launches to skip; default: the exact-code loop's dense 128-token
-# kernel and the MoE block's 96-row gate/up and down kernels, first launched at T = 2,048; `decode:REGEX` profiles a
+# mangled names, each optionally followed by :N launches to skip; default: the exact-code loop's (q4b) dense 128-token
+# kernel and the MoE block's 128-row gate/up and down kernels, first launched at T = 2,048; `decode:REGEX` profiles a
 # kernel of bench_cuda_decode's 4K step, e.g. decode:moe_fused_kernel:40, `gemv:REGEX` one of its GEMV table,
 # `attn:REGEX` one of the attention prefill micro-benchmark, e.g. attn:attn_prefill_kernel, `gdn:REGEX` one of the
 # GDN prefill micro-benchmark at NCU_GDN_T rows (default 8,192), e.g. gdn:gdn_chunk_prep_kernel) with the
@@ -22,7 +22,7 @@ else
   gpu_build bench_cuda_prefill_linear bench_cuda_moe_prefill bench_cuda_decode bench_cuda_attn_prefill \
     bench_cuda_gdn_prefill
 fi
-KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi4ELi2E moe:gate_up_wg_kernelILi4ELi96ELi5ELi2E moe:down_wg_kernelILi4ELi96ELi5ELi2E"}
+KERNELS=${NCU_KERNELS:-"linear:gemm_wg_kernelILi4ELi128ELi5ELi4E moe:gate_up_wg_kernelILi4ELi128ELi5ELi4E moe:down_wg_kernelILi4ELi128ELi5ELi4E"}
 for kv in $KERNELS; do
   b=${kv%%:*}; k=${kv#*:}; skip=0
   case "$k" in *:*) skip=${k##*:}; k=${k%:*} ;; esac  # bench:regex[:launches to skip]
