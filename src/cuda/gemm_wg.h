@@ -28,7 +28,7 @@ int gemm_wg_stages();
 //         multiplies the rows' biases (exact in bf16) by the token rows' 64-wide sums as bf16 hi/lo pieces
 //         (X16::bsum) into the accumulators; rows wider than 4096 (the bias tile's reach, wider than any of the
 //         model's) take the q4 form. +3.0% / +2.2% prefill at 4K / 32K over q4 on the H200, the same NMSE on the
-//         whole-model check (docs/notes/cuda-prefill-v21-turns.md section 5);
+//         whole-model check (docs/notes/cuda-prefill-v21-turns.md sections 5-6); setmaxnreg: v22-setmaxnreg.md;
 //   q4    the same loop with the bias term promoted per tile by FMAs on the fp32 sums (acc += s P + c xs; the
 //         default until the twentieth session);
 //   q4h   the exact-code loop on one fp16 row of x (relative rounding 2^-11) instead of the bf16 hi + lo pair: one
