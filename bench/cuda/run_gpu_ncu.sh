@@ -3,7 +3,7 @@
 # repository root with carry [".carry/debs", ".carry/gemm-head.tar", ".carry/gemm-head.commit"]: builds the two GEMM
 # micro-benchmarks and profiles the first launch of each kernel named in NCU_KERNELS (regular expressions on the
 # mangled names, each optionally followed by :N launches to skip; default: the exact-code loop's (q4b) dense 128-token
-# kernel and the MoE block's 128-row gate/up and down kernels, first launched at T = 2,048; `decode:REGEX` profiles a
+# kernel and the MoE block's 128-row gate/up and down kernels, at their first launch; `decode:REGEX` profiles a
 # kernel of bench_cuda_decode's 4K step, e.g. decode:moe_fused_kernel:40, `gemv:REGEX` one of its GEMV table,
 # `attn:REGEX` one of the attention prefill micro-benchmark, e.g. attn:attn_prefill_kernel, `gdn:REGEX` one of the
 # GDN prefill micro-benchmark at NCU_GDN_T rows (default 8,192), e.g. gdn:gdn_chunk_prep_kernel) with the
