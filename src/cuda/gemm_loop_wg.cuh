@@ -46,18 +46,21 @@ __device__ __forceinline__ int weight_row(int tid) {
 // Runs the loop on the block's dynamic shared memory `raw` over the rows of x (the loop's layout: x.q4 for kQ4 and
 // kQ4H), for n_items weight tiles of one token tile: the exact-code loop takes them one after the other through one
 // ring (q4tile::mainloop_items), the other loops take one item per block (their callers launch them so).
-// epilogue(item, acc) runs on the threads holding results, once per item; wsrc_of(item): this thread's weight row in
-// that item; bias_of(item, r): the bias array of weight-tile row r in that item (kQ4B only; nullptr: padding).
-template <int BITS, int NTOK, int S, int P, class RowOf, class WsrcOf, class BiasOf, class Epilogue>
+// epilogue(item, acc) runs on the threads holding results, once per item; src_at(item, r): the gemm::RowSrc of
+// weight-tile row r in that item (w == nullptr: padding), from which the loop takes the row this thread stages
+// (weight_row) and, for kQ4B, the bias arrays of the rows its MMA warps hold.
+template <int BITS, int NTOK, int S, int P, class RowOf, class SrcAt, class Epilogue>
 __device__ __forceinline__ void run_items(unsigned char* raw, int K, int gs, const X16& x, RowOf row_of, int n_items,
-                                          WsrcOf wsrc_of, BiasOf bias_of, Epilogue epilogue) {
+                                          SrcAt src_at, Epilogue epilogue) {
+  const int wr = weight_row<P>(threadIdx.x);
+  auto wsrc_of = [&](int item) { return src_at(item, wr); };
   if constexpr (is_q4(P)) {
+    auto bias_of = [&](int item, int r) { return src_at(item, r).b; };
     static_assert(BITS == 4, "the exact-code loop takes 4-bit codes");
     constexpr int F = P == kQ4H ? q4tile::kHalf : P == kQ4B ? q4tile::kBias : q4tile::kHiLo;
     q4tile::mainloop_items<NTOK, S, F>(q4tile::smem_of<NTOK, S>(raw), K, gs, x.x, x.lo, x.sums, x.bsum,
                                        static_cast<int>(x.bk), row_of, n_items, wsrc_of, bias_of, epilogue);
   } else {
-    (void)bias_of;
     (void)n_items;
     float acc[NTOK / 2];
     if constexpr (P == kWs) {

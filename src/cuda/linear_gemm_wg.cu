@@ -53,14 +53,11 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   pdl_trigger();
   if (n_items <= 0) return;
 
-  const int wr = wgloop::weight_row<P>(tid);
   auto src_at = [&](int item, int r) {  // weight-tile row r of item `item`
     const int b = b0 + item, m = mat_of(M, b);
     const int row = (b - M.first[m]) * kBW + r;
     return row < M.w[m].out ? gemm::row_src<BITS>(M.w[m], 0, row) : gemm::RowSrc{};
   };
-  auto wsrc_of = [&](int item) { return src_at(item, wr); };
-  auto bias_of = [&](int item, int r) { return src_at(item, r).b; };
   // acc[4 j + i]: weight row 64 wg + 16 warp + lane / 4 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
   const int lane = tid & 31;
   // The token rows' addresses are the same for every item; opaque() keeps the compiler from holding them in registers
@@ -82,8 +79,7 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
     }
   };
   wgloop::run_items<BITS, NTOK, S, P>(gemm_wg_smem, K, M.w[0].gs, x,
-                                      [&](int r) { return t0 + r < T ? t0 + r : -1; }, n_items, wsrc_of, bias_of,
-                                      epilogue);
+                                      [&](int r) { return t0 + r < T ? t0 + r : -1; }, n_items, src_at, epilogue);
 }
 
 template <int BITS, int NTOK, int S, int P>

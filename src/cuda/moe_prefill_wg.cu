@@ -66,13 +66,10 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   const int tid = threadIdx.x, lane = tid & 31;
   auto token = [&](int r) { return tile_token(gr, ti, sh, topk, r); };
 
-  const int wr = wgloop::weight_row<P>(tid);  // weight-tile row this thread stages: slice wr / 16, gate for wr % 16 < 8
-  auto src_at = [&](int item, int r) {  // weight-tile row r of item `item`
+  auto src_at = [&](int item, int r) {  // weight-tile row r of item `item`: slice r / 16, gate for r % 16 < 8
     const int col = (cb0 + item) * kGateUpCols + 8 * (r >> 4) + (r & 7);
     return col < width ? gate_up_row<BITS>(G, U, SG, SU, ti, sh, (r & 15) >= 8, col) : gemm::RowSrc{};
   };
-  auto wsrc_of = [&](int item) { return src_at(item, wr); };
-  auto bias_of = [&](int item, int r) { return src_at(item, r).b; };
   // acc[4 j + i]: weight-tile row 16 (tid / 32) + lane / 4 + 8 (i / 2) (slice tid / 32), token row 8 j + 2 (lane %
   // 4) + i % 2 of the tile; i < 2 gate, i >= 2 up of column j0 + 8 (tid / 32) + lane / 4.
   // The row addresses are the same for every item; opaque() keeps the compiler from holding all of them in
@@ -96,8 +93,7 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   };
   by_width<NTOK, P>(narrow != 0, ti.rows, [&](auto w) {
     wgloop::run_items<BITS, w(), kStagesAt<w(), NTOK, S>, P>(
-        gu_wg_smem, K, G.gs, x, [&](int r) { return r < ti.rows ? token(r) : -1; }, n_items, wsrc_of, bias_of,
-        epilogue);
+        gu_wg_smem, K, G.gs, x, [&](int r) { return r < ti.rows ? token(r) : -1; }, n_items, src_at, epilogue);
   });
 }
 
@@ -121,13 +117,10 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   X16 hx = hr;  // by value: a reference to either parameter would put both in local memory
   if (sh) hx = hs;
 
-  const int wr = wgloop::weight_row<P>(tid);
   auto src_at = [&](int item, int r) {  // weight-tile row r of item `item`
     const int row = (cb0 + item) * kBW + r;
     return row < N ? group_row<BITS>(D, SD, ti, sh, row) : gemm::RowSrc{};
   };
-  auto wsrc_of = [&](int item) { return src_at(item, wr); };
-  auto bias_of = [&](int item, int r) { return src_at(item, r).b; };
   // Each token row's destination row and factor (as down_dst: the shared expert's rows go to out at their token,
   // times its sigmoid gate; a routed pair's to y_pair at the pair's index, times its routing weight), looked up once
   // per block into shared memory: the epilogue runs once per item, and these lookups are dependent global loads (ncu
@@ -159,8 +152,7 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   };
   by_width<NTOK, P>(narrow != 0, ti.rows, [&](auto w) {
     wgloop::run_items<BITS, w(), kStagesAt<w(), NTOK, S>, P>(
-        dn_wg_smem, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, n_items, wsrc_of, bias_of,
-        epilogue);
+        dn_wg_smem, K, D.gs, hx, [&](int r) { return r < ti.rows ? hrow0 + r : -1; }, n_items, src_at, epilogue);
   });
 }
 
