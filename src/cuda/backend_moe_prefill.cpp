@@ -73,8 +73,8 @@ int tile_rows(int T, int k, int E, bool q4) {
     if (std::strcmp(v, "fixed") == 0) return 64;
     const int bm = std::atoi(v);
     if ((bm == 96 || bm == 128) && !q4)
-      fail("FERN_MOE_TILE={}: only the exact-code wgmma loop takes {}-row tiles (FERN_GEMM=wg, FERN_GEMM_WG_PIPE=q4b, q4 or q4h, "
-           "4-bit experts with groups a multiple of 64)", v, bm);
+      fail("FERN_MOE_TILE={}: only the exact-code wgmma loop takes {}-row tiles (FERN_GEMM=wg, "
+           "FERN_GEMM_WG_PIPE=q4b, q4 or q4h, 4-bit experts with groups a multiple of 64)", v, bm);
     if (!cuda::moe_tile_rows_wg_ok(bm, q4))
       fail("FERN_MOE_TILE={}: expected fixed, adaptive, 16, 32, 64, 96 or 128", v);
     return bm;

@@ -1,8 +1,9 @@
 // The exact-code Hopper prefill tile loop for 4-bit affine weights (FERN_GEMM_WG_PIPE=q4b, the default where the
-// format allows: 4-bit codes, groups a multiple of 64; q4 and q4h are its other forms, kHiLo and kHalf below). Why: profiling the warp-specialized hi/lo loop
-// (gemm_tile_ws.cuh; docs/notes/cuda-prefill-v5-ws.md) showed its MMA warps waiting ~40% of the time for the
-// producers, whose dequantization (s q + b in fp32, split into bf16 hi + lo: ~15 ALU/FMA instructions per weight pair)
-// saturated the integer pipe and waited on the scale loads. Here the weights enter the MMA as their codes:
+// format allows: 4-bit codes, groups a multiple of 64; q4 and q4h are its other forms, kHiLo and kHalf below).
+// Why: profiling the warp-specialized hi/lo loop (gemm_tile_ws.cuh; docs/notes/cuda-prefill-v5-ws.md) showed its MMA
+// warps waiting ~40% of the time for the producers, whose dequantization (s q + b in fp32, split into bf16 hi + lo:
+// ~15 ALU/FMA instructions per weight pair) saturated the integer pipe and waited on the scale loads. Here the
+// weights enter the MMA as their codes:
 //  - a code q is exact in bf16 as the number 128 + q: one LOP3 per pair of codes ((w >> 4 j) & 0x000f000f | 0x43004300
 //    puts codes j and j + 4 of a word into one bf16x2 register). The pairs come out in the K order n0 n4 n1 n5 n2 n6
 //    n3 n7 inside each 8-code word; the x rows are written in the same order by to_xbf_q4 (gemm_wg.h), and a dot
@@ -107,7 +108,7 @@ __device__ __forceinline__ uint32_t code_pair_q(uint32_t w, int j) {
 // tile), kHalf (q4h: one fp16 row of x), kBias (q4b: codes q against x hi and lo, acc += s P per tile, and per item
 // one more ring tile for the bias term: the rows' biases against the sums' bf16 hi/lo pieces).
 enum : int { kHiLo = 0, kHalf = 1, kBias = 2 };
-// Blocks of 16 groups of 64 the bias tile covers at most (K <= 4,096: xbf_carve checks).
+// Blocks of 16 groups of 64 the bias tile covers at most (K <= 4,096: xbf_carve gives wider rows no sums' pieces).
 constexpr int kMaxBiasBlocks = 4;
 
 // The weight-tile row thread `tid` stages (producers only; other threads get a row too, unused).

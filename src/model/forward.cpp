@@ -27,9 +27,10 @@ struct MixerScratch {
                                              cfg.linear_num_value_heads, cfg.gdn_value_dim()};
     const std::vector<int64_t> attn_widths = {2 * q_dim, kv_dim, kv_dim, q_dim};
     // Each tensor on a 256-byte boundary of the region (the kernels' vector loads want 16).
+    auto padded_bytes = [&](int64_t width) { return (size_t(T) * size_t(width) * dtype_size(ad) + 255) / 256 * 256; };
     auto bytes_of = [&](const std::vector<int64_t>& widths) {
       size_t n = 0;
-      for (int64_t w : widths) n += (size_t(T) * size_t(w) * dtype_size(ad) + 255) / 256 * 256;
+      for (int64_t w : widths) n += padded_bytes(w);
       return n;
     };
     const size_t bytes = std::max(gdn ? bytes_of(gdn_widths) : 0, attn ? bytes_of(attn_widths) : 0);
@@ -40,8 +41,7 @@ struct MixerScratch {
       auto w = widths.begin();
       for (Tensor* t : out) {
         *t = Tensor(static_cast<char*>(region.data) + off, ad, {T, *w}, region.device);
-        off += (t->nbytes() + 255) / 256 * 256;
-        ++w;
+        off += padded_bytes(*w++);
       }
     };
     if (gdn) carve(gdn_widths, {&mixed, &z, &b, &a, &y});

@@ -159,7 +159,7 @@ TEST(CudaForward, Fp16RowsGemmStaysNearTheCpu) {
 }
 
 // FERN_GEMM_WG_PIPE=q4 (opt-in; the default q4b puts the affine bias term on the tensor cores,
-// docs/notes/cuda-prefill-v21-turns.md section 5): the bias term promoted per tile by FMAs on the fp32 sums, as
+// docs/notes/cuda-prefill-v21-turns.md sections 5-6): the bias term promoted per tile by FMAs on the fp32 sums, as
 // precise as the default (exact products, x as bf16 hi + lo): held to the acceptance thresholds like it.
 TEST(CudaForward, PerTileBiasGemmMeetsTheAcceptanceBounds) {
   FERN_REQUIRE_GPU();
