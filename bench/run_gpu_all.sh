@@ -11,7 +11,8 @@
 # only those CUDA test binaries; ALL_DECODE_ALT="VAR=VALUE" repeats the decode bench with that switch; ALL_MICRO=1
 # adds the MoE and dense GEMM micro-benchmarks (ablation rows, tile-loop
 # columns); ALL_GEMV=1 adds bench_cuda_decode's GEMV table (cold and warm L2); PREFILL_LENGTHS (default
-# 4096,32768,131072) and PREFILL_RUNS (default 2).
+# 4096,32768,131072) and PREFILL_RUNS (default 2); ALL_PREFILL_ALT="ARGS" runs fern bench prefill once more with those
+# arguments (e.g. "--lengths 32768,131072 --prefill-chunk 16384 --runs 1").
 set -u
 BUDGET=${BUDGET:-560}
 source bench/gpu_prelude.sh
@@ -65,8 +66,17 @@ if [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 15 )) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
     --lengths "${PREFILL_LENGTHS:-4096,32768,131072}" --runs "${PREFILL_RUNS:-2}" --json "$OUT/prefill.json" >"$OUT/bench_prefill.log" 2>&1
   grep -E "^\|" "$OUT/bench_prefill.log" | tail -5
-  note "prefill: $(grep -oE "prefill [0-9]+: [0-9.]+ tok/s" "$OUT/bench_prefill.log" | tr "\n" " ") ($(elapsed))"
+  note "prefill: $(grep -oE "prefill [0-9]+ .chunks of [0-9]+.: [0-9.]+ tok/s" "$OUT/bench_prefill.log" | tr "\n" " ") ($(elapsed))"
 fi
+if [ -n "${ALL_PREFILL_ALT:-}" ] && [ "$(left)" -gt 60 ]; then
+  # shellcheck disable=SC2086  # the knob holds several arguments
+  timeout $(( $(left) - 15 )) ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
+    $ALL_PREFILL_ALT >"$OUT/bench_prefill_alt.log" 2>&1
+  grep -E "^\|" "$OUT/bench_prefill_alt.log" | tail -4
+  note "prefill ($ALL_PREFILL_ALT): $(grep -oE "prefill [0-9]+ .chunks of [0-9]+.: [0-9.]+ tok/s" \
+    "$OUT/bench_prefill_alt.log" | tr "\n" " ") ($(elapsed))"
+fi
+grep -h "scratch live at its peak" "$OUT"/bench_prefill*.log | tail -3
 if [ "$MICRO" = 1 ]; then
   if [ "$(left)" -gt 40 ]; then
     timeout $(( $(left) - 20 )) build/bench/bench_cuda_prefill_linear >"$OUT/bench_prefill_linear.md" 2>&1

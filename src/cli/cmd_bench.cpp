@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstdint>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -163,6 +165,30 @@ size_t scratch_reserved(const Backend& be) {
 #endif
   (void)be;
   return 0;
+}
+
+// The most scratch one forward call held live at once (the reserved figure less the arena's fragmentation).
+size_t scratch_live_peak(const Backend& be) {
+#if defined(FERN_HAVE_CUDA)
+  if (const auto* cb = dynamic_cast<const CudaBackend*>(&be)) return cb->scratch_live_peak();
+#endif
+  (void)be;
+  return 0;
+}
+
+// The allocations live at that peak, largest first, as "MB x count" (what to shrink next).
+std::string scratch_peak_summary(const Backend& be) {
+  std::string out;
+#if defined(FERN_HAVE_CUDA)
+  if (const auto* cb = dynamic_cast<const CudaBackend*>(&be)) {
+    std::map<size_t, int, std::greater<>> by_size;
+    for (size_t b : cb->scratch_peak_sizes()) ++by_size[b];
+    for (const auto& [bytes, n] : by_size)
+      if (bytes >= (size_t(1) << 20)) out += fmt::format("{}{:.1f} MB x {}", out.empty() ? "" : ", ", bytes / 1e6, n);
+  }
+#endif
+  (void)be;
+  return out;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -325,8 +351,9 @@ int run_bench(const Options& o) {
     }
   }
   if (o.phase == "prefill" || o.phase == "both") {
-    md += "\n| length | chunk | tok/s (median) | min-max | TFLOP/s | % of H200 bf16 peak | scratch (GB) |\n"
-          "|---:|---:|---:|---:|---:|---:|---:|\n";
+    md += "\n| length | chunk | tok/s (median) | min-max | TFLOP/s | % of H200 bf16 peak | scratch (GB) "
+          "| live peak (GB) |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     std::vector<int64_t> chunks;
     for (int64_t c : parse_lengths(o.prefill_chunks, "--prefill-chunk", 0))
       chunks.push_back(c > 0 ? c : engine.backend().prefill_chunk_hint());
@@ -355,12 +382,15 @@ int run_bench(const Options& o) {
       const double tflops = prefill_flops(cfg, *weights, L) / (double(L) / s.median) / 1e12;
       // Lengths run in increasing order and the arena never shrinks: this is the peak over lengths up to L.
       const size_t scratch = scratch_reserved(engine.backend());
-      md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {:.2f} | {:.2f}% | {:.2f} |\n", L, chunk, s.median, s.min,
-                        s.max, tflops, 100.0 * tflops * 1e12 / kTensorFlops, scratch / 1e9);
+      const size_t live = scratch_live_peak(engine.backend());
+      md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {:.2f} | {:.2f}% | {:.2f} | {:.2f} |\n", L, chunk,
+                        s.median, s.min, s.max, tflops, 100.0 * tflops * 1e12 / kTensorFlops, scratch / 1e9,
+                        live / 1e9);
       results.push_back({{"phase", "prefill"}, {"length", L}, {"tok_s_median", s.median}, {"tok_s_min", s.min},
                          {"tok_s_max", s.max}, {"runs", o.runs}, {"tflop_s", tflops}, {"scratch_bytes", scratch},
-                         {"prefill_chunk", chunk}});
+                         {"scratch_live_peak_bytes", live}, {"prefill_chunk", chunk}});
       log::info("prefill {} (chunks of {}): {:.1f} tok/s", L, chunk, s.median);
+      if (live > 0) log::info("scratch live at its peak: {}", scratch_peak_summary(engine.backend()));
     }
   }
   nlohmann::json doc = {{"commit", FERN_GIT_COMMIT}, {"backend", backend_name}, {"model", o.source.describe()},

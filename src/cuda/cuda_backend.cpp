@@ -86,10 +86,18 @@ void CudaBackend::join_side() {
 void CudaBackend::begin_forward() {
   arena_block_ = 0;
   arena_off_ = 0;
+  live_ = 0;
+  live_sizes_.clear();
 }
 
 void* CudaBackend::arena_alloc(size_t bytes) {
   bytes = align_up(std::max<size_t>(bytes, 1));
+  live_ += bytes;
+  live_sizes_.push_back(bytes);
+  if (live_ > live_peak_) {
+    live_peak_ = live_;
+    peak_sizes_ = live_sizes_;
+  }
   while (arena_block_ < arena_.size()) {
     Block& b = arena_[arena_block_];
     if (arena_off_ + bytes <= b.size) {

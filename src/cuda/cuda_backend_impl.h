@@ -98,6 +98,11 @@ class CudaBackend : public Backend {
     for (const Block& b : arena_) n += b.size;
     return n;
   }
+  // The most scratch any forward call has held at once (the sum of its live allocations, aligned): what a contiguous
+  // arena would need. The gap to scratch_reserved() is the blocks' fragmentation.
+  size_t scratch_live_peak() const { return live_peak_; }
+  // The sizes of the allocations live at that peak, in allocation order (to see what the scratch holds).
+  const std::vector<size_t>& scratch_peak_sizes() const { return peak_sizes_; }
   // Persistent device memory owned by the backend (freed with it).
   Tensor alloc(DType dtype, const std::vector<int64_t>& shape);
   Tensor to_device(const Tensor& host);
@@ -117,12 +122,14 @@ class CudaBackend : public Backend {
   // prefill chunk's scratch is one layer's worth, not forty. Safe because every later kernel on the stream runs after
   // the op's kernels (stream order; with PDL each kernel waits for its predecessor before touching memory).
   struct ArenaMark {
-    size_t block, off;
+    size_t block, off, live, count;
   };
-  ArenaMark arena_mark() const { return {arena_block_, arena_off_}; }
+  ArenaMark arena_mark() const { return {arena_block_, arena_off_, live_, live_sizes_.size()}; }
   void arena_release(ArenaMark m) {
     arena_block_ = m.block;
     arena_off_ = m.off;
+    live_ = m.live;
+    live_sizes_.resize(m.count);
   }
   template <class F>
   void with_released_scratch(F&& op);
@@ -158,6 +165,8 @@ class CudaBackend : public Backend {
   };
   std::vector<Block> arena_;
   size_t arena_block_ = 0, arena_off_ = 0;
+  size_t live_ = 0, live_peak_ = 0;  // bytes of live scratch allocations in this forward call, and their peak
+  std::vector<size_t> live_sizes_, peak_sizes_;
   bool capturing_ = false;
   std::vector<void*> owned_;
   cudaGraphExec_t graph_exec_ = nullptr;
