@@ -31,6 +31,11 @@ void Arena::reset() {
   for (Block& b : blocks_) b.used = 0;
 }
 
+void Arena::release(Mark m) {
+  for (size_t i = m.blocks; i < blocks_.size(); ++i) blocks_[i].used = 0;
+  if (m.blocks > 0 && m.blocks == blocks_.size()) blocks_.back().used = m.used;
+}
+
 size_t Arena::capacity() const {
   size_t n = 0;
   for (const Block& b : blocks_) n += b.mem.size();

@@ -14,6 +14,13 @@ class Arena {
   explicit Arena(size_t first_block_bytes = size_t(16) << 20) : first_block_(first_block_bytes) {}
   void* alloc(size_t bytes);
   void reset();
+  // A position, and a return to it: allocations made after the mark are free again (a block added after the mark
+  // is emptied; the rest of the marked block stays unused until reset()).
+  struct Mark {
+    size_t blocks, used;
+  };
+  Mark mark() const { return {blocks_.size(), blocks_.empty() ? 0 : blocks_.back().used}; }
+  void release(Mark m);
   size_t capacity() const;
 
  private:

@@ -65,11 +65,20 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::Host; }
   DType act_dtype() const override { return DType::F32; }
 
-  void begin_forward() override { arena_.reset(); }
+  void begin_forward() override {
+    arena_.reset();
+    marks_.clear();
+  }
   Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override {
     Tensor t(nullptr, dtype, shape);
     t.data = arena_.alloc(t.nbytes());
     return t;
+  }
+  void scratch_push() override { marks_.push_back(arena_.mark()); }
+  void scratch_pop() override {
+    FERN_CHECK(!marks_.empty(), "scratch_pop without scratch_push");
+    arena_.release(marks_.back());
+    marks_.pop_back();
   }
   void copy(Tensor dst, Tensor src) override {
     FERN_CHECK(dst.nbytes() == src.nbytes(), "copy of {} bytes into {} bytes", src.nbytes(), dst.nbytes());
@@ -237,6 +246,7 @@ class CpuBackend final : public Backend {
   int threads_;
   GdnForm form_;
   cpu::Arena arena_;
+  std::vector<cpu::Arena::Mark> marks_;  // open scratch scopes
 };
 
 }  // namespace

@@ -19,7 +19,6 @@ using namespace cuda_backend_detail;
 namespace {
 
 constexpr size_t kAlign = 256;
-constexpr size_t kArenaBlock = size_t(256) << 20;
 // Programmatic dependent launch on sm_90+ unless FERN_CUDA_PDL=0 (see docs/notes/cuda-decode-v1.md).
 constexpr bool kPdlDefault = true;
 
@@ -34,6 +33,10 @@ CudaState::~CudaState() {
 CudaBackend::CudaBackend(int device) : device_(device) {
   FERN_CUDA_CHECK(cudaSetDevice(device));
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+  // FERN_CUDA_SCRATCH=blocks: the chain of cudaMalloc blocks instead of one mapped range (scratch_arena.h).
+  const bool blocks = env_choice("FERN_CUDA_SCRATCH", {"contiguous", "blocks"}, 0) == 1;
+  arena_ = std::make_unique<cuda::ScratchArena>(
+      device, blocks ? cuda::ScratchArena::Form::Blocks : cuda::ScratchArena::Form::Contiguous);
   int major = 0;
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   pdl_ = major >= 9 && env_choice("FERN_CUDA_PDL", {"0", "1"}, kPdlDefault ? 1 : 0) == 1;
@@ -56,7 +59,6 @@ CudaBackend::~CudaBackend() {
   if (fork_ev_) cudaEventDestroy(fork_ev_);
   if (join_ev_) cudaEventDestroy(join_ev_);
   if (side_) cudaStreamDestroy(side_);
-  for (auto& b : arena_) cudaFree(b.p);
   for (void* p : owned_) cudaFree(p);
   cudaFree(counters_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -84,38 +86,20 @@ void CudaBackend::join_side() {
 
 // ---- memory ----
 void CudaBackend::begin_forward() {
-  arena_block_ = 0;
-  arena_off_ = 0;
-  live_ = 0;
-  live_sizes_.clear();
+  arena_->reset();
+  scopes_.clear();
 }
 
-void* CudaBackend::arena_alloc(size_t bytes) {
-  bytes = align_up(std::max<size_t>(bytes, 1));
-  live_ += bytes;
-  live_sizes_.push_back(bytes);
-  if (live_ > live_peak_) {
-    live_peak_ = live_;
-    peak_sizes_ = live_sizes_;
-  }
-  while (arena_block_ < arena_.size()) {
-    Block& b = arena_[arena_block_];
-    if (arena_off_ + bytes <= b.size) {
-      void* p = static_cast<char*>(b.p) + arena_off_;
-      arena_off_ += bytes;
-      return p;
-    }
-    ++arena_block_;
-    arena_off_ = 0;
-  }
-  FERN_CHECK(!capturing_, "scratch arena grew during graph capture: run the step once eagerly before capturing");
-  Block b{nullptr, std::max(bytes, kArenaBlock)};
-  FERN_CUDA_CHECK(cudaMalloc(&b.p, b.size));
-  arena_.push_back(b);
-  arena_block_ = arena_.size() - 1;
-  arena_off_ = bytes;
-  return b.p;
+void CudaBackend::scratch_push() { scopes_.push_back(arena_->mark()); }
+
+void CudaBackend::scratch_pop() {
+  FERN_CHECK(!scopes_.empty(), "scratch_pop without scratch_push");
+  join_side();  // work on the side stream may still read the scope's memory; the main stream orders the rest
+  arena_->release(scopes_.back());
+  scopes_.pop_back();
 }
+
+void* CudaBackend::arena_alloc(size_t bytes) { return arena_->alloc(bytes); }
 
 Tensor CudaBackend::scratch(DType dtype, std::initializer_list<int64_t> shape) {
   Tensor t(nullptr, dtype, shape, Device::Cuda);
@@ -343,14 +327,14 @@ void CudaBackend::with_gemm_ws(cuda::Ctx& c, const cuda::QW& q, int T, F&& op) {
     op();
     return;
   }
-  const ArenaMark m = arena_mark();
+  const cuda::ScratchArena::Mark m = arena_->mark();
   c.gemm_precise = mode == cuda::GemmMode::Fp16x2;
   c.gemm_wg = mode == cuda::GemmMode::Wg;
   const size_t bytes = c.gemm_wg ? cuda::xbf_bytes(T, q.in) : cuda::x16_bytes(T, q.in, c.gemm_precise);
   c.gemm_ws = scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data;
   c.gemm_ws_bytes = bytes;
   op();
-  if (!branches_) arena_release(m);
+  if (!branches_) arena_->release(m);
 }
 
 // One launch over the concatenated rows when the weights share a format and width (the GDN input projections,
@@ -381,12 +365,12 @@ void CudaBackend::linear_multi(std::span<const Tensor> outs, Tensor x, std::span
   });
 }
 
-// Runs a multi-row block op and releases the scratch it took (arena_mark says why that is safe).
+// Runs a multi-row block op and releases the scratch it took (cuda_backend_impl.h says why that is safe).
 template <class F>
 void CudaBackend::with_released_scratch(F&& op) {
-  const ArenaMark m = arena_mark();
+  const cuda::ScratchArena::Mark m = arena_->mark();
   op();
-  arena_release(m);
+  arena_->release(m);
 }
 
 void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
@@ -454,11 +438,11 @@ void CudaBackend::capture_step(SequenceState& state, const std::function<void()>
   const int64_t pos0 = state.pos;
   cudaGraph_t graph = nullptr;
   FERN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  capturing_ = true;
+  arena_->set_growth_allowed(false);  // its addresses are baked into the graph
   try {
     step();
   } catch (...) {
-    capturing_ = false;
+    arena_->set_growth_allowed(true);
     if (side_busy_) {  // best effort: join so that the capture can end
       cudaEventRecord(join_ev_, side_);
       cudaStreamWaitEvent(stream_, join_ev_, 0);
@@ -472,7 +456,7 @@ void CudaBackend::capture_step(SequenceState& state, const std::function<void()>
     throw;
   }
   join_side();  // a capture must end with every forked stream joined back
-  capturing_ = false;
+  arena_->set_growth_allowed(true);
   FERN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
   graph_advance_ = state.pos - pos0;
   state.pos = pos0;  // nothing ran yet

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/kernels.h"
+#include "cuda/scratch_arena.h"
 #include "ops/backend.h"
 
 namespace fern {
@@ -39,6 +40,8 @@ class CudaBackend : public Backend {
 
   void begin_forward() override;
   Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override;
+  void scratch_push() override;
+  void scratch_pop() override;
   void copy(Tensor dst, Tensor src) override;
   void synchronize() override;
 
@@ -93,16 +96,12 @@ class CudaBackend : public Backend {
   bool pdl() const { return pdl_; }
   int sm_count() const { return sms_; }
   // Bytes of device memory the scratch arena holds (it only grows: the peak of all forward calls so far).
-  size_t scratch_reserved() const {
-    size_t n = 0;
-    for (const Block& b : arena_) n += b.size;
-    return n;
-  }
-  // The most scratch any forward call has held at once (the sum of its live allocations, aligned): what a contiguous
-  // arena would need. The gap to scratch_reserved() is the blocks' fragmentation.
-  size_t scratch_live_peak() const { return live_peak_; }
+  size_t scratch_reserved() const { return arena_->reserved(); }
+  // The most scratch any forward call has held at once (the sum of its live allocations, aligned): what the
+  // contiguous arena holds, up to its growth step; the block form holds more (scratch_arena.h).
+  size_t scratch_live_peak() const { return arena_->live_peak(); }
   // The sizes of the allocations live at that peak, in allocation order (to see what the scratch holds).
-  const std::vector<size_t>& scratch_peak_sizes() const { return peak_sizes_; }
+  const std::vector<size_t>& scratch_peak_sizes() const { return arena_->peak_sizes(); }
   // Persistent device memory owned by the backend (freed with it).
   Tensor alloc(DType dtype, const std::vector<int64_t>& shape);
   Tensor to_device(const Tensor& host);
@@ -117,20 +116,10 @@ class CudaBackend : public Backend {
     size_t n;
   };
   void* arena_alloc(size_t bytes);
-  // A position in the scratch arena, and a return to it: the temporaries of one multi-row block op (the MoE's
-  // per-pair buffers, the GDN pre-pass, attention partials) are released when the op has been enqueued, so that a
-  // prefill chunk's scratch is one layer's worth, not forty. Safe because every later kernel on the stream runs after
-  // the op's kernels (stream order; with PDL each kernel waits for its predecessor before touching memory).
-  struct ArenaMark {
-    size_t block, off, live, count;
-  };
-  ArenaMark arena_mark() const { return {arena_block_, arena_off_, live_, live_sizes_.size()}; }
-  void arena_release(ArenaMark m) {
-    arena_block_ = m.block;
-    arena_off_ = m.off;
-    live_ = m.live;
-    live_sizes_.resize(m.count);
-  }
+  // The temporaries of one multi-row block op (the MoE's per-pair buffers, the GDN pre-pass, attention partials) are
+  // released (a return to an arena mark) when the op has been enqueued, so that a prefill chunk's scratch is one
+  // layer's worth, not forty. Safe because every later kernel on the stream runs after the op's kernels (stream
+  // order; with PDL each kernel waits for its predecessor before touching memory).
   template <class F>
   void with_released_scratch(F&& op);
   // Runs op with c.gemm_ws set to a scratch workspace for the fp16 input of the prefill GEMM of q (cuda_backend.cpp).
@@ -159,15 +148,8 @@ class CudaBackend : public Backend {
   bool pdl_ = false;  // programmatic dependent launch (sm_90+; FERN_CUDA_PDL=0/1 overrides the default)
   cudaStream_t stream_ = nullptr;
   int* counters_ = nullptr;
-  struct Block {
-    void* p;
-    size_t size;
-  };
-  std::vector<Block> arena_;
-  size_t arena_block_ = 0, arena_off_ = 0;
-  size_t live_ = 0, live_peak_ = 0;  // bytes of live scratch allocations in this forward call, and their peak
-  std::vector<size_t> live_sizes_, peak_sizes_;
-  bool capturing_ = false;
+  std::unique_ptr<cuda::ScratchArena> arena_;     // made once the device is current (its form probes the device)
+  std::vector<cuda::ScratchArena::Mark> scopes_;  // open scratch scopes (scratch_push)
   std::vector<void*> owned_;
   cudaGraphExec_t graph_exec_ = nullptr;
   const SequenceState* graph_state_ = nullptr;

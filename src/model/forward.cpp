@@ -4,48 +4,33 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <vector>
-
 namespace fern {
 namespace {
 
-// Activations of the two mixers, taken from the backend's scratch once per forward call and reused by every layer,
-// so scratch memory is bounded by the chunk length, not by the number of layers. A layer runs one mixer and its
-// activations are dead once the mixer's output projection has run, so the two sets share one region (stream order
-// on a GPU): per token of a chunk ~64 KB for the model's GDN set instead of ~116 KB for both.
+// Activations of one layer's mixer, taken from the backend's scratch inside a scratch scope that closes once the
+// mixer's output projection has run, so the layer's MoE reuses the memory: a chunk's scratch holds the larger of the
+// two blocks' temporaries, not their sum, and does not grow with the number of layers.
 struct MixerScratch {
   Tensor mixed, z, b, a, y;  // GDN: [T, conv_dim] q|k|v, [T, value_dim], [T, Hv], [T, Hv], [T, value_dim]
   Tensor qg, k, v, o;        // attention: [T, heads*head_dim*2] per head [query|gate], [T, kv_dim] x2, [T, heads*head_dim]
 
-  MixerScratch(Backend& be, const ModelConfig& cfg, int64_t T) {
+  MixerScratch(Backend& be, const ModelConfig& cfg, LayerType type, int64_t T) {
     const DType ad = be.act_dtype();
-    const int64_t q_dim = int64_t(cfg.num_attention_heads) * cfg.head_dim;
-    const int64_t kv_dim = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
-    const bool gdn = cfg.num_linear_layers() > 0, attn = cfg.num_attention_layers() > 0;
-    const std::vector<int64_t> gdn_widths = {cfg.gdn_conv_dim(), cfg.gdn_value_dim(), cfg.linear_num_value_heads,
-                                             cfg.linear_num_value_heads, cfg.gdn_value_dim()};
-    const std::vector<int64_t> attn_widths = {2 * q_dim, kv_dim, kv_dim, q_dim};
-    // Each tensor on a 256-byte boundary of the region (the kernels' vector loads want 16).
-    auto padded_bytes = [&](int64_t width) { return (size_t(T) * size_t(width) * dtype_size(ad) + 255) / 256 * 256; };
-    auto bytes_of = [&](const std::vector<int64_t>& widths) {
-      size_t n = 0;
-      for (int64_t w : widths) n += padded_bytes(w);
-      return n;
-    };
-    const size_t bytes = std::max(gdn ? bytes_of(gdn_widths) : 0, attn ? bytes_of(attn_widths) : 0);
-    if (bytes == 0) return;
-    const Tensor region = be.scratch(DType::U8, {int64_t(bytes)});
-    auto carve = [&](const std::vector<int64_t>& widths, std::initializer_list<Tensor*> out) {
-      size_t off = 0;
-      auto w = widths.begin();
-      for (Tensor* t : out) {
-        *t = Tensor(static_cast<char*>(region.data) + off, ad, {T, *w}, region.device);
-        off += padded_bytes(*w++);
-      }
-    };
-    if (gdn) carve(gdn_widths, {&mixed, &z, &b, &a, &y});
-    if (attn) carve(attn_widths, {&qg, &k, &v, &o});
+    if (type == LayerType::LinearAttention) {
+      const int64_t Hv = cfg.linear_num_value_heads;
+      mixed = be.scratch(ad, {T, cfg.gdn_conv_dim()});
+      z = be.scratch(ad, {T, cfg.gdn_value_dim()});
+      b = be.scratch(ad, {T, Hv});
+      a = be.scratch(ad, {T, Hv});
+      y = be.scratch(ad, {T, cfg.gdn_value_dim()});
+    } else {
+      const int64_t q_dim = int64_t(cfg.num_attention_heads) * cfg.head_dim;
+      const int64_t kv_dim = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+      qg = be.scratch(ad, {T, 2 * q_dim});
+      k = be.scratch(ad, {T, kv_dim});
+      v = be.scratch(ad, {T, kv_dim});
+      o = be.scratch(ad, {T, q_dim});
+    }
   }
 };
 
@@ -92,16 +77,20 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
   Tensor h = be.scratch(ad, {T, H});                                     // residual stream
   Tensor xn = be.scratch(ad, {T, H});                                    // normed input of a sub-block
   Tensor delta = be.scratch(ad, {T, H});                                 // sub-block output
-  MixerScratch mix(be, cfg, T);
   be.embed(h, ids, w.embed);
   dump("embed", h);
 
   for (int il = 0; il < cfg.num_hidden_layers; ++il) {
     const LayerWeights& L = w.layers[il];
-    if (L.type == LayerType::LinearAttention)
-      gdn_mixer(be, L.gdn, cfg, st, il, h, L.input_norm, eps, xn, mix, delta);
-    else
-      attn_mixer(be, L.attn, cfg, st, il, h, L.input_norm, eps, xn, mix, delta);
+    be.scratch_push();  // the mixer's activations, dead once its output projection has run
+    {
+      MixerScratch mix(be, cfg, L.type, T);
+      if (L.type == LayerType::LinearAttention)
+        gdn_mixer(be, L.gdn, cfg, st, il, h, L.input_norm, eps, xn, mix, delta);
+      else
+        attn_mixer(be, L.attn, cfg, st, il, h, L.input_norm, eps, xn, mix, delta);
+    }
+    be.scratch_pop();
     dump(fmt::format("L{}.mixer_out", il), delta);
     // r = h + a; xn = RMSNorm(r); delta = MoE(xn); h = r + delta.
     be.moe_residual(h, delta, xn, L.post_norm, eps, delta, L.moe, cfg);

@@ -47,6 +47,12 @@ class Backend {
   // same addresses). Contents are undefined.
   virtual void begin_forward() = 0;
   virtual Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) = 0;
+  // Scratch scopes: what scratch() handed out after scratch_push() is free again at the matching scratch_pop() (in
+  // reverse order when nested). The work already enqueued that uses it stays ordered before later work that reuses
+  // the memory. The forward pass frees a layer's mixer activations before its MoE, so a chunk's scratch holds the
+  // larger of the two, not both.
+  virtual void scratch_push() = 0;
+  virtual void scratch_pop() = 0;
   // Copies bytes between any two tensors of the same size (host <-> device included). Synchronous for reads to
   // the host.
   virtual void copy(Tensor dst, Tensor src) = 0;

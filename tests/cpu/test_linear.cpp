@@ -189,5 +189,26 @@ TEST(CpuBackend, ArenaKeepsTensorsUntilReset) {
   for (int i = 0; i < 40; ++i) EXPECT_EQ(be->scratch(DType::F32, {256, 1024}).data, first[i]);
 }
 
+TEST(CpuBackend, ScratchScopeFreesWhatItTook) {
+  auto be = make_cpu_backend(2);
+  be->begin_forward();
+  Tensor keep = be->scratch(DType::F32, {1000});  // taken before the scopes: never handed out again
+  std::fill(keep.ptr<float>(), keep.ptr<float>() + 1000, 7.0f);
+  be->scratch_push();
+  void* a = be->scratch(DType::F32, {4096}).data;
+  std::fill(static_cast<float*>(a), static_cast<float*>(a) + 4096, -1.0f);
+  be->scratch_pop();
+  EXPECT_EQ(be->scratch(DType::F32, {4096}).data, a);  // the scope's memory again
+  be->scratch_push();
+  be->scratch_push();  // nested, and larger than the first block: the arena chains a block
+  void* big = be->scratch(DType::F32, {8 << 20}).data;
+  be->scratch_pop();
+  EXPECT_EQ(be->scratch(DType::F32, {8 << 20}).data, big);
+  be->scratch_pop();
+  EXPECT_EQ(keep.ptr<float>()[0], 7.0f);
+  EXPECT_EQ(keep.ptr<float>()[999], 7.0f);
+  EXPECT_THROW(be->scratch_pop(), Error);  // no scope open
+}
+
 }  // namespace
 }  // namespace fern
