@@ -148,16 +148,18 @@ void CudaBackend::synchronize() {
 
 // ---- state ----
 // Larger prefill chunks give each expert more rows per weight tile and the GEMMs more tiles: on the H200 (docs/PERF.md,
-// ninth session, full-size model) 8192-token chunks against 2048 gave +12% / +16% / +10% tok/s at 4K / 32K / 128K,
-// for a scratch peak of 3.06 GB instead of 0.54 (1.65 GB at 4096): ~0.4 MB per token of chunk. The hint takes the
-// largest chunk whose scratch needs at most a quarter of the memory free now (after the weights are uploaded), so a
-// smaller GPU keeps room for the KV cache and session snapshots.
+// ninth session, full-size model) 8192-token chunks against 2048 gave +12% / +16% / +10% tok/s at 4K / 32K / 128K;
+// 16384 against 8192 gave +2.2% / +1.7% at 32K / 128K (twenty-first session). The contiguous scratch arena holds
+// 2.69 GB for 16384-token chunks at 128K (1.35 GB for 8192), ~0.17 MB per token of chunk; the block form holds up to
+// ~1.8x more (scratch_arena.h), so its figure is 0.4 MB, as measured before. The hint takes the largest chunk whose
+// scratch needs at most a quarter of the memory free now (after the weights are uploaded), so a smaller GPU keeps room
+// for the KV cache and session snapshots.
 int64_t CudaBackend::prefill_chunk_hint() const {
-  constexpr double kScratchPerToken = 0.4e6;
+  const double per_token = arena_->form() == cuda::ScratchArena::Form::Contiguous ? 0.17e6 : 0.4e6;
   size_t free_bytes = 0, total = 0;
   if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return 2048;
-  for (int64_t chunk : {8192, 4096})
-    if (double(chunk) * kScratchPerToken <= 0.25 * double(free_bytes)) return chunk;
+  for (int64_t chunk : {16384, 8192, 4096})
+    if (double(chunk) * per_token <= 0.25 * double(free_bytes)) return chunk;
   return 2048;
 }
 

@@ -110,27 +110,28 @@ TEST(CudaPrefillChunks, ChunkedPrefillMatchesOneCallAndCpu) {
   }
 }
 
-// The CUDA backend's default chunk on a large GPU is 8192 rows (prefill_chunk_hint): a prompt of 8,300 tokens in one
-// 8192-row chunk plus a short one against 2048-row chunks (the default until the ninth session, which the test above
+// The CUDA backend's default chunk on a large GPU is 16384 rows (prefill_chunk_hint): a prompt of 16,500 tokens in one
+// 16384-row chunk plus a short one against 2048-row chunks (the default until the ninth session, which the test above
 // ties to the CPU), both on the GPU (the CPU reference at this length would take minutes): the last prompt position's
 // logits and 16 decode steps after it, fed the same tokens.
 TEST(CudaPrefillChunks, LargeChunksMatchSmallerOnes) {
   FERN_REQUIRE_GPU();
   std::shared_ptr<const ModelWeights> hw = small_model(6);
   const int64_t V = hw->config.vocab_size;
-  constexpr int kPrompt = 8300;
+  constexpr int kLarge = 16384;
+  constexpr int kPrompt = kLarge + 116;
   constexpr int kSteps = 16;
   const std::vector<int32_t> prompt = random_prompt(kPrompt, V, 22);
-  std::vector<int32_t> feed;  // the 8192-row run's greedy tokens, fed to both runs
+  std::vector<int32_t> feed;  // the large-chunk run's greedy tokens, fed to both runs
   std::vector<float> first;
-  for (int64_t chunk : {int64_t(8192), int64_t(2048)}) {
+  for (int64_t chunk : {int64_t(kLarge), int64_t(2048)}) {
     auto gpu = make_engine(test::make_gpu(), hw, chunk, kPrompt + kSteps + 1);
     auto st = gpu->new_state();
     std::vector<float> logits, rows;
     ASSERT_TRUE(gpu->prefill(*st, prompt, logits));
     rows = logits;
     for (int i = 0; i < kSteps; ++i) {
-      if (chunk == 8192) feed.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      if (chunk == kLarge) feed.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
       gpu->decode(*st, feed[size_t(i)], logits);
       rows.insert(rows.end(), logits.begin(), logits.end());
     }
@@ -139,8 +140,8 @@ TEST(CudaPrefillChunks, LargeChunksMatchSmallerOnes) {
       continue;
     }
     const test::LogitAgreement a = test::logit_agreement(rows, first, V);
-    std::printf("prefill %d tokens, chunks of 8192 vs 2048: %d rows NMSE %.3e top-1 %.4f (worst row %lld: %.3e)\n",
-                kPrompt, kSteps + 1, a.nmse, a.top1, static_cast<long long>(a.worst_row), a.worst_row_nmse);
+    std::printf("prefill %d tokens, chunks of %d vs 2048: %d rows NMSE %.3e top-1 %.4f (worst row %lld: %.3e)\n",
+                kPrompt, kLarge, kSteps + 1, a.nmse, a.top1, static_cast<long long>(a.worst_row), a.worst_row_nmse);
     // Same kernels, different chunk boundaries: only the order of the sums over earlier chunks changes (attention
     // tiles over the KV cache, the Gated DeltaNet chunked form's blocks, MoE row groups), ~1e-6 .. 1e-5 in the test
     // above; a lost or doubled state update at a boundary gives ~1e-1 and collapses top-1. The decode issue's bounds.
