@@ -157,38 +157,27 @@ nlohmann::json device_info(const Backend& be) {
   return d;
 }
 
-// Device scratch reserved by the backend so far (its arena only grows, so after a run this is that run's peak);
-// 0 where the backend does not report it.
-size_t scratch_reserved(const Backend& be) {
-#if defined(FERN_HAVE_CUDA)
-  if (const auto* cb = dynamic_cast<const CudaBackend*>(&be)) return cb->scratch_reserved();
-#endif
-  (void)be;
-  return 0;
-}
-
-// The most scratch one forward call held live at once (the reserved figure less the arena's fragmentation).
-size_t scratch_live_peak(const Backend& be) {
-#if defined(FERN_HAVE_CUDA)
-  if (const auto* cb = dynamic_cast<const CudaBackend*>(&be)) return cb->scratch_live_peak();
-#endif
-  (void)be;
-  return 0;
-}
-
-// The allocations live at that peak, largest first, as "MB x count" (what to shrink next).
-std::string scratch_peak_summary(const Backend& be) {
-  std::string out;
+// What the backend's scratch arena holds (zeros and an empty summary where the backend does not report it).
+struct ScratchFigures {
+  size_t reserved = 0;   // device memory held so far (the arena only grows: after a run, that run's peak)
+  size_t live_peak = 0;  // the most one forward call held live at once (reserved less the arena's fragmentation)
+  std::string at_peak;   // the allocations live at that peak, largest first, as "MB x count" (what to shrink next)
+};
+ScratchFigures scratch_figures(const Backend& be) {
+  ScratchFigures f;
 #if defined(FERN_HAVE_CUDA)
   if (const auto* cb = dynamic_cast<const CudaBackend*>(&be)) {
+    f.reserved = cb->scratch_reserved();
+    f.live_peak = cb->scratch_live_peak();
     std::map<size_t, int, std::greater<>> by_size;
     for (size_t b : cb->scratch_peak_sizes()) ++by_size[b];
     for (const auto& [bytes, n] : by_size)
-      if (bytes >= (size_t(1) << 20)) out += fmt::format("{}{:.1f} MB x {}", out.empty() ? "" : ", ", bytes / 1e6, n);
+      if (bytes >= (size_t(1) << 20))
+        f.at_peak += fmt::format("{}{:.1f} MB x {}", f.at_peak.empty() ? "" : ", ", bytes / 1e6, n);
   }
 #endif
   (void)be;
-  return out;
+  return f;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -381,16 +370,15 @@ int run_bench(const Options& o) {
       Stat s = stat_of(rates);
       const double tflops = prefill_flops(cfg, *weights, L) / (double(L) / s.median) / 1e12;
       // Lengths run in increasing order and the arena never shrinks: this is the peak over lengths up to L.
-      const size_t scratch = scratch_reserved(engine.backend());
-      const size_t live = scratch_live_peak(engine.backend());
+      const ScratchFigures sf = scratch_figures(engine.backend());
       md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {:.2f} | {:.2f}% | {:.2f} | {:.2f} |\n", L, chunk,
-                        s.median, s.min, s.max, tflops, 100.0 * tflops * 1e12 / kTensorFlops, scratch / 1e9,
-                        live / 1e9);
+                        s.median, s.min, s.max, tflops, 100.0 * tflops * 1e12 / kTensorFlops, sf.reserved / 1e9,
+                        sf.live_peak / 1e9);
       results.push_back({{"phase", "prefill"}, {"length", L}, {"tok_s_median", s.median}, {"tok_s_min", s.min},
-                         {"tok_s_max", s.max}, {"runs", o.runs}, {"tflop_s", tflops}, {"scratch_bytes", scratch},
-                         {"scratch_live_peak_bytes", live}, {"prefill_chunk", chunk}});
+                         {"tok_s_max", s.max}, {"runs", o.runs}, {"tflop_s", tflops}, {"scratch_bytes", sf.reserved},
+                         {"scratch_live_peak_bytes", sf.live_peak}, {"prefill_chunk", chunk}});
       log::info("prefill {} (chunks of {}): {:.1f} tok/s", L, chunk, s.median);
-      if (live > 0) log::info("scratch live at its peak: {}", scratch_peak_summary(engine.backend()));
+      if (sf.live_peak > 0) log::info("scratch live at its peak: {}", sf.at_peak);
     }
   }
   nlohmann::json doc = {{"commit", FERN_GIT_COMMIT}, {"backend", backend_name}, {"model", o.source.describe()},
