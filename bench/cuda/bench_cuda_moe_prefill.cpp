@@ -114,8 +114,8 @@ int main() {
        nullptr},
       {"grouped, FERN_MOE_PREFETCH=1 (split loop, adaptive tile)", nullptr, nullptr, nullptr, nullptr, "1"},
   };
-  const int Ts[] = {512, 2048, 8192};
-  const int maxT = 8192;
+  const std::vector<int> Ts = bench::bench_rows({512, 2048, 8192});
+  const int maxT = *std::max_element(Ts.begin(), Ts.end());
   Tensor x = be.alloc(DType::F32, {maxT, H});
   Tensor y = be.alloc(DType::F32, {maxT, H});
   cuda::fill_random_f32(be.stream(), x.ptr<float>(), x.numel(), 99, -1.7f, 1.7f);  // unit variance

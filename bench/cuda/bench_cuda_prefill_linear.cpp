@@ -35,7 +35,7 @@ int main() {
   };
   const Shape shapes[] = {{"gdn in_proj_qkv", 8192, 2048}, {"out_proj", 2048, 4096}, {"expert-size", 512, 2048},
                           {"lm_head", 248320, 2048}};
-  const int Ts[] = {64, 256, 1024, 2048, 4096};
+  const std::vector<int> Ts = bench::bench_rows({64, 256, 1024, 2048, 4096});
   cuda::Ctx ctx;
   int dev = 0;
   FERN_CUDA_CHECK(cudaGetDevice(&dev));

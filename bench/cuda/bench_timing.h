@@ -5,12 +5,30 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_check.h"
 
 namespace fern::bench {
+
+// The row counts a micro-benchmark times: `defaults`, or the comma-separated list in FERN_BENCH_TS (profiling one
+// shape with Nsight Compute without counting the launches of the others, e.g. FERN_BENCH_TS=8192).
+inline std::vector<int> bench_rows(std::vector<int> defaults) {
+  const char* env = std::getenv("FERN_BENCH_TS");
+  if (env == nullptr || env[0] == '\0') return defaults;
+  std::vector<int> rows;
+  std::string list(env);
+  for (size_t pos = 0; pos <= list.size();) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const int t = std::atoi(list.substr(pos, comma - pos).c_str());
+    if (t > 0) rows.push_back(t);
+    pos = comma + 1;
+  }
+  return rows.empty() ? defaults : rows;
+}
 
 inline double median_ms(cudaStream_t stream, const std::function<void()>& f, int reps = 7) {
   cudaEvent_t a, b;
