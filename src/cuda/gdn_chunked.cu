@@ -12,13 +12,11 @@
 //  B. gdn_chunk_state_kernel<DK>, grid (value head, 32 state columns), sequential over the chunks with the block's
 //     [DK, 32] state slice in shared memory (fp32): per chunk V' = U - W S, O = diag(exp Gamma) Q S + P V' (written
 //     to y), S <- exp(Gamma_last) S + K^T diag(exp(Gamma_last - Gamma)) V'. Columns of the state are independent in
-//     the delta rule, so the four column slices of a head never talk to each other. 16 warps by default: half carry
-//     the state, half compute the output beside them (state_threads below).
+//     the delta rule, so the four column slices of a head never talk to each other.
 // Every product runs as 3xTF32 on mma.sync m16n8k8: each fp32 operand is split into a tf32 high part and a tf32
 // remainder, and hi*hi + hi*lo + lo*hi is accumulated in fp32 (the dropped lo*lo term is ~2^-22 relative), so the
 // result stays at fp32-like accuracy; one tf32 product (10-bit mantissa) would put ~1e-3 relative error into the
 // state every chunk. The cross terms accumulate into a second register set (two independent mma chains per tile).
-#include "core/env.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
 #include "cuda/launch.cuh"
@@ -257,46 +255,11 @@ constexpr size_t state_smem_floats() {
   return size_t(4) * kC * (DK + 4) + size_t(2) * kC * kPs + size_t(2) * kC * kVs + size_t(DK) * kVs + 3 * kC;
 }
 
-// FERN_GDN_STATE_WARPS: 16 (default: the two roles below) or 8 (every warp does every phase, the form before).
-bool gdn_state_split() { return env_choice("FERN_GDN_STATE_WARPS", {"16", "8"}, 0) == 0; }
-
-// Threads of the state kernel: 8 warps that do every phase in turn, or (SPLIT) 16 warps in two roles. Only W S and
-// the state update are on the chain from one chunk to the next; Q S and P V' only feed the chunk's output. With
-// SPLIT, warps 0..7 carry the state (phase 1: V' = U - W S; phase 3: the update) while warps 8..15 compute the output
-// beside them (Q S during phase 1, P V' during phase 3): the chain per chunk drops from 336 to 192 MMAs per warp,
-// and each scheduler has four warps instead of two to hide the MMAs' latency. One block per SM either way (its
-// shared memory), 512 x 128 registers = the register file.
-template <bool SPLIT>
-constexpr int state_threads() {
-  return SPLIT ? 2 * kThreads : kThreads;
-}
-
-// Phase 1 for one warp's 16 x 16 tile (rows m0.., columns n1, n1 + 8): W S and/or Q S over the key dimension,
-// sharing the S fragments where a warp computes both.
-template <int DK, bool DO_W, bool DO_Q>
-__device__ __forceinline__ void state_phase1(const float* Ws, const float* Qs, const float* Ss, int m0, int n1, int g,
-                                             int t, float (&dW)[2][4], float (&eW)[2][4], float (&dQ)[2][4],
-                                             float (&eQ)[2][4]) {
-  constexpr int LD = DK + 4;
-#pragma unroll 4
-  for (int k0 = 0; k0 < DK; k0 += 8) {
-    FragA aw, aq;
-    if constexpr (DO_W) aw = frag_a(Ws + m0 * LD + k0, LD, g, t);
-    if constexpr (DO_Q) aq = frag_a(Qs + m0 * LD + k0, LD, g, t);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const FragB bs = frag_b(Ss + k0 * kVs + n1 + 8 * j, kVs, g, t);
-      if constexpr (DO_W) mma3(dW[j], eW[j], aw, bs);
-      if constexpr (DO_Q) mma3(dQ[j], eQ[j], aq, bs);
-    }
-  }
-}
-
-template <int DK, bool SPLIT>
-__global__ void __launch_bounds__(state_threads<SPLIT>(), 1)
-    gdn_chunk_state_kernel(GdnShape sh, int T, const float* __restrict__ xc, const float* __restrict__ ws,
-                           float* __restrict__ state, float* __restrict__ y) {
-  constexpr int NT = state_threads<SPLIT>();
+template <int DK>
+__global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, int T, const float* __restrict__ xc,
+                                                                   const float* __restrict__ ws,
+                                                                   float* __restrict__ state,
+                                                                   float* __restrict__ y) {
   constexpr int LD = DK + 4;
   constexpr int MT3 = DK / 16, NT3 = DK / 32;  // state update: DK/16 row tiles x 4 column tiles over 8 warps
   static_assert(DK == 32 || DK == 64 || DK == 128);
@@ -313,10 +276,6 @@ __global__ void __launch_bounds__(state_threads<SPLIT>(), 1)
 
   const int h = blockIdx.x, col0 = blockIdx.y * kCols, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  // Roles: the warps that carry the state (W S, V', the update) and those that compute the output (Q S, P V');
-  // without SPLIT every warp does both.
-  const bool carries = !SPLIT || warp < 8, outputs = !SPLIT || warp >= 8;
-  const int w8 = warp & 7;
   const int Dv = sh.Dv, Hv = sh.Hv;
   const int64_t C = sh.conv_dim, key_dim = int64_t(sh.Hk) * DK, BS = block_floats(DK, Dv);
   const int kh = h / (Hv / sh.Hk);
@@ -330,13 +289,13 @@ __global__ void __launch_bounds__(state_threads<SPLIT>(), 1)
   auto load_wq = [&](int ch) {
     const float* wsb = ws + (int64_t(ch) * Hv + h) * BS;
     const int t0 = ch * kC, rows = min(kC, T - t0);
-    for (int idx = tid; idx < kC * (DK / 4); idx += NT) {
+    for (int idx = tid; idx < kC * (DK / 4); idx += kThreads) {
       const int r = idx / (DK / 4), c4 = idx % (DK / 4);
       ptx::cp_async16(Ws + r * LD + 4 * c4, wsb + r * DK + 4 * c4);
       const bool ok = r < rows;
       ptx::cp_async16(Qs + r * LD + 4 * c4, qsrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
     }
-    for (int idx = tid; idx < kC * (kCols / 4); idx += NT) {
+    for (int idx = tid; idx < kC * (kCols / 4); idx += kThreads) {
       const int r = idx / (kCols / 4), c4 = idx % (kCols / 4);
       ptx::cp_async16(Us + r * kVs + 4 * c4, wsb + kC * DK + r * Dv + col0 + 4 * c4);
     }
@@ -348,12 +307,12 @@ __global__ void __launch_bounds__(state_threads<SPLIT>(), 1)
     const int t0 = ch * kC, rows = min(kC, T - t0);
     float* kd = Ks + buf * kC * LD;
     float* pd = Ps + buf * kC * kPs;
-    for (int idx = tid; idx < kC * (DK / 4); idx += NT) {
+    for (int idx = tid; idx < kC * (DK / 4); idx += kThreads) {
       const int r = idx / (DK / 4), c4 = idx % (DK / 4);
       const bool ok = r < rows;
       ptx::cp_async16(kd + r * LD + 4 * c4, ksrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
     }
-    for (int idx = tid; idx < kC * (kC / 4); idx += NT) {
+    for (int idx = tid; idx < kC * (kC / 4); idx += kThreads) {
       const int r = idx / (kC / 4), c4 = idx % (kC / 4);
       ptx::cp_async16(pd + r * kPs + 4 * c4, wsb + kC * (DK + Dv) + r * kC + 4 * c4);
     }
@@ -361,7 +320,7 @@ __global__ void __launch_bounds__(state_threads<SPLIT>(), 1)
   };
 
   float* S = state + int64_t(h) * DK * Dv + col0;
-  for (int idx = tid; idx < DK * (kCols / 4); idx += NT) {
+  for (int idx = tid; idx < DK * (kCols / 4); idx += kThreads) {
     const int i = idx / (kCols / 4), c4 = idx % (kCols / 4);
     *reinterpret_cast<float4*>(Ss + i * kVs + 4 * c4) = *reinterpret_cast<const float4*>(S + int64_t(i) * Dv + 4 * c4);
   }
@@ -369,8 +328,8 @@ __global__ void __launch_bounds__(state_threads<SPLIT>(), 1)
   load_kp(0, 0);
   ptx::cp_commit();
 
-  const int m0 = (w8 & 3) * 16, n1 = (w8 >> 2) * 16;      // phases 1, 2: rows m0.., columns n1, n1 + 8
-  const int i0 = (w8 % MT3) * 16, n3 = (w8 / MT3) * NT3 * 8;  // phase 3: key rows i0.., columns n3..
+  const int m0 = (warp & 3) * 16, n1 = (warp >> 2) * 16;      // phases 1, 2: rows m0.., columns n1, n1 + 8
+  const int i0 = (warp % MT3) * 16, n3 = (warp / MT3) * NT3 * 8;  // phase 3: key rows i0.., columns n3..
   for (int ch = 0; ch < nch; ++ch) {
     const int buf = ch & 1, t0 = ch * kC, rows = min(kC, T - t0);
     ptx::cp_wait<0>();
@@ -378,14 +337,19 @@ __global__ void __launch_bounds__(state_threads<SPLIT>(), 1)
     if (ch + 1 < nch) load_kp(ch + 1, buf ^ 1);
     ptx::cp_commit();
 
-    // Phase 1: W S (the state's warps) and Q S (the output's warps) over the key dimension.
+    // Phase 1: W S and Q S over the key dimension, sharing the S fragments.
     float dW[2][4] = {}, eW[2][4] = {}, dQ[2][4] = {}, eQ[2][4] = {};
-    if constexpr (!SPLIT)
-      state_phase1<DK, true, true>(Ws, Qs, Ss, m0, n1, g, t, dW, eW, dQ, eQ);
-    else if (carries)
-      state_phase1<DK, true, false>(Ws, Qs, Ss, m0, n1, g, t, dW, eW, dQ, eQ);
-    else
-      state_phase1<DK, false, true>(Ws, Qs, Ss, m0, n1, g, t, dW, eW, dQ, eQ);
+#pragma unroll 4
+    for (int k0 = 0; k0 < DK; k0 += 8) {
+      const FragA aw = frag_a(Ws + m0 * LD + k0, LD, g, t);
+      const FragA aq = frag_a(Qs + m0 * LD + k0, LD, g, t);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const FragB bs = frag_b(Ss + k0 * kVs + n1 + 8 * j, kVs, g, t);
+        mma3(dW[j], eW[j], aw, bs);
+        mma3(dQ[j], eQ[j], aq, bs);
+      }
+    }
     const float eL = gqs[kC - 1];
     float dO[2][4], eO[2][4] = {};
 #pragma unroll
@@ -393,86 +357,74 @@ __global__ void __launch_bounds__(state_threads<SPLIT>(), 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = m0 + g + 8 * (e >> 1), n = n1 + 8 * j + 2 * t + (e & 1);
-        if (carries) Vs[r * kVs + n] = Us[r * kVs + n] - (dW[j][e] + eW[j][e]);  // V' = U - W S
-        dO[j][e] = (dQ[j][e] + eQ[j][e]) * gqs[r];                                // diag(exp Gamma) Q S
+        Vs[r * kVs + n] = Us[r * kVs + n] - (dW[j][e] + eW[j][e]);  // V' = U - W S
+        dO[j][e] = (dQ[j][e] + eQ[j][e]) * gqs[r];                  // diag(exp Gamma) Q S
       }
     __syncthreads();
     if (ch + 1 < nch) load_wq(ch + 1);  // W, Q, U, exp(Gamma) are free now
     ptx::cp_commit();
 
     // Phase 2: O += P V', rows of this chunk written raw (the gated norm follows).
-    if (outputs) {
-      const float* pb = Ps + buf * kC * kPs;
+    const float* pb = Ps + buf * kC * kPs;
 #pragma unroll 2
-      for (int k0 = 0; k0 < kC; k0 += 8) {
-        const FragA ap = frag_a(pb + m0 * kPs + k0, kPs, g, t);
+    for (int k0 = 0; k0 < kC; k0 += 8) {
+      const FragA ap = frag_a(pb + m0 * kPs + k0, kPs, g, t);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) mma3(dO[j], eO[j], ap, frag_b(Vs + k0 * kVs + n1 + 8 * j, kVs, g, t));
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = m0 + g + 8 * hr;
-          if (r < rows) {
-            const int n = n1 + 8 * j + 2 * t;
-            *reinterpret_cast<float2*>(y + (int64_t(t0 + r) * Hv + h) * Dv + col0 + n) =
-                make_float2(dO[j][2 * hr] + eO[j][2 * hr], dO[j][2 * hr + 1] + eO[j][2 * hr + 1]);
-          }
-        }
+      for (int j = 0; j < 2; ++j) mma3(dO[j], eO[j], ap, frag_b(Vs + k0 * kVs + n1 + 8 * j, kVs, g, t));
     }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = m0 + g + 8 * hr;
+        if (r < rows) {
+          const int n = n1 + 8 * j + 2 * t;
+          *reinterpret_cast<float2*>(y + (int64_t(t0 + r) * Hv + h) * Dv + col0 + n) =
+              make_float2(dO[j][2 * hr] + eO[j][2 * hr], dO[j][2 * hr + 1] + eO[j][2 * hr + 1]);
+        }
+      }
 
     // Phase 3: S <- exp(Gamma_L) S + K^T diag(exp(Gamma_L - Gamma)) V' (this warp's tiles of S only).
-    if (carries) {
-      const float* kb = Ks + buf * kC * LD;
-      const float* gkb = gks + buf * kC;
-      float dS[NT3][4], eS[NT3][4] = {};
+    const float* kb = Ks + buf * kC * LD;
+    const float* gkb = gks + buf * kC;
+    float dS[NT3][4], eS[NT3][4] = {};
 #pragma unroll
-      for (int j = 0; j < NT3; ++j)
+    for (int j = 0; j < NT3; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dS[j][e] = eL * Ss[(i0 + g + 8 * (e >> 1)) * kVs + n3 + 8 * j + 2 * t + (e & 1)];
+      for (int e = 0; e < 4; ++e)
+        dS[j][e] = eL * Ss[(i0 + g + 8 * (e >> 1)) * kVs + n3 + 8 * j + 2 * t + (e & 1)];
 #pragma unroll 2
-      for (int k0 = 0; k0 < kC; k0 += 8) {
-        const FragA ak = frag_a_t(kb + k0 * LD + i0, LD, g, t);
-        const float s0 = gkb[k0 + t], s1 = gkb[k0 + t + 4];
+    for (int k0 = 0; k0 < kC; k0 += 8) {
+      const FragA ak = frag_a_t(kb + k0 * LD + i0, LD, g, t);
+      const float s0 = gkb[k0 + t], s1 = gkb[k0 + t + 4];
 #pragma unroll
-        for (int j = 0; j < NT3; ++j) {
-          const float* vp = Vs + k0 * kVs + n3 + 8 * j;
-          mma3(dS[j], eS[j], ak, split_b(s0 * vp[t * kVs + g], s1 * vp[(t + 4) * kVs + g]));
-        }
+      for (int j = 0; j < NT3; ++j) {
+        const float* vp = Vs + k0 * kVs + n3 + 8 * j;
+        mma3(dS[j], eS[j], ak, split_b(s0 * vp[t * kVs + g], s1 * vp[(t + 4) * kVs + g]));
       }
-#pragma unroll
-      for (int j = 0; j < NT3; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          Ss[(i0 + g + 8 * (e >> 1)) * kVs + n3 + 8 * j + 2 * t + (e & 1)] = dS[j][e] + eS[j][e];
     }
+#pragma unroll
+    for (int j = 0; j < NT3; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        Ss[(i0 + g + 8 * (e >> 1)) * kVs + n3 + 8 * j + 2 * t + (e & 1)] = dS[j][e] + eS[j][e];
   }
   ptx::cp_wait<0>();
   __syncthreads();
-  for (int idx = tid; idx < DK * (kCols / 4); idx += NT) {
+  for (int idx = tid; idx < DK * (kCols / 4); idx += kThreads) {
     const int i = idx / (kCols / 4), c4 = idx % (kCols / 4);
     *reinterpret_cast<float4*>(S + int64_t(i) * Dv + 4 * c4) = *reinterpret_cast<const float4*>(Ss + i * kVs + 4 * c4);
   }
 }
 
-template <int DK, bool SPLIT>
+template <int DK>
 void launch_state(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* ws, float* state, float* y) {
   constexpr size_t smem = state_smem_floats<DK>() * sizeof(float);
   static_assert(smem <= 227 * 1024, "state kernel shared memory");
-  allow_dynamic_smem<gdn_chunk_state_kernel<DK, SPLIT>>(smem);
-  launch(c, "gdn_chunk_state_kernel", gdn_chunk_state_kernel<DK, SPLIT>, dim3(sh.Hv, sh.Dv / kCols),
-         state_threads<SPLIT>(), smem, sh, T, xc, ws, state, y);
+  allow_dynamic_smem<gdn_chunk_state_kernel<DK>>(smem);
+  launch(c, "gdn_chunk_state_kernel", gdn_chunk_state_kernel<DK>, dim3(sh.Hv, sh.Dv / kCols), kThreads, smem, sh, T,
+         xc, ws, state, y);
   FERN_CUDA_LAUNCH_CHECK("gdn_chunk_state_kernel");
-}
-
-template <int DK>
-void launch_state(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* ws, float* state, float* y) {
-  if (gdn_state_split())
-    launch_state<DK, true>(c, sh, T, xc, ws, state, y);
-  else
-    launch_state<DK, false>(c, sh, T, xc, ws, state, y);
 }
 
 }  // namespace

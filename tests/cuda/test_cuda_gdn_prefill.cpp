@@ -3,16 +3,13 @@
 // FERN_GDN_PREFILL): the real shapes from a zero state, sequences of calls carrying non-zero recurrent and conv
 // states (prefill chunks, then decode rows), awkward head shapes (Dk != Dv, Hv == Hk, small heads, other conv
 // kernels, a shape only the per-row fallback takes), the same rows in one call or in several, every scan variant,
-// the chunked form run directly at T = 1 and at chunk boundaries with both forms of its state kernel (which agree bit
-// for bit), and the switches' errors on unknown values.
+// the chunked form run directly at T = 1 and at chunk boundaries, and the switch's error on an unknown value.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
-#include <vector>
 
 #include "core/error.h"
 #include "cuda/backend_internal.h"
@@ -325,10 +322,8 @@ void check_scan_variants(const Shape& shape, uint64_t seed) {
 }
 
 // The chunked form run directly (cuda::gdn_prefill with GdnForm::Chunked: every T, including T = 1, which the
-// backend sends to the decode kernel) against the CPU backend, over a chain of calls carrying the state. The last
-// call's output and the final state into `last_y` / `final_state` where given.
-void check_chunked_direct(const Shape& shape, bool mild, std::initializer_list<int> Ts, uint64_t seed,
-                          std::vector<float>* last_y = nullptr, std::vector<float>* final_state = nullptr) {
+// backend sends to the decode kernel) against the CPU backend, over a chain of calls carrying the state.
+void check_chunked_direct(const Shape& shape, bool mild, std::initializer_list<int> Ts, uint64_t seed) {
   GdnPair p(shape, mild, seed);
   CudaBackend& be = p.gpu();
   const ModelConfig& cfg = p.cfg();
@@ -358,55 +353,18 @@ void check_chunked_direct(const Shape& shape, bool mild, std::initializer_list<i
     const double e = test::nmse(o.data(), ref.data(), ref.size());
     EXPECT_LT(e, kNmseChunked) << "call " << call << " T=" << T;
     worst = std::max(worst, e);
-    if (last_y != nullptr) *last_y = o;
   }
-  if (final_state != nullptr) *final_state = test::download(be, cst.recurrent_state[0]);
   const double es = p.state_nmse(st.get());
   std::printf("gdn chunked direct Dk=%d Dv=%d %s, %d calls: worst output NMSE %.3e, state NMSE %.3e\n", shape.Dk,
               shape.Dv, mild ? "mild decay" : "fast decay", call, worst, es);
   EXPECT_LT(es, kNmseChunked);
 }
 
-// Both forms of the state kernel (FERN_GDN_STATE_WARPS: 16 warps in two roles, the default, or 8 warps doing every
-// phase) at every head size the kernel takes (Dk 32, 64, 128).
 TEST(CudaGdnPrefill, ChunkedDirect) {
   FERN_REQUIRE_GPU();
-  for (const char* warps : {"16", "8"}) {
-    SCOPED_TRACE(warps);
-    test::EnvGuard env("FERN_GDN_STATE_WARPS", warps);
-    check_chunked_direct(kReal, true, {1, 63, 1, 64, 65, 1, 200}, 71);
-    check_chunked_direct(kReal, false, {1, 2, 64, 129}, 72);
-    check_chunked_direct({3, 12, 32, 96, 2}, true, {1, 65, 130}, 73);
-    check_chunked_direct({4, 8, 64, 128, 4}, true, {130, 1, 63}, 74);
-  }
-}
-
-// The two forms run the same MMAs in the same order for every element (the roles only change which warp runs them),
-// so their outputs and states agree bit for bit, over 33 chunks and a padded one.
-TEST(CudaGdnPrefill, StateKernelFormsAgreeBitForBit) {
-  FERN_REQUIRE_GPU();
-  for (const Shape& shape : {kReal, Shape{4, 8, 64, 128, 4}}) {
-    std::vector<float> y[2], state[2];
-    for (int i = 0; i < 2; ++i) {
-      test::EnvGuard env("FERN_GDN_STATE_WARPS", i == 0 ? "16" : "8");
-      check_chunked_direct(shape, true, {2113}, 81, &y[i], &state[i]);
-    }
-    ASSERT_EQ(y[0].size(), y[1].size());
-    ASSERT_EQ(state[0].size(), state[1].size());
-    EXPECT_EQ(0, std::memcmp(y[0].data(), y[1].data(), y[0].size() * sizeof(float))) << "Dk " << shape.Dk;
-    EXPECT_EQ(0, std::memcmp(state[0].data(), state[1].data(), state[0].size() * sizeof(float))) << "Dk " << shape.Dk;
-  }
-}
-
-TEST(CudaGdnPrefill, UnknownStateKernelFormIsAnError) {
-  FERN_REQUIRE_GPU();
-  test::EnvGuard env("FERN_GDN_STATE_WARPS", "12");
-  try {
-    check_chunked_direct(kReal, true, {130}, 75);
-    FAIL() << "no error for FERN_GDN_STATE_WARPS=12";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("FERN_GDN_STATE_WARPS"), std::string::npos) << e.what();
-  }
+  check_chunked_direct(kReal, true, {1, 63, 1, 64, 65, 1, 200}, 71);
+  check_chunked_direct(kReal, false, {1, 2, 64, 129}, 72);
+  check_chunked_direct({3, 12, 32, 96, 2}, true, {1, 65, 130}, 73);
 }
 
 TEST(CudaGdnPrefill, ScanVariants) {
