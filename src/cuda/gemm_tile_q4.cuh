@@ -60,19 +60,6 @@ constexpr int kConsumerRegs = 200;
 static_assert(kProducers * kProducerRegs + kConsumers * kConsumerRegs <= kThreads * 168,
               "the MMA warpgroups take more registers than the producers give back");
 constexpr int kTurnBar = 1;  // named barriers 1 and 2: the MMA warpgroups' turns (0 is __syncthreads)
-// Arrivals that complete a stage's barriers: "full", each producer's copies landing (cp.async.mbarrier.arrive.noinc,
-// one per thread: only a thread can track its own copies) and each producer warp's scales and biases stored; "empty",
-// each MMA warp done with the stage. One arrival per warp where a warp can speak for its lanes: a stage used to take
-// 512 arrivals on its two barriers (every thread twice), each an atomic on one shared-memory word.
-constexpr int kFullArrivals = kProducers + kProducers / 32;
-constexpr int kEmptyArrivals = kConsumers / 32;
-
-// One arrival on `bar` for the calling warp, after all its lanes' earlier shared-memory accesses (__syncwarp orders
-// them before lane 0's release). All 32 lanes must call it.
-__device__ __forceinline__ void warp_arrive(uint64_t* bar, int lane) {
-  __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(bar);
-}
 
 // Shared memory: S stages of the x hi and lo tiles (each on a 1024-byte boundary, the swizzle atom), the packed
 // codes, the rows' (s, b - 128 s) and the token rows' sums; then the barriers.
@@ -228,8 +215,8 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      ptx::mbar_init(&sm.full[s], kFullArrivals);
-      ptx::mbar_init(&sm.empty[s], kEmptyArrivals);
+      ptx::mbar_init(&sm.full[s], 2 * kProducers);  // per producer: its copies landing, its scale and bias
+      ptx::mbar_init(&sm.empty[s], kConsumers);
     }
   }
   __syncthreads();
@@ -312,7 +299,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
             acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
           }
         }
-        warp_arrive(&sm.empty[st], lane);  // the stage's operands, sums and scales are all read
+        ptx::mbar_arrive(&sm.empty[st]);  // the stage's operands, sums and scales are all read
       }
       if constexpr (B) {  // the item's bias tile: acc += sum over groups g of b_g (xs_hi + xs_lo)_g
         const int groups = K / kBK, gsh = 31 - __clz(gs / kBK), nb = (groups + 15) / 16;
@@ -325,7 +312,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
           bias_tile<NTOK, kMaxBiasBlocks>(sm, t, part, br0, br1, groups, gsh, jq, wg);
 #pragma unroll
         for (int i = 0; i < NTOK / 2; ++i) acc[i] += part[i];
-        warp_arrive(&sm.empty[t % S], lane);
+        ptx::mbar_arrive(&sm.empty[t % S]);
         ++t;
       }
       epilogue(item, acc);
@@ -386,7 +373,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
       else
         wgtile::copy_x_tile<NTOK, kProducers, false>(sm.xhi[st], sm.xlo[st], bsum, bsum, xrow, p, bk, 0);
       ptx::cp_async_arrive_noinc(&sm.full[st]);
-      warp_arrive(&sm.full[st], p & 31);
+      ptx::mbar_arrive(&sm.full[st]);
       kt = 0;
       if (t + 1 < n_tiles) wsrc = wsrc_of(++item);
       continue;
@@ -404,7 +391,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
     ptx::cp_async_arrive_noinc(&sm.full[st]);
     const float sc = bf16_to_f32(cur.s), bi = bf16_to_f32(cur.b);
     sm.sb[st][p] = make_float2(sc, fmaf(-128.0f, sc, bi));
-    warp_arrive(&sm.full[st], p & 31);
+    ptx::mbar_arrive(&sm.full[st]);
     cur = n1;
     n1 = n2;
     if (++kt == nk && !B && t + 1 < n_tiles) {  // the next item's weight row (q4b: after the bias tile)
