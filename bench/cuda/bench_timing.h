@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -15,19 +16,27 @@
 namespace fern::bench {
 
 // The row counts a micro-benchmark times: `defaults`, or the comma-separated list in FERN_BENCH_TS (profiling one
-// shape with Nsight Compute without counting the launches of the others, e.g. FERN_BENCH_TS=8192).
+// shape with Nsight Compute without counting the launches of the others, e.g. FERN_BENCH_TS=8192). An entry that is
+// not a positive whole number ends the program with a message: a typo must not silently time the defaults.
 inline std::vector<int> bench_rows(std::vector<int> defaults) {
   const char* env = std::getenv("FERN_BENCH_TS");
   if (env == nullptr || env[0] == '\0') return defaults;
   std::vector<int> rows;
-  std::string list(env);
+  const std::string list(env);
   for (size_t pos = 0; pos <= list.size();) {
     const size_t comma = std::min(list.find(',', pos), list.size());
-    const int t = std::atoi(list.substr(pos, comma - pos).c_str());
-    if (t > 0) rows.push_back(t);
+    const std::string item = list.substr(pos, comma - pos);
+    char* end = nullptr;
+    const long t = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || t < 1 || t > (1L << 20)) {
+      std::fprintf(stderr, "FERN_BENCH_TS=%s: '%s' is not a row count (1 .. 1048576, comma-separated)\n", env,
+                   item.c_str());
+      std::exit(2);
+    }
+    rows.push_back(int(t));
     pos = comma + 1;
   }
-  return rows.empty() ? defaults : rows;
+  return rows;
 }
 
 inline double median_ms(cudaStream_t stream, const std::function<void()>& f, int reps = 7) {
