@@ -173,7 +173,7 @@ size_t xbf_bytes(int64_t rows, int64_t K) {
 
 X16 xbf_carve(void* ws, int64_t rows, int64_t K, bool q4, bool half, bool bias_mma) {
   // The exact-code loop's producers address x with 32-bit element offsets (gemm_tile_q4.cuh copy_x_chunks).
-  FERN_CU_CHECK(rows >= 0 && K > 0 && rows * K < (int64_t(1) << 32), "xbf_carve: more than 2^32 elements of x");
+  FERN_CU_CHECK(rows >= 0 && K > 0 && rows * K < (int64_t(1) << 32), "xbf_carve: x of 2^32 elements or more");
   char* p = static_cast<char*>(ws);
   X16 r;
   const size_t bytes = align256(size_t(rows) * size_t(K) * 2);
