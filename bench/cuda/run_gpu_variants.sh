@@ -8,6 +8,8 @@
 # variant, so that clock drift hits all alike). The variant FULL (default: the last) also runs the GEMM and MoE tests
 # first (a hang check: TEST_TIMEOUT each); with FULL_BENCH=1 every variant runs `fern bench --phase prefill` at
 # PREFILL_LENGTHS (BENCH_RUNS runs each, default 2), one variant after the other.
+# VSRC_NAME=OTHER makes NAME a runtime variant: no build of its own, OTHER's binaries run with the environment
+# assignments of VENV_NAME (e.g. VSRC_seq8=v1 VENV_seq8="FERN_GEMM_SEQ=8"), so a switch is timed beside the builds.
 # A table of the key rows per variant and round last.
 set -u
 source bench/gpu_prelude.sh
@@ -30,9 +32,13 @@ build_variant() {
       >"$OUT/cmake_$v.log" 2>&1 &&
     ninja -C build -k 0 -j8 $targets >"$OUT/build_$v.log" 2>&1)
 }
-for v in $VARIANTS; do build_variant "$v" & done
+bindir() { local s="VSRC_$1"; echo "/tmp/v_${!s:-$1}"; }  # a variant's build (its own, or VSRC's)
+venv() { local e="VENV_$1"; echo "${!e:-}"; }
+for v in $VARIANTS; do s="VSRC_$v"; [ -z "${!s:-}" ] && build_variant "$v" & done
 wait
 for v in $VARIANTS; do
+  s="VSRC_$v"
+  [ -n "${!s:-}" ] && { note "$v: ${!s}'s build with $(venv "$v")"; continue; }
   note "build $v: $(grep -cE 'FAILED|error' "$OUT/build_$v.log") error lines ($(elapsed))"
   grep -E "error|FAILED" "$OUT/build_$v.log" | head -5
 done
@@ -49,8 +55,10 @@ if [ -n "$GPU_TEST_FAILS" ]; then note "tests failed:$GPU_TEST_FAILS"; fi
 
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for v in $VARIANTS; do
-    (cd /tmp/v_$v && FERN_BENCH_DEFAULT_ONLY=1 timeout 60 build/bench/bench_cuda_prefill_linear >"$OUT/lin_${v}_$r.md" 2>&1
-     FERN_BENCH_DEFAULT_ONLY=1 timeout 60 build/bench/bench_cuda_moe_prefill >"$OUT/moe_${v}_$r.md" 2>&1)
+    # shellcheck disable=SC2046  # VENV_: several assignments
+    (cd "$(bindir "$v")" && env $(venv "$v") FERN_BENCH_DEFAULT_ONLY=1 timeout 60 build/bench/bench_cuda_prefill_linear \
+       >"$OUT/lin_${v}_$r.md" 2>&1
+     env $(venv "$v") FERN_BENCH_DEFAULT_ONLY=1 timeout 60 build/bench/bench_cuda_moe_prefill >"$OUT/moe_${v}_$r.md" 2>&1)
   done
 done
 note "benchmarks done ($(elapsed))"
@@ -68,7 +76,8 @@ for v in $VARIANTS; do
 done
 if [ "${FULL_BENCH:-0}" = 1 ]; then  # every variant, in turn
   for v in $VARIANTS; do
-    timeout "${BENCH_TIMEOUT:-150}" "/tmp/v_$v/build/fern" bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
+    # shellcheck disable=SC2046
+    env $(venv "$v") timeout "${BENCH_TIMEOUT:-150}" "$(bindir "$v")/build/fern" bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
       --lengths "${PREFILL_LENGTHS:-4096,32768}" --runs "${BENCH_RUNS:-2}" >"$OUT/bench_prefill_$v.log" 2>&1
     note "$v fern bench prefill rc $?: $(grep -E '^\| [0-9]' "$OUT/bench_prefill_$v.log" | awk -F'|' '{printf "%s: %s tok/s; ", $2, $4}')"
   done
