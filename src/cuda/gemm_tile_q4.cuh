@@ -236,18 +236,25 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
     for (int item = 0; item < n_items; ++item) {
 #pragma unroll
       for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
-      for (int kt = 0; kt < nk; ++kt, ++t) {
-        const int st = t % S;
-        ptx::mbar_wait(&sm.full[st], (t / S) & 1);
-        wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
-        const float2 sb0 = sm.sb[st][r0], sb1 = sm.sb[st][r0 + 8];
-        // The packed codes of rows r0 and r0 + 8: 8 words each, word 2 ks + h holding K 16 ks + 8 h .. + 7.
-        uint32_t c0[8], c1[8];
+      // The packed codes of rows r0 and r0 + 8 (8 words each, word 2 ks + h holding K 16 ks + 8 h .. + 7) and their
+      // (s, b - 128 s): loaded at the top for the item's first K tile, else under the previous tile's promotion.
+      uint32_t c0[8], c1[8];
+      float2 sb0, sb1;
+      auto fetch = [&](int st) {
+        sb0 = sm.sb[st][r0], sb1 = sm.sb[st][r0 + 8];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const uint4 a = sm.codes[st][r0][code_half(r0, h)], b = sm.codes[st][r0 + 8][code_half(r0 + 8, h)];
           c0[4 * h + 0] = a.x, c0[4 * h + 1] = a.y, c0[4 * h + 2] = a.z, c0[4 * h + 3] = a.w;
           c1[4 * h + 0] = b.x, c1[4 * h + 1] = b.y, c1[4 * h + 2] = b.z, c1[4 * h + 3] = b.w;
+        }
+      };
+      for (int kt = 0; kt < nk; ++kt, ++t) {
+        const int st = t % S;
+        if (kt == 0) {  // later K tiles' stages were waited for under the previous tile's MMAs
+          ptx::mbar_wait(&sm.full[st], (t / S) & 1);
+          wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
+          fetch(st);
         }
         // The MMA fragments of the four 16-wide steps, all written before the wgmma fence (registers an MMA reads
         // must be written before the fence that precedes it).
@@ -278,25 +285,34 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         }
         wgmma::commit();
         ptx::bar_arrive(kTurnBar + (wg ^ 1), kConsumers);  // the other warpgroup's turn
+        // The next K tile's stage, waited for while these MMAs run (its wait at the top of the next iteration
+        // is skipped): Nsight Compute on the dense 128-token and MoE gate/up kernels at 4,096 rows found that
+        // wait on the chain between a warpgroup's MMAs, which bounds the loop (tensor pipe active 64% / 50%).
+        if (kt + 1 < nk) {
+          ptx::mbar_wait(&sm.full[(t + 1) % S], ((t + 1) / S) & 1);
+          wgmma::fence_proxy_async();
+        }
         wgmma::wait<0>();
         wgmma::fence_operand(part);
+        const float2 s0 = sb0, s1 = sb1;
+        if (kt + 1 < nk) fetch((t + 1) % S);  // their latency under the promotion
         // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
         if constexpr (B) {  // the bias term comes with the item's bias tile
 #pragma unroll
           for (int j = 0; j < NTOK / 8; ++j) {
-            acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], acc[4 * j + 0]);
-            acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], acc[4 * j + 1]);
-            acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], acc[4 * j + 2]);
-            acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], acc[4 * j + 3]);
+            acc[4 * j + 0] = fmaf(s0.x, part[4 * j + 0], acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(s0.x, part[4 * j + 1], acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(s1.x, part[4 * j + 2], acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(s1.x, part[4 * j + 3], acc[4 * j + 3]);
           }
         } else {
 #pragma unroll
           for (int j = 0; j < NTOK / 8; ++j) {
             const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][8 * j + 2 * (lane & 3)]);
-            acc[4 * j + 0] = fmaf(sb0.x, part[4 * j + 0], fmaf(sb0.y, xs.x, acc[4 * j + 0]));
-            acc[4 * j + 1] = fmaf(sb0.x, part[4 * j + 1], fmaf(sb0.y, xs.y, acc[4 * j + 1]));
-            acc[4 * j + 2] = fmaf(sb1.x, part[4 * j + 2], fmaf(sb1.y, xs.x, acc[4 * j + 2]));
-            acc[4 * j + 3] = fmaf(sb1.x, part[4 * j + 3], fmaf(sb1.y, xs.y, acc[4 * j + 3]));
+            acc[4 * j + 0] = fmaf(s0.x, part[4 * j + 0], fmaf(s0.y, xs.x, acc[4 * j + 0]));
+            acc[4 * j + 1] = fmaf(s0.x, part[4 * j + 1], fmaf(s0.y, xs.y, acc[4 * j + 1]));
+            acc[4 * j + 2] = fmaf(s1.x, part[4 * j + 2], fmaf(s1.y, xs.x, acc[4 * j + 2]));
+            acc[4 * j + 3] = fmaf(s1.x, part[4 * j + 3], fmaf(s1.y, xs.y, acc[4 * j + 3]));
           }
         }
         ptx::mbar_arrive(&sm.empty[st]);  // the stage's operands, sums and scales are all read
