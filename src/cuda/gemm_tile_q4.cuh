@@ -25,7 +25,8 @@
 // packed codes; their completion arrives on the stage's "full" mbarrier by itself: cp.async.mbarrier.arrive.noinc),
 // plus each row's scale and bias (loaded two tiles ahead, converted and stored, then a second arrival). The MMA
 // warpgroups wait on "full", unpack, issue the tile's 8 MMAs, wait for them, promote, and hand the stage back on
-// "empty". (Tried and reverted: the next tile's MMAs into a second partial before the promotion, which capped the
+// "empty"; the next K tile's "full" wait runs under the current tile's MMAs and its code and scale loads under the
+// promotion (+0.5-0.9% prefill: docs/notes/cuda-prefill-v25-prefetch.md). (Tried and reverted: the next tile's MMAs into a second partial before the promotion, which capped the
 // tiles at 96 tokens and lost 5%: docs/notes/cuda-prefill-v9-overlap.md.) H (FERN_GEMM_WG_PIPE=q4h, opt-in):
 // x as one fp16 row and the codes as fp16, one MMA per step (docs/notes/cuda-prefill-v13-q4h.md).
 #pragma once
