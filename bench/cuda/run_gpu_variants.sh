@@ -32,13 +32,13 @@ build_variant() {
       >"$OUT/cmake_$v.log" 2>&1 &&
     ninja -C build -k 0 -j8 $targets >"$OUT/build_$v.log" 2>&1)
 }
-bindir() { local s="VSRC_$1"; echo "/tmp/v_${!s:-$1}"; }  # a variant's build (its own, or VSRC's)
+vsrc() { local s="VSRC_$1"; echo "${!s:-}"; }  # the variant whose build a runtime variant runs (empty: its own)
+bindir() { local s; s=$(vsrc "$1"); echo "/tmp/v_${s:-$1}"; }
 venv() { local e="VENV_$1"; echo "${!e:-}"; }
-for v in $VARIANTS; do s="VSRC_$v"; [ -z "${!s:-}" ] && build_variant "$v" & done
+for v in $VARIANTS; do [ -z "$(vsrc "$v")" ] && build_variant "$v" & done
 wait
 for v in $VARIANTS; do
-  s="VSRC_$v"
-  [ -n "${!s:-}" ] && { note "$v: ${!s}'s build with $(venv "$v")"; continue; }
+  [ -n "$(vsrc "$v")" ] && { note "$v: $(vsrc "$v")'s build with $(venv "$v")"; continue; }
   note "build $v: $(grep -cE 'FAILED|error' "$OUT/build_$v.log") error lines ($(elapsed))"
   grep -E "error|FAILED" "$OUT/build_$v.log" | head -5
 done
@@ -77,8 +77,8 @@ done
 if [ "${FULL_BENCH:-0}" = 1 ]; then  # every variant, in turn
   for v in $VARIANTS; do
     # shellcheck disable=SC2046
-    env $(venv "$v") timeout "${BENCH_TIMEOUT:-150}" "$(bindir "$v")/build/fern" bench --synth qwen3.6-35b-a3b --backend cuda --phase prefill \
-      --lengths "${PREFILL_LENGTHS:-4096,32768}" --runs "${BENCH_RUNS:-2}" >"$OUT/bench_prefill_$v.log" 2>&1
+    env $(venv "$v") timeout "${BENCH_TIMEOUT:-150}" "$(bindir "$v")/build/fern" bench --synth qwen3.6-35b-a3b \
+      --backend cuda --phase prefill --lengths "${PREFILL_LENGTHS:-4096,32768}" --runs "${BENCH_RUNS:-2}" >"$OUT/bench_prefill_$v.log" 2>&1
     note "$v fern bench prefill rc $?: $(grep -E '^\| [0-9]' "$OUT/bench_prefill_$v.log" | awk -F'|' '{printf "%s: %s tok/s; ", $2, $4}')"
   done
 fi

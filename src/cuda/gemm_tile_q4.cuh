@@ -26,8 +26,9 @@
 // plus each row's scale and bias (loaded two tiles ahead, converted and stored, then a second arrival). The MMA
 // warpgroups wait on "full", unpack, issue the tile's 8 MMAs, wait for them, promote, and hand the stage back on
 // "empty"; the next K tile's "full" wait runs under the current tile's MMAs and its code and scale loads under the
-// promotion (+0.5-0.9% prefill: docs/notes/cuda-prefill-v25-prefetch.md). (Tried and reverted: the next tile's MMAs into a second partial before the promotion, which capped the
-// tiles at 96 tokens and lost 5%: docs/notes/cuda-prefill-v9-overlap.md.) H (FERN_GEMM_WG_PIPE=q4h, opt-in):
+// promotion (+0.5-0.9% prefill: docs/notes/cuda-prefill-v25-prefetch.md). (Tried and reverted: the next tile's MMAs
+// into a second partial before the promotion, which capped the tiles at 96 tokens and lost 5%:
+// docs/notes/cuda-prefill-v9-overlap.md.) H (FERN_GEMM_WG_PIPE=q4h, opt-in):
 // x as one fp16 row and the codes as fp16, one MMA per step (docs/notes/cuda-prefill-v13-q4h.md).
 #pragma once
 #include <cuda_bf16.h>
@@ -288,7 +289,8 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         ptx::bar_arrive(kTurnBar + (wg ^ 1), kConsumers);  // the other warpgroup's turn
         // The next K tile's stage, waited for while these MMAs run (its wait at the top of the next iteration
         // is skipped): Nsight Compute on the dense 128-token and MoE gate/up kernels at 4,096 rows found that
-        // wait on the chain between a warpgroup's MMAs, which bounds the loop (tensor pipe active 64% / 50%).
+        // wait on the chain between a warpgroup's MMAs (tensor pipe active 64% / 50%); moving it, with the loads
+        // below, gained only 0.5-0.9%, so most of the pipe's idle time lies elsewhere (notes v25).
         if (kt + 1 < nk) {
           ptx::mbar_wait(&sm.full[(t + 1) % S], ((t + 1) / S) & 1);
           wgmma::fence_proxy_async();
