@@ -12,6 +12,8 @@
 //   FERN_MOE_TILE=fixed|16|32|64|96|128|adaptive   token rows per GEMM tile (fixed = 64; 96 and 128 on the
 //                             exact-code wgmma loop only; adaptive, the default, from the mean rows per expert, see
 //                             tile_rows)
+//   FERN_MOE_TAIL=0           no 144-token passes: a group's rows past a multiple of 128 always take a tile of
+//                             their own (the default takes up to 16 of them into the last 128-row tile)
 //   FERN_MOE_DEQUANT=separate the chunk's expert matrices dequantized to a bf16 scratch first, then the bf16 GEMMs
 //   FERN_MOE_PREFETCH=1       the tile loop issues the next k tile's global loads before the current tile's MMAs
 //                             (measured slower at every tile height: docs/notes/cuda-prefill-v2-moe.md)
@@ -101,8 +103,8 @@ void group_on_host(cudaStream_t stream, const int32_t* d_ids, int T, int k, int 
   std::vector<int32_t> fill(offsets.begin(), offsets.end() - 1);
   for (int p = 0; p < P; ++p) order[size_t(fill[size_t(ids[size_t(p)])]++)] = p;
   for (int e = 0; e < E; ++e)
-    for (int r = 0; r < counts[size_t(e)]; r += bm) tiles.insert(tiles.end(), {e, r});
-  for (int r = 0; r < T; r += bm) tiles.insert(tiles.end(), {E, r});
+    for (int j = 0; j < cuda::moe_group_tiles(counts[size_t(e)], bm, g.extra); ++j) tiles.insert(tiles.end(), {e, j * bm});
+  for (int j = 0; j < cuda::moe_group_tiles(T, bm, g.extra); ++j) tiles.insert(tiles.end(), {E, j * bm});
   counts[size_t(E)] = T;
   const int32_t n_tiles = static_cast<int32_t>(tiles.size() / 2);
   auto up = [&](int32_t* dst, const void* src, size_t n) {
@@ -175,6 +177,8 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   g.order = scratch(DType::I32, {int64_t(T) * k}).ptr<int32_t>();
   g.tiles = scratch(DType::I32, {2 * cuda::moe_max_tiles(T, k, Ei, bm)}).ptr<int32_t>();
   g.n_tiles = scratch(DType::I32, {1}).ptr<int32_t>();
+  // A group's last 128-row tile takes up to kMoeTailRows more rows on the q4b loop (both GEMMs on it).
+  g.extra = cuda::moe_tail_rows(bm, q4_gate_up && q4_down && pipe == cuda::WgPipe::Q4b);
   if (env_choice("FERN_MOE_ROUTING", {"gpu", "host"}, 0) == 1)
     group_on_host(stream(), s.topk_ids, T, k, Ei, bm, g);
   else

@@ -210,6 +210,11 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
                                                Epilogue epilogue) {
   static_assert(S >= 2, "a ring of at least two stages");
   constexpr bool H = F == kHalf, B = F == kBias;
+  static_assert(B || NTOK <= kProducers, "one producer per token row copies the sums (q4b takes them in its bias tile)");
+  // The next tile's codes and scales loaded under the promotion: 20 more registers across it, which the 144-token
+  // loop (acc and partial 72 each) does not have (ptxas spilled in the MoE gate/up kernel); it loads them after the
+  // stage's wait, as before version 25.
+  constexpr bool kEarlyFetch = NTOK <= 128;
   const int tid = threadIdx.x;
   const int nk = K / kBK;
   const int per_item = nk + (B ? 1 : 0);  // q4b: the item's bias tile after its K tiles
@@ -256,8 +261,8 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         if (kt == 0) {  // later K tiles' stages were waited for under the previous tile's MMAs
           ptx::mbar_wait(&sm.full[st], (t / S) & 1);
           wgmma::fence_proxy_async();  // the stage's cp.async data, published by the barrier, to the MMA's proxy
-          fetch(st);
         }
+        if (kt == 0 || !kEarlyFetch) fetch(st);
         // The MMA fragments of the four 16-wide steps, all written before the wgmma fence (registers an MMA reads
         // must be written before the fence that precedes it).
         uint32_t a[kBK / 16][4];
@@ -298,7 +303,7 @@ __device__ __forceinline__ bool mainloop_items(Smem<NTOK, S>& sm, int K, int gs,
         wgmma::wait<0>();
         wgmma::fence_operand(part);
         const float2 s0 = sb0, s1 = sb1;
-        if (kt + 1 < nk) fetch((t + 1) % S);  // their latency under the promotion
+        if (kEarlyFetch && kt + 1 < nk) fetch((t + 1) % S);  // their latency under the promotion
         // part[4 j + i]: row r0 + 8 (i / 2), token 8 j + 2 (lane % 4) + i % 2.
         if constexpr (B) {  // the bias term comes with the item's bias tile
 #pragma unroll

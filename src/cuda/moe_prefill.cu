@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
   for (int p = tid; p < P; p += kGroupThreads) atomicAdd(&cnt[min(max(ids[p], 0), E - 1)], 1);
   __syncthreads();
   const int c = tid < E ? cnt[tid] : 0;
-  const int nt = (c + bm - 1) / bm;
+  const int nt = moe_group_tiles(c, bm, g.extra);
   int rows_total = 0, tiles_total = 0;
   const int o = block_excl_scan(c, tot_rows, rows_total);
   const int to = block_excl_scan(nt, tot_tiles, tiles_total);
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
       g.tiles[2 * (to + j) + 1] = j * bm;
     }
   }
-  const int shared_tiles = (T + bm - 1) / bm;
+  const int shared_tiles = moe_group_tiles(T, bm, g.extra);
   for (int j = tid; j < shared_tiles; j += kGroupThreads) {
     g.tiles[2 * (tiles_total + j)] = E;
     g.tiles[2 * (tiles_total + j) + 1] = j * bm;

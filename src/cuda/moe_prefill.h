@@ -14,14 +14,41 @@ namespace fern::cuda {
 // at positions [offsets[e], offsets[e] + counts[e]) of `order` (their order inside a group is arbitrary: every row
 // of a GEMM is computed independently of the others, so no result depends on it); group E is the shared expert,
 // counts[E] = T rows, the token rows themselves. Tile i of the grouped GEMMs (i < *n_tiles) covers rows
-// [tiles[2i+1], tiles[2i+1] + BM) of group tiles[2i]; routed tiles come first, in expert order.
+// [tiles[2i+1], tiles[2i+1] + BM) of group tiles[2i]; routed tiles come first, in expert order. With extra > 0 the
+// last tile of a group also takes up to `extra` rows past BM (moe_group_tiles): a group of BM + 9 rows is one tile
+// of BM + 9 rows instead of a full tile and a nearly empty one (docs/notes/cuda-prefill-v26-tail.md); only kernels
+// that take such tiles (the exact-code loop at 128-row tiles, moe_tail_rows) are given a map built with it.
 struct MoeGroups {
   int32_t* counts = nullptr;   // [E + 1]
   int32_t* offsets = nullptr;  // [E + 1]
   int32_t* order = nullptr;    // [T * k]
   int32_t* tiles = nullptr;    // [2 * moe_max_tiles]
   int32_t* n_tiles = nullptr;  // [1]
+  int extra = 0;               // rows past BM that a group's last tile may hold
 };
+
+// Rows past 128 that the exact-code loop (FERN_GEMM_WG_PIPE=q4b, the default) takes in a group's last 128-row tile:
+// such a tile runs as one 144-token pass (moe_prefill_wg.cu).
+constexpr int kMoeTailRows = 16;
+
+// The MoeGroups::extra for a chunk whose tiles have bm rows: kMoeTailRows where both GEMMs run on the q4b loop
+// (q4b_both) at 128-row tiles and FERN_MOE_TAIL is 1 (the default; 0 turns it off), else 0.
+int moe_tail_rows(int bm, bool q4b_both);
+
+// Tiles of a group of c rows at BM rows per tile, the last one taking up to `extra` rows more: 0 for an empty group,
+// else max(1, ceil((c - extra) / BM)). Every tile but the last holds BM rows, so the last holds the rest,
+// c - (n - 1) BM <= BM + extra.
+__host__ __device__ inline int moe_group_tiles(int c, int bm, int extra) {
+  if (c <= 0) return 0;
+  const int n = (c - extra + bm - 1) / bm;
+  return n < 1 ? 1 : n;
+}
+// Rows of the tile starting at row0 of a group of c rows (the map's rule above): the rest of the group where it fits
+// BM + extra, else BM.
+__host__ __device__ inline int moe_tile_rows_at(int c, int row0, int bm, int extra) {
+  const int rest = c - row0;
+  return rest <= bm + extra ? rest : bm;
+}
 
 // Token rows per tile of the grouped GEMMs that the kernels are built for.
 constexpr int kMoeTileRows[] = {16, 32, 64};

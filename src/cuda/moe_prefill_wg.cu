@@ -33,8 +33,19 @@ constexpr int kGateUpCols = kBW / 2;  // intermediate columns per gate/up block
 // promotions and x copies whatever it holds; with 128-row tiles at ~128-256 rows per expert (4K-32K prompts) about
 // half the experts' last tiles hold a few rows. The branch is block-uniform and outside the loop (an MMA width
 // chosen inside the K loop made ptxas serialize every wgmma of the kernel, C7520).
+//
+// A tile holding more than NTOK rows (a group's last tile in a map built with MoeGroups::extra, which the backend
+// asks for only on the q4b loop at 128-row tiles) runs as one pass of NTOK + kMoeTailRows tokens: the codes' stream,
+// the barriers and the unpacking are paid once for all its rows (docs/notes/cuda-prefill-v26-tail.md).
+template <int NTOK, int P>
+constexpr bool kTakesTail = P == wgloop::kQ4B && NTOK == 128;
+template <int NTOK, int P>
+constexpr int kMaxTileRows = kTakesTail<NTOK, P> ? NTOK + kMoeTailRows : NTOK;
 template <int NTOK, int P, class Run>
 __device__ __forceinline__ void by_width(bool narrow, int rows, Run run) {
+  if constexpr (kTakesTail<NTOK, P>) {
+    if (rows > NTOK) return run(std::integral_constant<int, NTOK + kMoeTailRows>{});
+  }
   if constexpr (wgloop::is_q4(P) && NTOK > 64) {
     if (narrow && rows <= 32) return run(std::integral_constant<int, 32>{});
     if (narrow && rows <= 64) return run(std::integral_constant<int, 64>{});
@@ -126,9 +137,9 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   // per block into shared memory: the epilogue runs once per item, and these lookups are dependent global loads (ncu
   // on the H200 showed them among the kernel's stalls while each item repeated them). The main loop's first barrier
   // publishes the table.
-  __shared__ int dst_row[NTOK];
-  __shared__ float dst_f[NTOK];
-  if (tid < NTOK && tid < ti.rows) {
+  __shared__ int dst_row[kMaxTileRows<NTOK, P>];
+  __shared__ float dst_f[kMaxTileRows<NTOK, P>];
+  if (tid < kMaxTileRows<NTOK, P> && tid < ti.rows) {
     const int row = sh ? ti.row0 + tid : gr.order[ti.base + tid];
     dst_row[tid] = row;
     dst_f[tid] = sh ? sgate[row] : topk_w[row];
@@ -171,16 +182,22 @@ int seq_cols(const Ctx& c, bool up, int T, int k, int E, int bm, int64_t col_blo
 // 22,917 at 32K.
 bool narrow_tiles() { return env_choice("FERN_MOE_NARROW", {"0", "1"}, 1) == 1; }
 
+// The shared memory a kernel is launched with: its loop's ring, or the 144-token loop's where it takes tails.
+template <int BITS, int NTOK, int S, int P>
+constexpr size_t kLaunchSmem =
+    kTakesTail<NTOK, P> ? std::max(wgloop::kSmemBytes<BITS, NTOK, S, P>,
+                                   q4tile::kSmemBytes<NTOK + kMoeTailRows, wgloop::kQ4Stages<NTOK + kMoeTailRows>>)
+                        : wgloop::kSmemBytes<BITS, NTOK, S, P>;
 // The narrower loops' rings fit the shared memory a kernel is launched with.
 template <int NTOK, int S, int P>
 constexpr bool kNarrowFits = !wgloop::is_q4(P) || NTOK <= 64 ||
-                             (q4tile::kSmemBytes<32, wgloop::kQ4Stages<32>> <= q4tile::kSmemBytes<NTOK, S> &&
-                              q4tile::kSmemBytes<64, wgloop::kQ4Stages<64>> <= q4tile::kSmemBytes<NTOK, S>);
+                             (q4tile::kSmemBytes<32, wgloop::kQ4Stages<32>> <= kLaunchSmem<4, NTOK, S, P> &&
+                              q4tile::kSmemBytes<64, wgloop::kQ4Stages<64>> <= kLaunchSmem<4, NTOK, S, P>);
 
 template <int BITS, int NTOK, int S, int P>
 void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
                 const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
-  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
+  constexpr size_t smem = kLaunchSmem<BITS, NTOK, S, P>;
   auto kernel = gate_up_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S, P>>(smem);
   const int64_t col_blocks = (std::max(gate.out, sgate.out) + kGateUpCols - 1) / kGateUpCols;
@@ -194,7 +211,7 @@ void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, con
 template <int BITS, int NTOK, int S, int P>
 void down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const X16& hs, const MoeGroups& g,
              const float* topk_w, const float* sgate, int T, int k, int E, float* y_pair, float* out) {
-  constexpr size_t smem = wgloop::kSmemBytes<BITS, NTOK, S, P>;
+  constexpr size_t smem = kLaunchSmem<BITS, NTOK, S, P>;
   auto kernel = down_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<down_wg_kernel<BITS, NTOK, S, P>>(smem);
   const int ncb = wgloop::is_q4(P) ? seq_cols(c, false, T, k, E, NTOK, (down.out + kBW - 1) / kBW) : 1;
@@ -303,6 +320,12 @@ void down_wg_bits(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, 
 
 }  // namespace
 
+// FERN_MOE_TAIL: 1 (the default) or 0. Measured on the H200: docs/notes/cuda-prefill-v26-tail.md.
+int moe_tail_rows(int bm, bool q4b_both) {
+  const bool on = env_choice("FERN_MOE_TAIL", {"0", "1"}, 1) == 1;
+  return bm == 128 && q4b_both && on ? kMoeTailRows : 0;
+}
+
 bool moe_tile_rows_wg_ok(int bm, bool q4) { return moe_tile_rows_ok(bm) || (q4 && (bm == 96 || bm == 128)); }
 
 bool moe_grouped_q4_ok(const QW& a, const QW& b, const QW& c, const QW& d) {
@@ -320,6 +343,8 @@ void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW
   FERN_CU_CHECK(moe_tile_rows_wg_ok(bm, x.q4) && (gate.bits == 4 || gate.bits == 8) && gate.in % wgtile::kBK == 0,
                 "moe gate/up wg: tile rows, format or width");
   FERN_CU_CHECK(!x.q4 || moe_grouped_q4_ok(gate, up, sgate, sup), "moe gate/up wg: exact-code rows, other weights");
+  FERN_CU_CHECK(g.extra == 0 || (g.extra == kMoeTailRows && bm == 128 && x.q4b() && gate.bits == 4),
+                "moe gate/up wg: tiles past 128 rows are taken by the q4b loop at 128-row tiles only");
   if (gate.bits == 4)
     gate_up_wg_bits<4>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared);
   else
@@ -335,6 +360,9 @@ void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X1
   FERN_CU_CHECK(h_routed.q4 == h_shared.q4 && h_routed.q4h() == h_shared.q4h() &&
                     (!h_routed.q4 || moe_grouped_q4_ok(down, sdown, down, sdown)),
                 "moe down wg: exact-code rows (both hi/lo or both fp16), other weights");
+  FERN_CU_CHECK(g.extra == 0 || (g.extra == kMoeTailRows && bm == 128 && h_routed.q4b() && h_shared.q4b() &&
+                                 down.bits == 4),
+                "moe down wg: tiles past 128 rows are taken by the q4b loop at 128-row tiles only");
   if (down.bits == 4)
     down_wg_bits<4>(c, down, sdown, h_routed, h_shared, g, topk_w, sgate, T, k, E, bm, y_pair, out);
   else

@@ -19,7 +19,7 @@ __device__ __forceinline__ bool tile_info(const MoeGroups& g, int BM, int tile, 
   if (tile >= *g.n_tiles) return false;
   ti.group = g.tiles[2 * tile];
   ti.row0 = g.tiles[2 * tile + 1];
-  ti.rows = min(BM, g.counts[ti.group] - ti.row0);
+  ti.rows = moe_tile_rows_at(g.counts[ti.group], ti.row0, BM, g.extra);
   ti.base = g.offsets[ti.group] + ti.row0;
   return true;
 }

@@ -157,13 +157,23 @@ FERN_WG_WRAPPERS(128, 64,
                  "%66", "%69",
                  FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24),
                  FERN_WG_D8(32), FERN_WG_D8(40), FERN_WG_D8(48), FERN_WG_D8(56))
+FERN_WG_WRAPPERS(144, 72,
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71",
+                 "%72, %73, p, 1, 1, 0, 0", "{%72, %73, %74, %75}, %76, p, 1, 1, 0",
+                 "%74", "%77",
+                 FERN_WG_D8(0), FERN_WG_D8(8), FERN_WG_D8(16), FERN_WG_D8(24),
+                 FERN_WG_D8(32), FERN_WG_D8(40), FERN_WG_D8(48), FERN_WG_D8(56), FERN_WG_D8(64))
 #undef FERN_WG_TYPED
 #undef FERN_WG_WRAPPERS
 #undef FERN_WG_D8
 
 template <int N>
 __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t da, uint64_t db) {
-  static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "instantiated widths");
+  static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128 || N == 144, "instantiated widths");
   if constexpr (N == 16)
     mma_bf16_n16(d, da, db);
   else if constexpr (N == 32)
@@ -172,8 +182,10 @@ __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t da, uint64_
     mma_bf16_n64(d, da, db);
   else if constexpr (N == 96)
     mma_bf16_n96(d, da, db);
-  else
+  else if constexpr (N == 128)
     mma_bf16_n128(d, da, db);
+  else
+    mma_bf16_n144(d, da, db);
 }
 
 
@@ -182,7 +194,7 @@ __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t da, uint64_
   template <int N>                                                                                                 \
   __device__ __forceinline__ void mma_##TY##_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db,            \
                                                 int acc = 1) {                                                     \
-    static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "instantiated widths");                    \
+    static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128 || N == 144, "instantiated widths");        \
     if constexpr (N == 16)                                                                                         \
       mma_##TY##_rs_n16(d, a, db, acc);                                                                            \
     else if constexpr (N == 32)                                                                                    \
@@ -191,8 +203,10 @@ __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t da, uint64_
       mma_##TY##_rs_n64(d, a, db, acc);                                                                            \
     else if constexpr (N == 96)                                                                                    \
       mma_##TY##_rs_n96(d, a, db, acc);                                                                            \
-    else                                                                                                           \
+    else if constexpr (N == 128)                                                                                   \
       mma_##TY##_rs_n128(d, a, db, acc);                                                                           \
+    else                                                                                                           \
+      mma_##TY##_rs_n144(d, a, db, acc);                                                                           \
   }
 FERN_WG_RS_BY_WIDTH(bf16)
 FERN_WG_RS_BY_WIDTH(f16)

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cpu/cpu_ops.h"
 #include "cuda/gemm_wg.h"
@@ -365,6 +367,120 @@ TEST(CudaMoePrefill, NarrowTilesByFill) {
   test::EnvGuard bad("FERN_MOE_NARROW", "2");
   auto x = inputs(*m, 64, 5, 0.0f);
   EXPECT_THROW(run_gpu(*gpu, *m, x, 64), Error);
+}
+
+// The tile map with MoeGroups::extra (docs/notes/cuda-prefill-v26-tail.md): a group's last 128-row tile takes up to
+// kMoeTailRows rows more. Host arithmetic and the switch: runs without a GPU.
+TEST(CudaMoeTileMap, LastTileTakesTheTail) {
+  for (int c : {0, 1, 127, 128, 129, 256, 300})
+    EXPECT_EQ(cuda::moe_group_tiles(c, 128, 0), (c + 127) / 128) << c;  // extra 0: the plain map
+  struct Case {
+    int rows, tiles, last;
+  };
+  for (const Case k : {Case{0, 0, 0}, Case{1, 1, 1}, Case{128, 1, 128}, Case{129, 1, 129}, Case{144, 1, 144},
+                       Case{145, 2, 17}, Case{256, 2, 128}, Case{272, 2, 144}, Case{273, 3, 17}}) {
+    const int n = cuda::moe_group_tiles(k.rows, 128, 16);
+    EXPECT_EQ(n, k.tiles) << k.rows << " rows";
+    for (int j = 0; j + 1 < n; ++j) EXPECT_EQ(cuda::moe_tile_rows_at(k.rows, 128 * j, 128, 16), 128) << k.rows;
+    if (n > 0) {
+      EXPECT_EQ(cuda::moe_tile_rows_at(k.rows, 128 * (n - 1), 128, 16), k.last) << k.rows << " rows";
+    }
+  }
+  {
+    test::EnvGuard unset("FERN_MOE_TAIL", nullptr);
+    EXPECT_EQ(cuda::moe_tail_rows(128, true), cuda::kMoeTailRows);
+    EXPECT_EQ(cuda::moe_tail_rows(96, true), 0);
+    EXPECT_EQ(cuda::moe_tail_rows(128, false), 0);
+  }
+  {
+    test::EnvGuard off("FERN_MOE_TAIL", "0");
+    EXPECT_EQ(cuda::moe_tail_rows(128, true), 0);
+  }
+  test::EnvGuard bad("FERN_MOE_TAIL", "16");
+  EXPECT_THROW(cuda::moe_tail_rows(128, true), Error);
+}
+
+// The GPU's map (group_kernel) with extra = kMoeTailRows on ids of known counts: every group's tiles and their rows
+// as moe_group_tiles / moe_tile_rows_at say, the shared expert's (T = 1,105: 8 full tiles and 81 rows) last.
+TEST(CudaMoeTileMap, GpuMapTakesTheTail) {
+  FERN_REQUIRE_GPU();
+  auto gpu = test::make_gpu();
+  const std::vector<int> counts = {142, 129, 145, 0, 16, 128, 272, 273};
+  const int E = int(counts.size()), k = 1, bm = 128, extra = cuda::kMoeTailRows;
+  std::vector<int32_t> ids;
+  for (int e = E - 1; e >= 0; --e)  // expert order reversed, so that the grouping has to sort
+    ids.insert(ids.end(), size_t(counts[size_t(e)]), e);
+  const int T = int(ids.size());
+  const int64_t max_tiles = cuda::moe_max_tiles(T, k, E, bm);
+  auto i32 = [&](int64_t n) { return gpu->alloc(DType::I32, {n}); };
+  Tensor d_ids = i32(T), d_counts = i32(E + 1), d_offsets = i32(E + 1), d_order = i32(T), d_tiles = i32(2 * max_tiles),
+         d_n = i32(1);
+  gpu->copy(d_ids, Tensor(ids.data(), DType::I32, {T}));
+  cuda::MoeGroups g;
+  g.counts = d_counts.ptr<int32_t>();
+  g.offsets = d_offsets.ptr<int32_t>();
+  g.order = d_order.ptr<int32_t>();
+  g.tiles = d_tiles.ptr<int32_t>();
+  g.n_tiles = d_n.ptr<int32_t>();
+  g.extra = extra;
+  cuda::Ctx ctx;
+  ctx.stream = gpu->stream();
+  ctx.sms = gpu->sm_count();
+  cuda::moe_group(ctx, d_ids.ptr<int32_t>(), T, k, E, bm, g);
+  std::vector<int32_t> tiles(size_t(2 * max_tiles)), n(1);
+  gpu->copy(Tensor(tiles.data(), DType::I32, {2 * max_tiles}), d_tiles);
+  gpu->copy(Tensor(n.data(), DType::I32, {1}), d_n);
+  std::vector<std::pair<int, int>> want;  // (group, first row)
+  for (int e = 0; e <= E; ++e) {
+    const int c = e < E ? counts[size_t(e)] : T;
+    for (int j = 0; j < cuda::moe_group_tiles(c, bm, extra); ++j) want.emplace_back(e, j * bm);
+  }
+  ASSERT_EQ(n[0], int(want.size()));
+  int wide = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(tiles[2 * i], want[i].first) << "tile " << i;
+    EXPECT_EQ(tiles[2 * i + 1], want[i].second) << "tile " << i;
+    const int c = want[i].first < E ? counts[size_t(want[i].first)] : T;
+    wide += cuda::moe_tile_rows_at(c, want[i].second, bm, extra) > bm ? 1 : 0;
+  }
+  EXPECT_EQ(wide, 3);  // 142, 129 and 272's last 144: the cases the 144-token pass exists for
+}
+
+// The 144-token pass against the CPU and against the map without it (FERN_MOE_TAIL=0), at 128-row tiles. The hot
+// expert (every token) at T = 270 holds 2 x 128 + 14 rows, so its last tile and the shared expert's hold 142 rows;
+// at T = 4,100 (about 128 +- 11 rows per expert) about two in five experts' rows fit one 144-token tile, and the
+// shared expert's last holds 132. A row's products, partial sums and promotions are the same in either pass, so the
+// same bits are expected; 1e-12 still catches a skipped, doubled or misplaced row (NMSE ~1).
+TEST(CudaMoePrefill, TailRowsInTheLastTile) {
+  FERN_REQUIRE_GPU();
+  if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no wgmma on this GPU/build";
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  test::EnvGuard t("FERN_MOE_TILE", "128");
+  for (const bool hot : {true, false}) {
+    auto m = make_model(*gpu, kReal, 19, hot);
+    const int T = hot ? 270 : 4100;
+    auto x = inputs(*m, T, 60 + T, hot ? 0.5f : 0.0f);
+    std::vector<float> with, without;
+    {
+      test::EnvGuard on("FERN_MOE_TAIL", "1");
+      with = run_gpu(*gpu, *m, x, T);
+    }
+    {
+      test::EnvGuard off("FERN_MOE_TAIL", "0");
+      without = run_gpu(*gpu, *m, x, T);
+    }
+    const double d = test::nmse(with.data(), without.data(), with.size());
+    std::printf("moe prefill, tile 128, T=%d: 144-token tail passes vs none NMSE %.3e (%s)\n", T, d,
+                with == without ? "same bits" : "bits differ");
+    EXPECT_LT(d, 1e-12) << "T=" << T;
+    if (hot) {
+      const auto ref = run_cpu(*cpu, *m, x, T);
+      const double e = test::nmse(with.data(), ref.data(), ref.size());
+      std::printf("moe prefill, tile 128, T=%d, hot expert: 144-token tail passes vs CPU NMSE %.3e\n", T, e);
+      EXPECT_LT(e, kNmse);
+    }
+  }
 }
 
 // Expert 0 gets every row (a hot expert spanning many tiles), expert E-1 none. The CPU routing confirms the bias
