@@ -7,11 +7,20 @@
 //  - row: every block reads the K-float row through L2 into shared memory, adds it up, one store per block;
 //  - multicast: blocks in clusters of C; rank 0 copies the row once (cp.async.bulk ... multicast::cluster) into the
 //    shared memory of all C blocks, which wait on their own mbarrier.
+// And what a cold burst of weight bytes costs by itself (the fused MoE's expert rows are one such burst of ~14 MB:
+// docs/notes/cuda-decode-v15-topk.md measured ~7.3 us, ~2 TB/s): launches that each read B bytes never read by the
+// launches around them (a graph of 64 reads 64 regions, at least 64 B, far past the 50 MB L2), waiting for the previous launch first and
+// releasing the next one last, so that they do not overlap:
+//  - burst ldg: every warp of 132 x 512 threads issues L 16-byte loads per lane (512-byte pieces, the warps
+//    interleaved as the fused MoE's) before using any;
+//  - burst bulk: one thread per block asks the copy engine for the block's share in 16 KB bulk copies into shared
+//    memory (cp.async.bulk), the block waits on one mbarrier.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 #include <vector>
 
 #include "bench_timing.h"
@@ -91,6 +100,62 @@ __global__ void multicast_kernel(const float* x, int K, float* out) {
 #endif
 }
 
+// L loads per lane of a 512-byte piece each, all issued before any is used (weights: the no-allocate stream load of
+// the decode kernels). The XOR of everything decides a store that never happens, so no load is dropped.
+template <int L>
+__global__ void __launch_bounds__(512) burst_ldg_kernel(const uint4* region, float* out) {
+  pdl_wait();
+  const int warps = gridDim.x * (blockDim.x / 32);
+  const int w = (threadIdx.x >> 5) * gridDim.x + blockIdx.x;  // block index fastest, as in the fused MoE
+  const int lane = threadIdx.x & 31;
+  uint4 v[L];
+#pragma unroll
+  for (int i = 0; i < L; ++i) v[i] = ld_stream(region + (int64_t(i) * warps + w) * 32 + lane);
+  uint32_t x = 0;
+#pragma unroll
+  for (int i = 0; i < L; ++i) x ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+  if (x == 0x9e3779b9u) out[blockIdx.x] = 1.0f;
+  __syncthreads();
+  pdl_trigger();
+}
+
+[[maybe_unused]] constexpr uint32_t kBulkPiece = 16 * 1024;
+
+// The block's `bytes` (a multiple of kBulkPiece, at most the dynamic shared memory) by bulk copies on one mbarrier.
+__global__ void burst_bulk_kernel(const char* region, uint32_t bytes, float* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char buf[];
+  __shared__ alignas(8) uint64_t bar;
+  pdl_wait();
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&bar)));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&bar)), "r"(bytes) : "memory");
+    const char* src = region + int64_t(blockIdx.x) * bytes;
+    for (uint32_t off = 0; off < bytes; off += kBulkPiece)
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+              saddr(buf + off)),
+          "l"(src + off), "r"(kBulkPiece), "r"(saddr(&bar))
+          : "memory");
+  }
+  __syncthreads();  // the barrier is initialised before anyone waits on it
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(saddr(&bar))
+        : "memory");
+  }
+  const uint32_t x = reinterpret_cast<const uint32_t*>(buf)[threadIdx.x] ^
+                     reinterpret_cast<const uint32_t*>(buf + bytes - 4 * blockDim.x)[threadIdx.x];
+  if (x == 0x9e3779b9u) out[blockIdx.x] = 1.0f;
+  __syncthreads();
+  pdl_trigger();
+#endif
+}
+
 template <typename... KArgs, typename... Args>
 void launch_k(cudaStream_t s, void (*k)(KArgs...), int grid, int threads, size_t smem, int cluster, Args... args) {
   cudaLaunchConfig_t cfg = {};
@@ -164,7 +229,52 @@ int main() {
                   per_launch_us(s, [&] { launch_k(s, multicast_kernel, blocks, 256, size_t(K) * 4, cl, x, K, out); }));
     }
   }
+  // Cold bursts: launch i of the 64 reads region i of a buffer holding 64 of the largest burst.
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  constexpr int kWarpsPerBlock = 16, kMaxL = 16;
+  const size_t piece = size_t(sms) * kWarpsPerBlock * 512;  // bytes per load per lane over the grid
+  constexpr uint32_t kMaxBulk = 208 * 1024;  // bytes per block of the largest bulk burst
+  const size_t max_burst = std::max(piece * kMaxL, size_t(kMaxBulk) * sms);  // the stride between regions
+  char* pool = nullptr;
+  FERN_CUDA_CHECK(cudaMalloc(&pool, max_burst * 64));
+  FERN_CUDA_CHECK(cudaMemset(pool, 0x5a, max_burst * 64));
+  std::printf("\n== cold bursts, one launch after another (us per launch, median of 7 graph replays of 64) ==\n");
+  std::printf("%-34s %10s %8s %8s\n", "kernel", "MB", "us", "GB/s");
+  const double empty_us =
+      per_launch_us(s, [&] { launch_k(s, empty_kernel, sms, 512, 0, 1, out); });
+  std::printf("%-34s %10s %8.2f %8s\n", "empty, 512 threads", "-", empty_us, "-");
+  auto row = [&](const char* name, size_t bytes, double us) {
+    std::printf("%-34s %10.2f %8.2f %8.0f\n", name, bytes / 1e6, us, bytes / 1e3 / us);
+  };
+  auto ldg = [&](auto lc) {
+    constexpr int L = decltype(lc)::value;
+    const size_t bytes = piece * L;
+    int i = 0;
+    const double us = per_launch_us(s, [&] {
+      launch_k(s, burst_ldg_kernel<L>, sms, 32 * kWarpsPerBlock, 0, 1,
+               reinterpret_cast<const uint4*>(pool + (i++ % 64) * max_burst), out);
+    });
+    row("burst ldg, 512 threads x 1 per SM", bytes, us);
+  };
+  ldg(std::integral_constant<int, 2>{});
+  ldg(std::integral_constant<int, 4>{});
+  ldg(std::integral_constant<int, 8>{});
+  ldg(std::integral_constant<int, 13>{});
+  ldg(std::integral_constant<int, 16>{});
+  if (major >= 9) {
+    FERN_CUDA_CHECK(cudaFuncSetAttribute(burst_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxBulk));
+    for (uint32_t per_block : {16u << 10, 32u << 10, 64u << 10, 112u << 10, kMaxBulk}) {
+      const size_t bytes = size_t(per_block) * sms;
+      int i = 0;
+      const double us = per_launch_us(s, [&] {
+        launch_k(s, burst_bulk_kernel, sms, 128, per_block, 1, pool + (i++ % 64) * max_burst, per_block, out);
+      });
+      row("burst bulk, 16 KB copies", bytes, us);
+    }
+  }
   FERN_CUDA_CHECK(cudaGetLastError());
+  FERN_CUDA_CHECK(cudaFree(pool));
   FERN_CUDA_CHECK(cudaFree(x));
   FERN_CUDA_CHECK(cudaFree(out));
   return 0;
