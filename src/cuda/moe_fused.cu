@@ -62,19 +62,51 @@ constexpr size_t kMaxSmem = 96 * 1024;
 template <int BITS>
 constexpr int kNch = BITS == 4 ? 2 : 4;
 
-// N rows of one width, NCH chunks per lane of one pass.
+// N rows of one width, NCH chunks per lane of one pass. sbw: the rows' scales and biases as one word per lane (the
+// packed form below), where s and b are not used.
 template <int BITS, int N>
 struct Rows {
   uint4 w[kNch<BITS>][N];
   float s[kNch<BITS>][N], b[kNch<BITS>][N];
+  uint32_t sbw[N];
 };
+
+// The packed form of a 4-bit row of 2,048 weights in groups of 64 (sb32, decided by the host: fused_args): its 32
+// scales and 32 biases (64 bytes each) in one 4-byte load per lane, lanes 0..15 taking the scale words and 16..31
+// the bias words, instead of four 2-byte loads per lane (the scale and bias of its two chunks' groups). A lane's
+// chunks lane and lane + 32 lie in groups lane / 2 and 16 + lane / 2, i.e. word lane / 4 (+ 8) at half (lane / 2) % 2,
+// fetched by shuffles when the row is consumed (dot_rows), so that the loads of all rows are in flight together.
+// Same values, same arithmetic: the same bits. Why: the expert rows of one launch are a ~14 MB burst that takes
+// ~7.3 us against ~4.0 us for a bare burst of loads of that size (bench_cuda_stage), and three quarters of the
+// phase's load instructions were these 2-byte loads (docs/notes/cuda-decode-v20-burst.md).
+template <int N, typename Mat>
+__device__ __forceinline__ void load_rows_sb32(const Mat& mat, const int (&row)[N], int lane, Rows<4, N>& R) {
+#pragma unroll
+  for (int u = 0; u < kNch<4>; ++u) {
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+      const ChunkMat m = mat(r);
+      R.w[u][r] = row[r] >= 0 ? ld_stream(m.w + (row[r] * m.cpr + lane + 32 * u)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    const ChunkMat m = mat(r);
+    const uint16_t* p = (lane < 16 ? m.s : m.b) + int64_t(row[r]) * 32 + 2 * (lane & 15);
+    R.sbw[r] = row[r] >= 0 ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
+  }
+}
 
 // Pass `pass` of rows row[r] of matrix mat(r) (row < 0: none): lane takes chunks lane + 32 * (pass * NCH + u).
 // `mat` returns a view (from registers or from a shared-memory table, so that no view stays live in registers).
+// sb32: the packed scales and biases (load_rows_sb32; 4-bit rows of 64 chunks only, so one pass).
 template <int BITS, int N, typename Mat>
 __device__ __forceinline__ void load_rows(const Mat& mat, const int (&row)[N], int pass, int cpr, int lane,
-                                          Rows<BITS, N>& R) {
+                                          Rows<BITS, N>& R, bool sb32 = false) {
   constexpr int NCH = kNch<BITS>;
+  if constexpr (BITS == 4) {
+    if (sb32) return load_rows_sb32<N>(mat, row, lane, R);
+  }
 #pragma unroll
   for (int u = 0; u < NCH; ++u) {
     const int c = lane + 32 * (pass * NCH + u);
@@ -92,8 +124,29 @@ __device__ __forceinline__ void load_rows(const Mat& mat, const int (&row)[N], i
 
 template <int BITS, int N>
 __device__ __forceinline__ void dot_rows(const Rows<BITS, N>& R, int pass, int cpr, const float4* xs, const float* xc,
-                                         int lane, float (&acc)[N]) {
+                                         int lane, float (&acc)[N], bool sb32 = false) {
   constexpr int NCH = kNch<BITS>, F4 = ChunkTraits<BITS>::kF4;
+  if constexpr (BITS == 4) {
+    if (sb32) {  // one pass of 64 chunks: every lane takes part (the shuffles need all 32)
+      const bool hi = (lane >> 1) & 1;
+#pragma unroll
+      for (int u = 0; u < NCH; ++u) {
+        float d[N];
+        chunk_dot<BITS, 32, N>(R.w[u], xs + lane + u * (F4 * 32), d);
+        const float xsum = xc[lane + 32 * u];
+        const int src = (lane >> 2) + 8 * u;  // the lane holding the scale word of this chunk's group
+#pragma unroll
+        for (int r = 0; r < N; ++r) {
+          const uint32_t ws = __shfl_sync(0xffffffffu, R.sbw[r], src);
+          const uint32_t wb = __shfl_sync(0xffffffffu, R.sbw[r], src + 16);
+          const float sc = __uint_as_float(hi ? ws & 0xffff0000u : ws << 16);
+          const float bi = __uint_as_float(hi ? wb & 0xffff0000u : wb << 16);
+          acc[r] += apply_group<BITS>(d[r], sc, bi, xsum);
+        }
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int u = 0; u < NCH; ++u) {
     const int j = pass * NCH + u, c = lane + 32 * j;
@@ -110,12 +163,13 @@ __device__ __forceinline__ void dot_rows(const Rows<BITS, N>& R, int pass, int c
 // Full dot products of N rows whose first pass is already in `first`; every lane gets the sums.
 template <int BITS, int N, typename Mat>
 __device__ __forceinline__ void finish_rows(const Mat& mat, const int (&row)[N], const Rows<BITS, N>& first,
-                                            int cpr, const float4* xs, const float* xc, int lane, float (&out)[N]) {
+                                            int cpr, const float4* xs, const float* xc, int lane, float (&out)[N],
+                                            bool sb32 = false) {
   constexpr int NCH = kNch<BITS>;
   float acc[N];
 #pragma unroll
   for (int r = 0; r < N; ++r) acc[r] = 0.0f;
-  dot_rows<BITS, N>(first, 0, cpr, xs, xc, lane, acc);
+  dot_rows<BITS, N>(first, 0, cpr, xs, xc, lane, acc, sb32);  // sb32 rows have this one pass only
   const int passes = (cpr + 32 * NCH - 1) / (32 * NCH);
   for (int p = 1; p < passes; ++p) {
     Rows<BITS, N> R;
@@ -274,6 +328,7 @@ struct FusedArgs {
   int topk;
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
+  int sb32;                    // the experts' rows (shared and routed) with packed scales and biases (load_rows_sb32)
 };
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
@@ -286,7 +341,9 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
   xs[x_slot<BITS, 32>(f / F4, f % F4)] = v;
 }
 
-template <int RB, int B, bool TIMED, int NT>
+// SB: the packed scales and biases of the experts' rows (FusedArgs::sb32; a template argument, so that each form
+// has its own register allocation).
+template <int RB, int B, bool TIMED, int NT, bool SB>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   constexpr int kWarps = NT / 32;
   const Stamps<TIMED> st{a.stamps};
@@ -333,7 +390,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       load_rows<RB, 1>(route_mat(u), row, 0, cpr_r, lane, rr);
     } else {
       const int row[2] = {u - n_route, u - n_route};
-      load_rows<B, 2>(shared_mat, row, 0, cpr_e, lane, sr);
+      load_rows<B, 2>(shared_mat, row, 0, cpr_e, lane, sr, SB);
     }
   };
   if (v < n_p1) load_p1(v);  // weights only: before waiting on the previous kernel
@@ -416,7 +473,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     } else {
       const int row[2] = {u - n_route, u - n_route};
       float d[2];
-      finish_rows<B, 2>(shared_mat, row, sr, cpr_e, xe, xec, lane, d);
+      finish_rows<B, 2>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB);
       if (lane == 0) a.s.h[int64_t(k) * I + row[0]] = silu(d[0]) * d[1];
     }
   }
@@ -484,9 +541,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     auto mat = [&](int r) -> const ChunkMat& { return r == 0 ? mg[s0] : r == 1 ? mu[s0] : r == 2 ? mg[s1] : mu[s1]; };
     const int row[4] = {r0, r0, r1, r1};
     Rows<B, 4> R;
-    load_rows<B, 4>(mat, row, 0, cpr_e, lane, R);
+    load_rows<B, 4>(mat, row, 0, cpr_e, lane, R, SB);
     float d[4];
-    finish_rows<B, 4>(mat, row, R, cpr_e, xe, xec, lane, d);
+    finish_rows<B, 4>(mat, row, R, cpr_e, xe, xec, lane, d, SB);
     if (lane == 0) {
       a.s.h[u0] = silu(d[0]) * d[1];  // task u = slot * I + row is also h's index
       if (ok1) a.s.h[u1] = silu(d[2]) * d[3];
@@ -537,13 +594,13 @@ size_t fused_smem(int64_t H, int64_t nx) {
 }
 
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED, int NT>
+template <int RB, int B, bool TIMED, int NT, bool SB>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT>, NT, smem) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB>, NT, smem) !=
         cudaSuccess)
       per_sm = 0;
     cached = per_sm;
@@ -552,21 +609,21 @@ int resident_blocks(const Ctx& c, size_t smem) {
   return std::min(cached, 512 / NT) * c.sms;
 }
 
-template <int RB, int B, bool TIMED, int NT>
-bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
+template <int RB, int B, bool TIMED, int NT, bool SB>
+bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT, SB>(c, smem);
   if (blocks <= 0) return false;
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT>, blocks, NT, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
@@ -575,10 +632,19 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
 // comparisons. Any other value is an error naming the switch, not a silent default.
 bool moe_wide() { return env_choice("FERN_CUDA_MOE_WIDE", {"0", "1"}, 1) == 1; }
 
+template <int RB, int B, bool TIMED, int NT>
+bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
+  return a.sb32 ? launch_fused_form<RB, B, TIMED, NT, true>(c, a) : launch_fused_form<RB, B, TIMED, NT, false>(c, a);
+}
+
 template <int RB, int B, bool TIMED>
 bool launch_fused(const Ctx& c, const FusedArgs& a) {
   return moe_wide() ? launch_fused_nt<RB, B, TIMED, 512>(c, a) : launch_fused_nt<RB, B, TIMED, kThreads>(c, a);
 }
+
+// FERN_CUDA_MOE_SB=row (the default: the packed scales and biases where the shapes allow, load_rows_sb32) or chunk
+// (two 2-byte loads per chunk); read at every call, for comparisons. Any other value is an error naming the switch.
+bool moe_sb32() { return env_choice("FERN_CUDA_MOE_SB", {"chunk", "row"}, 1) == 1; }
 
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
 bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
@@ -600,7 +666,14 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0};
+  // The packed scales and biases (load_rows_sb32): rows of 2,048 4-bit weights in groups of 64 whose scale and bias
+  // rows start on 4-byte boundaries (rows of 64 bytes, experts of whole rows: the base pointers decide).
+  auto aligned = [](const QW& q) {
+    return (reinterpret_cast<uintptr_t>(q.s) & 3) == 0 && (reinterpret_cast<uintptr_t>(q.b) & 3) == 0;
+  };
+  a.sb32 = moe_sb32() && H == 2048 && w.gate.gs == 64 && w.up.gs == 64 && w.sgate.gs == 64 && w.sup.gs == 64 &&
+           aligned(w.gate) && aligned(w.up) && aligned(w.sgate) && aligned(w.sup);
   return true;
 }
 

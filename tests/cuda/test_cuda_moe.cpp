@@ -213,6 +213,60 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
   }
 }
 
+// The experts' scales and biases loaded one word per lane per row (FERN_CUDA_MOE_SB=row, the default where the
+// rows are 2,048 4-bit weights in groups of 64; docs/notes/cuda-decode-v20-burst.md) against two 2-byte loads per
+// chunk (chunk): the same values through the same arithmetic, so the same bits are required, and both against the CPU.
+// The real shape takes the packed form; H 1024 does not (it must fall back to chunk loads, and match too). Both block
+// sizes; an unknown value is an error naming the switch.
+TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
+  FERN_REQUIRE_GPU();
+  const MoeCase cases[] = {
+      {"fused real", 256, 2048, 512, 512, 8, 4, 1},
+      {"fused H 1024", 128, 1024, 256, 512, 8, 4, 1},
+  };
+  for (const char* wide : {"0", "1"})
+  for (const MoeCase& c : cases) {
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
+    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
+    auto gpu = test::make_gpu();
+    auto cpu = make_cpu_backend();
+    test::OwnedStorage st;
+    const uint64_t seed = uint64_t(c.E * 11 + c.H);
+    MoeWeights hw = make_moe(st, c, seed);
+    MoeWeights dw = test::to_device(*gpu, hw);
+    const ModelConfig cfg = moe_config(c);
+    const cuda::Ctx ctx = fused_ctx(*gpu);
+    const cuda::MoeScratch s = fused_scratch(*gpu, c);
+    for (int rep = 0; rep < 2; ++rep) {
+      auto x = test::randn(size_t(c.H), seed + 50 + rep);
+      std::vector<float> ref(size_t(c.H));
+      cpu->begin_forward();
+      cpu->moe(test::host_f32(ref, {1, c.H}), test::host_f32(x, {1, c.H}), hw, cfg);
+      Tensor dx = test::upload_f32(*gpu, x, {1, c.H});
+      std::vector<float> got[2];
+      for (int form = 0; form < 2; ++form) {
+        test::EnvGuard sb("FERN_CUDA_MOE_SB", form == 0 ? "chunk" : "row");
+        Tensor dy = gpu->alloc(DType::F32, {1, c.H});
+        ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
+        got[form] = test::download(*gpu, dy);
+        const double e = test::nmse(got[form].data(), ref.data(), ref.size());
+        std::printf("moe %-14s wide %s FERN_CUDA_MOE_SB=%-5s call %d  NMSE %.3e\n", c.name, wide,
+                    form == 0 ? "chunk" : "row", rep, e);
+        EXPECT_LT(e, kNmse);
+      }
+      EXPECT_EQ(got[0], got[1]) << "call " << rep;
+    }
+    test::EnvGuard bad("FERN_CUDA_MOE_SB", "word");
+    Tensor dx = gpu->alloc(DType::F32, {1, c.H}), dy = gpu->alloc(DType::F32, {1, c.H});
+    try {
+      cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
+      ADD_FAILURE() << "FERN_CUDA_MOE_SB=word was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_SB"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // An unknown block shape is an error naming the switch, not a silent default.
 TEST(CudaMoe, FusedDecodeRefusesUnknownShape) {
   FERN_REQUIRE_GPU();
