@@ -38,6 +38,7 @@ constexpr int kMaxMats = 4;
 struct StepBuf {
   uint4 w[2][kRPI];
   float s[2][kRPI], b[2][kRPI];
+  uint32_t sbw[kRPI];  // SB kernels: the step's scales and biases, one word per lane and row (s and b unused)
 };
 
 // Top-k tail of the fused router (ROUTE kernels only).
@@ -224,10 +225,15 @@ __device__ __forceinline__ int mat_of(const int (&start)[kMaxMats + 1], int v) {
 // shared-expert gate's single row) the last block of each token row runs the router's top-k over y[0] with y[1]
 // as the shared-expert gate logit.
 // MINB > 1: registers capped so that MINB blocks fit on an SM (FERN_CUDA_GEMV_OCC, gemv_occupancy).
-template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1>
+// SB: 4-bit rows in groups of 64 whose width is a multiple of 2,048 (a step: 64 chunks of one row per warp, 32
+// groups), 32 lanes per row: a step's 32 scales and 32 biases of a row in one 4-byte load per lane (lanes 0..15 the
+// scale words, 16..31 the bias words), shuffled to the lanes when the step is consumed, instead of two 2-byte loads
+// per chunk; the same values and arithmetic (gemv_sb, docs/notes/cuda-decode-v20-burst.md).
+template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false>
 __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
+  static_assert(!SB || (BITS == 4 && LPR == 32), "packed scales: 4-bit rows, 32 lanes per row");
   extern __shared__ float4 smem[];
   constexpr int F4 = ChunkTraits<BITS>::kF4;
   constexpr int RS = 32 / LPR;       // rows side by side in one warp
@@ -264,14 +270,22 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
           }
         }
       }
+      if constexpr (SB) {  // every chunk of the step exists (the width is a multiple of 64 chunks)
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int c = sub + (lci * 2 + u) * LPR;
-        if (ok && c < CPR) {
-          load_chunk<BITS>(m, rr, c, Bf.w[u][r], Bf.s[u][r], Bf.b[u][r]);
-        } else {
-          Bf.w[u][r] = make_uint4(0, 0, 0, 0);
-          Bf.s[u][r] = Bf.b[u][r] = 0.0f;
+        for (int u = 0; u < 2; ++u)
+          Bf.w[u][r] = ok ? ld_stream(m.w + (rr * CPR + sub + (lci * 2 + u) * LPR)) : make_uint4(0, 0, 0, 0);
+        const uint16_t* p = (lane < 16 ? m.s : m.b) + int64_t(rr) * m.gpr + 32 * lci + 2 * (lane & 15);
+        Bf.sbw[r] = ok ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
+      } else {
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int c = sub + (lci * 2 + u) * LPR;
+          if (ok && c < CPR) {
+            load_chunk<BITS>(m, rr, c, Bf.w[u][r], Bf.s[u][r], Bf.b[u][r]);
+          } else {
+            Bf.w[u][r] = make_uint4(0, 0, 0, 0);
+            Bf.s[u][r] = Bf.b[u][r] = 0.0f;
+          }
         }
       }
     }
@@ -305,7 +319,20 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int j = cci * 2 + u;
-      if (sub + j * LPR < CPR) {
+      if constexpr (SB) {  // chunk lane + 32 j lies in the step's group lane / 2 + 16 u: word lane / 4 + 8 u
+        float d[kRPI];
+        chunk_dot<BITS, LPR, kRPI>(cur.w[u], xl + j * (F4 * LPR), d);
+        const float xsum = xcl[j * LPR];
+        const int src = (lane >> 2) + 8 * u;
+        const bool hi = (lane >> 1) & 1;
+#pragma unroll
+        for (int r = 0; r < kRPI; ++r) {
+          const uint32_t ws = __shfl_sync(0xffffffffu, cur.sbw[r], src);
+          const uint32_t wb = __shfl_sync(0xffffffffu, cur.sbw[r], src + 16);
+          acc[r] += apply_group<BITS>(d[r], __uint_as_float(hi ? ws & 0xffff0000u : ws << 16),
+                                      __uint_as_float(hi ? wb & 0xffff0000u : wb << 16), xsum);
+        }
+      } else if (sub + j * LPR < CPR) {
         float d[kRPI];
         chunk_dot<BITS, LPR, kRPI>(cur.w[u], xl + j * (F4 * LPR), d);
         const float xsum = BITS == 16 ? 0.0f : xcl[j * LPR];
@@ -547,6 +574,17 @@ bool gated_norm_wide(const Ctx& c, int rows) {
 // call, for comparisons.
 int gemv_occupancy() { return env_choice("FERN_CUDA_GEMV_OCC", {"2", "3"}, 1) == 0 ? 2 : 3; }
 
+// The packed scales and biases of linear_kernel's SB form (FERN_CUDA_GEMV_SB=row, the default, or chunk; read at
+// every call, for comparisons): 4-bit matrices in groups of 64, widths a multiple of 2,048, every matrix's scale and
+// bias arrays on 4-byte boundaries (their rows are then too: 2 K / 64 bytes each).
+bool gemv_sb(const QW& a, const Mats& m) {
+  if (env_choice("FERN_CUDA_GEMV_SB", {"chunk", "row"}, 1) == 0) return false;
+  if (a.bits != 4 || a.gs != 64 || a.in % 2048 != 0) return false;
+  for (int i = 0; i < kMaxMats; ++i)
+    if ((reinterpret_cast<uintptr_t>(m.s[i]) & 3) != 0 || (reinterpret_cast<uintptr_t>(m.b[i]) & 3) != 0) return false;
+  return true;
+}
+
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
@@ -574,10 +612,15 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
                     (STAGE != kStageNorm || a.in <= 4 * kThreads * 2);  // InputStage<.., LATE>::NV
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : occ3 ? 3 : 2)));
   dim3 grid(blocks, T);
+  const bool sb = gemv_sb(a, m) && BITS == 4 && !ROUTE && lpr == 32 && !wide;  // the switch read for every GEMV
   if constexpr (BITS == 4 && !ROUTE) {
     if (occ3) {
-      launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3>, grid, kThreads, smem, a,
-             m, rows, x, tail, nm);
+      if (sb)
+        launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true>, grid, kThreads,
+               smem, a, m, rows, x, tail, nm);
+      else
+        launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3>, grid, kThreads, smem,
+               a, m, rows, x, tail, nm);
       return;
     }
   }
@@ -592,6 +635,13 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
     launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, 2 * kThreads>, grid, 2 * kThreads, smem,
            a, m, rows, x, tail, nm);
     return;
+  }
+  if constexpr (BITS == 4 && !ROUTE) {
+    if (sb) {  // (FERN_CUDA_GEMV_NB=3 on a plain GEMV took its own kernel above)
+      launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 1, true>, grid, kThreads,
+             smem, a, m, rows, x, tail, nm);
+      return;
+    }
   }
   switch (lpr) {
     case 32: launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads>, grid, kThreads, smem, a, m, rows, x, tail, nm); break;

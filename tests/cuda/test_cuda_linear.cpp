@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "cuda_test_util.h"
 
@@ -22,7 +23,7 @@ struct Case {
 // room and still catches any wrong nibble, group or row (those give NMSE > 1e-3).
 constexpr double kNmse = 1e-9;
 
-void run_case(const Case& c) {
+std::vector<float> run_case(const Case& c) {
   SCOPED_TRACE(c.name);
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
@@ -41,6 +42,7 @@ void run_case(const Case& c) {
   const double e = test::nmse(got.data(), ref.data(), got.size());
   std::printf("linear %-28s [%6ld x %5ld] %2d-bit T=%d  NMSE %.3e\n", c.name, long(c.out), long(c.in), c.bits, c.T, e);
   EXPECT_LT(e, kNmse);  // NaN (an unwritten output) fails too
+  return got;
 }
 
 TEST(CudaLinear, RealShapes) {
@@ -69,6 +71,34 @@ TEST(CudaLinear, AwkwardShapes) {
 // with 32 lanes per row. Row counts whose step count per warp is not a multiple of the depth, few steps per warp (8192 rows:
 // two, fewer than depth 3), several token rows, and the 8-bit and bf16 variants (32 lanes per row from 1024 and
 // 512 inputs).
+// The packed scales and biases of the 4-bit GEMV (FERN_CUDA_GEMV_SB=row, the default: one word per lane and row per
+// step, shuffled to the lanes; docs/notes/cuda-decode-v20-burst.md) against two 2-byte loads per chunk (chunk): the
+// same values through the same arithmetic, so the same bits, and both against the CPU (run_case). The packed form
+// takes widths of 2,048, 4,096 and 6,144 (one, two and three steps per row group) on the two- and three-block
+// kernels (8,192 and 40,001 rows: FERN_CUDA_GEMV_OCC's three blocks per SM), several token rows; 8-bit, groups of
+// 128 and a width of 1,024 fall back to the chunk loads and must match too. An unknown value is refused.
+TEST(CudaLinear, PackedScalesSameBits) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
+  for (const Case& c : {Case{"sb qkv", 8192, 2048, 4, 64, 1}, Case{"sb out_proj", 2048, 4096, 4, 64, 1},
+                        Case{"sb odd rows", 40001, 2048, 4, 64, 1}, Case{"sb three steps", 333, 6144, 4, 64, 1},
+                        Case{"sb T=3", 1000, 2048, 4, 64, 3}, Case{"sb 8-bit", 3000, 2048, 8, 64, 1},
+                        Case{"sb group 128", 129, 2048, 4, 128, 2}, Case{"sb K=1024", 700, 1024, 4, 64, 1}}) {
+    std::vector<float> chunk, row;
+    {
+      test::EnvGuard sb("FERN_CUDA_GEMV_SB", "chunk");
+      chunk = run_case(c);
+    }
+    {
+      test::EnvGuard sb("FERN_CUDA_GEMV_SB", "row");
+      row = run_case(c);
+    }
+    EXPECT_EQ(chunk, row) << c.name;
+  }
+  test::EnvGuard bad("FERN_CUDA_GEMV_SB", "word");
+  EXPECT_THROW(run_case(Case{"sb refused", 64, 2048, 4, 64, 1}), std::exception);
+}
+
 TEST(CudaLinear, PipelineDepths) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
