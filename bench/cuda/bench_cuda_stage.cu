@@ -26,6 +26,7 @@
 #include "bench_timing.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_util.cuh"
+#include "cuda/ptx.cuh"
 
 using namespace fern;
 using namespace fern::cuda;
@@ -82,14 +83,7 @@ __global__ void multicast_kernel(const float* x, int K, float* out) {
         "l"(x), "r"(bytes), "r"(saddr(&bar)), "h"(mask)
         : "memory");
   }
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(saddr(&bar))
-        : "memory");
-  }
+  ptx::mbar_wait(&bar, 0);
   pdl_trigger();
   float s = 0.0f;
   for (int f = threadIdx.x; f < K / 4; f += blockDim.x) s += xs[f].x + xs[f].y + xs[f].z + xs[f].w;
@@ -140,14 +134,7 @@ __global__ void burst_bulk_kernel(const char* region, uint32_t bytes, float* out
           : "memory");
   }
   __syncthreads();  // the barrier is initialised before anyone waits on it
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(saddr(&bar))
-        : "memory");
-  }
+  ptx::mbar_wait(&bar, 0);
   const uint32_t x = reinterpret_cast<const uint32_t*>(buf)[threadIdx.x] ^
                      reinterpret_cast<const uint32_t*>(buf + bytes - 4 * blockDim.x)[threadIdx.x];
   if (x == 0x9e3779b9u) out[blockIdx.x] = 1.0f;

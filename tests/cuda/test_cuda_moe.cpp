@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -156,6 +157,23 @@ cuda::MoeScratch fused_scratch(CudaBackend& gpu, const MoeCase& c) {
                           f32(c.k * c.I + c.Is)};
 }
 
+// One case of the fused-kernel tests: both backends and the weights on both sides (st owns the host tensors, so it
+// is declared before them).
+struct FusedCase {
+  std::unique_ptr<CudaBackend> gpu = test::make_gpu();
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  test::OwnedStorage st;
+  MoeWeights hw, dw;
+  ModelConfig cfg;
+};
+std::unique_ptr<FusedCase> fused_case(const MoeCase& c, uint64_t seed) {
+  auto f = std::make_unique<FusedCase>();
+  f->hw = make_moe(f->st, c, seed);
+  f->dw = test::to_device(*f->gpu, f->hw);
+  f->cfg = moe_config(c);
+  return f;
+}
+
 // The one-launch decode MoE (moe_fused.cu) called directly, so that a silent fall-back to the three launches
 // cannot pass for it: per case, four tokens one after another on the same counters (the handoff counters alternate
 // between two pairs by epoch parity, so four calls run each pair twice), each against the CPU backend, and the
@@ -177,13 +195,12 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
   for (const MoeCase& c : cases) {
     test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
     SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
-    auto gpu = test::make_gpu();
-    auto cpu = make_cpu_backend();
-    test::OwnedStorage st;
     const uint64_t seed = uint64_t(c.E * 7 + c.H + c.I);
-    MoeWeights hw = make_moe(st, c, seed);
-    MoeWeights dw = test::to_device(*gpu, hw);
-    const ModelConfig cfg = moe_config(c);
+    const auto f = fused_case(c, seed);
+    CudaBackend* gpu = f->gpu.get();
+    Backend* cpu = f->cpu.get();
+    const MoeWeights &hw = f->hw, &dw = f->dw;
+    const ModelConfig& cfg = f->cfg;
     const cuda::Ctx ctx = fused_ctx(*gpu);
     const cuda::MoeScratch s = fused_scratch(*gpu, c);
     Tensor ids(s.topk_ids, DType::I32, {c.k}, Device::Cuda), ids3 = gpu->alloc(DType::I32, {c.k});
@@ -228,13 +245,12 @@ TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
   for (const MoeCase& c : cases) {
     test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
     SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
-    auto gpu = test::make_gpu();
-    auto cpu = make_cpu_backend();
-    test::OwnedStorage st;
     const uint64_t seed = uint64_t(c.E * 11 + c.H);
-    MoeWeights hw = make_moe(st, c, seed);
-    MoeWeights dw = test::to_device(*gpu, hw);
-    const ModelConfig cfg = moe_config(c);
+    const auto f = fused_case(c, seed);
+    CudaBackend* gpu = f->gpu.get();
+    Backend* cpu = f->cpu.get();
+    const MoeWeights &hw = f->hw, &dw = f->dw;
+    const ModelConfig& cfg = f->cfg;
     const cuda::Ctx ctx = fused_ctx(*gpu);
     const cuda::MoeScratch s = fused_scratch(*gpu, c);
     for (int rep = 0; rep < 2; ++rep) {
@@ -317,13 +333,12 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
   for (const MoeCase& c : cases) {
     test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
     SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
-    auto gpu = test::make_gpu();
-    auto cpu = make_cpu_backend();
-    test::OwnedStorage st;
     const uint64_t seed = uint64_t(c.E * 5 + c.H);
-    MoeWeights hw = make_moe(st, c, seed);
-    MoeWeights dw = test::to_device(*gpu, hw);
-    const ModelConfig cfg = moe_config(c);
+    const auto f = fused_case(c, seed);
+    CudaBackend* gpu = f->gpu.get();
+    Backend* cpu = f->cpu.get();
+    const MoeWeights &hw = f->hw, &dw = f->dw;
+    const ModelConfig& cfg = f->cfg;
     const float eps = 1e-6f;
     auto nw = test::randn(size_t(c.H), seed + 1, 0.3f);
     for (float& v : nw) v += 1.0f;
