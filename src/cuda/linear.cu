@@ -226,9 +226,9 @@ __device__ __forceinline__ int mat_of(const int (&start)[kMaxMats + 1], int v) {
 // as the shared-expert gate logit.
 // MINB > 1: registers capped so that MINB blocks fit on an SM (FERN_CUDA_GEMV_OCC, gemv_occupancy).
 // SB: 4-bit rows in groups of 64 whose width is a multiple of 2,048 (a step: 64 chunks of one row per warp, 32
-// groups), 32 lanes per row: a step's 32 scales and 32 biases of a row in one 4-byte load per lane (lanes 0..15 the
-// scale words, 16..31 the bias words), shuffled to the lanes when the step is consumed, instead of two 2-byte loads
-// per chunk; the same values and arithmetic (gemv_sb, docs/notes/cuda-decode-v20-burst.md).
+// groups), 32 lanes per row: a step's 32 scales and 32 biases of a row in one 4-byte load per lane (qdot.cuh
+// load_sb_word), shuffled to the lanes when the step is consumed (sb_from_word), instead of two 2-byte loads per
+// chunk; the same values and arithmetic (gemv_sb, docs/notes/cuda-decode-v20-burst.md).
 template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false>
 __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
@@ -274,8 +274,7 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
 #pragma unroll
         for (int u = 0; u < 2; ++u)
           Bf.w[u][r] = ok ? ld_stream(m.w + (rr * CPR + sub + (lci * 2 + u) * LPR)) : make_uint4(0, 0, 0, 0);
-        const uint16_t* p = (lane < 16 ? m.s : m.b) + int64_t(rr) * m.gpr + 32 * lci + 2 * (lane & 15);
-        Bf.sbw[r] = ok ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
+        Bf.sbw[r] = ok ? load_sb_word(m, rr, 32 * lci, lane) : 0u;
       } else {
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
@@ -319,18 +318,15 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int j = cci * 2 + u;
-      if constexpr (SB) {  // chunk lane + 32 j lies in the step's group lane / 2 + 16 u: word lane / 4 + 8 u
+      if constexpr (SB) {  // chunk lane + 32 j is chunk lane + 32 u of the step's 64 (sb_from_word)
         float d[kRPI];
         chunk_dot<BITS, LPR, kRPI>(cur.w[u], xl + j * (F4 * LPR), d);
         const float xsum = xcl[j * LPR];
-        const int src = (lane >> 2) + 8 * u;
-        const bool hi = (lane >> 1) & 1;
 #pragma unroll
         for (int r = 0; r < kRPI; ++r) {
-          const uint32_t ws = __shfl_sync(0xffffffffu, cur.sbw[r], src);
-          const uint32_t wb = __shfl_sync(0xffffffffu, cur.sbw[r], src + 16);
-          acc[r] += apply_group<BITS>(d[r], __uint_as_float(hi ? ws & 0xffff0000u : ws << 16),
-                                      __uint_as_float(hi ? wb & 0xffff0000u : wb << 16), xsum);
+          float sc, bi;
+          sb_from_word(cur.sbw[r], lane, u, sc, bi);
+          acc[r] += apply_group<BITS>(d[r], sc, bi, xsum);
         }
       } else if (sub + j * LPR < CPR) {
         float d[kRPI];

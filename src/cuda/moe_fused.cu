@@ -74,13 +74,11 @@ struct Rows {
 };
 
 // The packed form of a 4-bit row of 2,048 weights in groups of 64 (sb32, decided by the host: fused_args): its 32
-// scales and 32 biases (64 bytes each) in one 4-byte load per lane, lanes 0..15 taking the scale words and 16..31
-// the bias words, instead of four 2-byte loads per lane (the scale and bias of its two chunks' groups). A lane's
-// chunks lane and lane + 32 lie in groups lane / 2 and 16 + lane / 2, i.e. word lane / 4 (+ 8) at half (lane / 2) % 2,
-// fetched by shuffles when the row is consumed (dot_rows), so that the loads of all rows are in flight together.
-// Same values, same arithmetic: the same bits. Why: the expert rows of one launch are a ~14 MB burst that takes
-// ~7.3 us against ~4.0 us for a bare burst of loads of that size (bench_cuda_stage), and three quarters of the
-// phase's load instructions were these 2-byte loads (docs/notes/cuda-decode-v20-burst.md).
+// scales and 32 biases in one 4-byte load per lane (qdot.cuh load_sb_word) instead of four 2-byte loads per lane,
+// handed to the lanes by shuffles when the row is consumed (dot_rows, sb_from_word), so that the loads of all rows
+// are in flight together. Same values, same arithmetic: the same bits. Why: the expert rows of one launch are a
+// ~14 MB burst that takes ~7.3 us against ~4.0 us for a bare burst of loads of that size (bench_cuda_stage), and two
+// thirds of the phase's load instructions were these 2-byte loads (docs/notes/cuda-decode-v20-burst.md).
 template <int N, typename Mat>
 __device__ __forceinline__ void load_rows_sb32(const Mat& mat, const int (&row)[N], int lane, Rows<4, N>& R) {
 #pragma unroll
@@ -92,11 +90,7 @@ __device__ __forceinline__ void load_rows_sb32(const Mat& mat, const int (&row)[
     }
   }
 #pragma unroll
-  for (int r = 0; r < N; ++r) {
-    const ChunkMat m = mat(r);
-    const uint16_t* p = (lane < 16 ? m.s : m.b) + int64_t(row[r]) * 32 + 2 * (lane & 15);
-    R.sbw[r] = row[r] >= 0 ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
-  }
+  for (int r = 0; r < N; ++r) R.sbw[r] = row[r] >= 0 ? load_sb_word(mat(r), row[r], 0, lane) : 0u;
 }
 
 // Pass `pass` of rows row[r] of matrix mat(r) (row < 0: none): lane takes chunks lane + 32 * (pass * NCH + u).
@@ -130,19 +124,15 @@ __device__ __forceinline__ void dot_rows(const Rows<BITS, N>& R, int pass, int c
   constexpr int NCH = kNch<BITS>, F4 = ChunkTraits<BITS>::kF4;
   if constexpr (BITS == 4) {
     if (sb32) {  // one pass of 64 chunks: every lane takes part (the shuffles need all 32)
-      const bool hi = (lane >> 1) & 1;
 #pragma unroll
       for (int u = 0; u < NCH; ++u) {
         float d[N];
         chunk_dot<BITS, 32, N>(R.w[u], xs + lane + u * (F4 * 32), d);
         const float xsum = xc[lane + 32 * u];
-        const int src = (lane >> 2) + 8 * u;  // the lane holding the scale word of this chunk's group
 #pragma unroll
         for (int r = 0; r < N; ++r) {
-          const uint32_t ws = __shfl_sync(0xffffffffu, R.sbw[r], src);
-          const uint32_t wb = __shfl_sync(0xffffffffu, R.sbw[r], src + 16);
-          const float sc = __uint_as_float(hi ? ws & 0xffff0000u : ws << 16);
-          const float bi = __uint_as_float(hi ? wb & 0xffff0000u : wb << 16);
+          float sc, bi;
+          sb_from_word(R.sbw[r], lane, u, sc, bi);
           acc[r] += apply_group<BITS>(d[r], sc, bi, xsum);
         }
       }

@@ -255,6 +255,25 @@ __device__ __forceinline__ void load_group(const ChunkMat& m, int row, int c, fl
   }
 }
 
+// The packed scales and biases of a 4-bit row in groups of 64 read by a warp of 32 lanes, 64 chunks at a time
+// (docs/notes/cuda-decode-v20-burst.md): the 32 scales and 32 biases of the 64 chunks starting at group g0 (a multiple
+// of 32) in one 4-byte load per lane, lanes 0..15 taking the scale words and 16..31 the bias words, instead of two
+// 2-byte loads per chunk and lane. The scale and bias arrays must be 4-byte aligned (rows of gpr groups, gpr even).
+__device__ __forceinline__ uint32_t load_sb_word(const ChunkMat& m, int row, int g0, int lane) {
+  const uint16_t* p = (lane < 16 ? m.s : m.b) + int64_t(row) * m.gpr + g0 + 2 * (lane & 15);
+  return __ldg(reinterpret_cast<const uint32_t*>(p));
+}
+// The scale and bias of chunk lane + 32 u of those 64 (group lane / 2 + 16 u: word lane / 4 + 8 u, half (lane / 2) %
+// 2), from the lanes holding them; every lane of the warp must call it (shuffles).
+__device__ __forceinline__ void sb_from_word(uint32_t word, int lane, int u, float& sc, float& bi) {
+  const int src = (lane >> 2) + 8 * u;
+  const bool hi = (lane >> 1) & 1;
+  const uint32_t ws = __shfl_sync(0xffffffffu, word, src);
+  const uint32_t wb = __shfl_sync(0xffffffffu, word, src + 16);
+  sc = __uint_as_float(hi ? ws & 0xffff0000u : ws << 16);
+  bi = __uint_as_float(hi ? wb & 0xffff0000u : wb << 16);
+}
+
 // Loads chunk c of row `row` (weights, and for affine the group's scale and bias).
 template <int BITS>
 __device__ __forceinline__ void load_chunk(const ChunkMat& m, int row, int c, uint4& wv, float& sc, float& bi) {
