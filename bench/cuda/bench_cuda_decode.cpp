@@ -78,9 +78,7 @@ void bench_gemv() {
                          Shape{"down, tensor cores", 2048, 512, 4, nullptr, nullptr, true},
                          Shape{"out_proj, tensor cores", 2048, 4096, 4, nullptr, nullptr, true},
                          Shape{"lm_head, CUDA cores", 248320, 2048, 4, "FERN_CUDA_GEMV_TC", "0"},
-                         Shape{"lm_head, TC 2 buffers", 248320, 2048, 4, "FERN_CUDA_GEMV_TC_NB", "2"},
-                         Shape{"lm_head, sectors twice", 248320, 2048, 4, "FERN_CUDA_GEMV_TC_SECTORS", "twice"},
-                         Shape{"qkv, TC sectors twice", 8192, 2048, 4, "FERN_CUDA_GEMV_TC_SECTORS", "twice", true}}) {
+                         Shape{"lm_head, TC 2 buffers", 248320, 2048, 4, "FERN_CUDA_GEMV_TC_NB", "2"}}) {
     if (s.env != nullptr) setenv(s.env, s.val, 1);
     if (s.tc) setenv("FERN_CUDA_GEMV_TC", "1", 1);
     CudaBackend be(0);

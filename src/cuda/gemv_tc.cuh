@@ -21,13 +21,6 @@
 //    and bias, s * sum + (b - 128 s) * sum(hi + lo) (the same folded offset as the CUDA-core loop, qdot.cuh), with
 //    no data moved between lanes until the row's four groups per block are added by two shuffles.
 // Group sizes that are a multiple of 64 keep each lane's 64 codes in one group.
-//
-// Which chunks a lane takes (template argument ONCE; docs/notes/cuda-decode-v21-sectors.md). As above (ONCE false),
-// the four lanes of a quad load chunks 0, 2, 4, 6 of a row's 128-byte block in one instruction and 1, 3, 5, 7 in
-// the next: each instruction touches all four 32-byte sectors of the block and uses half of each, so every sector
-// travels from L2 twice (the codes are loaded without L1 allocation). With ONCE, lane j takes chunks j and j + 4:
-// each instruction reads 64 contiguous bytes, each sector once. The two chunks then lie in different groups of 64,
-// so each has its own scale, bias and input sum (group sums per 32-wide chunk), promoted separately.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -40,23 +33,12 @@ namespace fern::cuda {
 
 constexpr int kTcK = 256;  // the K width of one item: 4 groups of 64, one per lane of a quad
 
-// Shared-memory layout of the staged row for n inputs: per 256-wide block kb, 8 word pairs mp (mp = 4 * which of
-// the lane's two chunks + word), 4 quads j, hi and lo: 16 bytes each (4 bf16 pairs: the two MMAs' B registers of
-// that word); then the sums of hi + lo, one float per 64 inputs (ONCE false) or per 32 (ONCE), room for the latter
-// in both. Blocks past the row are zero.
+// Shared-memory layout of the staged row for n inputs: per 256-wide block kb, 8 word pairs mp (mp = 4 * second
+// chunk + word), 4 quads j, hi and lo: 16 bytes each (4 bf16 pairs: the two MMAs' B registers of that word); then
+// the group sums of hi + lo, one float per 64 inputs. Blocks past the row are zero.
 __host__ __device__ constexpr int tc_blocks(int n) { return (n + kTcK - 1) / kTcK; }
 __host__ __device__ constexpr int tc_table_uint4s(int n) { return tc_blocks(n) * 64; }
-__host__ __device__ constexpr int tc_sums(int n) { return tc_blocks(n) * 8; }
-__host__ __device__ constexpr int tc_smem_bytes(int n) { return tc_table_uint4s(n) * 16 + tc_sums(n) * 4; }
-
-// Chunk c (0..7) of a 256-wide block: the quad lane j that holds it and which of that lane's two chunks it is.
-template <bool ONCE>
-__host__ __device__ constexpr int tc_lane_of(int c) { return ONCE ? c & 3 : c >> 1; }
-template <bool ONCE>
-__host__ __device__ constexpr int tc_second_of(int c) { return ONCE ? c >> 2 : c & 1; }
-// The lane's chunk `second` (0, 1) of the block: the inverse of the two above.
-template <bool ONCE>
-__host__ __device__ constexpr int tc_chunk_of(int j, int second) { return ONCE ? j + 4 * second : 2 * j + second; }
+__host__ __device__ constexpr int tc_smem_bytes(int n) { return tc_table_uint4s(n) * 16 + tc_blocks(n) * 4 * 4; }
 
 // x0 as bf16 bits (round to nearest) and its remainder's.
 __device__ __forceinline__ void split_bf16(float x0, uint32_t& hi, uint32_t& lo) {
@@ -64,10 +46,9 @@ __device__ __forceinline__ void split_bf16(float x0, uint32_t& hi, uint32_t& lo)
   lo = __bfloat16_as_ushort(__float2bfloat16_rn(x0 - __uint_as_float(hi << 16)));
 }
 
-// The staging sink (the interface of qdot.cuh's ChunkSink) that writes the B table and the input sums. The float4
+// The staging sink (the interface of qdot.cuh's ChunkSink) that writes the B table and the group sums. The float4
 // f holds inputs 4f .. 4f + 3: nibbles 0-3 (f even) or 4-7 (f odd) of word f / 2. The lanes of a pair (f, f ^ 1)
 // swap halves by one shuffle of two registers: the even lane stores the word's hi entry, the odd lane its lo entry.
-template <bool ONCE>
 struct TcSink {
   uint4* xb;  // tc_table_uint4s(n)
   float* xg;  // tc_blocks(n) * 4
@@ -90,41 +71,36 @@ struct TcSink {
       e = make_uint4(p[0] | l[0] << 16, p[1] | l[1] << 16, p[2] | l[2] << 16, p[3] | l[3] << 16);
     }
     const int wd = f >> 1, kb = wd >> 5, c = (wd >> 2) & 7, wi = wd & 3;
-    const int mp = tc_second_of<ONCE>(c) * 4 + wi, j = tc_lane_of<ONCE>(c);
+    const int mp = (c & 1) * 4 + wi, j = c >> 1;
     if (ok) xb[((kb * 8 + mp) * 4 + j) * 2 + (f & 1)] = e;
-    // Sums of what the MMAs see (hi + lo), so that the folded offset cancels exactly what was added: over the 16
-    // float4s of a group of 64, or the 8 of a chunk (ONCE).
+    // Group sums of what the MMAs see (hi + lo), so that the folded offset cancels exactly what was added.
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) s += __uint_as_float(h[i] << 16) + __uint_as_float(l[i] << 16);
-    constexpr int kSpan = ONCE ? 8 : 16;
 #pragma unroll
-    for (int o = 1; o < kSpan; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (ok && (f & (kSpan - 1)) == 0) xg[f / kSpan] = s;
+    for (int o = 1; o < 16; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (ok && (f & 15) == 0) xg[f >> 4] = s;
   }
 };
 
-// Zeroes the table entries and input sums of the last block past the row's n inputs (n a multiple of 64; before
-// the staging's barrier; any threads of the block).
-template <bool ONCE>
+// Zeroes the table entries and group sums of the last block past the row's n inputs (before the staging's
+// barrier; any threads of the block).
 __device__ __forceinline__ void tc_zero_tail(uint4* xb, float* xg, int n) {
   const int nb = tc_blocks(n);
-  constexpr int kSpan = ONCE ? 32 : 64;  // inputs per sum
-  // Words [n / 8, nb * 32) each own two entries; sums [n / kSpan, nb * 256 / kSpan).
+  // Words [n / 8, nb * 32) each own two entries; groups [n / 64, nb * 4).
   for (int wd = n / 8 + static_cast<int>(threadIdx.x); wd < nb * 32; wd += static_cast<int>(blockDim.x)) {
     const int kb = wd >> 5, c = (wd >> 2) & 7, wi = wd & 3;
-    const int idx = ((kb * 8 + tc_second_of<ONCE>(c) * 4 + wi) * 4 + tc_lane_of<ONCE>(c)) * 2;
+    const int idx = ((kb * 8 + (c & 1) * 4 + wi) * 4 + (c >> 1)) * 2;
     xb[idx] = xb[idx + 1] = make_uint4(0, 0, 0, 0);
   }
-  for (int gi = n / kSpan + static_cast<int>(threadIdx.x); gi < nb * (kTcK / kSpan); gi += static_cast<int>(blockDim.x))
-    xg[gi] = 0.0f;
+  for (int gi = n / 64 + static_cast<int>(threadIdx.x); gi < nb * 4; gi += static_cast<int>(blockDim.x)) xg[gi] = 0.0f;
 }
 
-// One lane's share of an item: its two chunks (tc_chunk_of) of block kb of rows g (w[0..1]) and g + 8 (w[2..3]),
-// and the scales and biases [2 * row + chunk] (ONCE false: both chunks in one group, only [0] and [2] used).
+// One lane's share of an item: chunks 2j, 2j + 1 of block kb of rows g (w[0..1]) and g + 8 (w[2..3]), and the
+// scale and bias of group j of both rows.
 struct TcItem {
   uint4 w[4];
-  float s[4], b[4];
+  float s[2], b[2];
 };
 
 // The pair (q_a, q_{a+4}) of word w as exact bf16 numbers 128 + q.
@@ -137,9 +113,8 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// The item's contribution to rows g (acc[0]) and g + 8 (acc[1]) over lane j's two chunks of block kb. xb: the
-// staged table; bq: this lane's B entry offset inside a block's word pair (g / 2 == j: g, else -1: zero registers).
-template <bool ONCE>
+// The item's contribution to rows g (acc[0]) and g + 8 (acc[1]) over lane j's group of block kb. xb: the staged
+// table; bq: this lane's B entry offset inside a block's word pair (g / 2 == j: g, else -1: zero registers).
 __device__ __forceinline__ void tc_item(const TcItem& it, const uint4* __restrict__ xb, const float* __restrict__ xg,
                                         int kb, int j, int bq, float (&acc)[2]) {
   float c[4][4];
@@ -157,22 +132,11 @@ __device__ __forceinline__ void tc_item(const TcItem& it, const uint4* __restric
     const uint32_t a1[4] = {code_pair<2>(w0), code_pair<2>(w8), code_pair<3>(w0), code_pair<3>(w8)};
     ptx::mma16816<false>(c[second * 2 + 1], a1, bv.z, bv.w);
   }
-  if constexpr (ONCE) {  // each chunk with its own scale, bias and input sum
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const float t0 = (c[2 * u][0] + c[2 * u][1]) + (c[2 * u + 1][0] + c[2 * u + 1][1]);
-      const float t1 = (c[2 * u][2] + c[2 * u][3]) + (c[2 * u + 1][2] + c[2 * u + 1][3]);
-      const float xs = xg[kb * 8 + tc_chunk_of<true>(j, u)];
-      acc[0] = fmaf(it.s[u], t0, fmaf(it.b[u] - 128.0f * it.s[u], xs, acc[0]));
-      acc[1] = fmaf(it.s[2 + u], t1, fmaf(it.b[2 + u] - 128.0f * it.s[2 + u], xs, acc[1]));
-    }
-  } else {
-    const float t0 = (c[0][0] + c[0][1]) + (c[1][0] + c[1][1]) + (c[2][0] + c[2][1]) + (c[3][0] + c[3][1]);
-    const float t1 = (c[0][2] + c[0][3]) + (c[1][2] + c[1][3]) + (c[2][2] + c[2][3]) + (c[3][2] + c[3][3]);
-    const float xs = xg[kb * 4 + j];
-    acc[0] = fmaf(it.s[0], t0, fmaf(it.b[0] - 128.0f * it.s[0], xs, acc[0]));
-    acc[1] = fmaf(it.s[2], t1, fmaf(it.b[2] - 128.0f * it.s[2], xs, acc[1]));
-  }
+  const float t0 = (c[0][0] + c[0][1]) + (c[1][0] + c[1][1]) + (c[2][0] + c[2][1]) + (c[3][0] + c[3][1]);
+  const float t1 = (c[0][2] + c[0][3]) + (c[1][2] + c[1][3]) + (c[2][2] + c[2][3]) + (c[3][2] + c[3][3]);
+  const float xs = xg[kb * 4 + j];
+  acc[0] = fmaf(it.s[0], t0, fmaf(it.b[0] - 128.0f * it.s[0], xs, acc[0]));
+  acc[1] = fmaf(it.s[1], t1, fmaf(it.b[1] - 128.0f * it.s[1], xs, acc[1]));
 }
 
 }  // namespace fern::cuda

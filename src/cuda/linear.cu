@@ -393,7 +393,7 @@ struct TcTiles {
   int tiles, tpb;
 };
 
-template <bool MULTI, int STAGE, int NB, int NT, bool ONCE>
+template <bool MULTI, int STAGE, int NB, int NT>
 __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, TcTiles tt, const float* x,
                                                        InNorm nm) {
   extern __shared__ float4 smem[];
@@ -448,27 +448,18 @@ __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, T
         }
       }
     }
-    // Chunks ca, cb of K block lkb (gemv_tc.cuh tc_chunk_of): 2j, 2j + 1 (group j; cpr is even: K % 64 == 0), or
-    // j, j + 4 (ONCE: two groups, cb possibly past a row shorter than the block).
-    const int ca = lkb * 8 + tc_chunk_of<ONCE>(j, 0), cb = lkb * 8 + tc_chunk_of<ONCE>(j, 1);
+    const int c0 = lkb * 8 + 2 * j;  // chunks c0, c0 + 1: group j of K block lkb (cpr is even: K % 64 == 0)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = r0 + g + 8 * r;
-      const uint4* p = m.w + int64_t(row) * m.cpr;
-      const bool oka = row < nq && ca < m.cpr, okb = row < nq && cb < m.cpr;
-      it.w[2 * r] = oka ? ld_stream(p + ca) : make_uint4(0, 0, 0, 0);
-      it.w[2 * r + 1] = okb ? ld_stream(p + cb) : make_uint4(0, 0, 0, 0);
-      if (oka) {
-        load_group<4>(m, row, ca, it.s[2 * r], it.b[2 * r]);
+      if (row < nq && c0 < m.cpr) {
+        const uint4* p = m.w + (row * m.cpr + c0);
+        it.w[2 * r] = ld_stream(p);
+        it.w[2 * r + 1] = ld_stream(p + 1);
+        load_group<4>(m, row, c0, it.s[r], it.b[r]);
       } else {
-        it.s[2 * r] = it.b[2 * r] = 0.0f;
-      }
-      if constexpr (ONCE) {
-        if (okb) {
-          load_group<4>(m, row, cb, it.s[2 * r + 1], it.b[2 * r + 1]);
-        } else {
-          it.s[2 * r + 1] = it.b[2 * r + 1] = 0.0f;
-        }
+        it.w[2 * r] = it.w[2 * r + 1] = make_uint4(0, 0, 0, 0);
+        it.s[r] = it.b[r] = 0.0f;
       }
     }
     advance(ltl, lkb);
@@ -483,15 +474,15 @@ __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, T
   pdl_wait();
   uint4* xb = reinterpret_cast<uint4*>(smem);
   float* xg = reinterpret_cast<float*>(xb + tc_table_uint4s(K));
-  float* red = xg + tc_sums(K);  // split mode: [ntl][KB][16] partial row sums
-  tc_zero_tail<ONCE>(xb, xg, K);
-  in.run(x, nm, K, t, TcSink<ONCE>{xb, xg});
+  float* red = xg + KB * 4;  // split mode: [ntl][KB][16] partial row sums
+  tc_zero_tail(xb, xg, K);
+  in.run(x, nm, K, t, TcSink{xb, xg});
   pdl_trigger();
 
   const int bq = (g >> 1) == j ? g : -1;
   float acc[2] = {0.0f, 0.0f};
   auto step = [&](int s, TcItem& cur) {
-    tc_item<ONCE>(cur, xb, xg, ckb, j, bq, acc);
+    tc_item(cur, xb, xg, ckb, j, bq, acc);
     if (!whole || ckb == KB - 1) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -673,12 +664,6 @@ int tc_depth(bool whole) {
   return forced >= 0 ? 2 + forced : whole ? 3 : 2;
 }
 
-// Which chunks a lane of the tensor-core GEMV loads (gemv_tc.cuh, ONCE): FERN_CUDA_GEMV_TC_SECTORS=once (the
-// default: j and j + 4, each 32-byte sector of the codes requested once) or twice (2j and 2j + 1, each sector
-// requested by two load instructions); read at every call, for comparisons. Any other value is an error naming the
-// switch. Measured in docs/notes/cuda-decode-v21-sectors.md.
-bool tc_sectors_once() { return env_choice("FERN_CUDA_GEMV_TC_SECTORS", {"twice", "once"}, 1) == 1; }
-
 template <bool MULTI, int STAGE>
 bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, int T, const InNorm& nm) {
   if (a.bits != 4 || a.gs % 64 != 0 || a.in % 64 != 0 || !gemv_tc_wanted(rows)) return false;
@@ -701,12 +686,10 @@ bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* 
   const size_t smem = size_t(tc_smem_bytes(K)) + (tt.tpb < W ? size_t(tt.tpb) * KB * 16 * 4 : 0);
   if (smem > 48 * 1024) return false;
   const dim3 grid(blocks, T);
-  const bool three = tc_depth(tt.tpb >= W) == 3, once = tc_sectors_once();
-  auto* kernel = once ? (three ? linear_tc_kernel<MULTI, STAGE, 3, NT, true>
-                                : linear_tc_kernel<MULTI, STAGE, 2, NT, true>)
-                      : (three ? linear_tc_kernel<MULTI, STAGE, 3, NT, false>
-                               : linear_tc_kernel<MULTI, STAGE, 2, NT, false>);
-  launch(c, "linear_tc_kernel", kernel, grid, NT, smem, a, m, rows, tt, x, nm);
+  if (tc_depth(tt.tpb >= W) == 3)
+    launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 3, NT>, grid, NT, smem, a, m, rows, tt, x, nm);
+  else
+    launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 2, NT>, grid, NT, smem, a, m, rows, tt, x, nm);
   return true;
 }
 

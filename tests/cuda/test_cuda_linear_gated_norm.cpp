@@ -133,16 +133,14 @@ TEST(CudaLinearGatedNorm, ThreeBlocksPerSm) {
 }
 
 // The tensor-core kernel (FERN_CUDA_GEMV_TC=1; linear.cu linear_tc_kernel) staging the gated norm into its B table,
-// with two and three item buffers (FERN_CUDA_GEMV_TC_NB) and both chunk assignments (FERN_CUDA_GEMV_TC_SECTORS);
-// the 8-bit, bf16 and group-32 cases fall back to the CUDA-core kernel.
+// with two and three item buffers (FERN_CUDA_GEMV_TC_NB); the 8-bit, bf16 and group-32 cases fall back to the
+// CUDA-core kernel.
 TEST(CudaLinearGatedNorm, TensorCoreLoop) {
   FERN_REQUIRE_GPU();
   test::EnvGuard on("FERN_CUDA_GEMV_TC", "1");
-  for (const char* nb : {"2", "3"})
-  for (const char* sectors : {"once", "twice"}) {
+  for (const char* nb : {"2", "3"}) {
     test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
-    test::EnvGuard order("FERN_CUDA_GEMV_TC_SECTORS", sectors);
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_TC_NB=") + nb + " FERN_CUDA_GEMV_TC_SECTORS=" + sectors);
+    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_TC_NB=") + nb);
     run_case(kReal, true);
     for (const Case& c : kAwkward) run_case(c, false);
   }
