@@ -40,6 +40,7 @@
 #include <string>
 
 #include "core/env.h"
+#include "cuda/fast_div.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/qdot.cuh"
@@ -321,6 +322,8 @@ struct FusedArgs {
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
   int sb32;                    // the experts' rows (shared and routed) with packed scales and biases (load_rows_sb32)
+  int fdiv;                    // task and item indices by FastDiv (div_i, div_cd) instead of `/` (moe_fdiv)
+  FastDiv div_i, div_cd;       // by I (a task's slot) and by I's chunks per row (an item's slot)
 };
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
@@ -334,8 +337,10 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
 }
 
 // SB: the packed scales and biases of the experts' rows (FusedArgs::sb32; a template argument, so that each form
-// has its own register allocation).
-template <int RB, int B, bool TIMED, int NT, bool SB>
+// has its own register allocation). FD: the slot of a gate/up task and of a down item by FastDiv (one wide multiply
+// and a shift) instead of a division (~20 instructions), ahead of the loads that depend on them
+// (FusedArgs::fdiv; docs/notes/cuda-decode-v22-fastdiv.md).
+template <int RB, int B, bool TIMED, int NT, bool SB, bool FD>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   constexpr int kWarps = NT / 32;
   const Stamps<TIMED> st{a.stamps};
@@ -504,8 +509,15 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   // ---- phase 2: request this warp's first down row, then the routed gate/up rows (two tasks per warp pass) ----
   const int cprd = I / EB;
   const int routed_items = k * cprd, items = routed_items + Is / EB;
-  auto item_slot = [&](int j) { return j < routed_items ? j / cprd : k; };
-  auto item_chunk = [&](int j) { return j < routed_items ? j - (j / cprd) * cprd : j - routed_items; };
+  auto cd_div = [&](int j) {
+    if constexpr (FD) {
+      return a.div_cd.div(j);
+    } else {
+      return j / cprd;
+    }
+  };
+  auto item_slot = [&](int j) { return j < routed_items ? cd_div(j) : k; };
+  auto item_chunk = [&](int j) { return j < routed_items ? j - cd_div(j) * cprd : j - routed_items; };
   uint4 dw[kDownU];
   float ds[kDownU], db[kDownU];
   auto load_down = [&](int n, int j0) {
@@ -526,9 +538,16 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   const int ntask = k * I;
   for (int u0 = v; u0 < ntask; u0 += 2 * W) {
     const int u1 = u0 + W;
-    const int s0 = u0 / I, r0 = u0 - s0 * I;
+    auto i_div = [&](int u) {
+      if constexpr (FD) {
+        return a.div_i.div(u);
+      } else {
+        return u / I;
+      }
+    };
+    const int s0 = i_div(u0), r0 = u0 - s0 * I;
     const bool ok1 = u1 < ntask;
-    const int s1 = ok1 ? u1 / I : s0, r1 = ok1 ? u1 - s1 * I : -1;
+    const int s1 = ok1 ? i_div(u1) : s0, r1 = ok1 ? u1 - s1 * I : -1;
     // Views read from the shared tables where they are used (four views in registers would take 36 of them).
     auto mat = [&](int r) -> const ChunkMat& { return r == 0 ? mg[s0] : r == 1 ? mu[s0] : r == 2 ? mg[s1] : mu[s1]; };
     const int row[4] = {r0, r0, r1, r1};
@@ -586,13 +605,13 @@ size_t fused_smem(int64_t H, int64_t nx) {
 }
 
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED, int NT, bool SB>
+template <int RB, int B, bool TIMED, int NT, bool SB, bool FD>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB>, NT, smem) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, FD>, NT, smem) !=
         cudaSuccess)
       per_sm = 0;
     cached = per_sm;
@@ -601,21 +620,21 @@ int resident_blocks(const Ctx& c, size_t smem) {
   return std::min(cached, 512 / NT) * c.sms;
 }
 
-template <int RB, int B, bool TIMED, int NT, bool SB>
+template <int RB, int B, bool TIMED, int NT, bool SB, bool FD>
 bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, FD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT, SB>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, FD>(c, smem);
   if (blocks <= 0) return false;
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB>, blocks, NT, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, FD>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
@@ -624,9 +643,15 @@ bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
 // comparisons. Any other value is an error naming the switch, not a silent default.
 bool moe_wide() { return env_choice("FERN_CUDA_MOE_WIDE", {"0", "1"}, 1) == 1; }
 
+template <int RB, int B, bool TIMED, int NT, bool SB>
+bool launch_fused_sb(const Ctx& c, const FusedArgs& a) {
+  return a.fdiv ? launch_fused_form<RB, B, TIMED, NT, SB, true>(c, a)
+                : launch_fused_form<RB, B, TIMED, NT, SB, false>(c, a);
+}
+
 template <int RB, int B, bool TIMED, int NT>
 bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
-  return a.sb32 ? launch_fused_form<RB, B, TIMED, NT, true>(c, a) : launch_fused_form<RB, B, TIMED, NT, false>(c, a);
+  return a.sb32 ? launch_fused_sb<RB, B, TIMED, NT, true>(c, a) : launch_fused_sb<RB, B, TIMED, NT, false>(c, a);
 }
 
 template <int RB, int B, bool TIMED>
@@ -637,6 +662,10 @@ bool launch_fused(const Ctx& c, const FusedArgs& a) {
 // FERN_CUDA_MOE_SB=row (the default: the packed scales and biases where the shapes allow, load_rows_sb32) or chunk
 // (two 2-byte loads per chunk); read at every call, for comparisons. Any other value is an error naming the switch.
 bool moe_sb32() { return env_choice("FERN_CUDA_MOE_SB", {"chunk", "row"}, 1) == 1; }
+
+// FERN_CUDA_MOE_DIV=fast (the default: FastDiv for the task and item slots) or plain (`/`); read at every call, for
+// comparisons. Any other value is an error naming the switch.
+bool moe_fdiv() { return env_choice("FERN_CUDA_MOE_DIV", {"plain", "fast"}, 1) == 1; }
 
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
 bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
@@ -655,10 +684,11 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   // spills at 128 registers); the real model's experts are 4-bit.
   if (B != 4 || (RB != 8 && RB != 4)) return false;
   const int eb = 128 / B, er = 128 / RB;
-  if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64) return false;
+  if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64 || I < eb) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0, 0, FastDiv(I), FastDiv(I / eb)};
+  a.fdiv = moe_fdiv() && a.div_i.ok() && a.div_cd.ok() ? 1 : 0;
   // The packed scales and biases (load_rows_sb32): rows of 2,048 4-bit weights in groups of 64 whose scale and bias
   // rows start on 4-byte boundaries (rows of 64 bytes, experts of whole rows: the base pointers decide).
   auto aligned = [](const QW& q) {

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <random>
 
+#include "cuda/fast_div.h"
 #include "cuda_test_util.h"
 
 namespace fern {
@@ -120,6 +123,41 @@ TEST(CudaMisc, ScratchAddressesAreStable) {
     if (round == 0) first = got;
     else EXPECT_EQ(got, first);
   }
+}
+
+// cuda::FastDiv (fast_div.h) on the host (the same code runs on the device): every divisor 1..4,096 and a spread of
+// larger ones up to 2^31 - 1 (powers of two, their neighbours, primes, random), each against `/` and `%` on
+// dividends 0..2,049, around every multiple of d below 40,000, near 2^31 and at random. An off-by-one multiplier
+// shows up at the multiples and at the top of the range; a divisor out of range leaves it invalid.
+TEST(CudaFastDiv, MatchesDivisionOnTheWholeRange) {
+  std::mt19937 rng(7);
+  std::vector<int64_t> ds;
+  for (int64_t d = 1; d <= 4096; ++d) ds.push_back(d);
+  for (int b = 12; b < 31; ++b)
+    for (int64_t o : {-1, 0, 1}) ds.push_back((int64_t(1) << b) + o);
+  for (int64_t d : {65521, 1000003, 2147483629, 2147483647}) ds.push_back(d);
+  for (int i = 0; i < 200; ++i) ds.push_back(1 + int64_t(rng() % 2147483646u));
+  int64_t checked = 0;
+  for (int64_t d : ds) {
+    const cuda::FastDiv fd(d);
+    auto check = [&](int64_t n) {
+      if (n < 0 || n > INT32_MAX) return;
+      ASSERT_EQ(fd.div(int(n)), n / d) << "n " << n << " d " << d;
+      ASSERT_EQ(fd.mod(int(n)), n % d) << "n " << n << " d " << d;
+      ++checked;
+    };
+    for (int64_t n = 0; n < 2050; ++n) check(n);
+    for (int64_t q = d; q < 40000; q += d)
+      for (int64_t o : {-1, 0, 1}) check(q + o);
+    for (int64_t n = INT32_MAX - 2100; n <= INT32_MAX; ++n) check(n);
+    const int64_t top = INT32_MAX / d * d;  // the last multiple of d
+    for (int64_t o : {-1, 0, 1}) check(top + o);
+    for (int i = 0; i < 300; ++i) check(int64_t(rng() & 0x7fffffffu));
+  }
+  EXPECT_GT(checked, int64_t(10'000'000));
+  EXPECT_TRUE(cuda::FastDiv(2147483647).ok());
+  EXPECT_FALSE(cuda::FastDiv(0).ok());
+  EXPECT_FALSE(cuda::FastDiv(int64_t(1) << 31).ok());
 }
 
 }  // namespace
