@@ -321,8 +321,7 @@ struct FusedArgs {
   int topk;
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
-  int sb32;                    // the experts' rows (shared and routed) with packed scales and biases (load_rows_sb32)
-  int fdiv;                    // task and item indices by FastDiv (div_i, div_cd) instead of `/` (moe_fdiv)
+  int sb32;                    // packed scales and biases: 0 none, 1 gate/up rows (load_rows_sb32), 2 and down rows
   FastDiv div_i, div_cd;       // by I (a task's slot) and by I's chunks per row (an item's slot)
 };
 
@@ -336,11 +335,11 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
   xs[x_slot<BITS, 32>(f / F4, f % F4)] = v;
 }
 
-// SB: the packed scales and biases of the experts' rows (FusedArgs::sb32; a template argument, so that each form
-// has its own register allocation). FD: the slot of a gate/up task and of a down item by FastDiv (one wide multiply
-// and a shift) instead of a division (~20 instructions), ahead of the loads that depend on them
-// (FusedArgs::fdiv; docs/notes/cuda-decode-v22-fastdiv.md).
-template <int RB, int B, bool TIMED, int NT, bool SB, bool FD>
+// SB: the packed scales and biases (FusedArgs::sb32: 1 the gate/up rows, 2 the down rows too; a template argument,
+// so that each form has its own register allocation). The slot of a gate/up task and of a down item comes from
+// FastDiv (one wide multiply and a shift) instead of a division (~20 instructions) ahead of the loads that depend
+// on it: 20.11 -> 19.42 us per launch (docs/notes/cuda-decode-v22-fastdiv.md).
+template <int RB, int B, bool TIMED, int NT, int SB>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   constexpr int kWarps = NT / 32;
   const Stamps<TIMED> st{a.stamps};
@@ -387,7 +386,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       load_rows<RB, 1>(route_mat(u), row, 0, cpr_r, lane, rr);
     } else {
       const int row[2] = {u - n_route, u - n_route};
-      load_rows<B, 2>(shared_mat, row, 0, cpr_e, lane, sr, SB);
+      load_rows<B, 2>(shared_mat, row, 0, cpr_e, lane, sr, SB >= 1);
     }
   };
   if (v < n_p1) load_p1(v);  // weights only: before waiting on the previous kernel
@@ -470,7 +469,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     } else {
       const int row[2] = {u - n_route, u - n_route};
       float d[2];
-      finish_rows<B, 2>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB);
+      finish_rows<B, 2>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB >= 1);
       if (lane == 0) a.s.h[int64_t(k) * I + row[0]] = silu(d[0]) * d[1];
     }
   }
@@ -509,22 +508,26 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   // ---- phase 2: request this warp's first down row, then the routed gate/up rows (two tasks per warp pass) ----
   const int cprd = I / EB;
   const int routed_items = k * cprd, items = routed_items + Is / EB;
-  auto cd_div = [&](int j) {
-    if constexpr (FD) {
-      return a.div_cd.div(j);
-    } else {
-      return j / cprd;
-    }
-  };
-  auto item_slot = [&](int j) { return j < routed_items ? cd_div(j) : k; };
-  auto item_chunk = [&](int j) { return j < routed_items ? j - cd_div(j) * cprd : j - routed_items; };
+  auto item_slot = [&](int j) { return j < routed_items ? a.div_cd.div(j) : k; };
+  auto item_chunk = [&](int j) { return j < routed_items ? j - a.div_cd.div(j) * cprd : j - routed_items; };
   uint4 dw[kDownU];
   float ds[kDownU], db[kDownU];
+  uint32_t dsb[kDownU] = {};  // SB == 2: the packed scale or bias word of this lane (below)
   auto load_down = [&](int n, int j0) {
 #pragma unroll
     for (int q = 0; q < kDownU; ++q) {
       const int j = j0 + 32 * q;
-      if (j < items) {
+      if constexpr (SB == 2) {
+        // Every slot's down row is 16 chunks in groups of 64 (host: fused_args), so half-warp h of pass q holds
+        // row n of slot j / 16 (the shared expert's included), chunk j % 16 per lane. Its 8 scales and 8 biases are
+        // 8 words: lanes 0-3 of the half load the scale words, lanes 4-7 the bias words (one 4-byte load instead of
+        // two 2-byte loads per lane), and the phase-3 loop hands them out by shuffles (down_sb).
+        const bool ok = j < items;  // the same on the 16 lanes of a half
+        const ChunkMat& m = md[ok ? j >> 4 : 0];
+        const int c = lane & 15;
+        dw[q] = ok ? ld_stream(m.w + (n * m.cpr + c)) : make_uint4(0, 0, 0, 0);
+        dsb[q] = ok && c < 8 ? __ldg(reinterpret_cast<const uint32_t*>((c < 4 ? m.s : m.b) + n * m.gpr) + (c & 3)) : 0u;
+      } else if (j < items) {
         load_chunk<B>(md[item_slot(j)], n, item_chunk(j), dw[q], ds[q], db[q]);
       } else {
         dw[q] = make_uint4(0, 0, 0, 0);
@@ -532,29 +535,31 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       }
     }
   };
+  // SB == 2: the scale and bias of this lane's chunk of pass q from the lanes of its half that loaded them (group
+  // c / 2 of the row: word c / 4, half (c / 2) % 2). Every lane of the warp must call it (shuffles).
+  auto down_sb = [&](int q, float& sc, float& bi) {
+    const int c = lane & 15, src = (lane & 16) + (c >> 2);
+    const uint32_t ws = __shfl_sync(0xffffffffu, dsb[q], src), wb = __shfl_sync(0xffffffffu, dsb[q], src + 4);
+    const bool hi = (c >> 1) & 1;
+    sc = __uint_as_float(hi ? ws & 0xffff0000u : ws << 16);
+    bi = __uint_as_float(hi ? wb & 0xffff0000u : wb << 16);
+  };
   st.at(kMoeStampRouted);
   if (v < H) load_down(v, lane);
 
   const int ntask = k * I;
   for (int u0 = v; u0 < ntask; u0 += 2 * W) {
     const int u1 = u0 + W;
-    auto i_div = [&](int u) {
-      if constexpr (FD) {
-        return a.div_i.div(u);
-      } else {
-        return u / I;
-      }
-    };
-    const int s0 = i_div(u0), r0 = u0 - s0 * I;
+    const int s0 = a.div_i.div(u0), r0 = u0 - s0 * I;
     const bool ok1 = u1 < ntask;
-    const int s1 = ok1 ? i_div(u1) : s0, r1 = ok1 ? u1 - s1 * I : -1;
+    const int s1 = ok1 ? a.div_i.div(u1) : s0, r1 = ok1 ? u1 - s1 * I : -1;
     // Views read from the shared tables where they are used (four views in registers would take 36 of them).
     auto mat = [&](int r) -> const ChunkMat& { return r == 0 ? mg[s0] : r == 1 ? mu[s0] : r == 2 ? mg[s1] : mu[s1]; };
     const int row[4] = {r0, r0, r1, r1};
     Rows<B, 4> R;
-    load_rows<B, 4>(mat, row, 0, cpr_e, lane, R, SB);
+    load_rows<B, 4>(mat, row, 0, cpr_e, lane, R, SB >= 1);
     float d[4];
-    finish_rows<B, 4>(mat, row, R, cpr_e, xe, xec, lane, d, SB);
+    finish_rows<B, 4>(mat, row, R, cpr_e, xe, xec, lane, d, SB >= 1);
     if (lane == 0) {
       a.s.h[u0] = silu(d[0]) * d[1];  // task u = slot * I + row is also h's index
       if (ok1) a.s.h[u1] = silu(d[2]) * d[3];
@@ -571,16 +576,24 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   st.at(kMoeStampHStaged);
   for (int n = v; n < H; n += W) {
     float acc = 0.0f;
-    for (int j0 = lane; j0 < items; j0 += 32 * kDownU) {
-      if (n != v || j0 != lane) load_down(n, j0);
+    for (int p0 = 0; p0 < items; p0 += 32 * kDownU) {  // warp-uniform passes (down_sb's shuffles)
+      const int j0 = p0 + lane;
+      if (n != v || p0 != 0) load_down(n, j0);
 #pragma unroll
       for (int q = 0; q < kDownU; ++q) {
         const int j = j0 + 32 * q;
+        float sc = 0.0f, bi = 0.0f;
+        if constexpr (SB == 2) {
+          down_sb(q, sc, bi);
+        } else {
+          sc = ds[q];
+          bi = db[q];
+        }
         if (j < items) {
           const uint4 w1[1] = {dw[q]};
           float d[1];
           chunk_dot<B, 32, 1>(w1, xh + (j >> 5) * (FB * 32) + (j & 31), d);
-          acc = fmaf(fac[item_slot(j)], apply_group<B>(d[0], ds[q], db[q], xhc[j]), acc);
+          acc = fmaf(fac[item_slot(j)], apply_group<B>(d[0], sc, bi, xhc[j]), acc);
         }
       }
     }
@@ -605,13 +618,13 @@ size_t fused_smem(int64_t H, int64_t nx) {
 }
 
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED, int NT, bool SB, bool FD>
+template <int RB, int B, bool TIMED, int NT, int SB>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, FD>, NT, smem) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB>, NT, smem) !=
         cudaSuccess)
       per_sm = 0;
     cached = per_sm;
@@ -620,21 +633,21 @@ int resident_blocks(const Ctx& c, size_t smem) {
   return std::min(cached, 512 / NT) * c.sms;
 }
 
-template <int RB, int B, bool TIMED, int NT, bool SB, bool FD>
+template <int RB, int B, bool TIMED, int NT, int SB>
 bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, FD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, FD>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT, SB>(c, smem);
   if (blocks <= 0) return false;
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, FD>, blocks, NT, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
@@ -643,15 +656,13 @@ bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
 // comparisons. Any other value is an error naming the switch, not a silent default.
 bool moe_wide() { return env_choice("FERN_CUDA_MOE_WIDE", {"0", "1"}, 1) == 1; }
 
-template <int RB, int B, bool TIMED, int NT, bool SB>
-bool launch_fused_sb(const Ctx& c, const FusedArgs& a) {
-  return a.fdiv ? launch_fused_form<RB, B, TIMED, NT, SB, true>(c, a)
-                : launch_fused_form<RB, B, TIMED, NT, SB, false>(c, a);
-}
-
 template <int RB, int B, bool TIMED, int NT>
 bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
-  return a.sb32 ? launch_fused_sb<RB, B, TIMED, NT, true>(c, a) : launch_fused_sb<RB, B, TIMED, NT, false>(c, a);
+  switch (a.sb32) {
+    case 2: return launch_fused_form<RB, B, TIMED, NT, 2>(c, a);
+    case 1: return launch_fused_form<RB, B, TIMED, NT, 1>(c, a);
+    default: return launch_fused_form<RB, B, TIMED, NT, 0>(c, a);
+  }
 }
 
 template <int RB, int B, bool TIMED>
@@ -659,13 +670,10 @@ bool launch_fused(const Ctx& c, const FusedArgs& a) {
   return moe_wide() ? launch_fused_nt<RB, B, TIMED, 512>(c, a) : launch_fused_nt<RB, B, TIMED, kThreads>(c, a);
 }
 
-// FERN_CUDA_MOE_SB=row (the default: the packed scales and biases where the shapes allow, load_rows_sb32) or chunk
-// (two 2-byte loads per chunk); read at every call, for comparisons. Any other value is an error naming the switch.
-bool moe_sb32() { return env_choice("FERN_CUDA_MOE_SB", {"chunk", "row"}, 1) == 1; }
-
-// FERN_CUDA_MOE_DIV=fast (the default: FastDiv for the task and item slots) or plain (`/`); read at every call, for
-// comparisons. Any other value is an error naming the switch.
-bool moe_fdiv() { return env_choice("FERN_CUDA_MOE_DIV", {"plain", "fast"}, 1) == 1; }
+// FERN_CUDA_MOE_SB=all (the default: the packed scales and biases of the gate/up and down rows where the shapes
+// allow), row (the gate/up rows only, load_rows_sb32) or chunk (two 2-byte loads per chunk everywhere); read at every
+// call, for comparisons. Any other value is an error naming the switch. Returns 0, 1, 2 as FusedArgs::sb32.
+int moe_sb32() { return env_choice("FERN_CUDA_MOE_SB", {"chunk", "row", "all"}, 2); }
 
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
 bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
@@ -687,15 +695,21 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64 || I < eb) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0, 0, FastDiv(I), FastDiv(I / eb)};
-  a.fdiv = moe_fdiv() && a.div_i.ok() && a.div_cd.ok() ? 1 : 0;
+                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0, FastDiv(I), FastDiv(I / eb)};
+  if (!a.div_i.ok() || !a.div_cd.ok()) return false;
   // The packed scales and biases (load_rows_sb32): rows of 2,048 4-bit weights in groups of 64 whose scale and bias
   // rows start on 4-byte boundaries (rows of 64 bytes, experts of whole rows: the base pointers decide).
   auto aligned = [](const QW& q) {
     return (reinterpret_cast<uintptr_t>(q.s) & 3) == 0 && (reinterpret_cast<uintptr_t>(q.b) & 3) == 0;
   };
-  a.sb32 = moe_sb32() && H == 2048 && w.gate.gs == 64 && w.up.gs == 64 && w.sgate.gs == 64 && w.sup.gs == 64 &&
-           aligned(w.gate) && aligned(w.up) && aligned(w.sgate) && aligned(w.sup);
+  const int want = moe_sb32();
+  const bool rows = H == 2048 && w.gate.gs == 64 && w.up.gs == 64 && w.sgate.gs == 64 && w.sup.gs == 64 &&
+                    aligned(w.gate) && aligned(w.up) && aligned(w.sgate) && aligned(w.sup);
+  // The packed down rows: every slot's row 16 chunks (I = Is = 512 4-bit weights) in groups of 64 (scale rows of
+  // 16 bytes), so that each half-warp holds one row (load_down).
+  const bool down = I == 16 * eb && Is == 16 * eb && w.down.gs == 64 && w.sdown.gs == 64 && aligned(w.down) &&
+                    aligned(w.sdown);
+  a.sb32 = want >= 1 && rows ? (want == 2 && down ? 2 : 1) : 0;
   return true;
 }
 
@@ -706,6 +720,12 @@ bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s
   FusedArgs a;
   if (!fused_args(c, w, x, s, out, topk, norm, a)) return false;
   return w.router.bits == 8 ? launch_fused<8, 4, false>(c, a) : launch_fused<4, 4, false>(c, a);
+}
+
+int moe_fused_packing(const Ctx& c, const MoeQW& w, int topk) {
+  FusedArgs a;
+  const MoeScratch none{};
+  return fused_args(c, w, nullptr, none, nullptr, topk, nullptr, a) ? a.sb32 : -1;
 }
 
 bool moe_fused_timed(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,

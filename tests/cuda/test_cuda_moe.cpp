@@ -230,21 +230,25 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
   }
 }
 
-// The experts' scales and biases loaded one word per lane per row (FERN_CUDA_MOE_SB=row, the default where the
-// rows are 2,048 4-bit weights in groups of 64; docs/notes/cuda-decode-v20-burst.md) against two 2-byte loads per
-// chunk (chunk), and the task and item slots by FastDiv (FERN_CUDA_MOE_DIV=fast, the default;
-// docs/notes/cuda-decode-v22-fastdiv.md) against `/` (plain): the same values through the same arithmetic, so the
-// same bits are required of all four forms, and each against the CPU. The real shape takes the packed form; H 1024
-// and the odd shape (I 192: six chunks per down row, divisors that are not powers of two) do not (they must fall
-// back to chunk loads, and match too). Both block sizes; an unknown value is an error naming the switch.
+// The experts' scales and biases loaded as packed words (FERN_CUDA_MOE_SB=all, the default: the gate/up rows' 32
+// scales and 32 biases per 2,048 weights one word per lane, docs/notes/cuda-decode-v20-burst.md, and each down row's
+// 8 scales and 8 biases as 8 words of its half-warp, docs/notes/cuda-decode-v22-fastdiv.md; row: the gate/up rows
+// only) against two 2-byte loads per chunk (chunk): the same values through the same arithmetic, so the same bits
+// are required of the three forms, and each against the CPU. The real shape takes both packings, with k = 10 in
+// two down passes (176 items); I 256 only the gate/up one; H 1024 and the odd shape (I 192: six chunks per down
+// row, FastDiv by divisors that are not powers of two) neither (they must fall back to chunk loads, and match too).
+// Both block sizes; an unknown value is an error naming the switch.
 TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
   FERN_REQUIRE_GPU();
   const MoeCase cases[] = {
       {"fused real", 256, 2048, 512, 512, 8, 4, 1},
+      {"fused real k10", 256, 2048, 512, 512, 10, 4, 1},
+      {"fused I 256", 64, 2048, 256, 512, 8, 4, 1},
       {"fused H 1024", 128, 1024, 256, 512, 8, 4, 1},
       {"fused small odd", 40, 320, 192, 64, 5, 4, 1},
   };
-  const char* const forms[][2] = {{"chunk", "plain"}, {"row", "plain"}, {"row", "fast"}, {"chunk", "fast"}};
+  const char* const forms[] = {"chunk", "row", "all"};
+  const int packing[][3] = {{0, 1, 2}, {0, 1, 2}, {0, 1, 1}, {0, 0, 0}, {0, 0, 0}};  // per case and form
   for (const char* wide : {"0", "1"})
   for (const MoeCase& c : cases) {
     test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
@@ -263,31 +267,29 @@ TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
       cpu->begin_forward();
       cpu->moe(test::host_f32(ref, {1, c.H}), test::host_f32(x, {1, c.H}), hw, cfg);
       Tensor dx = test::upload_f32(*gpu, x, {1, c.H});
-      std::vector<float> got[4];
-      for (int form = 0; form < 4; ++form) {
-        test::EnvGuard sb("FERN_CUDA_MOE_SB", forms[form][0]);
-        test::EnvGuard dv("FERN_CUDA_MOE_DIV", forms[form][1]);
+      std::vector<float> got[3];
+      for (int form = 0; form < 3; ++form) {
+        test::EnvGuard sb("FERN_CUDA_MOE_SB", forms[form]);
+        EXPECT_EQ(cuda::moe_fused_packing(ctx, moe_qw(dw), c.k), packing[&c - cases][form]) << forms[form];
         Tensor dy = gpu->alloc(DType::F32, {1, c.H});
         ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
         got[form] = test::download(*gpu, dy);
         const double e = test::nmse(got[form].data(), ref.data(), ref.size());
-        std::printf("moe %-15s wide %s FERN_CUDA_MOE_SB=%-5s FERN_CUDA_MOE_DIV=%-5s call %d  NMSE %.3e\n", c.name,
-                    wide, forms[form][0], forms[form][1], rep, e);
+        std::printf("moe %-15s wide %s FERN_CUDA_MOE_SB=%-5s call %d  NMSE %.3e\n", c.name, wide, forms[form], rep,
+                    e);
         EXPECT_LT(e, kNmse);
         if (form > 0) {
           EXPECT_EQ(got[0], got[form]) << "call " << rep << " form " << form;
         }
       }
     }
-    for (const char* var : {"FERN_CUDA_MOE_SB", "FERN_CUDA_MOE_DIV"}) {
-      test::EnvGuard bad(var, "word");
-      Tensor dx = gpu->alloc(DType::F32, {1, c.H}), dy = gpu->alloc(DType::F32, {1, c.H});
-      try {
-        cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
-        ADD_FAILURE() << var << "=word was taken";
-      } catch (const std::exception& e) {
-        EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
-      }
+    test::EnvGuard bad("FERN_CUDA_MOE_SB", "word");
+    Tensor dx = gpu->alloc(DType::F32, {1, c.H}), dy = gpu->alloc(DType::F32, {1, c.H});
+    try {
+      cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
+      ADD_FAILURE() << "FERN_CUDA_MOE_SB=word was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_SB"), std::string::npos) << e.what();
     }
   }
 }
