@@ -94,8 +94,20 @@ __global__ void multicast_kernel(const float* x, int K, float* out) {
 #endif
 }
 
+// The end of a burst kernel: the XOR of everything loaded decides a store that never happens (so that no load is
+// dropped), then the block releases the next launch.
+template <int L>
+__device__ __forceinline__ void use_and_release(const uint4 (&v)[L], float* out) {
+  uint32_t x = 0;
+#pragma unroll
+  for (int i = 0; i < L; ++i) x ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+  if (x == 0x9e3779b9u) out[blockIdx.x] = 1.0f;
+  __syncthreads();
+  pdl_trigger();
+}
+
 // L loads per lane of a 512-byte piece each, all issued before any is used (weights: the no-allocate stream load of
-// the decode kernels). The XOR of everything decides a store that never happens, so no load is dropped.
+// the decode kernels).
 template <int L>
 __global__ void __launch_bounds__(512) burst_ldg_kernel(const uint4* region, float* out) {
   pdl_wait();
@@ -105,18 +117,15 @@ __global__ void __launch_bounds__(512) burst_ldg_kernel(const uint4* region, flo
   uint4 v[L];
 #pragma unroll
   for (int i = 0; i < L; ++i) v[i] = ld_stream(region + (int64_t(i) * warps + w) * 32 + lane);
-  uint32_t x = 0;
-#pragma unroll
-  for (int i = 0; i < L; ++i) x ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
-  if (x == 0x9e3779b9u) out[blockIdx.x] = 1.0f;
-  __syncthreads();
-  pdl_trigger();
+  use_and_release(v, out);
 }
 
 // The same burst split into `segs` segments, each at the start of a 2 MB page picked by a hash of (salt, segment)
 // among `pages` pages of a pool: the fused MoE's expert rows come from ~80 arrays of 32-512 KB spread over the
 // layer's 453 MB of experts (18 GB for the model), so each launch may also pay for address translations that a
-// contiguous burst does not. The page choice is arithmetic, so that no dependent load precedes the burst.
+// contiguous burst does not. The page choice is arithmetic, so that no dependent load precedes the burst; that
+// arithmetic (a division and a modulo per load) is itself measured by the one-segment row against the plain burst
+// (docs/notes/cuda-decode-v22-fastdiv.md: 5.94 against 4.59 us for 14 MB, while 80 scattered pages cost ~0.1 us).
 template <int L>
 __global__ void __launch_bounds__(512) burst_scatter_kernel(const char* pool, uint32_t pages, int per_seg,
                                                            uint32_t salt, float* out) {
@@ -131,12 +140,7 @@ __global__ void __launch_bounds__(512) burst_scatter_kernel(const char* pool, ui
     const uint32_t page = (uint32_t(seg) * 2654435761u + salt * 40503u + (salt >> 3) * 977u) % pages;
     v[i] = ld_stream(reinterpret_cast<const uint4*>(pool + (int64_t(page) << 21) + int64_t(off) * 512) + lane);
   }
-  uint32_t x = 0;
-#pragma unroll
-  for (int i = 0; i < L; ++i) x ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
-  if (x == 0x9e3779b9u) out[blockIdx.x] = 1.0f;
-  __syncthreads();
-  pdl_trigger();
+  use_and_release(v, out);
 }
 
 [[maybe_unused]] constexpr uint32_t kBulkPiece = 16 * 1024;
