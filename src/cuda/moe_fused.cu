@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   const int cprd = I / EB;
   const int routed_items = k * cprd, items = routed_items + Is / EB;
   auto item_slot = [&](int j) { return j < routed_items ? a.div_cd.div(j) : k; };
-  auto item_chunk = [&](int j) { return j < routed_items ? j - a.div_cd.div(j) * cprd : j - routed_items; };
+  auto item_chunk = [&](int j) { return j < routed_items ? a.div_cd.mod(j) : j - routed_items; };
   uint4 dw[kDownU];
   float ds[kDownU], db[kDownU];
   uint32_t dsb[kDownU] = {};  // SB == 2: the packed scale or bias word of this lane (below)
