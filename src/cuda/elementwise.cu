@@ -26,27 +26,23 @@ __global__ void __launch_bounds__(kThreads) embed_kernel(QW W, const int32_t* id
     const uint16_t* row = static_cast<const uint16_t*>(W.w) + id * W.in;
     for (int64_t k = threadIdx.x; k < W.in; k += blockDim.x) o[k] = bf16_to_f32(row[k]);
   } else {
-    const int per = 32 / W.bits;
+    // 4- or 8-bit codes in groups of a power of two that holds whole words (make_qw): a word per thread and
+    // iteration, its codes in one group, the real table's 2048-wide row one iteration of three loads in flight
+    // together (a load loop per code waited for eight dependent rounds from a row that is never in L2: ~8 us per
+    // decode step, docs/notes/cuda-decode-v11-timeline.md). Shifts instead of the divisions by the group size and
+    // codes per word, which sat between the id's arrival and the row's loads (docs/notes/cuda-decode-v23-merge.md).
+    const int lper = W.bits == 4 ? 3 : 2, per = 1 << lper;  // codes per word
+    const int gsh = 31 - __clz(W.gs);
+    const int wpr = static_cast<int>(W.in >> lper);  // words per row
     const uint32_t mask = (1u << W.bits) - 1u;
-    const uint32_t* row = static_cast<const uint32_t*>(W.w) + id * (W.in / per);
-    const int64_t groups = W.in / W.gs;
-    if (W.gs % per == 0) {
-      // A word per thread and iteration (its codes share one group): the real table's 2048-wide row is one
-      // iteration of three loads in flight together, where the loop below makes each thread wait for eight
-      // dependent rounds of loads from a row that is never in L2 (~8 us per decode step, the whole step's
-      // first kernel; docs/notes/cuda-decode-v11-timeline.md).
-      for (int64_t wi = threadIdx.x; wi < W.in / per; wi += blockDim.x) {
-        const uint32_t word = row[wi];
-        const int64_t k0 = wi * per, g = id * groups + k0 / W.gs;
-        const float s = bf16_to_f32(W.s[g]), b = bf16_to_f32(W.b[g]);
-        for (int j = 0; j < per; ++j) o[k0 + j] = s * float((word >> (j * W.bits)) & mask) + b;
-      }
-      return;
-    }
-    for (int64_t k = threadIdx.x; k < W.in; k += blockDim.x) {
-      const uint32_t q = (row[k / per] >> ((k % per) * W.bits)) & mask;
-      const int64_t g = id * groups + k / W.gs;
-      o[k] = bf16_to_f32(W.s[g]) * float(q) + bf16_to_f32(W.b[g]);
+    const uint32_t* row = static_cast<const uint32_t*>(W.w) + id * wpr;
+    const int64_t g0 = id * (W.in >> gsh);
+    for (int wi = threadIdx.x; wi < wpr; wi += blockDim.x) {
+      const uint32_t word = row[wi];
+      const int k0 = wi << lper;
+      const int64_t g = g0 + (k0 >> gsh);
+      const float s = bf16_to_f32(W.s[g]), b = bf16_to_f32(W.b[g]);
+      for (int j = 0; j < per; ++j) o[k0 + j] = s * float((word >> (j * W.bits)) & mask) + b;
     }
   }
 }

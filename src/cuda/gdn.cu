@@ -18,6 +18,7 @@
 // may still be running while this one is resident, and const + restrict would allow the non-coherent load path
 // and its scheduling ahead of griddepcontrol.wait (qdot.cuh stage_x, docs/notes/cuda-decode-v6.md). Weights
 // and the position counter (written only by advance_kernel, the last launch of a step) may stay restrict.
+#include "cuda/fast_div.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/cuda_util.cuh"
@@ -42,7 +43,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
                                                        const float* __restrict__ conv_w,
                                                        const float* __restrict__ A_log,
                                                        const float* __restrict__ dt_bias, float* conv_state,
-                                                       float* state, float* y, int* counters, int early_state) {
+                                                       float* state, float* y, int* counters, int early_state,
+                                                       FastDiv per_kh) {
   // The recurrent and conv states of this layer were last written by this layer's kernel of the previous token.
   // When that is at least two launches back (early_state: the first row of a call), they are complete before this
   // kernel starts: every kernel calls pdl_trigger() only after its own pdl_wait(), so when kernel N starts, kernel
@@ -56,7 +58,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
   float* S = state + int64_t(blockIdx.x) * sh.Dk * sh.Dv;
   const int h = blockIdx.x, cb = blockIdx.y;
   const int Dk = sh.Dk, Dv = sh.Dv, KS = sh.kernel, C = sh.conv_dim;
-  const int kh = h / (sh.Hv / sh.Hk);
+  // The key head of value head h: h / (Hv / Hk) by FastDiv, since the conv taps' loads ahead of the PDL wait depend
+  // on it (two runtime divisions, ~40 instructions, before them otherwise: docs/notes/cuda-decode-v23-merge.md).
+  const int kh = per_kh.div(h);
   const int key_dim = sh.Hk * Dk;
   const int tid = threadIdx.x;
   const int nconv = 2 * Dk + kCols;  // q and k channels of the key head, v channels of this block's columns
@@ -190,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
   }
   __syncthreads();  // everyone has read part[] for m
   part[sl][jj] = o;
-  if (tid == 0) last_k = arrived == int(gridDim.y) * (sh.Hv / sh.Hk) - 1;
+  if (tid == 0) last_k = arrived == int(gridDim.y) * int(per_kh.d) - 1;
   __syncthreads();
   if (sl == 0) {
     float oj = 0.0f;
@@ -254,7 +258,7 @@ void gdn_step_raw(const Ctx& c, const GdnShape& sh, int t, const float* mixed, c
   dim3 grid(sh.Hv, sh.Dv / kCols);
   launch(c, "gdn_kernel", sh.kernel <= 4 ? gdn_kernel<4> : gdn_kernel<kMaxKS>, grid, kThreads, 0, sh,
          mixed + int64_t(t) * sh.conv_dim, b + int64_t(t) * sh.Hv, a + int64_t(t) * sh.Hv, conv_w, A_log, dt_bias,
-         conv_state, state, y + t * vd, c.counters, early_state && t == 0 ? 1 : 0);
+         conv_state, state, y + t * vd, c.counters, early_state && t == 0 ? 1 : 0, FastDiv(sh.Hv / sh.Hk));
   FERN_CUDA_LAUNCH_CHECK("gdn_kernel");
 }
 

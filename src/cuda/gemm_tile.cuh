@@ -66,7 +66,7 @@ __device__ __forceinline__ RowSrc row_src(const QW& W, int64_t e, int64_t row) {
   if constexpr (BITS == 16) {
     r.w = static_cast<const uint16_t*>(W.w) + e * W.w_expert + row * W.in;
   } else {
-    const int64_t gpr = W.in / W.gs;
+    const int64_t gpr = W.in >> (31 - __clz(W.gs));  // W.in / W.gs: the group size is a power of two (make_qw)
     r.w = static_cast<const uint32_t*>(W.w) + e * W.w_expert + row * (W.in * BITS / 32);
     r.s = W.s + e * W.sb_expert + row * gpr;
     r.b = W.b + e * W.sb_expert + row * gpr;
