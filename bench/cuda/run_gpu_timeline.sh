@@ -4,7 +4,7 @@
 # 2048,4096,8192; 0 = the backend's choice; PF_LENGTHS= skips it), median of PF_RUNS; TL_SETS="A=1|A=2" runs each
 # decode timeline once per set of environment assignments; TL_BENCH="NAME ..." runs those micro-benchmarks (after
 # TL_TESTS); with DEC_LENGTHS, `fern bench`
-# decode there (median of 3; DEC_SWITCH as --decode-switch). TL_TESTS: test executables to run first (NAME or NAME:GTEST_FILTER). PTL: prefill
+# decode there (median of 3; DEC_SWITCH as --decode-switch, several separated by '|'). TL_TESTS: test executables to run first (NAME or NAME:GTEST_FILTER). PTL: prefill
 # timelines (bench_cuda_decode prefill-timeline), a list of LEN:CHUNK, under each set of PTL_SETS. PF_SETS="A=1 B=2|A=3 B=4": the prefill bench
 # once per set of environment assignments (one process each, in the order given). From the repository root with carry [".carry/debs",
 # ".carry/tl-head.tar", ".carry/tl-head.commit"] (archive as bench/gpu_prelude.sh says). Files under $OUT.
@@ -68,11 +68,17 @@ elif [ -n "${PF_LENGTHS-4096,32768,131072}" ]; then
   note "prefill rc $? ($(elapsed))"
   cat "$OUT/prefill.md"
 fi
-if [ -n "${DEC_LENGTHS:-}" ]; then
-  timeout 300 build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths "$DEC_LENGTHS" \
-    --runs 3 ${DEC_SWITCH:+--decode-switch "$DEC_SWITCH"} >"$OUT/decode.md" 2>"$OUT/decode.err"
-  note "decode rc $? ($(elapsed))"
-  cat "$OUT/decode.md"
+if [ -n "${DEC_LENGTHS:-}" ]; then  # DEC_SWITCH="A=0,1|B=x,y": one `fern bench` per switch, in the order given
+  IFS='|' read -r -a switches <<<"${DEC_SWITCH:- }"
+  i=0
+  for sw in "${switches[@]}"; do
+    i=$((i + 1))
+    sw=${sw// /}
+    timeout 300 build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths "$DEC_LENGTHS" \
+      --runs 3 ${sw:+--decode-switch "$sw"} >"$OUT/decode$i.md" 2>"$OUT/decode$i.err"
+    note "decode [$sw] rc $? ($(elapsed))"
+    cat "$OUT/decode$i.md"
+  done
 fi
 tar -C "$OUT" -czf "$OUT/timeline.tar.gz" $(cd "$OUT" && ls timeline_* prefill_* tests.log 2>/dev/null) && rm -f "$OUT"/timeline_*.txt "$OUT"/prefill_*
 gpu_summary
