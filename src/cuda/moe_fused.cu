@@ -299,99 +299,10 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
   if (lane == 0) *sgate = 1.0f / (1.0f + expf(-sgl));
 }
 
-// The larger of two (key, index) composites first (a CAS of a sorting network, descending).
-__device__ __forceinline__ void cas_desc(uint64_t& a, uint64_t& b) {
-  const uint64_t hi = a > b ? a : b, lo = a > b ? b : a;
-  a = hi;
-  b = lo;
-}
-
-// Descending bitonic sort of L composites held in registers (L a power of two; every index a constant once
-// unrolled, so the list stays in registers).
-template <int L>
-__device__ __forceinline__ void sort_desc(uint64_t (&c)[L]) {
-#pragma unroll
-  for (int size = 2; size <= L; size <<= 1) {
-#pragma unroll
-    for (int stride = size / 2; stride > 0; stride >>= 1) {
-#pragma unroll
-      for (int i = 0; i < L; ++i) {
-        const int j = i ^ stride;
-        if (j > i) {
-          if ((i & size) == 0 || size == L)
-            cas_desc(c[i], c[j]);
-          else
-            cas_desc(c[j], c[i]);
-        }
-      }
-    }
-  }
-}
-
-// The same top-k as topk_keys (same experts, same order, same weights) by a merge instead of k rounds, for k <= 8
-// and E <= 256 (FERN_CUDA_MOE_TOPK=merge). Each expert is one 64-bit composite, key << 32 | ~index: a strict total
-// order in which a larger key wins and, among equal keys, the lower index (topk_keys' tie rule); padding is 0, below
-// every expert. Each lane sorts its 8 composites, then five butterfly levels merge lists across lanes: with both
-// lists descending, max(a[i], b[7 - i]) holds the top 8 of the two as a bitonic sequence, which three half-cleaner
-// stages sort. After the fifth level every lane holds the same top 8, and lane r keeps the r-th. A round of
-// topk_keys is two dependent warp reductions and the winner's rescan, ~0.14 us each, eight in a row
-// (docs/notes/cuda-decode-v15-topk.md: 1.1 us for the rounds); the merge is five shuffle levels of independent
-// work (docs/notes/cuda-decode-v23-merge.md).
-template <int NPL, bool TIMED>
-__device__ __forceinline__ void topk_merge(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
-                                           float* wts, float* sgate, const Stamps<TIMED>& st) {
-  constexpr int L = 8;
-  static_assert(NPL <= L, "at most 8 experts per lane");
-  const int lane = threadIdx.x & 31;
-  uint64_t c[L];
-#pragma unroll
-  for (int i = 0; i < L; ++i) {
-    const int e = i * 32 + lane;
-    c[i] = i < NPL && e < E ? uint64_t(float_key(__ldcg(logits + e))) << 32 | uint64_t(~uint32_t(e)) : 0ull;
-  }
-  const float sgl = __ldcg(sg_logit);  // requested with the logits
-  if constexpr (TIMED) {
-    if (c[0] != 1ull) st.at(kMoeStampTopkKeys);  // (a use of the loaded keys: the stamp waits for them)
-  }
-  sort_desc<L>(c);
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    uint64_t p[L];
-#pragma unroll
-    for (int i = 0; i < L; ++i) p[i] = __shfl_xor_sync(0xffffffffu, c[i], o);
-#pragma unroll
-    for (int i = 0; i < L; ++i) c[i] = c[i] > p[L - 1 - i] ? c[i] : p[L - 1 - i];
-#pragma unroll
-    for (int stride = L / 2; stride > 0; stride >>= 1) {
-#pragma unroll
-      for (int i = 0; i < L; ++i)
-        if ((i ^ stride) > i) cas_desc(c[i], c[i ^ stride]);
-    }
-  }
-  uint64_t mine = 0;
-#pragma unroll
-  for (int i = 0; i < L; ++i)
-    if (lane == i) mine = c[i];
-  st.at(kMoeStampTopkRounds);
-  const uint32_t my_key = uint32_t(mine >> 32);
-  const float lmax = key_float(uint32_t(c[0] >> 32));
-  const float p = lane < k ? expf(key_float(my_key) - lmax) : 0.0f;
-  const float sum = warp_sum(p);
-  if (lane < k) {
-    ids[lane] = static_cast<int32_t>(~uint32_t(mine));
-    wts[lane] = p / sum;
-  }
-  if (lane == 0) *sgate = 1.0f / (1.0f + expf(-sgl));
-}
-
 template <bool TIMED>
 __device__ __forceinline__ void topk_fused(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
-                                           float* wts, float* sgate, const Stamps<TIMED>& st, bool merge) {
-  if (merge && k <= 8 && E <= 64) {
-    topk_merge<2>(logits, sg_logit, E, k, ids, wts, sgate, st);
-  } else if (merge && k <= 8 && E <= 256) {
-    topk_merge<8>(logits, sg_logit, E, k, ids, wts, sgate, st);
-  } else if (E <= 64) {
+                                           float* wts, float* sgate, const Stamps<TIMED>& st) {
+  if (E <= 64) {
     topk_keys<2>(logits, sg_logit, E, k, ids, wts, sgate, st);
   } else if (E <= 256) {
     topk_keys<8>(logits, sg_logit, E, k, ids, wts, sgate, st);
@@ -413,7 +324,6 @@ struct FusedArgs {
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
   int sb32;                    // packed scales and biases: 0 none, 1 gate/up rows (load_rows_sb32), 2 and down rows
   FastDiv div_i, div_cd;       // by I (a task's slot) and by I's chunks per row (an item's slot)
-  int topk_merge;              // the top-k by topk_merge where it applies (k <= 8, E <= 256), else topk_keys' rounds
 };
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
@@ -575,7 +485,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   }
 
   // ---- top-k in every block, then the expert tables ----
-  if (threadIdx.x < 32) topk_fused(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s, st, a.topk_merge != 0);
+  if (threadIdx.x < 32) topk_fused(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s, st);
   __syncthreads();
   if (threadIdx.x <= k) {
     const int sl = threadIdx.x;
@@ -766,10 +676,6 @@ bool launch_fused(const Ctx& c, const FusedArgs& a) {
 // call, for comparisons. Any other value is an error naming the switch. Returns 0, 1, 2 as FusedArgs::sb32.
 int moe_sb32() { return env_choice("FERN_CUDA_MOE_SB", {"chunk", "row", "all"}, 2); }
 
-// FERN_CUDA_MOE_TOPK=merge (the default: topk_merge where k <= 8 and E <= 256) or rounds (topk_keys everywhere);
-// read at every call, for comparisons. Any other value is an error naming the switch.
-bool moe_topk_merge() { return env_choice("FERN_CUDA_MOE_TOPK", {"rounds", "merge"}, 1) == 1; }
-
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
 bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
                 const MoeNorm* norm, FusedArgs& a) {
@@ -790,7 +696,7 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64 || I < eb) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0, FastDiv(I), FastDiv(I / eb), moe_topk_merge() ? 1 : 0};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0, FastDiv(I), FastDiv(I / eb)};
   if (!a.div_i.ok() || !a.div_cd.ok()) return false;
   // The packed scales and biases (load_rows_sb32): rows of 2,048 4-bit weights in groups of 64 whose scale and bias
   // rows start on 4-byte boundaries (rows of 64 bytes, experts of whole rows: the base pointers decide).

@@ -3,13 +3,11 @@
 // shared gate), several token rows, bf16 experts, and an awkward small configuration.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #include "cuda/kernels.h"
 #include "cuda/qweight.h"
@@ -293,101 +291,6 @@ TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_SB"), std::string::npos) << e.what();
     }
-  }
-}
-
-// Router rows 2i + 1 made copies of rows 2i (codes, scales and biases): pairs of experts with bit-identical logits,
-// so that the top-k's tie rule (the lower index first) decides which of a pair is chosen and in which order.
-void tie_router_rows(LinearWeight& r) {
-  const int64_t words = r.in * r.bits / 32, groups = r.in / r.group_size;
-  uint32_t* w = r.w.ptr<uint32_t>();
-  uint16_t *s = r.scales.ptr<uint16_t>(), *b = r.biases.ptr<uint16_t>();
-  for (int64_t e = 0; e + 1 < r.out; e += 2) {
-    std::copy_n(w + e * words, words, w + (e + 1) * words);
-    std::copy_n(s + e * groups, groups, s + (e + 1) * groups);
-    std::copy_n(b + e * groups, groups, b + (e + 1) * groups);
-  }
-}
-
-// The top-k of the fused decode kernel by a merge network (FERN_CUDA_MOE_TOPK=merge, the default where k <= 8 and
-// E <= 256: docs/notes/cuda-decode-v23-merge.md) against topk_keys' rounds (rounds): the same experts in the same
-// order and the same weights, so the same output bits are required, each against the CPU, and the experts against
-// the three-launch router's. Cases: the real shape (8 per lane), E 40 with k 5 (2 per lane, most lanes padding), and
-// both with tied logits (router rows duplicated in pairs: the lower index must come first, as in the rounds);
-// k 10 and 600 experts take the rounds under both values. An unknown value is an error naming the switch.
-TEST(CudaMoe, FusedDecodeTopkMergeSameBits) {
-  FERN_REQUIRE_GPU();
-  struct TopkCase {
-    MoeCase c;
-    bool ties;
-  };
-  const TopkCase cases[] = {
-      {{"fused real", 256, 2048, 512, 512, 8, 4, 1}, false},
-      {{"fused real ties", 256, 2048, 512, 512, 8, 4, 1}, true},
-      {{"fused small odd", 40, 320, 192, 64, 5, 4, 1}, false},
-      {{"fused small ties", 40, 320, 192, 64, 5, 4, 1}, true},
-      {{"fused real k10", 256, 2048, 512, 512, 10, 4, 1}, false},
-      {{"fused 600 experts", 600, 256, 64, 64, 10, 4, 1}, false},
-  };
-  for (const TopkCase& tc : cases) {
-    const MoeCase& c = tc.c;
-    SCOPED_TRACE(c.name);
-    const uint64_t seed = uint64_t(c.E * 5 + c.H + c.k);
-    auto f = std::make_unique<FusedCase>();
-    f->hw = make_moe(f->st, c, seed);
-    if (tc.ties) tie_router_rows(f->hw.router);
-    f->dw = test::to_device(*f->gpu, f->hw);
-    f->cfg = moe_config(c);
-    CudaBackend* gpu = f->gpu.get();
-    const cuda::Ctx ctx = fused_ctx(*gpu);
-    const cuda::MoeScratch s = fused_scratch(*gpu, c);
-    cuda::MoeScratch s3 = fused_scratch(*gpu, c);
-    cuda::Ctx ctx3 = ctx;
-    ctx3.n_counters = 0;  // the three-launch router
-    int tied_picks = 0;
-    for (int rep = 0; rep < 3; ++rep) {
-      auto x = test::randn(size_t(c.H), seed + 70 + rep);
-      std::vector<float> ref(size_t(c.H));
-      f->cpu->begin_forward();
-      f->cpu->moe(test::host_f32(ref, {1, c.H}), test::host_f32(x, {1, c.H}), f->hw, f->cfg);
-      Tensor dx = test::upload_f32(*gpu, x, {1, c.H});
-      cuda::moe_route(ctx3, cuda::make_qw(f->dw.router), cuda::make_qw(f->dw.shared_expert_gate), dx.ptr<float>(),
-                      s3, 1, c.k);
-      std::vector<int32_t> ids3(size_t(c.k));
-      gpu->copy(Tensor(ids3.data(), DType::I32, {c.k}, Device::Host), Tensor(s3.topk_ids, DType::I32, {c.k}, Device::Cuda));
-      for (int32_t e : ids3) tied_picks += (e % 2 == 0 && std::find(ids3.begin(), ids3.end(), e + 1) != ids3.end());
-      std::vector<float> got[2];
-      const char* forms[] = {"rounds", "merge"};
-      for (int form = 0; form < 2; ++form) {
-        test::EnvGuard g("FERN_CUDA_MOE_TOPK", forms[form]);
-        Tensor dy = gpu->alloc(DType::F32, {1, c.H});
-        ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(f->dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
-        got[form] = test::download(*gpu, dy);
-        const double e = test::nmse(got[form].data(), ref.data(), ref.size());
-        std::printf("moe %-18s FERN_CUDA_MOE_TOPK=%-6s call %d  NMSE %.3e\n", c.name, forms[form], rep, e);
-        EXPECT_LT(e, kNmse);
-        std::vector<int32_t> ids(size_t(c.k));
-        gpu->copy(Tensor(ids.data(), DType::I32, {c.k}, Device::Host), Tensor(s.topk_ids, DType::I32, {c.k}, Device::Cuda));
-        EXPECT_EQ(ids, ids3) << forms[form] << " call " << rep;
-      }
-      EXPECT_EQ(got[0], got[1]) << "call " << rep;
-    }
-    // With duplicated rows the pairs tie; the check above only tests the tie rule if some pair was chosen whole.
-    if (tc.ties) {
-      EXPECT_GT(tied_picks, 0) << "no tied pair among the chosen experts";
-    }
-  }
-  const MoeCase c{"fused real", 256, 2048, 512, 512, 8, 4, 1};
-  const auto f = fused_case(c, 9);
-  const cuda::Ctx ctx = fused_ctx(*f->gpu);
-  const cuda::MoeScratch s = fused_scratch(*f->gpu, c);
-  test::EnvGuard bad("FERN_CUDA_MOE_TOPK", "sort");
-  Tensor dx = f->gpu->alloc(DType::F32, {1, c.H}), dy = f->gpu->alloc(DType::F32, {1, c.H});
-  try {
-    cuda::moe_fused(ctx, moe_qw(f->dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
-    ADD_FAILURE() << "FERN_CUDA_MOE_TOPK=sort was taken";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_TOPK"), std::string::npos) << e.what();
   }
 }
 
