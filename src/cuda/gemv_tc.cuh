@@ -97,37 +97,11 @@ __device__ __forceinline__ void tc_zero_tail(uint4* xb, float* xg, int n) {
 }
 
 // One lane's share of an item: chunks 2j, 2j + 1 of block kb of rows g (w[0..1]) and g + 8 (w[2..3]), and the
-// scale and bias of group j of both rows (s, b), or in the packed form (tc_sb_packed) one 8-byte word pair of the
-// quad's scales and biases (sbw: lane j holds the four groups' scales (j even) or biases (j odd) of row g (j < 2) or
-// g + 8, handed out by tc_item_sb).
+// scale and bias of group j of both rows.
 struct TcItem {
   uint4 w[4];
   float s[2], b[2];
-  uint2 sbw;
 };
-
-// The packed scales and biases of an item (groups of exactly 64 and a width that is a multiple of 256, so that the
-// block's four groups of a row are 8 aligned bytes): one 8-byte load per lane instead of four 2-byte loads
-// (docs/notes/cuda-decode-v23-merge.md). Lane j of the quad loads quantity j (scales of row g, biases of row g,
-// scales of row g + 8, biases of row g + 8); every lane needs word j / 2 of each. Four shuffles deliver them: in
-// step t the lanes j < 2 read lane t of the quad, the lanes j >= 2 lane t ^ 2, and lane i sends its x word if it is
-// read by the first pair (i == t) and its y word otherwise; so lane j receives quantity t ^ (j & 2) in step t.
-__device__ __forceinline__ void tc_item_sb(const uint2& sbw, int j, float (&s)[2], float (&b)[2]) {
-  const int lane = threadIdx.x & 31, q0 = lane & ~3;
-  uint32_t v[4];
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    const uint32_t send = j == t ? sbw.x : sbw.y;
-    v[t] = __shfl_sync(0xffffffffu, send, q0 + (t ^ (j & 2)));
-  }
-  // Quantity u arrived in step u ^ (j & 2); the group's half of the word: the high half for odd j.
-  auto half = [&](uint32_t w) { return __uint_as_float((j & 1) ? w & 0xffff0000u : w << 16); };
-  const bool hi = j & 2;
-  s[0] = half(hi ? v[2] : v[0]);
-  b[0] = half(hi ? v[3] : v[1]);
-  s[1] = half(hi ? v[0] : v[2]);
-  b[1] = half(hi ? v[1] : v[3]);
-}
 
 // The pair (q_a, q_{a+4}) of word w as exact bf16 numbers 128 + q.
 template <int A>
@@ -141,7 +115,6 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 
 // The item's contribution to rows g (acc[0]) and g + 8 (acc[1]) over lane j's group of block kb. xb: the staged
 // table; bq: this lane's B entry offset inside a block's word pair (g / 2 == j: g, else -1: zero registers).
-template <bool PK>
 __device__ __forceinline__ void tc_item(const TcItem& it, const uint4* __restrict__ xb, const float* __restrict__ xg,
                                         int kb, int j, int bq, float (&acc)[2]) {
   float c[4][4];
@@ -162,10 +135,8 @@ __device__ __forceinline__ void tc_item(const TcItem& it, const uint4* __restric
   const float t0 = (c[0][0] + c[0][1]) + (c[1][0] + c[1][1]) + (c[2][0] + c[2][1]) + (c[3][0] + c[3][1]);
   const float t1 = (c[0][2] + c[0][3]) + (c[1][2] + c[1][3]) + (c[2][2] + c[2][3]) + (c[3][2] + c[3][3]);
   const float xs = xg[kb * 4 + j];
-  float sc[2] = {it.s[0], it.s[1]}, bi[2] = {it.b[0], it.b[1]};
-  if constexpr (PK) tc_item_sb(it.sbw, j, sc, bi);
-  acc[0] = fmaf(sc[0], t0, fmaf(bi[0] - 128.0f * sc[0], xs, acc[0]));
-  acc[1] = fmaf(sc[1], t1, fmaf(bi[1] - 128.0f * sc[1], xs, acc[1]));
+  acc[0] = fmaf(it.s[0], t0, fmaf(it.b[0] - 128.0f * it.s[0], xs, acc[0]));
+  acc[1] = fmaf(it.s[1], t1, fmaf(it.b[1] - 128.0f * it.s[1], xs, acc[1]));
 }
 
 }  // namespace fern::cuda

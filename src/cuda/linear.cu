@@ -393,8 +393,7 @@ struct TcTiles {
   int tiles, tpb;
 };
 
-// PK: the items' scales and biases as one 8-byte load per lane (gemv_tc.cuh tc_item_sb; tc_sb_packed decides).
-template <bool MULTI, int STAGE, int NB, int NT, bool PK>
+template <bool MULTI, int STAGE, int NB, int NT>
 __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, TcTiles tt, const float* x,
                                                        InNorm nm) {
   extern __shared__ float4 smem[];
@@ -457,16 +456,11 @@ __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, T
         const uint4* p = m.w + (row * m.cpr + c0);
         it.w[2 * r] = ld_stream(p);
         it.w[2 * r + 1] = ld_stream(p + 1);
-        if constexpr (!PK) load_group<4>(m, row, c0, it.s[r], it.b[r]);
+        load_group<4>(m, row, c0, it.s[r], it.b[r]);
       } else {
         it.w[2 * r] = it.w[2 * r + 1] = make_uint4(0, 0, 0, 0);
-        if constexpr (!PK) it.s[r] = it.b[r] = 0.0f;
+        it.s[r] = it.b[r] = 0.0f;
       }
-    }
-    if constexpr (PK) {  // quantity j of the quad: scales (j even) or biases of row g (j < 2) or g + 8; K % 256 == 0
-      const int row = r0 + g + 8 * (j >> 1);
-      it.sbw = row < nq ? __ldg(reinterpret_cast<const uint2*>(((j & 1) ? m.b : m.s) + row * m.gpr) + lkb)
-                        : make_uint2(0, 0);
     }
     advance(ltl, lkb);
   };
@@ -488,7 +482,7 @@ __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, T
   const int bq = (g >> 1) == j ? g : -1;
   float acc[2] = {0.0f, 0.0f};
   auto step = [&](int s, TcItem& cur) {
-    tc_item<PK>(cur, xb, xg, ckb, j, bq, acc);
+    tc_item(cur, xb, xg, ckb, j, bq, acc);
     if (!whole || ckb == KB - 1) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -670,20 +664,6 @@ int tc_depth(bool whole) {
   return forced >= 0 ? 2 + forced : whole ? 3 : 2;
 }
 
-// The tensor-core GEMV's packed scales and biases (gemv_tc.cuh tc_item_sb): groups of exactly 64, a width that is
-// a multiple of 256 and 8-byte aligned scale and bias arrays in every matrix of the table, unless
-// FERN_CUDA_GEMV_TC_SB=group (two 2-byte loads per row and item, the form before; read at every call, for
-// comparisons; any value other than group or row is an error naming the switch).
-bool tc_sb_packed(const QW& a, const Mats& m) {
-  if (env_choice("FERN_CUDA_GEMV_TC_SB", {"group", "row"}, 1) != 1) return false;
-  if (a.gs != 64 || a.in % 256 != 0) return false;
-  auto aligned = [](const uint16_t* p) { return (reinterpret_cast<uintptr_t>(p) & 7) == 0; };
-  if (!aligned(a.s) || !aligned(a.b)) return false;
-  for (int i = 0; i < kMaxMats; ++i)
-    if (!aligned(m.s[i]) || !aligned(m.b[i])) return false;
-  return true;
-}
-
 template <bool MULTI, int STAGE>
 bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, int T, const InNorm& nm) {
   if (a.bits != 4 || a.gs % 64 != 0 || a.in % 64 != 0 || !gemv_tc_wanted(rows)) return false;
@@ -706,18 +686,10 @@ bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* 
   const size_t smem = size_t(tc_smem_bytes(K)) + (tt.tpb < W ? size_t(tt.tpb) * KB * 16 * 4 : 0);
   if (smem > 48 * 1024) return false;
   const dim3 grid(blocks, T);
-  const bool pk = tc_sb_packed(a, m);
-  if (tc_depth(tt.tpb >= W) == 3) {
-    if (pk)
-      launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 3, NT, true>, grid, NT, smem, a, m, rows, tt, x, nm);
-    else
-      launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 3, NT, false>, grid, NT, smem, a, m, rows, tt, x, nm);
-  } else {
-    if (pk)
-      launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 2, NT, true>, grid, NT, smem, a, m, rows, tt, x, nm);
-    else
-      launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 2, NT, false>, grid, NT, smem, a, m, rows, tt, x, nm);
-  }
+  if (tc_depth(tt.tpb >= W) == 3)
+    launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 3, NT>, grid, NT, smem, a, m, rows, tt, x, nm);
+  else
+    launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 2, NT>, grid, NT, smem, a, m, rows, tt, x, nm);
   return true;
 }
 

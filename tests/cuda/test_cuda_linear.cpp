@@ -178,40 +178,6 @@ TEST(CudaLinear, TensorCoreLoop) {
   }
 }
 
-// The tensor-core GEMV's scales and biases as one 8-byte load per lane and item, handed out by four shuffles
-// (FERN_CUDA_GEMV_TC_SB=row, the default; gemv_tc.cuh tc_item_sb, docs/notes/cuda-decode-v23-merge.md) against two
-// 2-byte loads per row and item (group): the same values through the same arithmetic, so the same bits, and both
-// against the CPU (run_case). Whole-tile warps (40,001 rows: the last tile has one row, so the quad lanes of rows
-// g + 8 load nothing), shared tiles (8192 x 2048, 37 rows, one row), K 1,024 and 4,096, several token rows, both
-// depths; groups of 128 and widths of 640 and 192 (not a multiple of 256) fall back to the 2-byte loads and must
-// match too. An unknown value is refused.
-TEST(CudaLinear, TensorCorePackedScalesSameBits) {
-  FERN_REQUIRE_GPU();
-  test::EnvGuard on("FERN_CUDA_GEMV_TC", "1");
-  for (const char* nb : {"2", "3"}) {
-    test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_TC_NB=") + nb);
-    for (const Case& c : {Case{"pk whole tiles", 40001, 2048, 4, 64, 1}, Case{"pk qkv", 8192, 2048, 4, 64, 1},
-                          Case{"pk odd rows", 37, 2048, 4, 64, 1}, Case{"pk one row", 1, 2048, 4, 64, 1},
-                          Case{"pk T=3", 33797, 1024, 4, 64, 3}, Case{"pk out_proj", 2048, 4096, 4, 64, 2},
-                          Case{"pk group 128", 129, 640, 4, 128, 2}, Case{"pk K=640", 300, 640, 4, 64, 1},
-                          Case{"pk narrow", 45, 192, 4, 64, 1}}) {
-      std::vector<float> group, row;
-      {
-        test::EnvGuard sb("FERN_CUDA_GEMV_TC_SB", "group");
-        group = run_case(c);
-      }
-      {
-        test::EnvGuard sb("FERN_CUDA_GEMV_TC_SB", "row");
-        row = run_case(c);
-      }
-      EXPECT_EQ(group, row) << c.name;
-    }
-  }
-  test::EnvGuard bad("FERN_CUDA_GEMV_TC_SB", "word");
-  EXPECT_THROW(run_case(Case{"pk refused", 64, 2048, 4, 64, 1}), std::exception);
-}
-
 TEST(CudaLinear, BadWeightIsAnError) {
   FERN_REQUIRE_GPU();
   auto gpu = test::make_gpu();
