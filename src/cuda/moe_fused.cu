@@ -324,23 +324,7 @@ struct FusedArgs {
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
   int sb32;                    // packed scales and biases: 0 none, 1 gate/up rows (load_rows_sb32), 2 and down rows
   FastDiv div_i, div_cd;       // by I (a task's slot) and by I's chunks per row (an item's slot)
-  int warm;                    // touch the arguments read after the handoffs before the PDL wait (warm_args)
 };
-
-// Every launch has its own argument block (constant bank 0, ~750 bytes here), and an SM's first read of one of its
-// lines misses the constant cache: a warp waits an L2 round trip on the instruction that reads it. The arguments
-// first read after the handoffs (the expert tables' views, the scratch, the FastDivs, the norm's output fields) lie
-// on the chain that the handoffs already lengthen, so warp 0 reads one word of each of their lines ahead of the PDL
-// wait, where it waits anyway (FERN_CUDA_MOE_WARM=1, docs/notes/cuda-decode-v23-merge.md). The empty asm takes the
-// values as register inputs, so the reads are issued here and not deleted.
-__device__ __forceinline__ void warm_args(const FusedArgs& a) {
-  asm volatile("" ::"l"(a.gate.w), "l"(a.gate.w_expert), "r"(a.gate.experts), "l"(a.up.w), "l"(a.up.w_expert),
-               "r"(a.up.experts));
-  asm volatile("" ::"l"(a.down.w), "l"(a.down.w_expert), "r"(a.down.experts), "l"(a.sdown.w), "l"(a.sdown.sb_expert),
-               "r"(a.sdown.experts));
-  asm volatile("" ::"l"(a.s.router_logits), "l"(a.s.h), "l"(a.out), "r"(a.div_i.m), "r"(a.div_cd.sh),
-               "l"(a.norm.resid), "l"(a.norm.xn), "r"(int(a.norm.add_out)));
-}
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
 constexpr int kNormV = 2;
@@ -407,7 +391,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
   };
   if (v < n_p1) load_p1(v);  // weights only: before waiting on the previous kernel
-  if (a.warm != 0 && threadIdx.x < 32) warm_args(a);
   float4 wn[kNormV];  // the norm weight (norm mode), also a weight: requested before the wait
   if (a.norm.resid != nullptr) {
 #pragma unroll
@@ -693,10 +676,6 @@ bool launch_fused(const Ctx& c, const FusedArgs& a) {
 // call, for comparisons. Any other value is an error naming the switch. Returns 0, 1, 2 as FusedArgs::sb32.
 int moe_sb32() { return env_choice("FERN_CUDA_MOE_SB", {"chunk", "row", "all"}, 2); }
 
-// FERN_CUDA_MOE_WARM=1 (the default: warm_args) or 0; read at every call, for comparisons. Any other value is an
-// error naming the switch.
-int moe_warm() { return env_choice("FERN_CUDA_MOE_WARM", {"0", "1"}, 1); }
-
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
 bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
                 const MoeNorm* norm, FusedArgs& a) {
@@ -717,7 +696,7 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64 || I < eb) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0, FastDiv(I), FastDiv(I / eb), moe_warm()};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0, FastDiv(I), FastDiv(I / eb)};
   if (!a.div_i.ok() || !a.div_cd.ok()) return false;
   // The packed scales and biases (load_rows_sb32): rows of 2,048 4-bit weights in groups of 64 whose scale and bias
   // rows start on 4-byte boundaries (rows of 64 bytes, experts of whole rows: the base pointers decide).
