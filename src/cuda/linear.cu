@@ -565,11 +565,10 @@ bool gated_norm_wide(const Ctx& c, int rows) {
 // Blocks per SM of the 256-thread 4-bit GEMVs with 32 lanes per row that have more than two blocks' work per SM
 // (the input projections with their norm, 9,216-12,352 rows): 3 (the default: registers capped at 80 so that three
 // fit, 24 warps per SM and half as many weights again requested before the PDL wait; the norm weight read after the
-// wait with the row), 2 (FERN_CUDA_GEMV_OCC=2) or 4 (=4: registers capped at 64, the packed scale form only, others
-// keep 3; docs/notes/cuda-decode-v23-merge.md). Smaller GEMVs (out_proj, o_proj: one block's work per SM) keep
+// wait with the row) or 2 (FERN_CUDA_GEMV_OCC=2). Smaller GEMVs (out_proj, o_proj: one block's work per SM) keep
 // the uncapped kernel, which measured faster for them (docs/notes/cuda-decode-v16-occupancy.md). Read at every
 // call, for comparisons.
-int gemv_occupancy() { return 2 + env_choice("FERN_CUDA_GEMV_OCC", {"2", "3", "4"}, 1); }
+int gemv_occupancy() { return env_choice("FERN_CUDA_GEMV_OCC", {"2", "3"}, 1) == 0 ? 2 : 3; }
 
 // The packed scales and biases of linear_kernel's SB form (FERN_CUDA_GEMV_SB=row, the default, or chunk; read at
 // every call, for comparisons): 4-bit matrices in groups of 64, widths a multiple of 2,048, every matrix's scale and
@@ -605,19 +604,12 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // groups, overlapping the next group's loads with this one's math. One 256-thread block per SM (half the weights
   // in flight) measured 10% slower for the whole 4K step (docs/notes/cuda-decode-v10-tc.md).
   const int occ = gemv_occupancy();  // read for every GEMV: an unknown value is an error whatever the shape
-  const bool occ3 = BITS == 4 && !ROUTE && lpr == 32 && !wide && need > 2 * int64_t(c.sms) && occ >= 3 &&
+  const bool occ3 = BITS == 4 && !ROUTE && lpr == 32 && !wide && need > 2 * int64_t(c.sms) && occ == 3 &&
                     (STAGE != kStageNorm || a.in <= 4 * kThreads * 2);  // InputStage<.., LATE>::NV
-  const bool sb = gemv_sb(a, m) && BITS == 4 && !ROUTE && lpr == 32 && !wide;  // the switch read for every GEMV
-  const bool occ4 = occ3 && occ == 4 && sb;  // four blocks per SM: the packed form only
-  const int per_sm = wide ? 1 : occ4 ? 4 : occ3 ? 3 : 2;
-  const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * per_sm));
+  const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : occ3 ? 3 : 2)));
   dim3 grid(blocks, T);
+  const bool sb = gemv_sb(a, m) && BITS == 4 && !ROUTE && lpr == 32 && !wide;  // the switch read for every GEMV
   if constexpr (BITS == 4 && !ROUTE) {
-    if (occ4) {
-      launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 4, true>, grid, kThreads,
-             smem, a, m, rows, x, tail, nm);
-      return;
-    }
     if (occ3) {
       if (sb)
         launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true>, grid, kThreads,
