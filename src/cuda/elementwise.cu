@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kThreads) embed_kernel(QW W, const int32_t* id
     // iteration, its codes in one group, the real table's 2048-wide row one iteration of three loads in flight
     // together (a load loop per code waited for eight dependent rounds from a row that is never in L2: ~8 us per
     // decode step, docs/notes/cuda-decode-v11-timeline.md). Shifts instead of the divisions by the group size and
-    // codes per word, which sat between the id's arrival and the row's loads (docs/notes/cuda-decode-v23-merge.md).
+    // codes per word, which sat between the id's arrival and the row's loads (docs/notes/cuda-decode-v23-probes.md).
     const int lper = W.bits == 4 ? 3 : 2, per = 1 << lper;  // codes per word
     const int gsh = 31 - __clz(W.gs);
     const int wpr = static_cast<int>(W.in >> lper);  // words per row

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
   const int h = blockIdx.x, cb = blockIdx.y;
   const int Dk = sh.Dk, Dv = sh.Dv, KS = sh.kernel, C = sh.conv_dim;
   // The key head of value head h: h / (Hv / Hk) by FastDiv, since the conv taps' loads ahead of the PDL wait depend
-  // on it (two runtime divisions, ~40 instructions, before them otherwise: docs/notes/cuda-decode-v23-merge.md).
+  // on it (two runtime divisions, ~40 instructions, before them otherwise: docs/notes/cuda-decode-v23-probes.md).
   const int kh = per_kh.div(h);
   const int key_dim = sh.Hk * Dk;
   const int tid = threadIdx.x;
