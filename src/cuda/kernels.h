@@ -131,9 +131,8 @@ struct MoeNorm {
 };
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
                const MoeNorm* norm = nullptr);
-// Which packed scale/bias loads moe_fused would take for these weights under the current FERN_CUDA_MOE_SB and
-// FERN_CUDA_MOE_DOWN: 0 none, 1 the gate/up rows, 2 the down rows too, 3 and the down rows in pairs of warps; -1
-// where it does not take the shapes (for tests).
+// Which packed scale/bias loads moe_fused would take for these weights under the current FERN_CUDA_MOE_SB: 0 none,
+// 1 the gate/up rows, 2 the down rows too; -1 where it does not take the shapes (for tests).
 int moe_fused_packing(const Ctx& c, const MoeQW& w, int topk);
 
 // Phase timing of moe_fused (docs/notes/cuda-decode-v5.md): the same launch with %globaltimer stamps (ns) written

@@ -44,7 +44,6 @@
 #include "cuda/fast_div.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
-#include "cuda/ptx.cuh"
 #include "cuda/qdot.cuh"
 #include "cuda/topk.cuh"
 
@@ -58,7 +57,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxSlots = 33;  // top-k <= 32 routed slots + the shared expert
 constexpr int kDownU = 5;
-constexpr int kPairP = 3;  // passes of the paired down rows (SB == 3): up to six half-warp units (slots) per warp
 // Dynamic shared memory limit (x twice and h; the real model needs 37 KB). Two blocks per SM fit with room to
 // spare; a larger need falls back to the three launches.
 constexpr size_t kMaxSmem = 96 * 1024;
@@ -324,8 +322,7 @@ struct FusedArgs {
   int topk;
   MoeNorm norm;               // norm.resid != nullptr: x = rmsnorm(resid + delta) computed here (x unused)
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
-  int sb32;                    // packed scales and biases: 0 none, 1 gate/up rows (load_rows_sb32), 2 and down rows,
-                               // 3 and down rows in pairs of warps
+  int sb32;                    // packed scales and biases: 0 none, 1 gate/up rows (load_rows_sb32), 2 and down rows
   FastDiv div_i, div_cd;       // by I (a task's slot) and by I's chunks per row (an item's slot)
 };
 
@@ -548,55 +545,8 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     sc = __uint_as_float(hi ? ws & 0xffff0000u : ws << 16);
     bi = __uint_as_float(hi ? wb & 0xffff0000u : wb << 16);
   };
-  // SB == 3: down rows in pairs (docs/notes/cuda-decode-v24-down-pairs.md). The down phase reads h from shared
-  // memory, 128 bytes per chunk and lane; with one row per warp that is ~290 KB per SM for ~16 rows, ~2,300 cycles
-  // at 128 bytes per cycle, most of the phase. Here the two warps (2w, 2w + 1) of a block take the rows (2P, 2P + 1)
-  // together, each half of the slots, and every h chunk a lane reads serves both rows: half the shared-memory
-  // traffic for the same weights. A pass of a warp is two half-warp units, a unit one slot's 16 chunks of both rows
-  // (the packed scale and bias words as in load_down); the S = k + 1 slots go S / 2 to each warp, and an odd middle
-  // slot splits into two units of 8 chunks (chunks 0-7 to warp 0, 8-15 to warp 1). Warp 1 hands its two sums to
-  // warp 0 through shared memory at a barrier of the pair; warp 0 adds them and writes the rows.
-  const int wi = threadIdx.x >> 5, hh = wi & 1;
-  const int slots = k + 1, hs = slots >> 1, odd = slots & 1;
-  const int pair0 = (wi >> 1) * gridDim.x + blockIdx.x, pair_stride = (kWarps / 2) * gridDim.x;
-  uint4 pw[kPairP][2];
-  uint32_t psb[kPairP][2] = {};
-  // The item (slot * 16 + chunk) of this lane in pass q, or -1.
-  auto pair_item = [&](int q) {
-    const int u = 2 * q + (lane >> 4), c = lane & 15;
-    if (u < hs) return (hh * (hs + odd) + u) * 16 + c;
-    return odd && u == hs && c < 8 ? hs * 16 + 8 * hh + c : -1;
-  };
-  auto load_pair = [&](int n0) {
-#pragma unroll
-    for (int q = 0; q < kPairP; ++q) {
-      const int j = pair_item(q);
-      const bool ok = j >= 0;  // lanes 0-7 of a used unit are always in it
-      const ChunkMat& m = md[ok ? j >> 4 : 0];
-      const int c = lane & 15;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int n = n0 + r;
-        pw[q][r] = ok ? ld_stream(m.w + (n * m.cpr + (j & 15))) : make_uint4(0, 0, 0, 0);
-        psb[q][r] =
-            ok && c < 8 ? __ldg(reinterpret_cast<const uint32_t*>((c < 4 ? m.s : m.b) + n * m.gpr) + (c & 3)) : 0u;
-      }
-    }
-  };
-  // The scale and bias of this lane's chunk of pass q, row r (as down_sb; the chunk inside its slot is j & 15).
-  auto pair_sb = [&](int q, int r, int j, float& sc, float& bi) {
-    const int cc = j & 15, src = (lane & 16) + (cc >> 2);
-    const uint32_t ws = __shfl_sync(0xffffffffu, psb[q][r], src), wb = __shfl_sync(0xffffffffu, psb[q][r], src + 4);
-    const bool hi = (cc >> 1) & 1;
-    sc = __uint_as_float(hi ? ws & 0xffff0000u : ws << 16);
-    bi = __uint_as_float(hi ? wb & 0xffff0000u : wb << 16);
-  };
   st.at(kMoeStampRouted);
-  if constexpr (SB == 3) {
-    if (2 * pair0 < H) load_pair(2 * pair0);
-  } else {
-    if (v < H) load_down(v, lane);
-  }
+  if (v < H) load_down(v, lane);
 
   const int ntask = k * I;
   for (int u0 = v; u0 < ntask; u0 += 2 * W) {
@@ -622,50 +572,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----
   // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
   const bool resid_early = a.norm.add_out;
-  if constexpr (SB == 3) {
-    // Lanes 0 and 1 of warp 0 of a pair write rows 2P and 2P + 1.
-    const float resid_v =
-        resid_early && hh == 0 && lane < 2 && 2 * pair0 < H ? __ldcg(a.norm.resid + 2 * pair0 + lane) : 0.0f;
-    __shared__ float pair_part[2][kWarps / 2][2];  // warp 1's sums, double-buffered by the iteration's parity
-    stage_x<B, 32>(a.s.h, nx, xh, xhc);
-    st.at(kMoeStampHStaged);
-    int it = 0;
-    for (int P = pair0; 2 * P < H; P += pair_stride, ++it) {
-      const int n0 = 2 * P;
-      if (P != pair0) load_pair(n0);
-      float acc[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int q = 0; q < kPairP; ++q) {
-        const int j = pair_item(q);
-        float sc[2], bi[2];
-        pair_sb(q, 0, j, sc[0], bi[0]);  // every lane: shuffles
-        pair_sb(q, 1, j, sc[1], bi[1]);
-        if (j >= 0) {
-          const uint4 w2[2] = {pw[q][0], pw[q][1]};
-          float d[2];
-          chunk_dot<B, 32, 2>(w2, xh + (j >> 5) * (FB * 32) + (j & 31), d);
-          const float f = fac[j >> 4], xs = xhc[j];
-          acc[0] = fmaf(f, apply_group<B>(d[0], sc[0], bi[0], xs), acc[0]);
-          acc[1] = fmaf(f, apply_group<B>(d[1], sc[1], bi[1], xs), acc[1]);
-        }
-      }
-      acc[0] = warp_sum(acc[0]);
-      acc[1] = warp_sum(acc[1]);
-      float* part = pair_part[it & 1][wi >> 1];
-      const float mine = lane == 0 ? acc[0] : acc[1];  // (a constant index: acc stays in registers)
-      if (hh == 1 && lane < 2) part[lane] = mine;
-      ptx::bar_sync(1 + (wi >> 1), 64);  // the pair: warp 1 has written, warp 0 then reads
-      if (hh == 0 && lane < 2) {
-        const int n = n0 + lane;
-        const float o = mine + part[lane];
-        a.out[n] = o;
-        if (a.norm.add_out) a.norm.resid[n] = (P == pair0 && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + o;
-      }
-    }
-    st.at(kMoeStampEnd);
-    st.extreme(kMoeStampLastEnd);
-    return;
-  }
   const float resid_v = resid_early && lane == 0 && v < H ? __ldcg(a.norm.resid + v) : 0.0f;
   stage_x<B, 32>(a.s.h, nx, xh, xhc);
   st.at(kMoeStampHStaged);
@@ -754,7 +660,6 @@ bool moe_wide() { return env_choice("FERN_CUDA_MOE_WIDE", {"0", "1"}, 1) == 1; }
 template <int RB, int B, bool TIMED, int NT>
 bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   switch (a.sb32) {
-    case 3: return launch_fused_form<RB, B, TIMED, NT, 3>(c, a);
     case 2: return launch_fused_form<RB, B, TIMED, NT, 2>(c, a);
     case 1: return launch_fused_form<RB, B, TIMED, NT, 1>(c, a);
     default: return launch_fused_form<RB, B, TIMED, NT, 0>(c, a);
@@ -770,10 +675,6 @@ bool launch_fused(const Ctx& c, const FusedArgs& a) {
 // allow), row (the gate/up rows only, load_rows_sb32) or chunk (two 2-byte loads per chunk everywhere); read at every
 // call, for comparisons. Any other value is an error naming the switch. Returns 0, 1, 2 as FusedArgs::sb32.
 int moe_sb32() { return env_choice("FERN_CUDA_MOE_SB", {"chunk", "row", "all"}, 2); }
-
-// FERN_CUDA_MOE_DOWN=pair (the default: the down rows in pairs of warps where the shapes allow, FusedArgs::sb32 3)
-// or row (one row per warp); read at every call, for comparisons. Any other value is an error naming the switch.
-bool moe_down_pairs() { return env_choice("FERN_CUDA_MOE_DOWN", {"row", "pair"}, 1) == 1; }
 
 // The arguments of one launch, or false where the formats or shapes are not taken (see moe_fused in kernels.h).
 bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
@@ -810,10 +711,6 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   const bool down = I == 16 * eb && Is == 16 * eb && w.down.gs == 64 && w.sdown.gs == 64 && aligned(w.down) &&
                     aligned(w.sdown);
   a.sb32 = want >= 1 && rows ? (want == 2 && down ? 2 : 1) : 0;
-  // The paired down rows: an even H, and at most 2 x kPairP half-warp units per warp (k + 1 slots: S / 2 whole ones
-  // and half of an odd middle one; k <= 11).
-  const int slots = topk + 1;
-  if (a.sb32 == 2 && H % 2 == 0 && slots / 2 + slots % 2 <= 2 * kPairP && moe_down_pairs()) a.sb32 = 3;
   return true;
 }
 

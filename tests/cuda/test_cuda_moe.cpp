@@ -237,8 +237,7 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
 // are required of the three forms, and each against the CPU. The real shape takes both packings, with k = 10 in
 // two down passes (176 items); I 256 only the gate/up one; H 1024 and the odd shape (I 192: six chunks per down
 // row, FastDiv by divisors that are not powers of two) neither (they must fall back to chunk loads, and match too).
-// Both block sizes; an unknown value is an error naming the switch. The down rows one per warp
-// (FERN_CUDA_MOE_DOWN=row): the paired form adds in another order (FusedDecodeDownPairs).
+// Both block sizes; an unknown value is an error naming the switch.
 TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
   FERN_REQUIRE_GPU();
   const MoeCase cases[] = {
@@ -250,7 +249,6 @@ TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
   };
   const char* const forms[] = {"chunk", "row", "all"};
   const int packing[][3] = {{0, 1, 2}, {0, 1, 2}, {0, 1, 1}, {0, 0, 0}, {0, 0, 0}};  // per case and form
-  test::EnvGuard rows("FERN_CUDA_MOE_DOWN", "row");  // one down row per warp: the same order of sums in all forms
   for (const char* wide : {"0", "1"})
   for (const MoeCase& c : cases) {
     test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
@@ -293,75 +291,6 @@ TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_SB"), std::string::npos) << e.what();
     }
-  }
-}
-
-// The down rows in pairs of warps (FERN_CUDA_MOE_DOWN=pair, the default; docs/notes/cuda-decode-v24-down-pairs.md)
-// against one row per warp (row) and the CPU. The slots (k + 1) go half to each warp of a pair and an odd middle
-// slot splits into two 8-chunk units, so the cases cover: k 8 (nine slots: the half units alone in a pass), k 6
-// (seven: a half unit beside a whole one), k 7 and k 11 (even: no half unit; k 11 fills all six units), k 10 (six
-// units with a half one), and k 12 (thirteen slots: more units than the pair form holds, so it falls back to rows).
-// On the GPU's SMs one pair of rows per pair of warps; on 5 SMs (ctx.sms: the grid is sized from it) every pair of
-// warps takes ~25 pairs of rows one after another, through both halves of the double-buffered hand-over. Both
-// block sizes. The two forms add the same fp32 terms in another order, so they differ by rounding alone (relative
-// ~1e-7 per row, NMSE of order 1e-14; the test prints it): 1e-10 between them, which a slot with a wrong routing
-// weight or a half unit read twice or not at all (errors of 1e-3 and more) does not meet. An unknown value names
-// the switch.
-TEST(CudaMoe, FusedDecodeDownPairs) {
-  FERN_REQUIRE_GPU();
-  const MoeCase cases[] = {
-      {"pairs real", 256, 2048, 512, 512, 8, 4, 1},  {"pairs k6", 64, 2048, 512, 512, 6, 4, 1},
-      {"pairs k7", 64, 2048, 512, 512, 7, 4, 1},     {"pairs k10", 64, 2048, 512, 512, 10, 4, 1},
-      {"pairs k11", 64, 2048, 512, 512, 11, 4, 1},   {"pairs k12 falls back", 64, 2048, 512, 512, 12, 4, 1},
-  };
-  for (const char* wide : {"0", "1"})
-  for (const MoeCase& c : cases) {
-    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
-    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
-    const uint64_t seed = uint64_t(c.E * 13 + c.k);
-    const auto f = fused_case(c, seed);
-    CudaBackend* gpu = f->gpu.get();
-    const cuda::MoeScratch s = fused_scratch(*gpu, c);
-    auto x = test::randn(size_t(c.H), seed + 7);
-    std::vector<float> ref(size_t(c.H));
-    f->cpu->begin_forward();
-    f->cpu->moe(test::host_f32(ref, {1, c.H}), test::host_f32(x, {1, c.H}), f->hw, f->cfg);
-    Tensor dx = test::upload_f32(*gpu, x, {1, c.H});
-    for (const int sms : {0, 5}) {
-      cuda::Ctx ctx = fused_ctx(*gpu);
-      if (sms > 0) ctx.sms = sms;
-      std::vector<float> got[2];
-      const char* const forms[] = {"row", "pair"};
-      for (int form = 0; form < 2; ++form) {
-        test::EnvGuard d("FERN_CUDA_MOE_DOWN", forms[form]);
-        const int want = form == 1 && c.k <= 11 ? 3 : 2;
-        EXPECT_EQ(cuda::moe_fused_packing(ctx, moe_qw(f->dw), c.k), want) << forms[form];
-        Tensor dy = gpu->alloc(DType::F32, {1, c.H});
-        ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(f->dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
-        got[form] = test::download(*gpu, dy);
-        const double e = test::nmse(got[form].data(), ref.data(), ref.size());
-        std::printf("moe %-20s wide %s sms %3d FERN_CUDA_MOE_DOWN=%-4s NMSE %.3e\n", c.name, wide, ctx.sms,
-                    forms[form], e);
-        EXPECT_LT(e, kNmse);
-      }
-      const double between = test::nmse(got[1].data(), got[0].data(), got[0].size());
-      std::printf("moe %-20s wide %s sms %3d pair vs row NMSE %.3e\n", c.name, wide, ctx.sms, between);
-      EXPECT_LT(between, 1e-10);
-    }
-  }
-  auto gpu = test::make_gpu();
-  test::OwnedStorage st;
-  const MoeCase c{"pairs real", 256, 2048, 512, 512, 8, 4, 1};
-  MoeWeights dw = test::to_device(*gpu, make_moe(st, c, 3));
-  const cuda::Ctx ctx = fused_ctx(*gpu);
-  const cuda::MoeScratch s = fused_scratch(*gpu, c);
-  Tensor dx = gpu->alloc(DType::F32, {1, c.H}), dy = gpu->alloc(DType::F32, {1, c.H});
-  test::EnvGuard bad("FERN_CUDA_MOE_DOWN", "quad");
-  try {
-    cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
-    ADD_FAILURE() << "FERN_CUDA_MOE_DOWN=quad was taken";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_DOWN"), std::string::npos) << e.what();
   }
 }
 
