@@ -391,7 +391,6 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
 struct TcTiles {
   int start[kMaxMats + 1];  // first tile of each matrix; unused entries INT_MAX
   int tiles, tpb;
-  int whole;  // warps own whole tiles (host: tc_whole_tiles), else they share them by K blocks
 };
 
 template <bool MULTI, int STAGE, int NB, int NT>
@@ -407,7 +406,7 @@ __global__ void __launch_bounds__(NT) linear_tc_kernel(QW A, Mats M, int rows, T
   const int g = lane >> 2, j = lane & 3;
   const int tile0 = blockIdx.x * tt.tpb;
   const int ntl = min(tt.tpb, tt.tiles - tile0);
-  const bool whole = tt.whole != 0;  // the same in every block (host: tt.whole implies tt.tpb >= W)
+  const bool whole = tt.tpb >= W;  // the same in every block
   // This warp's items as (tile of the block, K block), advanced by dkb with carries into the tile by dtl.
   int S, ltl, lkb;
   const int dkb = whole ? 1 : W, dtl = whole ? W : 1;
@@ -665,19 +664,6 @@ int tc_depth(bool whole) {
   return forced >= 0 ? 2 + forced : whole ? 3 : 2;
 }
 
-// Whether the warps of a block own whole tiles. With tpb tiles per block and W warps, owners take ceil(tpb / W) or
-// floor(tpb / W) tiles: lm_head (15,520 tiles, 59 per block, 8 warps) runs 8 tiles on three warps and 7 on five, so
-// its last eighth runs on 3 of 8 warps. Sharing by K blocks (warp w takes K block w of every tile when the tile's
-// K blocks equal the warps, as for K = 2,048) gives every warp the same item count, at the price of a partial row
-// sum per item in shared memory and a block-wide sum at the end (docs/notes/cuda-decode-v25-lm-head-split.md).
-// FERN_CUDA_GEMV_TC_SPLIT=tile (owners wherever tpb >= W) or kblock (shared wherever the partial sums fit the
-// block's shared memory); read at every call, for comparisons. Any other value is an error naming the switch.
-bool tc_share_k(int tpb, int KB, int W, size_t table_bytes) {
-  const bool want = env_choice("FERN_CUDA_GEMV_TC_SPLIT", {"tile", "kblock"}, 0) == 1;
-  if (tpb < W) return true;  // too few tiles for every warp to own one
-  return want && table_bytes + size_t(tpb) * KB * 16 * 4 <= 48 * 1024;
-}
-
 template <bool MULTI, int STAGE>
 bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, int T, const InNorm& nm) {
   if (a.bits != 4 || a.gs % 64 != 0 || a.in % 64 != 0 || !gemv_tc_wanted(rows)) return false;
@@ -697,13 +683,10 @@ bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* 
   tt.tiles = tiles;
   tt.tpb = (tiles + 2 * c.sms - 1) / (2 * c.sms);
   const int blocks = (tiles + tt.tpb - 1) / tt.tpb;
-  const bool share = tc_share_k(tt.tpb, KB, W, size_t(tc_smem_bytes(K)));
-  tt.whole = share ? 0 : 1;
-  const size_t smem = size_t(tc_smem_bytes(K)) + (share ? size_t(tt.tpb) * KB * 16 * 4 : 0);
+  const size_t smem = size_t(tc_smem_bytes(K)) + (tt.tpb < W ? size_t(tt.tpb) * KB * 16 * 4 : 0);
   if (smem > 48 * 1024) return false;
   const dim3 grid(blocks, T);
-  // Three item buffers where each warp has many items: owners of whole tiles, and K-block sharing by choice.
-  if (tc_depth(tt.whole || tt.tpb >= W) == 3)
+  if (tc_depth(tt.tpb >= W) == 3)
     launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 3, NT>, grid, NT, smem, a, m, rows, tt, x, nm);
   else
     launch(c, "linear_tc_kernel", linear_tc_kernel<MULTI, STAGE, 2, NT>, grid, NT, smem, a, m, rows, tt, x, nm);
