@@ -1,6 +1,7 @@
 // A layer's input RMSNorm folded into its mixer projections for one token (decode): every block of the multi-matrix
 // GEMV normalises the row while staging it (linear.cu, linear_multi_norm), so the norm needs no launch of its own.
 // Other cases (several rows, mixed formats) run rmsnorm, then linear_multi.
+#include "core/env.h"
 #include "cuda/backend_internal.h"
 
 namespace fern {
@@ -12,7 +13,9 @@ void CudaBackend::rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, T
   const int64_t D = x.dim(-1);
   std::vector<cuda::QW> q;
   for (const LinearWeight* w : ws) q.push_back(cuda::make_qw(*w));
-  const bool fold = x.numel() == D && !ws.empty() && norm_w.numel() == D && xn.numel() == D && D % 4 == 0 && D <= 4096 &&
+  // FERN_CUDA_NORM_FOLD=0: the norm as its own launch before the projections (for comparisons; read at every call,
+  // an unknown value is an error naming the switch). 1, the default: inside the projection kernel for one row.
+  const bool fold = env_choice("FERN_CUDA_NORM_FOLD", {"0", "1"}, 1) == 1 && x.numel() == D && !ws.empty() && norm_w.numel() == D && xn.numel() == D && D % 4 == 0 && D <= 4096 &&
                     cuda::linear_multi_ok(q.data(), static_cast<int>(q.size())) && ws[0]->in == D;
   if (!fold) {
     Backend::rmsnorm_linear_multi(outs, x, norm_w, eps, xn, ws);

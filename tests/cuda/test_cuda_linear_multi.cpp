@@ -182,6 +182,13 @@ TEST(CudaLinearMulti, WithInputNorm) {
   run_table("norm 8-bit", {{300, 8}, {19, 8}}, 4096, 32, 1, {true, false});
   run_table("norm bf16", {{515, 16}, {33, 16}}, 2048, 0, 1, {true, false});
   run_table("norm mixed backend", {{64, 4}, {64, 8}, {31, 4}}, 2048, 64, 1, {true, true});  // rmsnorm + fall-back
+  {
+    // The norm as its own launch, then the projections (FERN_CUDA_NORM_FOLD=0, a comparison switch).
+    test::EnvGuard unfold("FERN_CUDA_NORM_FOLD", "0");
+    run_table("norm gdn unfolded backend", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, true});
+  }
+  test::EnvGuard bad("FERN_CUDA_NORM_FOLD", "2");
+  EXPECT_THROW(run_table("norm fold refused", {{64, 4}}, 2048, 64, 1, {true, true}), std::exception);
 }
 
 // The CUDA-core kernel (FERN_CUDA_GEMV_TC=0 forces it; it is also the default below lm_head's size) with its block
