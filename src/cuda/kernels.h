@@ -51,6 +51,8 @@ void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, 
 // GEMV: decode; width <= 4096). xn (may be null) receives the normed rows.
 void linear_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
                        float* const* ys, int n, int T);
+// One matrix with the input norm inside the GEMV (T = 1): y = (rmsnorm(x) * norm_w) W^T, xn = the normed row.
+void linear_norm(const Ctx& c, const QW& w, const float* x, const float* norm_w, float eps, float* xn, float* y);
 // out = g W^T for one token row, where g is the GDN core's gated RMSNorm (MODEL.md 2.4 step 9) of its raw output
 // y [n]: per head of `head` values g = y * rsqrt(mean(y^2) + eps) * norm_w * silu(z), norm_w [head] shared by all
 // heads. Every block of the GEMV computes g while staging its input (no launch, no round trip for the norm).

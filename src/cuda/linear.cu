@@ -786,6 +786,16 @@ void linear_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* 
   launch_any<true, false, kStageNorm>(c, ws[0], make_mats(ws, ys, n), rows, x, RouteTail{}, T, nm);
 }
 
+void linear_norm(const Ctx& c, const QW& w, const float* x, const float* norm_w, float eps, float* xn, float* y) {
+  FERN_CU_CHECK(w.in % 4 == 0 && w.in <= 4 * kThreads * kNormV && norm_w != nullptr && w.experts == 0,
+                "linear_norm: width or norm weight");
+  InNorm nm;
+  nm.w = norm_w;
+  nm.eps = eps;
+  nm.xn = xn;
+  launch_any<false, false, kStageNorm>(c, w, make_mats(&w, &y, 1), static_cast<int>(w.out), x, RouteTail{}, 1, nm);
+}
+
 bool linear_gated_norm_ok(const QW& w, int head) {
   // head: a power of two whose float4s fit one warp; the row within the kNormV float4s per thread.
   return head >= 4 && head <= 128 && (head & (head - 1)) == 0 && w.in % head == 0 &&

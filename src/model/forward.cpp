@@ -97,10 +97,12 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
     dump(fmt::format("L{}.moe_out", il), delta);
     dump(fmt::format("L{}.out", il), h);
   }
-  // The final norm and lm_head on the rows whose logits are wanted (a prompt chunk's last row, or all of them).
-  Tensor rows = opt.all_logits ? xn : xn.slice0(T - 1, 1);
-  be.rmsnorm(rows, opt.all_logits ? h : h.slice0(T - 1, 1), w.final_norm, eps);
-  be.linear(logits, rows, w.lm_head);
+  // The final norm and lm_head on the rows whose logits are wanted (a prompt chunk's last row, or all of them); a
+  // backend may compute the norm inside the lm_head kernel, as for the mixers' projections.
+  const Tensor head_out[] = {logits};
+  const LinearWeight* const head_w[] = {&w.lm_head};
+  be.rmsnorm_linear_multi(head_out, opt.all_logits ? h : h.slice0(T - 1, 1), w.final_norm, eps,
+                          opt.all_logits ? xn : xn.slice0(T - 1, 1), head_w);
   be.advance(st, T);
 }
 

@@ -187,6 +187,17 @@ TEST(CudaLinearMulti, WithInputNorm) {
     test::EnvGuard unfold("FERN_CUDA_NORM_FOLD", "0");
     run_table("norm gdn unfolded backend", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, true});
   }
+  {
+    // One matrix through the backend (the final norm and lm_head) in each form of FERN_CUDA_HEAD_NORM, on the
+    // tensor-core GEMV (FERN_CUDA_GEMV_TC=1, whole tiles per warp at this row count).
+    test::EnvGuard tc("FERN_CUDA_GEMV_TC", "1");
+    for (const char* form : {"launch", "multi", "fold", "fold-multi"}) {
+      test::EnvGuard hf("FERN_CUDA_HEAD_NORM", form);
+      run_table((std::string("norm head ") + form).c_str(), {{40001, 4}}, 2048, 64, 1, {true, true});
+    }
+    test::EnvGuard hf("FERN_CUDA_HEAD_NORM", "fused");
+    EXPECT_THROW(run_table("norm head refused", {{64, 4}}, 2048, 64, 1, {true, true}), std::exception);
+  }
   test::EnvGuard bad("FERN_CUDA_NORM_FOLD", "2");
   EXPECT_THROW(run_table("norm fold refused", {{64, 4}}, 2048, 64, 1, {true, true}), std::exception);
 }
