@@ -1,6 +1,7 @@
 // A layer's input RMSNorm folded into its mixer projections for one token (decode): every block of the multi-matrix
 // GEMV normalises the row while staging it (linear.cu, linear_multi_norm), so the norm needs no launch of its own.
-// Other cases (several rows, mixed formats) run rmsnorm, then linear_multi.
+// Other cases (several rows, mixed formats) run rmsnorm, then linear_multi; one matrix (the final norm and lm_head)
+// runs rmsnorm, then linear, unless FERN_CUDA_HEAD_NORM picks another form for comparison.
 #include "core/env.h"
 #include "cuda/backend_internal.h"
 
