@@ -21,8 +21,10 @@ void CudaBackend::rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, T
   const bool fold = env_choice("FERN_CUDA_NORM_FOLD", {"0", "1"}, 1) == 1 && x.numel() == D && !ws.empty() &&
                     norm_w.numel() == D && xn.numel() == D && D % 4 == 0 && D <= 4096 &&
                     cuda::linear_multi_ok(q.data(), static_cast<int>(q.size())) && ws[0]->in == D;
-  const int head_form = ws.size() == 1 ? env_choice("FERN_CUDA_HEAD_NORM", {"launch", "multi", "fold", "fold-multi"}, 0)
-                                       : 0;
+  // One matrix (the final norm and lm_head): FERN_CUDA_HEAD_NORM=launch (the default: rmsnorm, then linear, as
+  // measured fastest), or multi, fold, fold-multi (below). Read at every call; an unknown value names the switch.
+  const int head_form =
+      ws.size() == 1 ? env_choice("FERN_CUDA_HEAD_NORM", {"launch", "multi", "fold", "fold-multi"}, 0) : 0;
   if (ws.size() == 1 && (!fold || head_form == 0)) {
     rmsnorm(xn, x, norm_w, eps);
     linear(outs[0], xn, *ws[0]);
@@ -30,30 +32,6 @@ void CudaBackend::rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, T
   }
   if (!fold) {
     Backend::rmsnorm_linear_multi(outs, x, norm_w, eps, xn, ws);
-    return;
-  }
-  if (ws.size() == 1) {
-    // One matrix (the final norm and lm_head): FERN_CUDA_HEAD_NORM=launch (the default: rmsnorm, then linear),
-    // multi (rmsnorm, then the multi-matrix kernel), fold (the norm inside the single-matrix kernel) or fold-multi
-    // (inside the multi-matrix kernel), to take apart what the folded form costs in lm_head's tensor-core kernel
-    // (docs/notes/cuda-decode-v25-lm-head-split.md). Read at every call; an unknown value names the switch.
-    const int form = head_form;
-    const LinearWeight& w = *ws[0];
-    FERN_CHECK(outs[0].numel() == w.out, "rmsnorm_linear_multi {}: out {} for [{}, {}]", w.name, outs[0].shape_str(),
-               w.out, w.in);
-    float* y = f32(outs[0], "rmsnorm_linear_multi out");
-    join_side();
-    if (form == 1) {
-      rmsnorm(xn, x, norm_w, eps);
-      cuda::linear_multi(ctx(), q.data(), f32(xn, "rmsnorm_linear_multi xn"), &y, 1, 1);
-    } else if (form == 2) {
-      cuda::linear_norm(ctx(), q[0], f32(x, "rmsnorm_linear_multi x"), f32(norm_w, "rmsnorm_linear_multi norm"),
-                        eps, f32(xn, "rmsnorm_linear_multi xn"), y);
-    } else {
-      cuda::linear_multi_norm(ctx(), q.data(), f32(x, "rmsnorm_linear_multi x"),
-                              f32(norm_w, "rmsnorm_linear_multi norm"), eps, f32(xn, "rmsnorm_linear_multi xn"), &y,
-                              1, 1);
-    }
     return;
   }
   std::vector<float*> ys;
@@ -64,6 +42,19 @@ void CudaBackend::rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, T
     ys.push_back(f32(outs[i], "rmsnorm_linear_multi out"));
   }
   join_side();
+  // One matrix (the final norm and lm_head) under another FERN_CUDA_HEAD_NORM form, for comparisons
+  // (docs/notes/cuda-decode-v25-lm-head-split.md): multi (rmsnorm, then the multi-matrix kernel), fold (the norm
+  // inside the single-matrix kernel); fold-multi is the mixers' path below with one matrix.
+  if (head_form == 1) {
+    rmsnorm(xn, x, norm_w, eps);
+    cuda::linear_multi(ctx(), q.data(), f32(xn, "rmsnorm_linear_multi xn"), ys.data(), 1, 1);
+    return;
+  }
+  if (head_form == 2) {
+    cuda::linear_norm(ctx(), q[0], f32(x, "rmsnorm_linear_multi x"), f32(norm_w, "rmsnorm_linear_multi norm"), eps,
+                      f32(xn, "rmsnorm_linear_multi xn"), ys[0]);
+    return;
+  }
   cuda::linear_multi_norm(ctx(), q.data(), f32(x, "rmsnorm_linear_multi x"), f32(norm_w, "rmsnorm_linear_multi norm"),
                           eps, f32(xn, "rmsnorm_linear_multi xn"), ys.data(), static_cast<int>(q.size()), 1);
 }

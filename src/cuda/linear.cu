@@ -771,28 +771,33 @@ void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, 
   launch_any<true, false>(c, ws[0], make_mats(ws, ys, n), rows, x, RouteTail{}, T);
 }
 
-void linear_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
-                       float* const* ys, int n, int T) {
-  FERN_CU_CHECK(linear_multi_ok(ws, n), "linear_multi_norm: matrices of different formats or widths");
-  FERN_CU_CHECK(ws[0].in % 4 == 0 && ws[0].in <= 4 * kThreads * kNormV && norm_w != nullptr,
-                "linear_multi_norm: width or norm weight");
-  if (T <= 0) return;
-  int rows = 0;
-  for (int i = 0; i < n; ++i) rows += static_cast<int>(ws[i].out);
+// The input norm's stage for rows of w.in values (the kernels keep kNormV float4s per thread), after the checks
+// both norm entry points share; `who` names the caller in the error.
+namespace {
+InNorm input_norm(const QW& w, const float* norm_w, float eps, float* xn, const char* who) {
+  FERN_CU_CHECK(w.in % 4 == 0 && w.in <= 4 * kThreads * kNormV && norm_w != nullptr,
+                std::string(who) + ": width or norm weight");
   InNorm nm;
   nm.w = norm_w;
   nm.eps = eps;
   nm.xn = xn;
+  return nm;
+}
+}  // namespace
+
+void linear_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
+                       float* const* ys, int n, int T) {
+  FERN_CU_CHECK(linear_multi_ok(ws, n), "linear_multi_norm: matrices of different formats or widths");
+  const InNorm nm = input_norm(ws[0], norm_w, eps, xn, "linear_multi_norm");
+  if (T <= 0) return;
+  int rows = 0;
+  for (int i = 0; i < n; ++i) rows += static_cast<int>(ws[i].out);
   launch_any<true, false, kStageNorm>(c, ws[0], make_mats(ws, ys, n), rows, x, RouteTail{}, T, nm);
 }
 
 void linear_norm(const Ctx& c, const QW& w, const float* x, const float* norm_w, float eps, float* xn, float* y) {
-  FERN_CU_CHECK(w.in % 4 == 0 && w.in <= 4 * kThreads * kNormV && norm_w != nullptr && w.experts == 0,
-                "linear_norm: width or norm weight");
-  InNorm nm;
-  nm.w = norm_w;
-  nm.eps = eps;
-  nm.xn = xn;
+  FERN_CU_CHECK(w.experts == 0, "linear_norm: an expert stack");
+  const InNorm nm = input_norm(w, norm_w, eps, xn, "linear_norm");
   launch_any<false, false, kStageNorm>(c, w, make_mats(&w, &y, 1), static_cast<int>(w.out), x, RouteTail{}, 1, nm);
 }
 
