@@ -46,6 +46,9 @@ void linear(const Ctx& c, const QW& w, const float* x, float* y, int T);
 // ys[i][t] = x[t] W_i^T for n <= 4 matrices of one input, in one launch over their concatenated rows. They must
 // share bits, width and group size (linear_multi_ok).
 bool linear_multi_ok(const QW* ws, int n);
+// Whether such a table's matrices follow each other in memory (weight_group.h), so that the decode GEMV reads it as
+// one matrix (FERN_CUDA_GEMV_CONTIG).
+bool linear_multi_contiguous(const QW* ws, int n);
 void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T);
 // linear_multi of xn = rmsnorm(x) * norm_w, the norm computed by every block while staging its input (always the
 // GEMV: decode; width <= 4096). xn (may be null) receives the normed rows.

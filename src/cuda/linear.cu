@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/env.h"
 #include "cuda/gemv_tc.cuh"
@@ -229,11 +230,15 @@ __device__ __forceinline__ int mat_of(const int (&start)[kMaxMats + 1], int v) {
 // groups), 32 lanes per row: a step's 32 scales and 32 biases of a row in one 4-byte load per lane (qdot.cuh
 // load_sb_word), shuffled to the lanes when the step is consumed (sb_from_word), instead of two 2-byte loads per
 // chunk; the same values and arithmetic (gemv_sb, docs/notes/cuda-decode-v20-burst.md).
-template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false>
+// CONTIG (MULTI kernels): the matrices' codes, scales and biases follow each other in memory (mats_contiguous), so
+// the loads read the table as matrix 0 over all rows and only the output row picks its matrix.
+template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
+          bool CONTIG = false>
 __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
   static_assert(!SB || (BITS == 4 && LPR == 32), "packed scales: 4-bit rows, 32 lanes per row");
+  static_assert(!CONTIG || MULTI, "one matrix is contiguous already");
   extern __shared__ float4 smem[];
   constexpr int F4 = ChunkTraits<BITS>::kF4;
   constexpr int RS = 32 / LPR;       // rows side by side in one warp
@@ -258,7 +263,7 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
       const bool ok = row < rows;
       ChunkMat m = ma;
       int rr = row;
-      if constexpr (MULTI) {
+      if constexpr (MULTI && !CONTIG) {
         // Same shape for every matrix: only the pointers and the row offset differ (selects, no memory trips).
 #pragma unroll
         for (int i = 1; i < kMaxMats; ++i) {
@@ -581,6 +586,22 @@ bool gemv_sb(const QW& a, const Mats& m) {
   return true;
 }
 
+// Whether the table's matrices follow each other in memory (weight_group.h): matrix i's codes, scales and biases
+// start where matrix i - 1's end, so row r of the concatenation is row r of matrix 0's view. FERN_CUDA_GEMV_CONTIG=0
+// reads such a table matrix by matrix all the same (read at every call, for comparisons).
+bool mats_contiguous(const QW& a, const Mats& m) {
+  const int64_t code_bytes = a.in * a.bits / 8, groups = a.in / a.gs;  // per row
+  for (int i = 1; i < kMaxMats && m.start[i + 1] != INT_MAX; ++i) {  // matrix i exists: its end is set
+    if (static_cast<const char*>(m.w[i]) != static_cast<const char*>(m.w[0]) + m.start[i] * code_bytes ||
+        m.s[i] != m.s[0] + m.start[i] * groups || m.b[i] != m.b[0] + m.start[i] * groups)
+      return false;
+  }
+  return true;
+}
+bool gemv_contig(const QW& a, const Mats& m) {
+  return env_choice("FERN_CUDA_GEMV_CONTIG", {"0", "1"}, 1) == 1 && mats_contiguous(a, m);
+}
+
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
@@ -611,6 +632,13 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   const bool sb = gemv_sb(a, m) && BITS == 4 && !ROUTE && lpr == 32 && !wide;  // the switch read for every GEMV
   if constexpr (BITS == 4 && !ROUTE) {
     if (occ3) {
+      if constexpr (MULTI) {
+        if (sb && gemv_contig(a, m)) {
+          launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true>, grid,
+                 kThreads, smem, a, m, rows, x, tail, nm);
+          return;
+        }
+      }
       if (sb)
         launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true>, grid, kThreads,
                smem, a, m, rows, x, tail, nm);
@@ -751,6 +779,12 @@ bool linear_multi_ok(const QW* ws, int n) {
     rows += ws[i].out;
   }
   return rows < (int64_t(1) << 31);
+}
+
+bool linear_multi_contiguous(const QW* ws, int n) {
+  if (!linear_multi_ok(ws, n) || ws[0].bits == 16) return false;
+  std::vector<float*> ys(size_t(n), nullptr);
+  return mats_contiguous(ws[0], make_mats(ws, ys.data(), n));
 }
 
 void linear_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T) {

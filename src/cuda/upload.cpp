@@ -1,14 +1,17 @@
 // upload(): copies host ModelWeights (views into mmaps or host buffers) to one device allocation, through a
 // bounded pinned staging buffer (two halves, so that filling one overlaps the copy of the other). The GPU layout
 // is the MLX layout byte for byte (docs/CUDA.md); strided expert stacks (the HF fused gate_up) are compacted to
-// contiguous stacks; small BF16 vectors become F32.
+// contiguous stacks; small BF16 vectors become F32; a layer's mixer input projections share one region
+// (weight_group.h).
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "core/bf16.h"
 #include "core/error.h"
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/cuda_check.h"
+#include "cuda/weight_group.h"
 
 namespace fern {
 namespace {
@@ -141,6 +144,30 @@ class Uploader {
     return d;
   }
 
+  // A layer's mixer input projections in one region (weight_group.h: the decode GEMV then reads them as one
+  // matrix); matrices that cannot share one are uploaded one by one.
+  std::vector<LinearWeight> linear_group(std::span<const LinearWeight* const> hs) {
+    const cuda::GroupLayout layout = cuda::group_layout(hs);
+    std::vector<LinearWeight> r;
+    if (layout.at.empty()) {
+      for (const LinearWeight* h : hs) r.push_back(linear(*h));
+      return r;
+    }
+    char* region = static_cast<char*>(reserve(layout.bytes));
+    if (sizing_) {
+      for (const LinearWeight* h : hs) r.push_back(*h);  // shapes only: the sizing pass keeps no pointers
+      return r;
+    }
+    r = cuda::group_views(hs, layout, region);
+    for (size_t i = 0; i < hs.size(); ++i) {
+      const LinearWeight& h = *hs[i];
+      const Tensor* src[3] = {&h.w, &h.scales, &h.biases};
+      const Tensor* dst[3] = {&r[i].w, &r[i].scales, &r[i].biases};
+      for (int k = 0; k < 3; ++k) stager->put(dst[k]->data, src[k]->data, src[k]->nbytes(), src[k]->device == Device::Cuda);
+    }
+    return r;
+  }
+
  private:
   void* reserve(size_t n) {
     const size_t off = total;
@@ -163,19 +190,23 @@ void walk(Uploader& u, const ModelWeights& h, ModelWeights& d) {
     D.input_norm = u.tensor(H.input_norm, true);
     D.post_norm = u.tensor(H.post_norm, true);
     if (H.type == LayerType::LinearAttention) {
-      D.gdn.in_proj_qkv = u.linear(H.gdn.in_proj_qkv);
-      D.gdn.in_proj_z = u.linear(H.gdn.in_proj_z);
-      D.gdn.in_proj_b = u.linear(H.gdn.in_proj_b);
-      D.gdn.in_proj_a = u.linear(H.gdn.in_proj_a);
+      const LinearWeight* in[] = {&H.gdn.in_proj_qkv, &H.gdn.in_proj_z, &H.gdn.in_proj_b, &H.gdn.in_proj_a};
+      const std::vector<LinearWeight> g = u.linear_group(in);
+      D.gdn.in_proj_qkv = g[0];
+      D.gdn.in_proj_z = g[1];
+      D.gdn.in_proj_b = g[2];
+      D.gdn.in_proj_a = g[3];
       D.gdn.out_proj = u.linear(H.gdn.out_proj);
       D.gdn.conv_w = u.tensor(H.gdn.conv_w, true);
       D.gdn.A_log = u.tensor(H.gdn.A_log, true);
       D.gdn.dt_bias = u.tensor(H.gdn.dt_bias, true);
       D.gdn.norm_w = u.tensor(H.gdn.norm_w, true);
     } else {
-      D.attn.q_proj = u.linear(H.attn.q_proj);
-      D.attn.k_proj = u.linear(H.attn.k_proj);
-      D.attn.v_proj = u.linear(H.attn.v_proj);
+      const LinearWeight* in[] = {&H.attn.q_proj, &H.attn.k_proj, &H.attn.v_proj};
+      const std::vector<LinearWeight> g = u.linear_group(in);
+      D.attn.q_proj = g[0];
+      D.attn.k_proj = g[1];
+      D.attn.v_proj = g[2];
       D.attn.o_proj = u.linear(H.attn.o_proj);
       D.attn.q_norm = u.tensor(H.attn.q_norm, true);
       D.attn.k_norm = u.tensor(H.attn.k_norm, true);

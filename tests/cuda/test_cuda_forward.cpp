@@ -9,6 +9,9 @@
 #include <utility>
 
 #include "cuda/gemm_wg.h"
+#include "cuda/kernels.h"
+#include "cuda/qweight.h"
+#include "cuda/random_weights.h"
 #include "cuda_test_util.h"
 #include "model/forward.h"
 #include "model/synth.h"
@@ -18,6 +21,22 @@ namespace {
 
 using Compare = test::LogitAgreement;
 
+// upload() and the random device model put a layer's quantized mixer input projections in one region
+// (weight_group.h), which the decode GEMV reads as one matrix.
+void expect_grouped_projections(const ModelWeights& w) {
+  for (const LayerWeights& L : w.layers) {
+    std::vector<const LinearWeight*> in;
+    if (L.type == LayerType::LinearAttention)
+      in = {&L.gdn.in_proj_qkv, &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a};
+    else
+      in = {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj};
+    if (!in[0]->quantized()) continue;
+    std::vector<cuda::QW> q;
+    for (const LinearWeight* p : in) q.push_back(cuda::make_qw(*p));
+    EXPECT_TRUE(cuda::linear_multi_contiguous(q.data(), static_cast<int>(q.size()))) << in[0]->name;
+  }
+}
+
 // Teacher-forced prefill of `n` tokens (all logits) on both backends, then `steps` decode steps that feed both
 // sides the CPU's greedy token. Returns the prefill comparison and the decode comparison.
 std::pair<Compare, Compare> run_model(const std::shared_ptr<ModelWeights>& hw, int n, int steps, uint64_t seed) {
@@ -26,6 +45,7 @@ std::pair<Compare, Compare> run_model(const std::shared_ptr<ModelWeights>& hw, i
   auto cpu = make_cpu_backend();
   auto gpu = test::make_gpu();
   auto dw = gpu->upload(hw);
+  expect_grouped_projections(*dw);
   auto cs = cpu->new_state(cfg, n + steps + 1);
   auto gs = gpu->new_state(cfg, n + steps + 1);
   std::mt19937_64 rng(seed);
@@ -62,6 +82,12 @@ std::pair<Compare, Compare> run_model(const std::shared_ptr<ModelWeights>& hw, i
   }
   const Compare dec = test::logit_agreement(got_steps, ref_steps, V);
   return {pre, dec};
+}
+
+TEST(CudaForward, RandomDeviceModelGroupsProjections) {
+  FERN_REQUIRE_GPU();
+  auto gpu = test::make_gpu();
+  expect_grouped_projections(*cuda::random_device_weights(*gpu, test::tiny_test_config(4), 5));
 }
 
 TEST(CudaForward, RandomModelMatchesCpu) {

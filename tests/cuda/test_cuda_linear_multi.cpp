@@ -4,11 +4,13 @@
 // of formats that must fall back to separate launches).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 #include "cuda/gemm_wg.h"
 #include "cuda/kernels.h"
 #include "cuda/qweight.h"
+#include "cuda/weight_group.h"
 #include "cuda_test_util.h"
 
 namespace fern {
@@ -76,6 +78,27 @@ struct GpuTable {
       ws.push_back(&dw[i]);
       q.push_back(cuda::make_qw(dw[i]));
       ys.push_back(outs[i].ptr<float>());
+    }
+  }
+  // Moves the device matrices into one region (weight_group.h), as upload() and the random device model lay out a
+  // layer's input projections.
+  void group() {
+    std::vector<const LinearWeight*> p;
+    for (const LinearWeight& w : dw) p.push_back(&w);
+    const cuda::GroupLayout layout = cuda::group_layout(p);
+    ASSERT_FALSE(layout.at.empty());
+    Tensor region = gpu->alloc(DType::U8, {int64_t(layout.bytes)});
+    std::vector<LinearWeight> g = cuda::group_views(p, layout, region.ptr<char>());
+    for (size_t i = 0; i < dw.size(); ++i) {
+      const std::pair<const Tensor*, const Tensor*> parts[3] = {
+          {&g[i].w, &dw[i].w}, {&g[i].scales, &dw[i].scales}, {&g[i].biases, &dw[i].biases}};
+      for (const auto& [to, from] : parts)
+        ASSERT_EQ(cudaMemcpy(to->data, from->data, from->nbytes(), cudaMemcpyDeviceToDevice), cudaSuccess);
+    }
+    dw = g;
+    for (size_t i = 0; i < dw.size(); ++i) {
+      ws[i] = &dw[i];
+      q[i] = cuda::make_qw(dw[i]);
     }
   }
   // A launch context on the backend's stream.
@@ -200,6 +223,87 @@ TEST(CudaLinearMulti, WithInputNorm) {
   }
   test::EnvGuard bad("FERN_CUDA_NORM_FOLD", "2");
   EXPECT_THROW(run_table("norm fold refused", {{64, 4}}, 2048, 64, 1, {true, true}), std::exception);
+}
+
+// A table in one region (GpuTable::group): the three-blocks-per-SM GEMV reads it as one matrix
+// (FERN_CUDA_GEMV_CONTIG=1, the default) or matrix by matrix (=0), plain, with the norm and through the backend. Both
+// against the CPU (kNmse) and bit for bit against each other: the same loads and arithmetic in the same order, only
+// the addresses computed another way. Tables whose matrices are allocated one by one are not contiguous.
+void run_grouped(const char* name, const std::vector<Mat>& mats, int T, NormMode nm) {
+  SCOPED_TRACE(name);
+  constexpr int64_t in = 2048;  // the packed-scale kernel's widths: multiples of 2,048
+  GpuTable tb(name, mats, in, 64, T, {5000, 11, 7}, 123);
+  auto& [gpu, cpu, st, hw, dw, x, dx, outs, ws, q, ys] = tb;
+  tb.group();
+  ASSERT_TRUE(cuda::linear_multi_contiguous(q.data(), static_cast<int>(q.size())));
+  auto nw = test::randn(size_t(in), 56, 0.3f);
+  for (float& v : nw) v += 1.0f;
+  const float eps = 1e-6f;
+  if (nm.on) {
+    std::vector<float> xn_ref(size_t(T * in));
+    cpu->rmsnorm(test::host_f32(xn_ref, {T, in}), test::host_f32(x, {T, in}), test::host_f32(nw, {in}), eps);
+    x = xn_ref;  // the CPU reference projects the normed rows
+  }
+  Tensor dnw = test::upload_f32(*gpu, nw, {in});
+  Tensor dxn = gpu->alloc(DType::F32, {T, in});
+  std::vector<std::vector<float>> got[2];
+  for (int contig = 1; contig >= 0; --contig) {
+    test::EnvGuard sw("FERN_CUDA_GEMV_CONTIG", contig ? "1" : "0");
+    for (size_t i = 0; i < outs.size(); ++i) {
+      outs[i] = test::nan_filled(*gpu, T, mats[i].out);
+      ys[i] = outs[i].ptr<float>();
+    }
+    if (!nm.on)
+      gpu->linear_multi(outs, dx, ws);
+    else if (nm.via_backend)
+      gpu->rmsnorm_linear_multi(outs, dx, dnw, eps, dxn, ws);
+    else
+      cuda::linear_multi_norm(tb.ctx(), q.data(), dx.ptr<float>(), dnw.ptr<float>(), eps, dxn.ptr<float>(), ys.data(),
+                              static_cast<int>(q.size()), T);
+    expect_table(*cpu, *gpu, contig ? "one matrix" : "matrix by matrix", mats, hw, x, outs, in, T);
+    for (const Tensor& o : outs) got[contig].push_back(test::download(*gpu, o));
+  }
+  for (size_t i = 0; i < outs.size(); ++i)
+    EXPECT_EQ(std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * sizeof(float)), 0) << "matrix " << i;
+}
+
+TEST(CudaLinearMulti, ContiguousTable) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
+  run_grouped("grouped gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, {});
+  run_grouped("grouped norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, {true, false});
+  run_grouped("grouped norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 1, {true, true});
+  run_grouped("grouped norm attn T=2", {{8192, 4}, {512, 4}, {512, 4}}, 2, {true, false});
+  run_grouped("grouped odd rows", {{4999, 4}, {1, 4}, {77, 4}}, 1, {true, false});
+  run_grouped("grouped one matrix", {{6001, 4}}, 1, {true, false});
+  // The check itself on descriptors only (no memory is touched): rows of 1,024 code bytes and 32 groups.
+  cuda::QW a;
+  a.bits = 4;
+  a.in = 2048;
+  a.gs = 64;
+  a.out = 100;
+  cuda::QW b = a;
+  b.out = 7;
+  static char codes[128 * 1024];
+  static uint16_t sc[128 * 32], bi[128 * 32];
+  a.w = codes;
+  a.s = sc;
+  a.b = bi;
+  b.w = codes + 100 * 1024;
+  b.s = sc + 100 * 32;
+  b.b = bi + 100 * 32;
+  const cuda::QW joined[2] = {a, b};
+  EXPECT_TRUE(cuda::linear_multi_contiguous(joined, 2));
+  for (int part = 0; part < 3; ++part) {
+    cuda::QW c = b;
+    if (part == 0) c.w = codes + 101 * 1024;  // one row of codes between them
+    if (part == 1) c.s = sc + 100 * 32 + 2;
+    if (part == 2) c.b = bi + 99 * 32;
+    const cuda::QW apart[2] = {a, c};
+    EXPECT_FALSE(cuda::linear_multi_contiguous(apart, 2)) << "part " << part;
+  }
+  test::EnvGuard bad("FERN_CUDA_GEMV_CONTIG", "2");
+  EXPECT_THROW(run_table("contig refused", {{8192, 4}, {4096, 4}}, 2048, 64, 1, {true, false}), std::exception);
 }
 
 // The CUDA-core kernel (FERN_CUDA_GEMV_TC=0 forces it; it is also the default below lm_head's size) with its block
