@@ -5,13 +5,14 @@ namespace {
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
+// (Shapes only: the random device model lays out weights that have no memory yet, so sizes, not pointers, decide.)
 GroupLayout group_layout(std::span<const LinearWeight* const> ws) {
   GroupLayout L;
   if (ws.empty()) return L;
   const LinearWeight& w0 = *ws[0];
   for (const LinearWeight* w : ws)
     if (!w->quantized() || w->experts != 0 || w->bits != w0.bits || w->in != w0.in ||
-        w->group_size != w0.group_size || w->scales.empty() || w->biases.empty())
+        w->group_size != w0.group_size || w->scales.numel() == 0 || w->biases.numel() == 0)
       return L;
   L.at.resize(ws.size());
   size_t off = 0;
