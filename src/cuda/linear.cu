@@ -587,8 +587,11 @@ bool gemv_sb(const QW& a, const Mats& m) {
 }
 
 // Whether the table's matrices follow each other in memory (weight_group.h): matrix i's codes, scales and biases
-// start where matrix i - 1's end, so row r of the concatenation is row r of matrix 0's view. FERN_CUDA_GEMV_CONTIG=0
-// reads such a table matrix by matrix all the same (read at every call, for comparisons).
+// start where matrix i - 1's end, so row r of the concatenation is row r of matrix 0's view, and the input
+// projections' kernel skips the per-row choice of matrix ahead of its loads (CONTIG). Measured on the H200
+// (docs/notes/cuda-decode-v26-contig.md): 10.39 -> 10.08 us per launch, 612.2 -> 618.0 tok/s at 4K, 433.6 -> 436.6
+// at 128K. FERN_CUDA_GEMV_CONTIG=0 reads such a table matrix by matrix all the same (read at every call, for
+// comparisons).
 bool mats_contiguous(const QW& a, const Mats& m) {
   const int64_t code_bytes = a.in * a.bits / 8, groups = a.in / a.gs;  // per row
   for (int i = 1; i < kMaxMats && m.start[i + 1] != INT_MAX; ++i) {  // matrix i exists: its end is set
