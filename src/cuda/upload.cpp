@@ -163,7 +163,8 @@ class Uploader {
       const LinearWeight& h = *hs[i];
       const Tensor* src[3] = {&h.w, &h.scales, &h.biases};
       const Tensor* dst[3] = {&r[i].w, &r[i].scales, &r[i].biases};
-      for (int k = 0; k < 3; ++k) stager->put(dst[k]->data, src[k]->data, src[k]->nbytes(), src[k]->device == Device::Cuda);
+      for (int k = 0; k < 3; ++k)
+        stager->put(dst[k]->data, src[k]->data, src[k]->nbytes(), src[k]->device == Device::Cuda);
     }
     return r;
   }
