@@ -1,6 +1,9 @@
 // Helpers shared by the tests: seeded random data, normalised error metrics, fixture paths, GPU detection.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +40,16 @@ class EnvGuard {
   bool had_ = false;
   std::string old_;
 };
+
+// Runs body() once under each value of the environment switch `name` (EnvGuard), each run traced as name=value.
+template <class F>
+void each_value(const char* name, std::initializer_list<const char*> values, F&& body) {
+  for (const char* v : values) {
+    EnvGuard g(name, v);
+    SCOPED_TRACE(std::string(name) + "=" + v);
+    body();
+  }
+}
 
 }  // namespace fern::test
 

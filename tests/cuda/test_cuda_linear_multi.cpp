@@ -272,16 +272,14 @@ void run_grouped(const char* name, const std::vector<Mat>& mats, int T, NormMode
 TEST(CudaLinearMulti, ContiguousTable) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  for (const char* kc : {"0", "1"}) {
-    test::EnvGuard fixed("FERN_CUDA_GEMV_KC", kc);
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_KC=") + kc);
+  test::each_value("FERN_CUDA_GEMV_KC", {"0", "1"}, [] {
     run_grouped("grouped gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, {});
     run_grouped("grouped norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, {true, false});
     run_grouped("grouped norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 1, {true, true});
     run_grouped("grouped norm attn T=2", {{8192, 4}, {512, 4}, {512, 4}}, 2, {true, false});
     run_grouped("grouped odd rows", {{4999, 4}, {1, 4}, {77, 4}}, 1, {true, false});
     run_grouped("grouped one matrix", {{6001, 4}}, 1, {true, false});
-  }
+  });
   {
     test::EnvGuard bad_kc("FERN_CUDA_GEMV_KC", "2048");
     EXPECT_THROW(run_grouped("fixed width refused", {{8192, 4}, {4096, 4}}, 1, {true, false}), std::exception);
@@ -323,18 +321,16 @@ TEST(CudaLinearMulti, ContiguousTable) {
 TEST(CudaLinearMulti, WideBlocks) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  for (const char* w : {"1", "0"}) {
-  test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", w);
-  SCOPED_TRACE(std::string("FERN_CUDA_GEMV_WIDE=") + w);
-  run_table("wide gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
-  run_table("wide one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
-  run_table("wide 8-bit T=2", {{300, 8}, {19, 8}, {256, 8}}, 4096, 32, 2);
-  run_table("wide bf16", {{515, 16}, {33, 16}}, 2048, 0, 2);
-  run_table("wide norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
-  run_table("wide norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, {true, true});
-  run_table("wide norm 8-bit T=3", {{300, 8}, {19, 8}}, 4096, 32, 3, {true, false});
-  run_table("wide norm narrow", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 1, {true, false});  // 256-thread kernel
-  }
+  test::each_value("FERN_CUDA_GEMV_WIDE", {"1", "0"}, [] {
+    run_table("wide gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
+    run_table("wide one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
+    run_table("wide 8-bit T=2", {{300, 8}, {19, 8}, {256, 8}}, 4096, 32, 2);
+    run_table("wide bf16", {{515, 16}, {33, 16}}, 2048, 0, 2);
+    run_table("wide norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
+    run_table("wide norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, {true, true});
+    run_table("wide norm 8-bit T=3", {{300, 8}, {19, 8}}, 4096, 32, 3, {true, false});
+    run_table("wide norm narrow", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 1, {true, false});  // 256-thread kernel
+  });
 }
 
 // Three 256-thread blocks per SM (FERN_CUDA_GEMV_OCC=3, the default: registers capped at 80, the norm weight read
@@ -344,16 +340,14 @@ TEST(CudaLinearMulti, WideBlocks) {
 TEST(CudaLinearMulti, ThreeBlocksPerSm) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  for (const char* o : {"3", "2"}) {
-  test::EnvGuard occ("FERN_CUDA_GEMV_OCC", o);
-  SCOPED_TRACE(std::string("FERN_CUDA_GEMV_OCC=") + o);
-  run_table("occ gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
-  run_table("occ one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
-  run_table("occ norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
-  run_table("occ norm attn backend T=2", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 2, {true, true});
-  run_table("occ norm 4096 wide", {{300, 4}, {19, 4}}, 4096, 64, 1, {true, false});
-  run_table("occ norm 8-bit", {{300, 8}, {19, 8}}, 4096, 32, 1, {true, false});
-  }
+  test::each_value("FERN_CUDA_GEMV_OCC", {"3", "2"}, [] {
+    run_table("occ gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
+    run_table("occ one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
+    run_table("occ norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
+    run_table("occ norm attn backend T=2", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 2, {true, true});
+    run_table("occ norm 4096 wide", {{300, 4}, {19, 4}}, 4096, 64, 1, {true, false});
+    run_table("occ norm 8-bit", {{300, 8}, {19, 8}}, 4096, 32, 1, {true, false});
+  });
 }
 
 // The tensor-core kernel (FERN_CUDA_GEMV_TC=1) and its tiles per matrix (each matrix's rows rounded up to 16) with
@@ -362,9 +356,7 @@ TEST(CudaLinearMulti, ThreeBlocksPerSm) {
 TEST(CudaLinearMulti, TensorCoreLoop) {
   FERN_REQUIRE_GPU();
   test::EnvGuard on("FERN_CUDA_GEMV_TC", "1");
-  for (const char* nb : {"2", "3"}) {
-    test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_TC_NB=") + nb);
+  test::each_value("FERN_CUDA_GEMV_TC_NB", {"2", "3"}, [] {
     run_table("tc gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1);
     run_table("tc one row each", {{1, 4}, {1, 4}, {1, 4}, {1, 4}}, 2048, 64, 1);
     run_table("tc odd rows narrow T=2", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 2);
@@ -372,7 +364,7 @@ TEST(CudaLinearMulti, TensorCoreLoop) {
     run_table("tc norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 1, {true, false});
     run_table("tc norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 64, 1, {true, true});
     run_table("tc norm odd rows T=3", {{37, 4}, {1, 4}, {45, 4}}, 192, 64, 3, {true, false});
-  }
+  });
 }
 
 // The prefill form (linear_gemm_multi, sm_90a): all the matrices of a table in one launch of the wgmma loop (the
