@@ -39,9 +39,7 @@ void fill_affine(CudaBackend& be, LinearWeight& w, uint64_t& seed) {
 LinearWeight random_device_affine(CudaBackend& be, const std::string& name, int64_t experts, int64_t out, int64_t in,
                                   int bits, uint64_t& seed) {
   LinearWeight w = affine_shape(name, experts, out, in, bits);
-  w.w = be.alloc(w.w.dtype, w.shape_of(w.w.dim(-1)));
-  w.scales = be.alloc(DType::BF16, w.shape_of(in / 64));
-  w.biases = be.alloc(DType::BF16, w.shape_of(in / 64));
+  for (Tensor* t : {&w.w, &w.scales, &w.biases}) *t = be.alloc(t->dtype, w.shape_of(t->dim(-1)));
   fill_affine(be, w, seed);
   return w;
 }

@@ -102,14 +102,12 @@ TEST(CudaLinear, PackedScalesSameBits) {
 TEST(CudaLinear, PipelineDepths) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  for (const char* nb : {"2", "3"}) {
-    test::EnvGuard depth("FERN_CUDA_GEMV_NB", nb);
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_NB=") + nb);
+  test::each_value("FERN_CUDA_GEMV_NB", {"2", "3"}, [] {
     for (const Case& c : {Case{"depth odd rows", 40001, 2048, 4, 64, 1}, Case{"depth few steps", 8192, 2048, 4, 64, 1},
                           Case{"depth T=2", 32773, 2048, 4, 64, 2}, Case{"depth 8-bit", 33333, 1024, 8, 64, 1},
                           Case{"depth bf16", 32769, 512, 16, 0, 1}})
       run_case(c);
-  }
+  });
 }
 
 // The CUDA-core GEMV's block size (FERN_CUDA_GEMV_TC=0) forced both ways: 512-thread blocks, one per SM, for every GEMV with rows of 32 lanes
@@ -138,14 +136,12 @@ TEST(CudaLinear, WideBlocks) {
 TEST(CudaLinear, ThreeBlocksPerSm) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  for (const char* o : {"3", "2"}) {
-    test::EnvGuard occ("FERN_CUDA_GEMV_OCC", o);
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_OCC=") + o);
+  test::each_value("FERN_CUDA_GEMV_OCC", {"3", "2"}, [] {
     for (const Case& c : {Case{"occ qkv", 8192, 2048, 4, 64, 1}, Case{"occ out_proj", 2048, 4096, 4, 64, 1},
                           Case{"occ odd rows", 40001, 2048, 4, 64, 1}, Case{"occ T=3", 1000, 2048, 4, 64, 3},
                           Case{"occ 8-bit", 33333, 1024, 8, 64, 1}, Case{"occ bf16", 515, 2048, 16, 0, 2}})
       run_case(c);
-  }
+  });
   test::EnvGuard bad("FERN_CUDA_GEMV_OCC", "4");
   EXPECT_THROW(run_case(Case{"occ refused", 64, 2048, 4, 64, 1}), std::exception);
 }

@@ -108,12 +108,11 @@ TEST(CudaLinearGatedNorm, AwkwardShapes) {
 TEST(CudaLinearGatedNorm, WideBlocks) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  for (const char* w : {"1", "0"}) {
-    test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", w);
+  test::each_value("FERN_CUDA_GEMV_WIDE", {"1", "0"}, [] {
     run_case(kReal, true);
     run_case(kAwkward[0], false);
     run_case(kAwkward[1], false);
-  }
+  });
 }
 
 // FERN_CUDA_GEMV_OCC=3 (the default) and 2: the capped kernel takes only GEMVs with more than two blocks' work per
@@ -122,14 +121,13 @@ TEST(CudaLinearGatedNorm, WideBlocks) {
 TEST(CudaLinearGatedNorm, ThreeBlocksPerSm) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  for (const char* o : {"3", "2"}) {
-    test::EnvGuard occ("FERN_CUDA_GEMV_OCC", o);
+  test::each_value("FERN_CUDA_GEMV_OCC", {"3", "2"}, [] {
     run_case(kReal, true);
     run_case(kReal, false);
     run_case(kAwkward[0], false);
     run_case(kAwkward[1], false);
     run_case(Case{"many rows", 6000, 4096, 128, 4, 64}, true);
-  }
+  });
 }
 
 // The tensor-core kernel (FERN_CUDA_GEMV_TC=1; linear.cu linear_tc_kernel) staging the gated norm into its B table,
@@ -138,12 +136,10 @@ TEST(CudaLinearGatedNorm, ThreeBlocksPerSm) {
 TEST(CudaLinearGatedNorm, TensorCoreLoop) {
   FERN_REQUIRE_GPU();
   test::EnvGuard on("FERN_CUDA_GEMV_TC", "1");
-  for (const char* nb : {"2", "3"}) {
-    test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_TC_NB=") + nb);
+  test::each_value("FERN_CUDA_GEMV_TC_NB", {"2", "3"}, [] {
     run_case(kReal, true);
     for (const Case& c : kAwkward) run_case(c, false);
-  }
+  });
 }
 
 TEST(CudaLinearGatedNorm, UnsupportedShapesAreRefused) {
