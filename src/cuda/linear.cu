@@ -232,28 +232,20 @@ __device__ __forceinline__ int mat_of(const int (&start)[kMaxMats + 1], int v) {
 // chunk; the same values and arithmetic (gemv_sb, docs/notes/cuda-decode-v20-burst.md).
 // CONTIG (MULTI kernels): the matrices' codes, scales and biases follow each other in memory (mats_contiguous), so
 // the loads read the table as matrix 0 over all rows and only the output row picks its matrix.
-// KC > 0 (SB kernels, groups of 64): the row width known at compile time (gemv_fixed_width: the input projections'
-// 2,048), so that the chunk and group counts per row are constants and a row group is one pipeline step.
 template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
-          bool CONTIG = false, int KC = 0>
+          bool CONTIG = false>
 __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
   static_assert(!SB || (BITS == 4 && LPR == 32), "packed scales: 4-bit rows, 32 lanes per row");
   static_assert(!CONTIG || MULTI, "one matrix is contiguous already");
-  static_assert(KC == 0 || (SB && KC % 2048 == 0), "a fixed width: packed scales, groups of 64");
   extern __shared__ float4 smem[];
   constexpr int F4 = ChunkTraits<BITS>::kF4;
   constexpr int RS = 32 / LPR;       // rows side by side in one warp
   constexpr int RPW = RS * kRPI;     // rows per row group (one warp, one pass)
   const int t = blockIdx.y;
-  const int K = KC > 0 ? KC : static_cast<int>(A.in);
-  ChunkMat ma = chunk_mat<BITS>(A, 0);
-  if constexpr (KC > 0) {  // 32 values per chunk, two chunks per group
-    ma.cpr = KC / 32;
-    ma.gsh = 1;
-    ma.gpr = KC / 64;
-  }
+  const int K = static_cast<int>(A.in);
+  const ChunkMat ma = chunk_mat<BITS>(A, 0);
   const int CPR = ma.cpr;
   const int nc = (CPR + 2 * LPR - 1) / (2 * LPR);  // pipeline steps per row group
   const int lane = threadIdx.x & 31;
@@ -613,12 +605,6 @@ bool gemv_contig(const QW& a, const Mats& m) {
   return env_choice("FERN_CUDA_GEMV_CONTIG", {"0", "1"}, 1) == 1 && mats_contiguous(a, m);
 }
 
-// The input projections' kernel with its row width as a compile-time constant (KC = 2,048) where the table is
-// contiguous: FERN_CUDA_GEMV_KC=1; 0, the default, keeps the width a kernel argument (read at every call, for
-// comparisons). Its static code is 10% smaller (cubin .text with the norm stage: 37,632 -> 33,792 bytes; 80
-// registers, no spills); not yet measured on a GPU (docs/notes/cuda-decode-v26-contig.md, section 6).
-bool gemv_fixed_width() { return env_choice("FERN_CUDA_GEMV_KC", {"0", "1"}, 0) == 1; }
-
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
@@ -651,12 +637,8 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
     if (occ3) {
       if constexpr (MULTI) {
         if (sb && gemv_contig(a, m)) {
-          if (a.in == 2048 && gemv_fixed_width())
-            launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true, 2048>,
-                   grid, kThreads, smem, a, m, rows, x, tail, nm);
-          else
-            launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true>, grid,
-                   kThreads, smem, a, m, rows, x, tail, nm);
+          launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true>, grid,
+                 kThreads, smem, a, m, rows, x, tail, nm);
           return;
         }
       }

@@ -267,23 +267,15 @@ void run_grouped(const char* name, const std::vector<Mat>& mats, int T, NormMode
     EXPECT_EQ(std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * sizeof(float)), 0) << "matrix " << i;
 }
 
-// FERN_CUDA_GEMV_KC=1: the one-matrix form with the width as a compile-time constant (2,048), against the
-// matrix-by-matrix form bit for bit as well.
 TEST(CudaLinearMulti, ContiguousTable) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  test::each_value("FERN_CUDA_GEMV_KC", {"0", "1"}, [] {
-    run_grouped("grouped gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, {});
-    run_grouped("grouped norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, {true, false});
-    run_grouped("grouped norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 1, {true, true});
-    run_grouped("grouped norm attn T=2", {{8192, 4}, {512, 4}, {512, 4}}, 2, {true, false});
-    run_grouped("grouped odd rows", {{4999, 4}, {1, 4}, {77, 4}}, 1, {true, false});
-    run_grouped("grouped one matrix", {{6001, 4}}, 1, {true, false});
-  });
-  {
-    test::EnvGuard bad_kc("FERN_CUDA_GEMV_KC", "2048");
-    EXPECT_THROW(run_grouped("fixed width refused", {{8192, 4}, {4096, 4}}, 1, {true, false}), std::exception);
-  }
+  run_grouped("grouped gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, {});
+  run_grouped("grouped norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, {true, false});
+  run_grouped("grouped norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 1, {true, true});
+  run_grouped("grouped norm attn T=2", {{8192, 4}, {512, 4}, {512, 4}}, 2, {true, false});
+  run_grouped("grouped odd rows", {{4999, 4}, {1, 4}, {77, 4}}, 1, {true, false});
+  run_grouped("grouped one matrix", {{6001, 4}}, 1, {true, false});
   // The check itself on descriptors only (no memory is touched): rows of 1,024 code bytes and 32 groups.
   cuda::QW a;
   a.bits = 4;
