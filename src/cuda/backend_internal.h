@@ -8,13 +8,14 @@
 
 namespace fern::cuda_backend_detail {
 
-// Counter slices: GDN [0, 1024), argmax [1024, kMoeCounterBase), the fused MoE router [kMoeCounterBase,
-// kMoeFusedCounterBase), the one-launch MoE of decode (moe_fused.cu: its handoff counters and router words)
-// [kMoeFusedCounterBase, kCounters).
+// Counter slices: GDN [0, 1024), argmax [1024, kMoeCounterBase), the fused MoE router [kMoeCounterBase, kCounters).
 constexpr int kArgmaxCounterBase = 1024;
 constexpr int kMoeCounterBase = 1 << 16;
-constexpr int kMoeFusedCounterBase = kMoeCounterBase + 4096;  // even: the router words are 8-byte aligned
-constexpr int kCounters = kMoeFusedCounterBase + cuda::kMoeFusedCounters;
+constexpr int kCounters = kMoeCounterBase + 4096;
+// The one-launch MoE of decode (moe_fused.cu) keeps its handoff counters at the top of the GDN slice, whose step
+// kernel uses [0, Hk) (one counter per key head; [0, Hk + Hv) before the gated norm moved to the out_proj GEMV):
+// moe_decode_ takes that path only for models with Hk + Hv <= kMoeFusedCounterBase (the older, larger bound kept).
+constexpr int kMoeFusedCounterBase = kArgmaxCounterBase - 16;
 
 inline float* f32(const Tensor& t, const char* what) {
   FERN_CHECK(t.dtype == DType::F32 && t.device == Device::Cuda, "{}: expected an F32 tensor on the GPU, got {} on {}",

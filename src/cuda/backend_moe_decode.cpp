@@ -41,7 +41,10 @@ bool moe_shapes_ok(const MoeWeights& w, int64_t H, const ModelConfig& cfg) {
 
 bool CudaBackend::moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg,
                              const cuda::MoeNorm* norm) {
-  if (out.dim(0) != 1 || !fused_enabled()) return false;
+  // The fused kernel's counters share the GDN slice (backend_internal.h).
+  if (out.dim(0) != 1 || !fused_enabled() ||
+      cfg.linear_num_key_heads + cfg.linear_num_value_heads > kMoeFusedCounterBase)
+    return false;
   const int k = cfg.num_experts_per_tok;
   const cuda::MoeScratch s = moe_scratch(*this, 1, k, w.router.out, w.gate.out, w.shared_gate.out);
   const cuda::MoeQW q{cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), cuda::make_qw(w.gate),
@@ -56,7 +59,7 @@ void CudaBackend::moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const M
   const int T = static_cast<int>(x.dim(0));
   const int k = cfg.num_experts_per_tok;
   const cuda::MoeScratch s = moe_scratch(*this, T, k, w.router.out, w.gate.out, w.shared_gate.out);
-  cuda::moe_route(ctx(kMoeCounterBase, kMoeFusedCounterBase - kMoeCounterBase), cuda::make_qw(w.router),
+  cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router),
                   cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
   cuda::moe_gate_up(ctx(), cuda::make_qw(w.gate), cuda::make_qw(w.up), cuda::make_qw(w.shared_gate),
                     cuda::make_qw(w.shared_up), xp, s, T, k);

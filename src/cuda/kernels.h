@@ -114,8 +114,7 @@ void moe_gate_up(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, co
 void moe_down(const Ctx& c, const QW& down, const QW& sdown, const MoeScratch& s, float* out, int T, int topk);
 
 // The whole block of one token row in one launch (moe_fused.cu: router, top-k, gate/up, down with two grid-wide
-// handoffs, or one in the poll form). Uses counters[0, kMoeFusedCounters), zero before the first launch and left
-// consistent by every launch; the slice must start 8-byte aligned (from [8, ...) the router rows' 64-bit words).
+// handoffs). Uses counters[0, kMoeFusedCounters), zero before the first launch and left consistent by every launch.
 // Returns false (launching nothing) for formats or shapes it does not take: it needs 4-bit experts, a router and
 // shared-expert gate of 8 or 4 bits, top-k <= 32, and staging within 96 KB of shared memory.
 struct MoeQW {
@@ -123,9 +122,7 @@ struct MoeQW {
   QW gate, up, down;     // routed experts
   QW sgate, sup, sdown;  // shared expert
 };
-// Five handoff counters, padding to 8, then one 64-bit word per router row and the shared-expert gate's row for up
-// to 1,024 experts (the largest E the fused top-k takes, 32 lanes x topk.cuh's kTopkMaxPerLane).
-constexpr int kMoeFusedCounters = 8 + 2 * (1024 + 1);
+constexpr int kMoeFusedCounters = 5;
 // With `norm`, the input is computed by the kernel: resid += delta; x = rmsnorm(resid) * w (written to xn when
 // non-null); `x` is then unused and `out` may alias delta; with add_out, also resid += out at the end. Needs
 // H <= 2048.

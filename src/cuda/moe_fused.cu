@@ -27,7 +27,7 @@
 // 20.40 -> 19.86 us per launch. Version 22 (docs/notes/cuda-decode-v22-fastdiv.md) takes the divisions out of the
 // row loads' address math (FastDiv: 20.11 -> 19.42 us) and packs the down rows' scales and biases too (18.59 us).
 //
-// Handoff counters (ctx.counters[0, 5)): [0] an epoch, [1..2] arrivals at the router handoff, [3..4]
+// Handoff counters (ctx.counters[0, kMoeFusedCounters)): [0] an epoch, [1..2] arrivals at the router handoff, [3..4]
 // arrivals at the h handoff, one of each pair per epoch parity. A launch reads the epoch after its PDL wait (the
 // previous launch has then finished), uses the pair of its parity, zeroes the other pair for the next launch, and
 // the last block to arrive at the h handoff (every block has read the epoch by then) advances the epoch. Nothing
@@ -180,18 +180,6 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
   return v;
 }
 
-// A router row's logit and the launch's tag in one 64-bit word (the poll form, FusedArgs::poll): a reader that sees
-// the tag has the value of the same store, so the word itself is the signal and no counter or fence is needed.
-__device__ __forceinline__ void st_slot(unsigned long long* p, uint32_t tag, float v) {
-  const unsigned long long w = (static_cast<unsigned long long>(tag) << 32) | __float_as_uint(v);
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
-}
-__device__ __forceinline__ unsigned long long ld_slot(const unsigned long long* p) {
-  unsigned long long w;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(p));
-  return w;
-}
-
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -256,52 +244,17 @@ __device__ __forceinline__ float key_float(uint32_t k) {
 // softmax over all E before the selection. Same choice and order as topk_warp (descending, lowest index on ties).
 // `st` stamps block 0 once the keys are in registers and once the rounds are done (TIMED builds only;
 // docs/notes/cuda-decode-v15-topk.md).
-// slots != nullptr (the poll form): the logits are read from the tagged words of this launch instead, each lane
-// re-reading its words until every one carries `tag` (one L2 round trip per try; the first try is usually late
-// only for the last rows computed).
 template <int NPL, bool TIMED>
 __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
-                                          float* wts, float* sgate, const Stamps<TIMED>& st,
-                                          const unsigned long long* slots, uint32_t tag) {
+                                          float* wts, float* sgate, const Stamps<TIMED>& st) {
   const int lane = threadIdx.x & 31;
   uint32_t key[NPL];
-  float sgl;
-  if (slots != nullptr) {
-    // Word i of this lane: slot i * 32 + lane; word NPL: the shared-expert gate's slot E (every lane reads it). The
-    // words of one try are chosen from `cur` only, so that their loads are issued together.
-    unsigned long long need = 1ull << NPL;
 #pragma unroll
-    for (int i = 0; i < NPL; ++i) {
-      key[i] = 0u;
-      if (i * 32 + lane < E) need |= 1ull << i;
-    }
-    sgl = 0.0f;
-    while (need != 0ull) {
-      const unsigned long long cur = need;
-#pragma unroll
-      for (int i = 0; i <= NPL; ++i) {
-        if (cur & (1ull << i)) {
-          const unsigned long long w = ld_slot(slots + (i < NPL ? i * 32 + lane : E));
-          if (static_cast<uint32_t>(w >> 32) == tag) {
-            const float f = __uint_as_float(static_cast<uint32_t>(w));
-            if (i < NPL)
-              key[i] = float_key(f);
-            else
-              sgl = f;
-            need &= ~(1ull << i);
-          }
-        }
-      }
-    }
-    __syncwarp();
-  } else {
-#pragma unroll
-    for (int i = 0; i < NPL; ++i) {
-      const int e = i * 32 + lane;
-      key[i] = e < E ? float_key(__ldcg(logits + e)) : 0u;
-    }
-    sgl = __ldcg(sg_logit);  // requested with the logits
+  for (int i = 0; i < NPL; ++i) {
+    const int e = i * 32 + lane;
+    key[i] = e < E ? float_key(__ldcg(logits + e)) : 0u;
   }
+  const float sgl = __ldcg(sg_logit);  // requested with the logits
   if constexpr (TIMED) {
     if (key[0] != 1u) st.at(kMoeStampTopkKeys);  // (a use of the loaded keys: the stamp waits for them)
   }
@@ -348,14 +301,13 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
 
 template <bool TIMED>
 __device__ __forceinline__ void topk_fused(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
-                                           float* wts, float* sgate, const Stamps<TIMED>& st,
-                                           const unsigned long long* slots, uint32_t tag) {
+                                           float* wts, float* sgate, const Stamps<TIMED>& st) {
   if (E <= 64) {
-    topk_keys<2>(logits, sg_logit, E, k, ids, wts, sgate, st, slots, tag);
+    topk_keys<2>(logits, sg_logit, E, k, ids, wts, sgate, st);
   } else if (E <= 256) {
-    topk_keys<8>(logits, sg_logit, E, k, ids, wts, sgate, st, slots, tag);
+    topk_keys<8>(logits, sg_logit, E, k, ids, wts, sgate, st);
   } else {
-    topk_keys<kTopkMaxPerLane>(logits, sg_logit, E, k, ids, wts, sgate, st, slots, tag);
+    topk_keys<kTopkMaxPerLane>(logits, sg_logit, E, k, ids, wts, sgate, st);
   }
 }
 
@@ -372,9 +324,6 @@ struct FusedArgs {
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
   int sb32;                    // packed scales and biases: 0 none, 1 gate/up rows (load_rows_sb32), 2 and down rows
   FastDiv div_i, div_cd;       // by I (a task's slot) and by I's chunks per row (an item's slot)
-  // The poll form (moe_poll): no first handoff; the top-k polls the router rows' tagged words (counters + 8, E + 1
-  // of them) and the down rows' warps write resid + delta (+ out) themselves. Otherwise slots is null.
-  unsigned long long* slots;
 };
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
@@ -506,8 +455,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   st.at(kMoeStampStaged);
   pdl_trigger();
   const int epoch = epoch_s, par = epoch & 1;
-  // The tag of this launch's router words: never 0 (the words start zeroed), never the previous launch's.
-  const uint32_t tag = static_cast<uint32_t>(epoch) + 1u;
   for (int u = v; u < n_p1; u += W) {
     if (u != v) load_p1(u);
     if (u < n_route) {
@@ -519,7 +466,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
           a.s.router_logits[u] = d[0];
         else
           a.s.sgate_logit[0] = d[0];
-        if (a.slots != nullptr) st_slot(a.slots + u, tag, d[0]);
       }
     } else {
       const int row[2] = {u - n_route, u - n_route};
@@ -528,26 +474,18 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       if (lane == 0) a.s.h[int64_t(k) * I + row[0]] = silu(d[0]) * d[1];
     }
   }
-  if (a.slots == nullptr) {
-    grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
-                 kMoeStampPass1);
-    if (a.norm.resid != nullptr && blockIdx.x == 0) {  // every block has read resid by now
+  grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
+               kMoeStampPass1);
+  if (a.norm.resid != nullptr && blockIdx.x == 0) {  // every block has read resid by now
 #pragma unroll
-      for (int q = 0; q < kNormV; ++q) {
-        const int f = threadIdx.x + q * NT;
-        if (f < H / 4) reinterpret_cast<float4*>(a.norm.resid)[f] = rsum[q];
-      }
+    for (int q = 0; q < kNormV; ++q) {
+      const int f = threadIdx.x + q * NT;
+      if (f < H / 4) reinterpret_cast<float4*>(a.norm.resid)[f] = rsum[q];
     }
-  } else if (threadIdx.x == 0) {  // the poll form: warp 0 goes on to the top-k with its router row done
-    st.at(kMoeStampArrive1);
-    st.extreme(kMoeStampLastArrive1);
   }
 
   // ---- top-k in every block, then the expert tables ----
-  if (threadIdx.x < 32) {
-    topk_fused(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s, st, a.slots, tag);
-    if (a.slots != nullptr) st.at(kMoeStampPass1);
-  }
+  if (threadIdx.x < 32) topk_fused(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s, st);
   __syncthreads();
   if (threadIdx.x <= k) {
     const int sl = threadIdx.x;
@@ -632,13 +570,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
                kMoeStampPass2);
 
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----
-  // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap. The
-  // poll form has not written resid + delta yet (no first handoff ordered that write after every block's read of
-  // resid): its down rows' warps add delta to the residual here, in the same order (resid + delta, then + out).
-  const bool poll = a.slots != nullptr && a.norm.resid != nullptr;
-  const bool resid_early = a.norm.add_out || poll;
+  // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
+  const bool resid_early = a.norm.add_out;
   const float resid_v = resid_early && lane == 0 && v < H ? __ldcg(a.norm.resid + v) : 0.0f;
-  const float delta_v = poll && lane == 0 && v < H ? __ldcg(a.norm.delta + v) : 0.0f;
   stage_x<B, 32>(a.s.h, nx, xh, xhc);
   st.at(kMoeStampHStaged);
   for (int n = v; n < H; n += W) {
@@ -666,16 +600,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
     acc = warp_sum(acc);
     if (lane == 0) {
-      // resid + delta was written by block 0 before the second handoff (the poll form: here, delta read before out
-      // is written, since out may alias delta); this warp owns row n.
-      if (poll) {
-        const float rd = n == v ? resid_v + delta_v : __ldcg(a.norm.resid + n) + __ldcg(a.norm.delta + n);
-        a.out[n] = acc;
-        a.norm.resid[n] = a.norm.add_out ? rd + acc : rd;
-      } else {
-        a.out[n] = acc;
-        if (a.norm.add_out) a.norm.resid[n] = (n == v && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + acc;
-      }
+      a.out[n] = acc;
+      // resid + delta was written by block 0 before the second handoff; this warp owns row n.
+      if (a.norm.add_out) a.norm.resid[n] = (n == v && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + acc;
     }
   }
   st.at(kMoeStampEnd);
@@ -744,10 +671,6 @@ bool launch_fused(const Ctx& c, const FusedArgs& a) {
   return moe_wide() ? launch_fused_nt<RB, B, TIMED, 512>(c, a) : launch_fused_nt<RB, B, TIMED, kThreads>(c, a);
 }
 
-// FERN_CUDA_MOE_POLL=1 (the default): the top-k polls the router rows' tagged words (no first handoff); 0: the
-// first handoff through counters, then the logits read from scratch. Read at every call, for comparisons.
-bool moe_poll() { return env_choice("FERN_CUDA_MOE_POLL", {"0", "1"}, 1) == 1; }
-
 // FERN_CUDA_MOE_SB=all (the default: the packed scales and biases of the gate/up and down rows where the shapes
 // allow), row (the gate/up rows only, load_rows_sb32) or chunk (two 2-byte loads per chunk everywhere); read at every
 // call, for comparisons. Any other value is an error naming the switch. Returns 0, 1, 2 as FusedArgs::sb32.
@@ -758,10 +681,7 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
                 const MoeNorm* norm, FusedArgs& a) {
   const int64_t H = w.router.in, E = w.router.out, I = w.gate.out, Is = w.sgate.out;
   const int RB = w.router.bits, B = w.gate.bits;
-  static_assert(kMoeFusedCounters >= 8 + 2 * (32 * kTopkMaxPerLane + 1), "a router word per expert and the gate's");
-  if (c.n_counters < kMoeFusedCounters || topk < 1 || topk > 32 || topk > E || E > 32 * kTopkMaxPerLane ||
-      (reinterpret_cast<uintptr_t>(c.counters) & 7) != 0)
-    return false;
+  if (c.n_counters < kMoeFusedCounters || topk < 1 || topk > 32 || topk > E || E > 32 * kTopkMaxPerLane) return false;
   if (w.sgr.out != 1 || w.sgr.bits != RB || w.sgr.in != H) return false;
   for (const QW* q : {&w.up, &w.down, &w.sgate, &w.sup, &w.sdown})
     if (q->bits != B) return false;
@@ -778,7 +698,6 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
                 norm != nullptr ? *norm : MoeNorm{}, nullptr, 0, FastDiv(I), FastDiv(I / eb)};
   if (!a.div_i.ok() || !a.div_cd.ok()) return false;
-  a.slots = moe_poll() ? reinterpret_cast<unsigned long long*>(c.counters + 8) : nullptr;
   // The packed scales and biases (load_rows_sb32): rows of 2,048 4-bit weights in groups of 64 whose scale and bias
   // rows start on 4-byte boundaries (rows of 64 bytes, experts of whole rows: the base pointers decide).
   auto aligned = [](const QW& q) {
