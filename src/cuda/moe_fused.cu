@@ -154,8 +154,10 @@ __device__ __forceinline__ void dot_rows(const Rows<BITS, N>& R, int pass, int c
   }
 }
 
-// Full dot products of N rows whose first pass is already in `first`; every lane gets the sums.
-template <int BITS, int N, typename Mat>
+// Full dot products of N rows whose first pass is already in `first`; every lane gets the sums. ONE: the caller
+// knows that the rows have one pass (rows of 2,048 weights: the packed forms), so the loop over further passes,
+// whose loads and dots are a second copy of the row code, is not compiled.
+template <int BITS, int N, bool ONE = false, typename Mat>
 __device__ __forceinline__ void finish_rows(const Mat& mat, const int (&row)[N], const Rows<BITS, N>& first,
                                             int cpr, const float4* xs, const float* xc, int lane, float (&out)[N],
                                             bool sb32 = false) {
@@ -164,11 +166,13 @@ __device__ __forceinline__ void finish_rows(const Mat& mat, const int (&row)[N],
 #pragma unroll
   for (int r = 0; r < N; ++r) acc[r] = 0.0f;
   dot_rows<BITS, N>(first, 0, cpr, xs, xc, lane, acc, sb32);  // sb32 rows have this one pass only
-  const int passes = (cpr + 32 * NCH - 1) / (32 * NCH);
-  for (int p = 1; p < passes; ++p) {
-    Rows<BITS, N> R;
-    load_rows<BITS, N>(mat, row, p, cpr, lane, R);
-    dot_rows<BITS, N>(R, p, cpr, xs, xc, lane, acc);
+  if constexpr (!ONE) {
+    const int passes = (cpr + 32 * NCH - 1) / (32 * NCH);
+    for (int p = 1; p < passes; ++p) {
+      Rows<BITS, N> R;
+      load_rows<BITS, N>(mat, row, p, cpr, lane, R);
+      dot_rows<BITS, N>(R, p, cpr, xs, xc, lane, acc);
+    }
   }
 #pragma unroll
   for (int r = 0; r < N; ++r) out[r] = warp_sum(acc[r]);
@@ -299,10 +303,13 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
   if (lane == 0) *sgate = 1.0f / (1.0f + expf(-sgl));
 }
 
-template <bool TIMED>
+// SMALL: the caller knows E <= 256 (the packed forms), so only the 8-per-lane top-k is compiled into the kernel.
+template <bool TIMED, bool SMALL>
 __device__ __forceinline__ void topk_fused(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
                                            float* wts, float* sgate, const Stamps<TIMED>& st) {
-  if (E <= 64) {
+  if constexpr (SMALL) {
+    topk_keys<8>(logits, sg_logit, E, k, ids, wts, sgate, st);
+  } else if (E <= 64) {
     topk_keys<2>(logits, sg_logit, E, k, ids, wts, sgate, st);
   } else if (E <= 256) {
     topk_keys<8>(logits, sg_logit, E, k, ids, wts, sgate, st);
@@ -340,9 +347,15 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
 // so that each form has its own register allocation). The slot of a gate/up task and of a down item comes from
 // FastDiv (one wide multiply and a shift) instead of a division (~20 instructions) ahead of the loads that depend
 // on it: 20.11 -> 19.42 us per launch (docs/notes/cuda-decode-v22-fastdiv.md).
-template <int RB, int B, bool TIMED, int NT, int SB>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   constexpr int kWarps = NT / 32;
+  // The packed forms (SB >= 1) are taken only for rows of 2,048 weights and at most 256 experts (fused_args): every
+  // router and expert row is one pass, and the top-k needs 8 logits per lane. Compiling only that code keeps the
+  // kernel's hot path in fewer instruction-cache lines (the generic kernel is ~140 KB of code).
+  constexpr bool kOne = SB >= 1 && LEAN >= 1;
+  // LEAN 2 / 3: the norm mode known at compile time (2: with the norm, as the forward pass calls it; 3: without).
+  const bool norm_mode = LEAN == 2 ? true : LEAN == 3 ? false : a.norm.resid != nullptr;
   const Stamps<TIMED> st{a.stamps};
   st.at(kMoeStampStart);
   st.template extreme<false>(kMoeStampFirstStart);
@@ -392,7 +405,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   };
   if (v < n_p1) load_p1(v);  // weights only: before waiting on the previous kernel
   float4 wn[kNormV];  // the norm weight (norm mode), also a weight: requested before the wait
-  if (a.norm.resid != nullptr) {
+  if (norm_mode) {
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
       const int f = threadIdx.x + q * NT;
@@ -411,7 +424,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
   }
   float4 rsum[kNormV];  // resid + delta (norm mode), written back by block 0 once every block has read resid
-  if (a.norm.resid == nullptr) {
+  if (!norm_mode) {
     stage_x<RB, 32>(a.x, H, xr, xrc);
     stage_x<B, 32>(a.x, H, xe, xec);  // (ends with a barrier: epoch_s is visible)
   } else {
@@ -460,7 +473,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     if (u < n_route) {
       const int row[1] = {u < E ? u : 0};
       float d[1];
-      finish_rows<RB, 1>(route_mat(u), row, rr, cpr_r, xr, xrc, lane, d);
+      finish_rows<RB, 1, kOne>(route_mat(u), row, rr, cpr_r, xr, xrc, lane, d);
       if (lane == 0) {
         if (u < E)
           a.s.router_logits[u] = d[0];
@@ -470,13 +483,13 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     } else {
       const int row[2] = {u - n_route, u - n_route};
       float d[2];
-      finish_rows<B, 2>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB >= 1);
+      finish_rows<B, 2, kOne>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB >= 1);
       if (lane == 0) a.s.h[int64_t(k) * I + row[0]] = silu(d[0]) * d[1];
     }
   }
   grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
                kMoeStampPass1);
-  if (a.norm.resid != nullptr && blockIdx.x == 0) {  // every block has read resid by now
+  if (norm_mode && blockIdx.x == 0) {  // every block has read resid by now
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
       const int f = threadIdx.x + q * NT;
@@ -485,7 +498,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   }
 
   // ---- top-k in every block, then the expert tables ----
-  if (threadIdx.x < 32) topk_fused(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s, st);
+  if (threadIdx.x < 32) topk_fused<TIMED, kOne>(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s, st);
   __syncthreads();
   if (threadIdx.x <= k) {
     const int sl = threadIdx.x;
@@ -560,7 +573,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     Rows<B, 4> R;
     load_rows<B, 4>(mat, row, 0, cpr_e, lane, R, SB >= 1);
     float d[4];
-    finish_rows<B, 4>(mat, row, R, cpr_e, xe, xec, lane, d, SB >= 1);
+    finish_rows<B, 4, kOne>(mat, row, R, cpr_e, xe, xec, lane, d, SB >= 1);
     if (lane == 0) {
       a.s.h[u0] = silu(d[0]) * d[1];  // task u = slot * I + row is also h's index
       if (ok1) a.s.h[u1] = silu(d[2]) * d[3];
@@ -571,7 +584,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
 
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----
   // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
-  const bool resid_early = a.norm.add_out;
+  const bool resid_early = norm_mode && a.norm.add_out;
   const float resid_v = resid_early && lane == 0 && v < H ? __ldcg(a.norm.resid + v) : 0.0f;
   stage_x<B, 32>(a.s.h, nx, xh, xhc);
   st.at(kMoeStampHStaged);
@@ -602,7 +615,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     if (lane == 0) {
       a.out[n] = acc;
       // resid + delta was written by block 0 before the second handoff; this warp owns row n.
-      if (a.norm.add_out) a.norm.resid[n] = (n == v && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + acc;
+      if (norm_mode && a.norm.add_out) a.norm.resid[n] = (n == v && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + acc;
     }
   }
   st.at(kMoeStampEnd);
@@ -619,13 +632,13 @@ size_t fused_smem(int64_t H, int64_t nx) {
 }
 
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED, int NT, int SB>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB>, NT, smem) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, NT, smem) !=
         cudaSuccess)
       per_sm = 0;
     cached = per_sm;
@@ -634,21 +647,21 @@ int resident_blocks(const Ctx& c, size_t smem) {
   return std::min(cached, 512 / NT) * c.sms;
 }
 
-template <int RB, int B, bool TIMED, int NT, int SB>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN>
 bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT, SB>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, LEAN>(c, smem);
   if (blocks <= 0) return false;
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB>, blocks, NT, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
@@ -659,10 +672,18 @@ bool moe_wide() { return env_choice("FERN_CUDA_MOE_WIDE", {"0", "1"}, 1) == 1; }
 
 template <int RB, int B, bool TIMED, int NT>
 bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
+  // FERN_CUDA_MOE_LEAN (the packed forms only; for comparisons): 0 the generic top-k and row passes compiled in,
+  // 1 one pass and the 8-per-lane top-k, 2 (default) also the norm mode fixed at compile time.
+  const int lean = env_choice("FERN_CUDA_MOE_LEAN", {"0", "1", "2"}, 2);
+  const bool nm = a.norm.resid != nullptr;
   switch (a.sb32) {
-    case 2: return launch_fused_form<RB, B, TIMED, NT, 2>(c, a);
-    case 1: return launch_fused_form<RB, B, TIMED, NT, 1>(c, a);
-    default: return launch_fused_form<RB, B, TIMED, NT, 0>(c, a);
+    case 2:
+      if (lean == 2) return nm ? launch_fused_form<RB, B, TIMED, NT, 2, 2>(c, a) : launch_fused_form<RB, B, TIMED, NT, 2, 3>(c, a);
+      return lean ? launch_fused_form<RB, B, TIMED, NT, 2, 1>(c, a) : launch_fused_form<RB, B, TIMED, NT, 2, 0>(c, a);
+    case 1:
+      if (lean == 2) return nm ? launch_fused_form<RB, B, TIMED, NT, 1, 2>(c, a) : launch_fused_form<RB, B, TIMED, NT, 1, 3>(c, a);
+      return lean ? launch_fused_form<RB, B, TIMED, NT, 1, 1>(c, a) : launch_fused_form<RB, B, TIMED, NT, 1, 0>(c, a);
+    default: return launch_fused_form<RB, B, TIMED, NT, 0, 0>(c, a);
   }
 }
 
@@ -704,7 +725,7 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
     return (reinterpret_cast<uintptr_t>(q.s) & 3) == 0 && (reinterpret_cast<uintptr_t>(q.b) & 3) == 0;
   };
   const int want = moe_sb32();
-  const bool rows = H == 2048 && w.gate.gs == 64 && w.up.gs == 64 && w.sgate.gs == 64 && w.sup.gs == 64 &&
+  const bool rows = H == 2048 && E <= 256 && w.gate.gs == 64 && w.up.gs == 64 && w.sgate.gs == 64 && w.sup.gs == 64 &&
                     aligned(w.gate) && aligned(w.up) && aligned(w.sgate) && aligned(w.sup);
   // The packed down rows: every slot's row 16 chunks (I = Is = 512 4-bit weights) in groups of 64 (scale rows of
   // 16 bytes), so that each half-warp holds one row (load_down).
