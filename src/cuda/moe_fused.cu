@@ -354,8 +354,11 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   // router and expert row is one pass, and the top-k needs 8 logits per lane. Compiling only that code keeps the
   // kernel's hot path in fewer instruction-cache lines (the generic kernel is ~140 KB of code).
   constexpr bool kOne = SB >= 1 && LEAN >= 1;
-  // LEAN 2 / 3: the norm mode known at compile time (2: with the norm, as the forward pass calls it; 3: without).
-  const bool norm_mode = LEAN == 2 ? true : LEAN == 3 ? false : a.norm.resid != nullptr;
+  // LEAN 1 / 2: the norm mode known at compile time (1: with the norm, as the forward pass calls it; 2: without),
+  // and every task loop known to run at most once per warp (the host checked that the grid's warps cover each
+  // phase: lean_fits), so that the loops' second copies of the row loads are not compiled.
+  constexpr bool kLean = LEAN >= 1;
+  const bool norm_mode = LEAN == 1 ? true : LEAN == 2 ? false : a.norm.resid != nullptr;
   const Stamps<TIMED> st{a.stamps};
   st.at(kMoeStampStart);
   st.template extreme<false>(kMoeStampFirstStart);
@@ -469,7 +472,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   pdl_trigger();
   const int epoch = epoch_s, par = epoch & 1;
   for (int u = v; u < n_p1; u += W) {
-    if (u != v) load_p1(u);
+    if (!kLean && u != v) load_p1(u);
     if (u < n_route) {
       const int row[1] = {u < E ? u : 0};
       float d[1];
@@ -486,6 +489,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       finish_rows<B, 2, kOne>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB >= 1);
       if (lane == 0) a.s.h[int64_t(k) * I + row[0]] = silu(d[0]) * d[1];
     }
+    if constexpr (kLean) break;
   }
   grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
                kMoeStampPass1);
@@ -578,6 +582,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       a.s.h[u0] = silu(d[0]) * d[1];  // task u = slot * I + row is also h's index
       if (ok1) a.s.h[u1] = silu(d[2]) * d[3];
     }
+    if constexpr (kLean) break;
   }
   grid_handoff(a.counters + 3 + par, epoch + 1, a.counters, true, st, kMoeStampArrive2, kMoeStampLastArrive2,
                kMoeStampPass2);
@@ -592,7 +597,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     float acc = 0.0f;
     for (int p0 = 0; p0 < items; p0 += 32 * kDownU) {  // warp-uniform passes (down_sb's shuffles)
       const int j0 = p0 + lane;
-      if (n != v || p0 != 0) load_down(n, j0);
+      if (!kLean && (n != v || p0 != 0)) load_down(n, j0);
 #pragma unroll
       for (int q = 0; q < kDownU; ++q) {
         const int j = j0 + 32 * q;
@@ -610,6 +615,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
           acc = fmaf(fac[item_slot(j)], apply_group<B>(d[0], sc, bi, xhc[j]), acc);
         }
       }
+      if constexpr (kLean) break;
     }
     acc = warp_sum(acc);
     if (lane == 0) {
@@ -617,6 +623,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       // resid + delta was written by block 0 before the second handoff; this warp owns row n.
       if (norm_mode && a.norm.add_out) a.norm.resid[n] = (n == v && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + acc;
     }
+    if constexpr (kLean) break;
   }
   st.at(kMoeStampEnd);
   st.extreme(kMoeStampLastEnd);
@@ -647,6 +654,14 @@ int resident_blocks(const Ctx& c, size_t smem) {
   return std::min(cached, 512 / NT) * c.sms;
 }
 
+// The lean kernels run each task loop once per warp: W warps must cover the router and shared-expert rows of
+// phase 1, the routed gate/up rows in pairs, the down rows, and one down pass (kDownU chunks per lane) must cover
+// every slot's chunks. The real model on a 132-SM GPU: 769 <= 2,112, 4,096 <= 4,224, 2,048 <= 2,112, 144 <= 160.
+bool lean_fits(const FusedArgs& a, int W) {
+  const int64_t E = a.router.out, H = a.router.in, I = a.gate.out, Is = a.sgate.out, eb = 128 / a.gate.bits;
+  return E + 1 + Is <= W && a.topk * I <= 2 * int64_t(W) && H <= W && a.topk * (I / eb) + Is / eb <= 32 * kDownU;
+}
+
 template <int RB, int B, bool TIMED, int NT, int SB, int LEAN>
 bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
@@ -661,6 +676,9 @@ bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   }
   const int blocks = resident_blocks<RB, B, TIMED, NT, SB, LEAN>(c, smem);
   if (blocks <= 0) return false;
+  if constexpr (LEAN >= 1) {
+    if (!lean_fits(a, blocks * (NT / 32))) return launch_fused_form<RB, B, TIMED, NT, SB, 0>(c, a);
+  }
   launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
@@ -672,17 +690,18 @@ bool moe_wide() { return env_choice("FERN_CUDA_MOE_WIDE", {"0", "1"}, 1) == 1; }
 
 template <int RB, int B, bool TIMED, int NT>
 bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
-  // FERN_CUDA_MOE_LEAN (the packed forms only; for comparisons): 0 the generic top-k and row passes compiled in,
-  // 1 one pass and the 8-per-lane top-k, 2 (default) also the norm mode fixed at compile time.
-  const int lean = env_choice("FERN_CUDA_MOE_LEAN", {"0", "1", "2"}, 2);
+  // The packed forms compile lean where the grid allows it (LEAN 1 with the norm, 2 without; lean_fits), the
+  // generic kernel otherwise; FERN_CUDA_MOE_LEAN=0 takes the generic one everywhere (for comparisons). Read at
+  // every call.
+  const bool lean = env_choice("FERN_CUDA_MOE_LEAN", {"0", "1"}, 1) == 1;
   const bool nm = a.norm.resid != nullptr;
   switch (a.sb32) {
     case 2:
-      if (lean == 2) return nm ? launch_fused_form<RB, B, TIMED, NT, 2, 2>(c, a) : launch_fused_form<RB, B, TIMED, NT, 2, 3>(c, a);
-      return lean ? launch_fused_form<RB, B, TIMED, NT, 2, 1>(c, a) : launch_fused_form<RB, B, TIMED, NT, 2, 0>(c, a);
+      if (!lean) return launch_fused_form<RB, B, TIMED, NT, 2, 0>(c, a);
+      return nm ? launch_fused_form<RB, B, TIMED, NT, 2, 1>(c, a) : launch_fused_form<RB, B, TIMED, NT, 2, 2>(c, a);
     case 1:
-      if (lean == 2) return nm ? launch_fused_form<RB, B, TIMED, NT, 1, 2>(c, a) : launch_fused_form<RB, B, TIMED, NT, 1, 3>(c, a);
-      return lean ? launch_fused_form<RB, B, TIMED, NT, 1, 1>(c, a) : launch_fused_form<RB, B, TIMED, NT, 1, 0>(c, a);
+      if (!lean) return launch_fused_form<RB, B, TIMED, NT, 1, 0>(c, a);
+      return nm ? launch_fused_form<RB, B, TIMED, NT, 1, 1>(c, a) : launch_fused_form<RB, B, TIMED, NT, 1, 2>(c, a);
     default: return launch_fused_form<RB, B, TIMED, NT, 0, 0>(c, a);
   }
 }

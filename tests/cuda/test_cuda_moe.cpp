@@ -237,7 +237,9 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
 // are required of the three forms, and each against the CPU. The real shape takes both packings, with k = 10 in
 // two down passes (176 items); I 256 only the gate/up one; H 1024 and the odd shape (I 192: six chunks per down
 // row, FastDiv by divisors that are not powers of two) neither (they must fall back to chunk loads, and match too).
-// Both block sizes; an unknown value is an error naming the switch.
+// Each form also with FERN_CUDA_MOE_LEAN=0 (the generic kernel, where the default compiles the packed forms lean:
+// one row pass, the 8-per-lane top-k, single-trip task loops; k10 does not fit the lean kernel's one down pass and
+// takes the generic one either way). Both block sizes; an unknown value is an error naming the switch.
 TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
   FERN_REQUIRE_GPU();
   const MoeCase cases[] = {
@@ -267,21 +269,21 @@ TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
       cpu->begin_forward();
       cpu->moe(test::host_f32(ref, {1, c.H}), test::host_f32(x, {1, c.H}), hw, cfg);
       Tensor dx = test::upload_f32(*gpu, x, {1, c.H});
-      std::vector<float> got[3];
-      for (int form = 0; form < 3; ++form) {
-        test::EnvGuard sb("FERN_CUDA_MOE_SB", forms[form]);
-        EXPECT_EQ(cuda::moe_fused_packing(ctx, moe_qw(dw), c.k), packing[&c - cases][form]) << forms[form];
-        Tensor dy = gpu->alloc(DType::F32, {1, c.H});
-        ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
-        got[form] = test::download(*gpu, dy);
-        const double e = test::nmse(got[form].data(), ref.data(), ref.size());
-        std::printf("moe %-15s wide %s FERN_CUDA_MOE_SB=%-5s call %d  NMSE %.3e\n", c.name, wide, forms[form], rep,
-                    e);
-        EXPECT_LT(e, kNmse);
-        if (form > 0) {
-          EXPECT_EQ(got[0], got[form]) << "call " << rep << " form " << form;
+      std::vector<float> got[3][2];  // [form][FERN_CUDA_MOE_LEAN]
+      for (int form = 0; form < 3; ++form)
+        for (int lean = 1; lean >= 0; --lean) {
+          test::EnvGuard sb("FERN_CUDA_MOE_SB", forms[form]);
+          test::EnvGuard ln("FERN_CUDA_MOE_LEAN", lean ? "1" : "0");
+          EXPECT_EQ(cuda::moe_fused_packing(ctx, moe_qw(dw), c.k), packing[&c - cases][form]) << forms[form];
+          Tensor dy = gpu->alloc(DType::F32, {1, c.H});
+          ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
+          got[form][lean] = test::download(*gpu, dy);
+          const double e = test::nmse(got[form][lean].data(), ref.data(), ref.size());
+          std::printf("moe %-15s wide %s FERN_CUDA_MOE_SB=%-5s LEAN=%d call %d  NMSE %.3e\n", c.name, wide,
+                      forms[form], lean, rep, e);
+          EXPECT_LT(e, kNmse);
+          EXPECT_EQ(got[0][1], got[form][lean]) << "call " << rep << " form " << form << " lean " << lean;
         }
-      }
     }
     test::EnvGuard bad("FERN_CUDA_MOE_SB", "word");
     Tensor dx = gpu->alloc(DType::F32, {1, c.H}), dy = gpu->alloc(DType::F32, {1, c.H});
