@@ -621,7 +621,8 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     if (lane == 0) {
       a.out[n] = acc;
       // resid + delta was written by block 0 before the second handoff; this warp owns row n.
-      if (norm_mode && a.norm.add_out) a.norm.resid[n] = (n == v && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + acc;
+      if (norm_mode && a.norm.add_out)
+        a.norm.resid[n] = (n == v && resid_early ? resid_v : __ldcg(a.norm.resid + n)) + acc;
     }
     if constexpr (kLean) break;
   }
@@ -645,8 +646,8 @@ int resident_blocks(const Ctx& c, size_t smem) {
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, NT, smem) !=
-        cudaSuccess)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, NT,
+                                                      smem) != cudaSuccess)
       per_sm = 0;
     cached = per_sm;
     cached_smem = smem;
@@ -669,8 +670,8 @@ bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(kMaxSmem)),
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
