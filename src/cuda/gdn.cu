@@ -18,6 +18,7 @@
 // may still be running while this one is resident, and const + restrict would allow the non-coherent load path
 // and its scheduling ahead of griddepcontrol.wait (qdot.cuh stage_x, docs/notes/cuda-decode-v6.md). Weights
 // and the position counter (written only by advance_kernel, the last launch of a step) may stay restrict.
+#include "core/env.h"
 #include "cuda/fast_div.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -33,11 +34,15 @@ constexpr int kMaxDk = 128;
 constexpr int kMaxRows = kMaxDk / kSlices;
 constexpr int kMaxKS = 8;    // conv taps supported (the model's kernel is 4; the tests also use 2 and 7)
 constexpr int kConvPer = 2;  // conv channels per thread: 2 * Dk + kCols <= 2 * kThreads
+constexpr int kLeanDv = 128;  // the real model's value head width (gdn_kernel's LEAN form)
 
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // MAXKS: conv taps held in registers (4 for the model: the variant measured on the H200; 8 for longer kernels).
-template <int MAXKS>
+// LEAN: the real model's shape fixed at compile time (Dk = Dv = 128, MAXKS taps, the state requested before the PDL
+// wait: gdn_lean), so that the bound checks and the second copy of the state loads are not compiled (28,032 ->
+// 16,128 bytes of code; a decode launch pays for its code, docs/notes/cuda-decode-v27-poll-lean.md).
+template <int MAXKS, bool LEAN>
 __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const float* mixed, const float* bgate,
                                                        const float* agate,
                                                        const float* __restrict__ conv_w,
@@ -54,10 +59,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
   // after two block reductions: dependent round trips more).
   const int jj = threadIdx.x % kCols, sl = threadIdx.x / kCols;
   const int j = blockIdx.y * kCols + jj;
-  const int R = sh.Dk / kSlices;
-  float* S = state + int64_t(blockIdx.x) * sh.Dk * sh.Dv;
+  const int Dk = LEAN ? kMaxDk : sh.Dk, Dv = LEAN ? kLeanDv : sh.Dv, KS = LEAN ? MAXKS : sh.kernel;
+  const int C = sh.conv_dim;
+  const bool early = LEAN || early_state;
+  const int R = Dk / kSlices;
+  float* S = state + int64_t(blockIdx.x) * Dk * Dv;
   const int h = blockIdx.x, cb = blockIdx.y;
-  const int Dk = sh.Dk, Dv = sh.Dv, KS = sh.kernel, C = sh.conv_dim;
   // The key head of value head h: h / (Hv / Hk) by FastDiv, since the conv taps' loads ahead of the PDL wait depend
   // on it (two runtime divisions, ~40 instructions, before them otherwise: docs/notes/cuda-decode-v23-probes.md).
   const int kh = per_kh.div(h);
@@ -73,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
   auto load_state = [&] {
 #pragma unroll
     for (int ii = 0; ii < kMaxRows; ++ii)
-      if (ii < R) s[ii] = S[int64_t(sl * R + ii) * sh.Dv + j];
+      if (ii < R) s[ii] = S[int64_t(sl * R + ii) * Dv + j];
   };
   float cw[kConvPer][MAXKS], cs[kConvPer][MAXKS - 1];
   auto load_conv_state = [&] {
@@ -92,13 +99,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
     for (int r = 0; r < MAXKS; ++r) cw[q][r] = idx < nconv && r < KS ? __ldg(conv_w + int64_t(channel(idx)) * KS + r) : 0.0f;
   }
   const float a_log = __ldg(A_log + h), dtb = __ldg(dt_bias + h);
-  if (early_state) {
+  if (early) {
     load_state();
     load_conv_state();
   }
   pdl_wait();
   pdl_trigger();
-  if (!early_state) {
+  if (!early) {
     load_state();
     load_conv_state();
   }
@@ -250,15 +257,25 @@ bool gdn_step_ok(const GdnShape& sh) {
          sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv;
 }
 
+// The lean kernel where the shape is the real model's and the state may be requested before the PDL wait, under
+// FERN_CUDA_GDN_LEAN=1; 0 (the default until measured on a GPU) keeps the generic kernel. Read at every call.
+bool gdn_lean(const GdnShape& sh, bool early) {
+  return early && sh.Dk == kMaxDk && sh.Dv == kLeanDv && sh.kernel == 4 &&
+         env_choice("FERN_CUDA_GDN_LEAN", {"0", "1"}, 0) == 1;
+}
+
 void gdn_step_raw(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* b, const float* a,
                   const float* conv_w, const float* A_log, const float* dt_bias, float* conv_state, float* state,
                   float* y, bool early_state) {
   FERN_CU_CHECK(gdn_step_ok(sh), "gdn: unsupported head shape");
   const int64_t vd = int64_t(sh.Hv) * sh.Dv;
   dim3 grid(sh.Hv, sh.Dv / kCols);
-  launch(c, "gdn_kernel", sh.kernel <= 4 ? gdn_kernel<4> : gdn_kernel<kMaxKS>, grid, kThreads, 0, sh,
+  const bool early = early_state && t == 0;
+  launch(c, "gdn_kernel",
+         gdn_lean(sh, early) ? gdn_kernel<4, true> : sh.kernel <= 4 ? gdn_kernel<4, false> : gdn_kernel<kMaxKS, false>,
+         grid, kThreads, 0, sh,
          mixed + int64_t(t) * sh.conv_dim, b + int64_t(t) * sh.Hv, a + int64_t(t) * sh.Hv, conv_w, A_log, dt_bias,
-         conv_state, state, y + t * vd, c.counters, early_state && t == 0 ? 1 : 0, FastDiv(sh.Hv / sh.Hk));
+         conv_state, state, y + t * vd, c.counters, early ? 1 : 0, FastDiv(sh.Hv / sh.Hk));
   FERN_CUDA_LAUNCH_CHECK("gdn_kernel");
 }
 

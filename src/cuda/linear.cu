@@ -66,7 +66,11 @@ struct InNorm {
 
 // How a block stages its input row: as it is (stage_x), RMSNorm-ed (stage_x_norm), or gated-RMSNorm-ed per head
 // (stage_x_gated_norm).
-enum Stage : int { kStagePlain = 0, kStageNorm = 1, kStageGatedNorm = 2 };
+// kStageGatedNorm128: the gated norm at the real model's shape fixed at compile time (rows of 4,096 = 32 heads of
+// 128, z read before the PDL wait; linear_gated_norm takes it under FERN_CUDA_GEMV_GN_LEAN=1): the same arithmetic
+// without the bound checks and the branches that shape never takes (kernel code 51,200 -> ~43,600 bytes).
+enum Stage : int { kStagePlain = 0, kStageNorm = 1, kStageGatedNorm = 2, kStageGatedNorm128 = 3 };
+constexpr int kGn128Width = 4096, kGn128Head = 128;
 
 // Float4s of the row each thread keeps in registers for the norm (rows up to 4 * kThreads * kNormV = 4096 wide).
 constexpr int kNormV = 4;
@@ -116,10 +120,15 @@ __device__ __forceinline__ float4 norm_gate(const float4& z, const float4& w) {
 // the PDL wait by the caller when z may be read there (gate_ready), else here from z read through L2 (the norm
 // weight's float4 w is the same for every q of a thread). y is read through L2 after the wait (stage_x says why
 // never through the non-coherent path).
-template <int NT, typename Sink>
+// FIXED: n = kGn128Width and hd = kGn128Head, whatever the arguments say.
+template <int NT, bool FIXED, typename Sink>
 __device__ __forceinline__ void stage_x_gated_norm(const float* y, const float* z, float4 (&gv)[kNormV],
                                                    bool gate_ready, float4 w, float eps, int n, int hd,
                                                    const Sink& sink) {
+  if constexpr (FIXED) {
+    n = kGn128Width;
+    hd = kGn128Head;
+  }
   const float4* y4 = reinterpret_cast<const float4*>(y);
   const float4* z4 = reinterpret_cast<const float4*>(z);
   const int hl = hd / 4;  // lanes per head
@@ -171,9 +180,10 @@ struct InputStage {
 
   __device__ __forceinline__ void before_wait(const InNorm& nm, int K, int t) {
     if constexpr (STAGE == kStageNorm && !LATE) load_norm_w(nm, K);
-    if constexpr (STAGE == kStageGatedNorm) {
-      gnw = __ldg(reinterpret_cast<const float4*>(nm.w) + threadIdx.x % (nm.head / 4));
-      if (nm.z_early && !LATE) {
+    if constexpr (STAGE == kStageGatedNorm || STAGE == kStageGatedNorm128) {
+      constexpr bool kFixed = STAGE == kStageGatedNorm128;
+      gnw = __ldg(reinterpret_cast<const float4*>(nm.w) + threadIdx.x % ((kFixed ? kGn128Head : nm.head) / 4));
+      if ((kFixed || nm.z_early) && !LATE) {
 #pragma unroll
         for (int q = 0; q < kNormV; ++q) {
           const int f = threadIdx.x + q * NT;
@@ -191,9 +201,10 @@ struct InputStage {
       if constexpr (LATE) load_norm_w(nm, K);
       stage_x_norm<NT, NV>(x + int64_t(t) * K, wn, nm.eps, K, sink,
                            blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
-    } else if constexpr (STAGE == kStageGatedNorm) {
-      stage_x_gated_norm<NT>(x + int64_t(t) * K, nm.z + int64_t(t) * K, gv, nm.z_early != 0 && !LATE, gnw, nm.eps,
-                             K, nm.head, sink);
+    } else if constexpr (STAGE == kStageGatedNorm || STAGE == kStageGatedNorm128) {
+      constexpr bool kFixed = STAGE == kStageGatedNorm128;  // z read early (gated_norm_fixed)
+      stage_x_gated_norm<NT, kFixed>(x + int64_t(t) * K, nm.z + int64_t(t) * K, gv,
+                                     (kFixed || nm.z_early != 0) && !LATE, gnw, nm.eps, K, nm.head, sink);
     } else {
       stage_rows(x + int64_t(t) * K, K, sink);
     }
@@ -619,7 +630,8 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   // 512-thread blocks, one per SM (32 lanes per row, not the fused router; gemv_wide): half the blocks staging the
   // same row from L2. Measured on the H200 (docs/notes/cuda-decode-v6.md, run 2): 8192 x 2048 5.73 -> 5.26 us, but
   // 2048 x 4096 3.77 -> 4.11 (64 blocks for 132 SMs) and the whole 4K step 19 us slower when taken everywhere.
-  const bool wide = !ROUTE && lpr == 32 && (STAGE == kStageGatedNorm ? gated_norm_wide(c, rows) : gemv_wide(c, rows));
+  const bool wide = !ROUTE && lpr == 32 &&
+                    (STAGE >= kStageGatedNorm ? gated_norm_wide(c, rows) : gemv_wide(c, rows));
   const int nt = wide ? 2 * kThreads : kThreads;
   const int rows_per_block = (nt / 32) * (32 / lpr) * kRPI;
   const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
@@ -844,6 +856,14 @@ bool linear_gated_norm_ok(const QW& w, int head) {
          w.in <= 4 * kThreads * kNormV && w.experts == 0 && w.out < (int64_t(1) << 31);
 }
 
+// The gated norm's fixed-shape kernels (kStageGatedNorm128) for a 4-bit GDN out_proj of the real model with z read
+// early, where the CUDA-core GEMV takes it, under FERN_CUDA_GEMV_GN_LEAN=1; 0, the default until measured on a GPU,
+// keeps the generic staging. Read at every call.
+bool gated_norm_fixed(const QW& w, int head, bool early_z, int rows) {
+  return w.bits == 4 && w.in == kGn128Width && head == kGn128Head && early_z && !gemv_tc_wanted(rows) &&
+         env_choice("FERN_CUDA_GEMV_GN_LEAN", {"0", "1"}, 0) == 1;
+}
+
 void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z, const float* norm_w, float eps,
                        int head, float* out, bool early_z) {
   FERN_CU_CHECK(linear_gated_norm_ok(w, head) && norm_w != nullptr && z != nullptr,
@@ -854,8 +874,13 @@ void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z
   nm.z = z;
   nm.head = head;
   nm.z_early = early_z ? 1 : 0;
-  launch_any<false, false, kStageGatedNorm>(c, w, make_mats(&w, &out, 1), static_cast<int>(w.out), y, RouteTail{}, 1,
-                                            nm);
+  const Mats m = make_mats(&w, &out, 1);
+  const int rows = static_cast<int>(w.out);
+  if (gated_norm_fixed(w, head, early_z, rows)) {
+    launch_bits<4, false, false, kStageGatedNorm128>(c, w, m, rows, y, RouteTail{}, 1, nm);
+    return;
+  }
+  launch_any<false, false, kStageGatedNorm>(c, w, m, rows, y, RouteTail{}, 1, nm);
 }
 
 bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,

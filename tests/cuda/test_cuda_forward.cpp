@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "cuda/gemm_wg.h"
@@ -38,8 +39,10 @@ void expect_grouped_projections(const ModelWeights& w) {
 }
 
 // Teacher-forced prefill of `n` tokens (all logits) on both backends, then `steps` decode steps that feed both
-// sides the CPU's greedy token. Returns the prefill comparison and the decode comparison.
-std::pair<Compare, Compare> run_model(const std::shared_ptr<ModelWeights>& hw, int n, int steps, uint64_t seed) {
+// sides the CPU's greedy token. Returns the prefill comparison and the decode comparison; the GPU's decode logits
+// go to gpu_steps where given.
+std::pair<Compare, Compare> run_model(const std::shared_ptr<ModelWeights>& hw, int n, int steps, uint64_t seed,
+                                      std::vector<float>* gpu_steps = nullptr) {
   const ModelConfig& cfg = hw->config;
   const int64_t V = cfg.vocab_size;
   auto cpu = make_cpu_backend();
@@ -81,6 +84,7 @@ std::pair<Compare, Compare> run_model(const std::shared_ptr<ModelWeights>& hw, i
     tok = int32_t(std::max_element(one.begin(), one.end()) - one.begin());
   }
   const Compare dec = test::logit_agreement(got_steps, ref_steps, V);
+  if (gpu_steps != nullptr) *gpu_steps = got_steps;
   return {pre, dec};
 }
 
@@ -109,6 +113,26 @@ TEST(CudaForward, RandomModelMatchesCpu) {
   EXPECT_LT(dec.nmse, 1e-4);
   EXPECT_GE(pre.top1, 0.97);
   EXPECT_GE(dec.top1, 0.97);
+}
+
+// The GDN step kernel compiled for the real head shape (FERN_CUDA_GDN_LEAN=1) against the generic one through the
+// whole model: every decode step of the random 8-layer model (real head dims; each GDN call follows another layer's,
+// so every one takes the kernel that requests the state before the PDL wait) must give the same logits, bit for bit.
+TEST(CudaForward, LeanGdnKernelSameLogits) {
+  FERN_REQUIRE_GPU();
+  auto cfg = test::tiny_test_config(8);
+  test::RandomWeightsOptions o;
+  o.seed = 4;
+  o.quantized = true;
+  const auto hw = test::random_weights(cfg, o);
+  std::vector<float> steps[2];
+  for (int lean = 0; lean < 2; ++lean) {
+    test::EnvGuard g("FERN_CUDA_GDN_LEAN", lean ? "1" : "0");
+    const auto [pre, dec] = run_model(hw, 16, 8, 23, &steps[lean]);
+    EXPECT_LT(dec.nmse, 1e-4);  // RandomModelMatchesCpu's bound
+  }
+  ASSERT_EQ(steps[0].size(), steps[1].size());
+  EXPECT_EQ(std::memcmp(steps[0].data(), steps[1].data(), steps[0].size() * sizeof(float)), 0);
 }
 
 // The HF layout binds the fused gate_up_proj [E, 2I, H] as two strided expert stacks; upload() compacts them.

@@ -5,6 +5,9 @@
 // out_proj GEMV, linear_gated_norm) against the CPU's gdn_core followed by linear().
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <vector>
+
 #include "cuda_test_util.h"
 
 namespace fern {
@@ -18,7 +21,9 @@ constexpr double kNmse = 1e-8;
 // with_out_proj: both sides run gdn_core_linear with a random 4-bit out_proj; the projected outputs are compared.
 // Their error is the core's (above) plus the GEMV's (NMSE 1.6e-12..3.9e-12 at 4 bits, test_cuda_linear.cpp); the
 // same bound. A norm skipped or applied twice gives NMSE ~1.
-void run(int Hk, int Hv, uint64_t seed, bool with_out_proj = false) {
+// Returns every call's output and the final recurrent and conv states, concatenated (for the bit-for-bit test).
+std::vector<float> run(int Hk, int Hv, uint64_t seed, bool with_out_proj = false) {
+  std::vector<float> all;
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
   ModelConfig cfg;
@@ -78,6 +83,7 @@ void run(int Hk, int Hv, uint64_t seed, bool with_out_proj = false) {
     gpu->advance(*gs, T);
     if (with_out_proj) ref = ref_out;
     auto got = test::download(*gpu, with_out_proj ? dout : dy);
+    all.insert(all.end(), got.begin(), got.end());
     const double e = test::nmse(got.data(), ref.data(), got.size());
     EXPECT_LT(e, kNmse) << "step " << step << " T=" << T;
     if (step == 15)
@@ -92,11 +98,31 @@ void run(int Hk, int Hv, uint64_t seed, bool with_out_proj = false) {
               er, ec);
   EXPECT_LT(er, kNmse);
   EXPECT_EQ(ec, 0.0);  // the conv state is a copy of inputs: exact
+  all.insert(all.end(), rec.begin(), rec.end());
+  all.insert(all.end(), conv.begin(), conv.end());
+  return all;
 }
 
 TEST(CudaGdn, RealShapes) {
   FERN_REQUIRE_GPU();
-  run(16, 32, 7);
+  test::each_value("FERN_CUDA_GDN_LEAN", {"0", "1"}, [] { run(16, 32, 7); });
+}
+
+// The step kernel compiled for the real shape (FERN_CUDA_GDN_LEAN=1: Dk = Dv = 128, 4 taps, the state requested
+// before the PDL wait fixed at compile time) against the generic one: the same loads and arithmetic, so every
+// output and both states must be the same bits over the whole sequence. Here only the first call takes the lean
+// kernel (the backend requests the state early only when the previous GDN call wrote another layer's state, as in
+// the forward pass: CudaForward.LeanGdnKernelSameLogits covers every decode step); every later output depends on
+// the state it left.
+TEST(CudaGdn, LeanKernelSameBits) {
+  FERN_REQUIRE_GPU();
+  std::vector<float> got[2];
+  for (int lean = 0; lean < 2; ++lean) {
+    test::EnvGuard g("FERN_CUDA_GDN_LEAN", lean ? "1" : "0");
+    got[lean] = run(16, 32, 21, true);
+  }
+  ASSERT_EQ(got[0].size(), got[1].size());
+  EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0);
 }
 
 TEST(CudaGdn, FewHeads) {
@@ -106,7 +132,7 @@ TEST(CudaGdn, FewHeads) {
 
 TEST(CudaGdn, WithOutProjRealShapes) {
   FERN_REQUIRE_GPU();
-  run(16, 32, 7, true);
+  test::each_value("FERN_CUDA_GDN_LEAN", {"0", "1"}, [] { run(16, 32, 7, true); });
 }
 
 TEST(CudaGdn, WithOutProjFewHeads) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "cuda/kernels.h"
@@ -45,7 +46,8 @@ std::vector<float> gated_norm(const std::vector<float>& y, const std::vector<flo
   return g;
 }
 
-void run_case(const Case& c, bool early_z) {
+// Returns the GPU's output (for the bit-for-bit tests).
+std::vector<float> run_case(const Case& c, bool early_z) {
   SCOPED_TRACE(std::string(c.name) + (early_z ? " (z early)" : " (z after the wait)"));
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
@@ -75,7 +77,7 @@ void run_case(const Case& c, bool early_z) {
   ctx.sms = gpu->sm_count();
   ctx.pdl = gpu->pdl();
   const cuda::QW q = cuda::make_qw(dw);
-  ASSERT_TRUE(cuda::linear_gated_norm_ok(q, c.head));
+  EXPECT_TRUE(cuda::linear_gated_norm_ok(q, c.head));
   cuda::linear_gated_norm(ctx, q, dy.ptr<float>(), dz.ptr<float>(), dw_norm.ptr<float>(), eps, c.head,
                           dout.ptr<float>(), early_z);
   auto got = test::download(*gpu, dout);
@@ -83,6 +85,7 @@ void run_case(const Case& c, bool early_z) {
   std::printf("gated_norm_linear %-22s [%5ld x %4ld] head %3d %2d-bit z %s  NMSE %.3e\n", c.name, long(c.out),
               long(c.in), c.head, c.bits, early_z ? "early" : "late ", e);
   EXPECT_LT(e, kNmse);  // NaN (an unwritten output) fails too
+  return got;
 }
 
 const Case kReal{"out_proj", 2048, 4096, 128, 4, 64};
@@ -94,7 +97,29 @@ const Case kAwkward[] = {
 
 TEST(CudaLinearGatedNorm, RealShape) {
   FERN_REQUIRE_GPU();
-  for (bool early : {true, false}) run_case(kReal, early);
+  test::each_value("FERN_CUDA_GEMV_GN_LEAN", {"0", "1"}, [] {
+    for (bool early : {true, false}) run_case(kReal, early);
+  });
+}
+
+// The staging compiled for the real shape (FERN_CUDA_GEMV_GN_LEAN=1: rows of 4,096 in heads of 128, z read early)
+// against the generic staging: the same loads and arithmetic, so the same bits; with both block sizes and with
+// enough rows for the three-blocks-per-SM kernel.
+TEST(CudaLinearGatedNorm, FixedShapeSameBits) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
+  for (const char* wide : {"0", "1"})
+    for (const Case& c : {kReal, Case{"many rows", 6000, 4096, 128, 4, 64}}) {
+      test::EnvGuard g("FERN_CUDA_GEMV_WIDE", wide);
+      std::vector<float> got[2];
+      for (int lean = 0; lean < 2; ++lean) {
+        test::EnvGuard l("FERN_CUDA_GEMV_GN_LEAN", lean ? "1" : "0");
+        got[lean] = run_case(c, true);
+      }
+      ASSERT_EQ(got[0].size(), got[1].size());
+      EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
+          << c.name << " FERN_CUDA_GEMV_WIDE=" << wide;
+    }
 }
 
 TEST(CudaLinearGatedNorm, AwkwardShapes) {
