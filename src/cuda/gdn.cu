@@ -40,8 +40,8 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1
 
 // MAXKS: conv taps held in registers (4 for the model: the variant measured on the H200; 8 for longer kernels).
 // LEAN: the real model's shape fixed at compile time (Dk = Dv = 128, MAXKS taps, the state requested before the PDL
-// wait: gdn_lean), so that the bound checks and the second copy of the state loads are not compiled (28,032 ->
-// 16,128 bytes of code; a decode launch pays for its code, docs/notes/cuda-decode-v27-poll-lean.md).
+// wait: gdn_lean), so that the bound checks and the second copy of the state loads are not compiled (28,672 ->
+// 15,744 bytes of code; a decode launch pays for its code, docs/notes/cuda-decode-v27-poll-lean.md).
 template <int MAXKS, bool LEAN>
 __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const float* mixed, const float* bgate,
                                                        const float* agate,
