@@ -94,13 +94,17 @@ TEST(CudaForward, RandomDeviceModelGroupsProjections) {
   expect_grouped_projections(*cuda::random_device_weights(*gpu, test::tiny_test_config(4), 5));
 }
 
+// The random 8-layer model (4-bit, real head dims) of the tests below.
+std::shared_ptr<ModelWeights> random_8_layers(uint64_t seed) {
+  test::RandomWeightsOptions o;
+  o.seed = seed;
+  o.quantized = true;
+  return test::random_weights(test::tiny_test_config(8), o);
+}
+
 TEST(CudaForward, RandomModelMatchesCpu) {
   FERN_REQUIRE_GPU();
-  auto cfg = test::tiny_test_config(8);
-  test::RandomWeightsOptions o;
-  o.seed = 3;
-  o.quantized = true;
-  auto [pre, dec] = run_model(test::random_weights(cfg, o), 192, 32, 21);
+  auto [pre, dec] = run_model(random_8_layers(3), 192, 32, 21);
   std::printf("random 8-layer model: prefill 192 NMSE %.3e top-1 %.4f | decode 32 NMSE %.3e top-1 %.4f\n", pre.nmse,
               pre.top1, dec.nmse, dec.top1);
   std::printf("  prefill rows: worst %lld NMSE %.3e, median %.3e\n", static_cast<long long>(pre.worst_row),
@@ -120,11 +124,7 @@ TEST(CudaForward, RandomModelMatchesCpu) {
 // so every one takes the kernel that requests the state before the PDL wait) must give the same logits, bit for bit.
 TEST(CudaForward, LeanGdnKernelSameLogits) {
   FERN_REQUIRE_GPU();
-  auto cfg = test::tiny_test_config(8);
-  test::RandomWeightsOptions o;
-  o.seed = 4;
-  o.quantized = true;
-  const auto hw = test::random_weights(cfg, o);
+  const auto hw = random_8_layers(4);
   std::vector<float> steps[2];
   for (int lean = 0; lean < 2; ++lean) {
     test::EnvGuard g("FERN_CUDA_GDN_LEAN", lean ? "1" : "0");
