@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <random>
 #include <string>
@@ -40,6 +41,11 @@ class EnvGuard {
   bool had_ = false;
   std::string old_;
 };
+
+// Whether two float arrays hold the same bits (equal sizes; NaNs and signed zeros compared as stored).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
 
 // Runs body() once under each value of the environment switch `name` (EnvGuard), each run traced as name=value.
 template <class F>

@@ -16,20 +16,17 @@ GroupLayout group_layout(std::span<const LinearWeight* const> ws) {
       return L;
   L.at.resize(ws.size());
   size_t off = 0;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    L.at[i].w = off;
-    off += round_up(ws[i]->w.nbytes(), 16);
-  }
-  off = round_up(off, 256);
-  for (size_t i = 0; i < ws.size(); ++i) {
-    L.at[i].s = off;
-    off += round_up(ws[i]->scales.nbytes(), 16);
-  }
-  off = round_up(off, 256);
-  for (size_t i = 0; i < ws.size(); ++i) {
-    L.at[i].b = off;
-    off += round_up(ws[i]->biases.nbytes(), 16);
-  }
+  // One array (codes, scales or biases) of every matrix after the other, the array on a 256-byte boundary.
+  auto lay_out = [&](size_t GroupPiece::*piece, Tensor LinearWeight::*part) {
+    off = round_up(off, 256);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      L.at[i].*piece = off;
+      off += round_up((ws[i]->*part).nbytes(), 16);
+    }
+  };
+  lay_out(&GroupPiece::w, &LinearWeight::w);
+  lay_out(&GroupPiece::s, &LinearWeight::scales);
+  lay_out(&GroupPiece::b, &LinearWeight::biases);
   L.bytes = off;
   return L;
 }

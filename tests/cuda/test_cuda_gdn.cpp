@@ -5,7 +5,6 @@
 // out_proj GEMV, linear_gated_norm) against the CPU's gdn_core followed by linear().
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -121,8 +120,7 @@ TEST(CudaGdn, LeanKernelSameBits) {
     test::EnvGuard g("FERN_CUDA_GDN_LEAN", lean ? "1" : "0");
     got[lean] = run(16, 32, 21, true);
   }
-  ASSERT_EQ(got[0].size(), got[1].size());
-  EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0);
+  EXPECT_TRUE(test::same_bits(got[0], got[1]));
 }
 
 TEST(CudaGdn, FewHeads) {

@@ -4,7 +4,6 @@
 // of formats that must fall back to separate launches).
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 
 #include "cuda/gemm_wg.h"
@@ -264,7 +263,7 @@ void run_grouped(const char* name, const std::vector<Mat>& mats, int T, NormMode
     for (const Tensor& o : outs) got[contig].push_back(test::download(*gpu, o));
   }
   for (size_t i = 0; i < outs.size(); ++i)
-    EXPECT_EQ(std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * sizeof(float)), 0) << "matrix " << i;
+    EXPECT_TRUE(test::same_bits(got[0][i], got[1][i])) << "matrix " << i;
 }
 
 TEST(CudaLinearMulti, ContiguousTable) {
