@@ -57,7 +57,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxSlots = 33;  // top-k <= 32 routed slots + the shared expert
 constexpr int kDownU = 5;
-constexpr int kRegsFull = 128, kRegsShared = 88;  // moe_fused_kernel's register caps (moe_regs_shared)
 // Dynamic shared memory limit (x twice and h; the real model needs 37 KB). Two blocks per SM fit with room to
 // spare; a larger need falls back to the three launches.
 constexpr size_t kMaxSmem = 96 * 1024;
@@ -348,9 +347,8 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
 // so that each form has its own register allocation). The slot of a gate/up task and of a down item comes from
 // FastDiv (one wide multiply and a shift) instead of a division (~20 instructions) ahead of the loads that depend
 // on it: 20.11 -> 19.42 us per launch (docs/notes/cuda-decode-v22-fastdiv.md).
-// REGS: the register cap per thread (kRegsFull, what the launch bounds allow, or kRegsShared: moe_regs_shared).
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, int REGS = 128>
-__global__ void __launch_bounds__(NT, 512 / NT) __maxnreg__(REGS) moe_fused_kernel(FusedArgs a) {
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN>
+__global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   constexpr int kWarps = NT / 32;
   // The packed forms (SB >= 1) are taken only for rows of 2,048 weights and at most 256 experts (fused_args): every
   // router and expert row is one pass, and the top-k needs 8 logits per lane. Compiling only that code keeps the
@@ -642,13 +640,13 @@ size_t fused_smem(int64_t H, int64_t nx) {
 }
 
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, int REGS>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, REGS>, NT,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, NT,
                                                       smem) != cudaSuccess)
       per_sm = 0;
     cached = per_sm;
@@ -665,24 +663,24 @@ bool lean_fits(const FusedArgs& a, int W) {
   return E + 1 + Is <= W && a.topk * I <= 2 * int64_t(W) && H <= W && a.topk * (I / eb) + Is / eb <= 32 * kDownU;
 }
 
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, int REGS = kRegsFull>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN>
 bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, REGS>,
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, LEAN, REGS>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, LEAN>(c, smem);
   if (blocks <= 0) return false;
   if constexpr (LEAN >= 1) {
     if (!lean_fits(a, blocks * (NT / 32))) return launch_fused_form<RB, B, TIMED, NT, SB, 0>(c, a);
   }
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, REGS>, blocks, NT, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
@@ -690,15 +688,6 @@ bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
 // 512 threads per block, one block per SM ("1" or unset), or 256 with two per SM ("0"); read at every call, for
 // comparisons. Any other value is an error naming the switch, not a silent default.
 bool moe_wide() { return env_choice("FERN_CUDA_MOE_WIDE", {"0", "1"}, 1) == 1; }
-
-// FERN_CUDA_MOE_REGS=88: the lean kernels with packed down rows (the forward pass's form) capped at kRegsShared
-// registers per thread (ptxas: 8-12 bytes of spills, outside the row loops), so that 512 x 88 + one 256-thread block of the input
-// projections' GEMV at 80 registers (linear.cu, three blocks per SM) fill the 65,536 registers of an SM exactly: that
-// block becomes resident once the MoE triggers its successor (after the input staging) and requests its weights
-// while the MoE still runs, instead of after the MoE's blocks exit (version 12 measured the input projections 2 us
-// faster with half the register file free, but a half-width MoE 9 us slower). "128" (the default until measured):
-// the cap the launch bounds give. Read at every call; any other value is an error naming the switch.
-bool moe_regs_shared() { return env_choice("FERN_CUDA_MOE_REGS", {"128", "88"}, 0) == 1; }
 
 template <int RB, int B, bool TIMED, int NT>
 bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
@@ -710,9 +699,6 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   switch (a.sb32) {
     case 2:
       if (!lean) return launch_fused_form<RB, B, TIMED, NT, 2, 0>(c, a);
-      if (moe_regs_shared())
-        return nm ? launch_fused_form<RB, B, TIMED, NT, 2, 1, kRegsShared>(c, a)
-                  : launch_fused_form<RB, B, TIMED, NT, 2, 2, kRegsShared>(c, a);
       return nm ? launch_fused_form<RB, B, TIMED, NT, 2, 1>(c, a) : launch_fused_form<RB, B, TIMED, NT, 2, 2>(c, a);
     case 1:
       if (!lean) return launch_fused_form<RB, B, TIMED, NT, 1, 0>(c, a);

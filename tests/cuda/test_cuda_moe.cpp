@@ -239,8 +239,7 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
 // row, FastDiv by divisors that are not powers of two) neither (they must fall back to chunk loads, and match too).
 // Each form also with FERN_CUDA_MOE_LEAN=0 (the generic kernel, where the default compiles the packed forms lean:
 // one row pass, the 8-per-lane top-k, single-trip task loops; k10 does not fit the lean kernel's one down pass and
-// takes the generic one either way), and the lean kernel capped at 88 registers (FERN_CUDA_MOE_REGS=88: the same
-// code, another register allocation). Both block sizes; an unknown value is an error naming the switch.
+// takes the generic one either way). Both block sizes; an unknown value is an error naming the switch.
 TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
   FERN_REQUIRE_GPU();
   const MoeCase cases[] = {
@@ -270,21 +269,20 @@ TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
       cpu->begin_forward();
       cpu->moe(test::host_f32(ref, {1, c.H}), test::host_f32(x, {1, c.H}), hw, cfg);
       Tensor dx = test::upload_f32(*gpu, x, {1, c.H});
-      std::vector<float> got[3][3];  // [form][FERN_CUDA_MOE_LEAN, 2: lean with FERN_CUDA_MOE_REGS=88]
+      std::vector<float> got[3][2];  // [form][FERN_CUDA_MOE_LEAN]
       for (int form = 0; form < 3; ++form)
-        for (int lean = 2; lean >= 0; --lean) {
+        for (int lean = 1; lean >= 0; --lean) {
           test::EnvGuard sb("FERN_CUDA_MOE_SB", forms[form]);
           test::EnvGuard ln("FERN_CUDA_MOE_LEAN", lean ? "1" : "0");
-          test::EnvGuard rg("FERN_CUDA_MOE_REGS", lean == 2 ? "88" : "128");
           EXPECT_EQ(cuda::moe_fused_packing(ctx, moe_qw(dw), c.k), packing[&c - cases][form]) << forms[form];
           Tensor dy = gpu->alloc(DType::F32, {1, c.H});
           ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
           got[form][lean] = test::download(*gpu, dy);
           const double e = test::nmse(got[form][lean].data(), ref.data(), ref.size());
-          std::printf("moe %-15s wide %s FERN_CUDA_MOE_SB=%-5s LEAN=%d%s call %d  NMSE %.3e\n", c.name, wide,
-                      forms[form], lean ? 1 : 0, lean == 2 ? " REGS=88" : "", rep, e);
+          std::printf("moe %-15s wide %s FERN_CUDA_MOE_SB=%-5s LEAN=%d call %d  NMSE %.3e\n", c.name, wide,
+                      forms[form], lean, rep, e);
           EXPECT_LT(e, kNmse);
-          EXPECT_EQ(got[0][2], got[form][lean]) << "call " << rep << " form " << form << " lean " << lean;
+          EXPECT_EQ(got[0][1], got[form][lean]) << "call " << rep << " form " << form << " lean " << lean;
         }
     }
     test::EnvGuard bad("FERN_CUDA_MOE_SB", "word");
