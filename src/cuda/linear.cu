@@ -243,11 +243,8 @@ __device__ __forceinline__ int mat_of(const int (&start)[kMaxMats + 1], int v) {
 // chunk; the same values and arithmetic (gemv_sb, docs/notes/cuda-decode-v20-burst.md).
 // CONTIG (MULTI kernels): the matrices' codes, scales and biases follow each other in memory (mats_contiguous), so
 // the loads read the table as matrix 0 over all rows and only the output row picks its matrix.
-// ROLL: the pipeline's steps as a loop that is not unrolled (one copy of a step's code instead of NB: the buffers
-// rotate by register moves after each step), for the decode GEMVs whose every launch executes its code about once
-// per warp (gemv_roll).
 template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
-          bool CONTIG = false, bool ROLL = false>
+          bool CONTIG = false>
 __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
@@ -375,22 +372,10 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
     }
     if (s + NB < S) load_step(cur);
   };
-  if constexpr (ROLL) {
-    // buf[0] always holds step s: consumed (and refilled with step s + NB), then moved to the back.
-#pragma unroll 1
-    for (int s = 0; s < S; ++s) {
-      step(s, buf[0]);
-      const StepBuf done = buf[0];
+  for (int s = 0; s < S; s += NB) {
 #pragma unroll
-      for (int i = 0; i + 1 < NB; ++i) buf[i] = buf[i + 1];
-      buf[NB - 1] = done;
-    }
-  } else {
-    for (int s = 0; s < S; s += NB) {
-#pragma unroll
-      for (int i = 0; i < NB; ++i)
-        if (s + i < S) step(s + i, buf[i]);
-    }
+    for (int i = 0; i < NB; ++i)
+      if (s + i < S) step(s + i, buf[i]);
   }
 
   if constexpr (ROUTE) {
@@ -631,11 +616,6 @@ bool gemv_contig(const QW& a, const Mats& m) {
   return env_choice("FERN_CUDA_GEMV_CONTIG", {"0", "1"}, 1) == 1 && mats_contiguous(a, m);
 }
 
-// The packed-scale GEMVs with their pipeline rolled (linear_kernel's ROLL: FERN_CUDA_GEMV_ROLL=1; 0, the default
-// until measured, unrolls it). A decode launch pays for the code it fetches (docs/notes/cuda-decode-v27-poll-lean.md,
-// v28-lean-regs.md), and these kernels run each step's code once or twice per warp. Read at every call.
-bool gemv_roll() { return env_choice("FERN_CUDA_GEMV_ROLL", {"0", "1"}, 0) == 1; }
-
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                  const InNorm& nm) {
@@ -665,17 +645,12 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : occ3 ? 3 : 2)));
   dim3 grid(blocks, T);
   const bool sb = gemv_sb(a, m) && BITS == 4 && !ROUTE && lpr == 32 && !wide;  // the switch read for every GEMV
-  const bool roll = gemv_roll();  // read for every GEMV: an unknown value is an error whatever the shape
   if constexpr (BITS == 4 && !ROUTE) {
     if (occ3) {
       if constexpr (MULTI) {
         if (sb && gemv_contig(a, m)) {
-          if (roll)
-            launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true, true>,
-                   grid, kThreads, smem, a, m, rows, x, tail, nm);
-          else
-            launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true>, grid,
-                   kThreads, smem, a, m, rows, x, tail, nm);
+          launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true>, grid,
+                 kThreads, smem, a, m, rows, x, tail, nm);
           return;
         }
       }
@@ -702,12 +677,8 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   }
   if constexpr (BITS == 4 && !ROUTE) {
     if (sb) {  // (FERN_CUDA_GEMV_NB=3 on a plain GEMV took its own kernel above)
-      if (roll)
-        launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 1, true, false, true>,
-               grid, kThreads, smem, a, m, rows, x, tail, nm);
-      else
-        launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 1, true>, grid, kThreads,
-               smem, a, m, rows, x, tail, nm);
+      launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 1, true>, grid, kThreads,
+             smem, a, m, rows, x, tail, nm);
       return;
     }
   }
