@@ -154,18 +154,43 @@ __device__ __forceinline__ void dot_rows(const Rows<BITS, N>& R, int pass, int c
   }
 }
 
+// The packed 4-bit rows of one pass (sb32) against x as 8-bit digits (qdot.cuh chunk_dot_q8): xq the digits in
+// shared memory, xsc = sx / 65536 (the row's scale in the dot's units).
+template <int N>
+__device__ __forceinline__ void dot_rows_q8(const Rows<4, N>& R, const uint4* xq, const float* xc, float xsc,
+                                            int lane, float (&acc)[N]) {
+#pragma unroll
+  for (int u = 0; u < kNch<4>; ++u) {
+    int t[N], a2[N];
+    chunk_dot_q8<N>(R.w[u], xq + u * (kQ8Slots * 32) + lane, t, a2);
+    const float xsum = xc[lane + 32 * u];
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+      float sc, bi;
+      sb_from_word(R.sbw[r], lane, u, sc, bi);
+      acc[r] = fmaf(sc * xsc, q8_dot_value(t[r], a2[r]), fmaf(bi, xsum, acc[r]));
+    }
+  }
+}
+
 // Full dot products of N rows whose first pass is already in `first`; every lane gets the sums. ONE: the caller
 // knows that the rows have one pass (rows of 2,048 weights: the packed forms), so the loop over further passes,
-// whose loads and dots are a second copy of the row code, is not compiled.
-template <int BITS, int N, bool ONE = false, typename Mat>
+// whose loads and dots are a second copy of the row code, is not compiled. Q8 (packed 4-bit rows of one pass only):
+// x as 8-bit digits (xq, xsc: dot_rows_q8) instead of the fp32 row xs.
+template <int BITS, int N, bool ONE = false, bool Q8 = false, typename Mat>
 __device__ __forceinline__ void finish_rows(const Mat& mat, const int (&row)[N], const Rows<BITS, N>& first,
                                             int cpr, const float4* xs, const float* xc, int lane, float (&out)[N],
-                                            bool sb32 = false) {
+                                            bool sb32 = false, const uint4* xq = nullptr, float xsc = 0.0f) {
   constexpr int NCH = kNch<BITS>;
   float acc[N];
 #pragma unroll
   for (int r = 0; r < N; ++r) acc[r] = 0.0f;
-  dot_rows<BITS, N>(first, 0, cpr, xs, xc, lane, acc, sb32);  // sb32 rows have this one pass only
+  if constexpr (Q8) {
+    static_assert(BITS == 4 && ONE, "the digit form takes the packed one-pass rows only");
+    dot_rows_q8<N>(first, xq, xc, xsc, lane, acc);
+  } else {
+    dot_rows<BITS, N>(first, 0, cpr, xs, xc, lane, acc, sb32);  // sb32 rows have this one pass only
+  }
   if constexpr (!ONE) {
     const int passes = (cpr + 32 * NCH - 1) / (32 * NCH);
     for (int p = 1; p < passes; ++p) {
@@ -347,8 +372,14 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
 // so that each form has its own register allocation). The slot of a gate/up task and of a down item comes from
 // FastDiv (one wide multiply and a shift) instead of a division (~20 instructions) ahead of the loads that depend
 // on it: 20.11 -> 19.42 us per launch (docs/notes/cuda-decode-v22-fastdiv.md).
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN>
+//
+// Q8: the shared and routed experts' gate/up rows against the normed row as three 8-bit digits per value with
+// integer dot products (qdot.cuh chunk_dot_q8; FERN_CUDA_MOE_Q8=1): the norm's block reduction also takes the row's
+// largest magnitude, and the digits take the place of the fp32 expert-layout row in shared memory. Only the lean
+// norm-mode form with packed rows (the forward pass's).
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
+  static_assert(!Q8 || (LEAN == 1 && SB >= 1 && B == 4), "the digit form is compiled for the lean norm mode only");
   constexpr int kWarps = NT / 32;
   // The packed forms (SB >= 1) are taken only for rows of 2,048 weights and at most 256 experts (fused_args): every
   // router and expert row is one pass, and the top-k needs 8 logits per lane. Compiling only that code keeps the
@@ -387,6 +418,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   float* xec = reinterpret_cast<float*>(xe + x_slots<B, 32>(H));
   float4* xh = reinterpret_cast<float4*>(xec + (H / EB + 31) / 32 * 32);
   float* xhc = reinterpret_cast<float*>(xh + x_slots<B, 32>(nx));
+  // Q8: the digits of the normed row in xe's place (q8_slots(H) <= x_slots<B, 32>(H) uint4), and its scale / 65536.
+  uint4* xq = reinterpret_cast<uint4*>(xe);
+  float xsc = 0.0f;
 
   // ---- phase 1: router rows [0, E), the shared-expert gate row E, shared gate/up rows E + 1 + [0, Is) ----
   const ChunkMat m_router = chunk_mat<RB>(a.router, 0), m_sgr = chunk_mat<RB>(a.sgr, 0);
@@ -433,10 +467,10 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   } else {
     // The residual add + RMSNorm that precedes the block (MODEL.md 2.0), computed by every block from L2: one
     // launch less per layer. Nobody writes resid during this launch until the first handoff.
-    __shared__ float red[32];
+    __shared__ float2 red[32];
     const float4* r4 = reinterpret_cast<const float4*>(a.norm.resid);
     const float4* d4 = reinterpret_cast<const float4*>(a.norm.delta);
-    float ss = 0.0f;
+    float ss = 0.0f, mx = 0.0f;  // mx (Q8): the largest |resid + delta| x |w|, the normed row's largest magnitude / inv
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
       const int f = threadIdx.x + q * NT;
@@ -445,9 +479,23 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
         const float4 r = __ldcg(r4 + f), d = __ldcg(d4 + f);
         rsum[q] = make_float4(r.x + d.x, r.y + d.y, r.z + d.z, r.w + d.w);
         ss += rsum[q].x * rsum[q].x + rsum[q].y * rsum[q].y + rsum[q].z * rsum[q].z + rsum[q].w * rsum[q].w;
+        if constexpr (Q8) {
+          const float4 w = wn[q];
+          mx = fmaxf(fmaxf(fmaxf(mx, fabsf(rsum[q].x * w.x)), fabsf(rsum[q].y * w.y)),
+                     fmaxf(fabsf(rsum[q].z * w.z), fabsf(rsum[q].w * w.w)));
+        }
       }
     }
-    const float inv = rsqrtf(block_sum(ss, red) / float(H) + a.norm.eps);
+    float inv, isx = 0.0f;  // isx (Q8): 1 / sx, the digits' scale
+    if constexpr (Q8) {
+      const float2 sm = block_sum_max(ss, mx, red);
+      inv = rsqrtf(sm.x / float(H) + a.norm.eps);
+      const float rowmax = sm.y * inv;
+      isx = rowmax > 0.0f ? 127.0f / rowmax : 0.0f;
+      xsc = rowmax / (127.0f * 65536.0f);
+    } else {
+      inv = rsqrtf(block_sum(ss, reinterpret_cast<float*>(red)) / float(H) + a.norm.eps);
+    }
     // The normed row into both layouts, its chunk sums by shuffles (thread f holds float4 f; qdot.cuh
     // chunk_sum_lanes) instead of a second pass over shared memory behind another barrier.
 #pragma unroll
@@ -459,7 +507,11 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
           make_float4(rsum[q].x * inv * w.x, rsum[q].y * inv * w.y, rsum[q].z * inv * w.z, rsum[q].w * inv * w.w);
       if (f < H / 4) {
         put_x<RB>(xr, f, xv);
-        put_x<B>(xe, f, xv);
+        if constexpr (Q8) {
+          q8_put(xq, f, make_float4(xv.x * isx, xv.y * isx, xv.z * isx, xv.w * isx));
+        } else {
+          put_x<B>(xe, f, xv);
+        }
         if (blockIdx.x == 0 && a.norm.xn) reinterpret_cast<float4*>(a.norm.xn)[f] = xv;
       }
       const float sr = chunk_sum_lanes<RB>(xv), se = chunk_sum_lanes<B>(xv);
@@ -486,7 +538,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     } else {
       const int row[2] = {u - n_route, u - n_route};
       float d[2];
-      finish_rows<B, 2, kOne>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB >= 1);
+      finish_rows<B, 2, kOne, Q8>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB >= 1, xq, xsc);
       if (lane == 0) a.s.h[int64_t(k) * I + row[0]] = silu(d[0]) * d[1];
     }
     if constexpr (kLean) break;
@@ -577,7 +629,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     Rows<B, 4> R;
     load_rows<B, 4>(mat, row, 0, cpr_e, lane, R, SB >= 1);
     float d[4];
-    finish_rows<B, 4, kOne>(mat, row, R, cpr_e, xe, xec, lane, d, SB >= 1);
+    finish_rows<B, 4, kOne, Q8>(mat, row, R, cpr_e, xe, xec, lane, d, SB >= 1, xq, xsc);
     if (lane == 0) {
       a.s.h[u0] = silu(d[0]) * d[1];  // task u = slot * I + row is also h's index
       if (ok1) a.s.h[u1] = silu(d[2]) * d[3];
@@ -640,13 +692,13 @@ size_t fused_smem(int64_t H, int64_t nx) {
 }
 
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, NT,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8>, NT,
                                                       smem) != cudaSuccess)
       per_sm = 0;
     cached = per_sm;
@@ -663,24 +715,24 @@ bool lean_fits(const FusedArgs& a, int W) {
   return E + 1 + Is <= W && a.topk * I <= 2 * int64_t(W) && H <= W && a.topk * (I / eb) + Is / eb <= 32 * kDownU;
 }
 
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8 = false>
 bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>,
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, LEAN>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, LEAN, Q8>(c, smem);
   if (blocks <= 0) return false;
   if constexpr (LEAN >= 1) {
     if (!lean_fits(a, blocks * (NT / 32))) return launch_fused_form<RB, B, TIMED, NT, SB, 0>(c, a);
   }
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN>, blocks, NT, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
@@ -689,16 +741,22 @@ bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
 // comparisons. Any other value is an error naming the switch, not a silent default.
 bool moe_wide() { return env_choice("FERN_CUDA_MOE_WIDE", {"0", "1"}, 1) == 1; }
 
+// The experts' gate/up rows against the normed row as 8-bit digits ("1"; moe_fused_kernel's Q8) or in fp32 ("0",
+// unset); read at every call, for comparisons. Taken by the lean norm-mode form with packed rows only.
+bool moe_q8() { return env_choice("FERN_CUDA_MOE_Q8", {"0", "1"}, 0) == 1; }
+
 template <int RB, int B, bool TIMED, int NT>
 bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   // The packed forms compile lean where the grid allows it (LEAN 1 with the norm, 2 without; lean_fits), the
   // generic kernel otherwise; FERN_CUDA_MOE_LEAN=0 takes the generic one everywhere (for comparisons). Read at
   // every call.
   const bool lean = env_choice("FERN_CUDA_MOE_LEAN", {"0", "1"}, 1) == 1;
+  const bool q8 = moe_q8();
   const bool nm = a.norm.resid != nullptr;
   switch (a.sb32) {
     case 2:
       if (!lean) return launch_fused_form<RB, B, TIMED, NT, 2, 0>(c, a);
+      if (nm && q8) return launch_fused_form<RB, B, TIMED, NT, 2, 1, true>(c, a);
       return nm ? launch_fused_form<RB, B, TIMED, NT, 2, 1>(c, a) : launch_fused_form<RB, B, TIMED, NT, 2, 2>(c, a);
     case 1:
       if (!lean) return launch_fused_form<RB, B, TIMED, NT, 1, 0>(c, a);

@@ -179,6 +179,99 @@ __device__ __forceinline__ void chunk_dot(const uint4 (&wv)[N], const float4* __
   for (int r = 0; r < N; ++r) d[r] = a[r][0] + a[r][1];
 }
 
+// ---- 4-bit rows against x as three signed 8-bit digits (integer dot products, dp4a) ----
+// Why: after the fused MoE's top-k every SM receives its ~60 expert rows at once and then runs their arithmetic
+// (docs/notes/cuda-decode-v13-next.md: ~2.3 instructions per weight, latency-bound on 16 warps). Here a word of 8
+// codes costs 3 instructions to split (as chunk_dot) and 6 dp4a (4 products each, per digit), instead of 8 PRMT and
+// 8 FFMA: 9 instructions per 8 weights instead of 19.
+// x is written once per row as x_i = sx (h_i + l_i / 256 + m_i / 65536) with sx = max |x| / 127, h in [-127, 127]
+// and l, m in [-128, 127] (each digit the rounded remainder of the one before): |error| <= sx / 2^17, ~6e-8 of the
+// row's largest value (as fine as fp32 relative to the row's maximum). The codes enter as unsigned bytes 0..15 (no
+// offset), so the group's affine term is s * dot + b * sum(x) with the exact fp32 chunk sums.
+// Layout (LPR = 32 lanes per row, chunk c = lane + 32 u): uint4 slot (c / 32) * 192 + k * 32 + c % 32 holds digit
+// p = k / 2, words 2 (k % 2) and 2 (k % 2) + 1 of the chunk as {E_w, O_w, E_w+1, O_w+1}, where E_w packs the digits
+// of values 8w, 8w+2, 8w+4, 8w+6 (the even nibbles of code word w, one per byte) and O_w those of 8w+1, 8w+3, ...
+constexpr int kQ8Slots = 6;  // uint4 per chunk: 3 digits x 2 halves
+
+// uint4 slots of shared memory for n inputs (n a multiple of 32; chunks rounded up to whole 32-lane columns).
+__host__ __device__ constexpr int q8_slots(int n) { return (n / 32 + 31) / 32 * 32 * kQ8Slots; }
+
+// The three digits of x (already scaled: v = x / sx, |v| <= 127 up to rounding). Each remainder r lies in
+// [-128, 128]; a middle digit of 128 is written as h + 1 and l - 256 (the same value), and the last one is clamped
+// to 127 (1/65536 of a unit at most, where r2 is exactly 128).
+__device__ __forceinline__ void q8_digits(float v, int& h, int& l, int& m) {
+  const float hf = fminf(fmaxf(rintf(v), -127.0f), 127.0f);
+  const float r = (v - hf) * 256.0f;  // exact: v and hf are within a factor of two (or hf = 0)
+  const float lf = rintf(r);
+  const float r2 = (r - lf) * 256.0f;  // exact, as above
+  const float mf = fminf(fmaxf(rintf(r2), -128.0f), 127.0f);
+  const int carry = lf > 127.0f ? 1 : 0;  // lf = 128: h + 1 is at most 127 (v <= 127.5 would be needed otherwise)
+  h = static_cast<int>(hf) + carry;
+  l = static_cast<int>(lf) - 256 * carry;
+  m = static_cast<int>(mf);
+}
+
+// Writes the digits of float4 f of the row (values 4f..4f+3, already multiplied by 1 / sx) into the layout above:
+// per digit two 16-bit halves (the even values into E, the odd ones into O).
+__device__ __forceinline__ void q8_put(uint4* xq, int f, float4 v) {
+  const int c = f >> 3, i = f & 7, w = i >> 1, sub = i & 1;
+  int d[4][3];
+  q8_digits(v.x, d[0][0], d[0][1], d[0][2]);
+  q8_digits(v.y, d[1][0], d[1][1], d[1][2]);
+  q8_digits(v.z, d[2][0], d[2][1], d[2][2]);
+  q8_digits(v.w, d[3][0], d[3][1], d[3][2]);
+  uint16_t* h16 = reinterpret_cast<uint16_t*>(xq);
+#pragma unroll
+  for (int p = 0; p < 3; ++p) {
+    const int slot = (c >> 5) * (kQ8Slots * 32) + (p * 2 + (w >> 1)) * 32 + (c & 31);
+    const int word = slot * 4 + 2 * (w & 1);
+    h16[word * 2 + sub] = static_cast<uint16_t>((d[0][p] & 0xff) | ((d[2][p] & 0xff) << 8));
+    h16[(word + 1) * 2 + sub] = static_cast<uint16_t>((d[1][p] & 0xff) | ((d[3][p] & 0xff) << 8));
+  }
+}
+
+// Per row r of one chunk: t[r] = 256 A0 + A1 and a2[r] = A2, where Ap = sum_k q_k p_k over the chunk's 32 values
+// (|t| < 2^24: exact as a float). xq: this chunk's slot 0 (slot k at xq[k * 32]).
+template <int N>
+__device__ __forceinline__ void chunk_dot_q8(const uint4 (&wv)[N], const uint4* __restrict__ xq, int (&t)[N],
+                                             int (&a2)[N]) {
+  int a[N][3];
+#pragma unroll
+  for (int r = 0; r < N; ++r) a[r][0] = a[r][1] = a[r][2] = 0;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const uint4 p0 = xq[(0 + hf) * 32], p1 = xq[(2 + hf) * 32], p2 = xq[(4 + hf) * 32];
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int m = 2 * hf + s;
+      const int e0 = int(s ? p0.z : p0.x), o0 = int(s ? p0.w : p0.y);
+      const int e1 = int(s ? p1.z : p1.x), o1 = int(s ? p1.w : p1.y);
+      const int e2 = int(s ? p2.z : p2.x), o2 = int(s ? p2.w : p2.y);
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        const uint32_t v = m == 0 ? wv[r].x : m == 1 ? wv[r].y : m == 2 ? wv[r].z : wv[r].w;
+        const int ev = int(v & 0x0F0F0F0Fu), od = int((v >> 4) & 0x0F0F0F0Fu);  // bytes 0..15: also signed
+        a[r][0] = __dp4a(ev, e0, a[r][0]);
+        a[r][1] = __dp4a(ev, e1, a[r][1]);
+        a[r][2] = __dp4a(ev, e2, a[r][2]);
+        a[r][0] = __dp4a(od, o0, a[r][0]);
+        a[r][1] = __dp4a(od, o1, a[r][1]);
+        a[r][2] = __dp4a(od, o2, a[r][2]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    t[r] = a[r][0] * 256 + a[r][1];
+    a2[r] = a[r][2];
+  }
+}
+
+// The chunk's dot in units of sx / 65536 (the row's scale applied once per row by the caller's factor).
+__device__ __forceinline__ float q8_dot_value(int t, int a2) {
+  return fmaf(static_cast<float>(t), 256.0f, static_cast<float>(a2));
+}
+
 template <int BITS>
 constexpr float kOffset = BITS == 4 ? 128.0f : 256.0f;
 

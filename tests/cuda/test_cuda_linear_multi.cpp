@@ -305,6 +305,59 @@ TEST(CudaLinearMulti, ContiguousTable) {
   EXPECT_THROW(run_table("contig refused", {{8192, 4}, {4096, 4}}, 2048, 64, 1, {true, false}), std::exception);
 }
 
+// The input projections' GEMV against the normed row as three 8-bit digits per value (FERN_CUDA_GEMV_Q8=1; qdot.cuh
+// chunk_dot_q8: the digits' error is below 2^-17 of the row's scale max |x| / 127, an NMSE ~1e-13 expected against
+// kNmse's 1e-9; a wrong digit, layout or scale gives > 1e-3) on the real tables in one region, through the kernel and
+// through the backend, several token rows (each its own scale), and a row with one value 300x the others. Against the
+// CPU, and against the fp32 form (FERN_CUDA_GEMV_Q8=0): different bits (the digit form ran), the same normed rows.
+void run_digits(const char* name, const std::vector<Mat>& mats, int T, bool via_backend, float outlier) {
+  SCOPED_TRACE(name);
+  constexpr int64_t in = 2048;
+  GpuTable tb(name, mats, in, 64, T, {7000, 13, 5}, 321);
+  auto& [gpu, cpu, st, hw, dw, x, dx, outs, ws, q, ys] = tb;
+  tb.group();
+  ASSERT_TRUE(cuda::linear_multi_contiguous(q.data(), static_cast<int>(q.size())));
+  x[5] *= outlier;
+  dx = test::upload_f32(*gpu, x, {T, in});
+  auto nw = test::randn(size_t(in), 57, 0.3f);
+  for (float& v : nw) v += 1.0f;
+  const float eps = 1e-6f;
+  std::vector<float> xn_ref(size_t(T * in));
+  cpu->rmsnorm(test::host_f32(xn_ref, {T, in}), test::host_f32(x, {T, in}), test::host_f32(nw, {in}), eps);
+  Tensor dnw = test::upload_f32(*gpu, nw, {in});
+  Tensor dxn = gpu->alloc(DType::F32, {T, in});
+  std::vector<std::vector<float>> got[2];
+  std::vector<float> xn[2];
+  for (int q8 = 0; q8 < 2; ++q8) {
+    test::EnvGuard sw("FERN_CUDA_GEMV_Q8", q8 ? "1" : "0");
+    for (size_t i = 0; i < outs.size(); ++i) {
+      outs[i] = test::nan_filled(*gpu, T, mats[i].out);
+      ys[i] = outs[i].ptr<float>();
+    }
+    if (via_backend)
+      gpu->rmsnorm_linear_multi(outs, dx, dnw, eps, dxn, ws);
+    else
+      cuda::linear_multi_norm(tb.ctx(), q.data(), dx.ptr<float>(), dnw.ptr<float>(), eps, dxn.ptr<float>(), ys.data(),
+                              static_cast<int>(q.size()), T);
+    expect_table(*cpu, *gpu, q8 ? "digits" : "fp32", mats, hw, xn_ref, outs, in, T);
+    for (const Tensor& o : outs) got[q8].push_back(test::download(*gpu, o));
+    xn[q8] = test::download(*gpu, dxn);
+  }
+  EXPECT_TRUE(test::same_bits(xn[0], xn[1]));
+  EXPECT_FALSE(test::same_bits(got[0][0], got[1][0])) << "the digit form did not run";
+}
+
+TEST(CudaLinearMulti, DigitsWithInputNorm) {
+  FERN_REQUIRE_GPU();
+  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
+  run_digits("digits gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, false, 1.0f);
+  run_digits("digits attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 1, true, 1.0f);
+  run_digits("digits gdn T=3", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 3, false, 1.0f);
+  run_digits("digits gdn outlier", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, true, 300.0f);
+  test::EnvGuard bad("FERN_CUDA_GEMV_Q8", "2");
+  EXPECT_THROW(run_table("digits refused", {{8192, 4}, {4096, 4}}, 2048, 64, 1, {true, false}), std::exception);
+}
+
 // The CUDA-core kernel (FERN_CUDA_GEMV_TC=0 forces it; it is also the default below lm_head's size) with its block
 // size forced both ways: 512-thread blocks (FERN_CUDA_GEMV_WIDE=1, taken for rows of 32 lanes: 4-bit from
 // 2048 inputs, 8-bit from 1024, bf16 from 512; narrower tables keep the 256-thread kernel) and 256-thread blocks

@@ -399,5 +399,97 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
   }
 }
 
+// The experts' gate/up rows against the normed row as three 8-bit digits per value (FERN_CUDA_MOE_Q8=1: integer
+// dot products; the digits' error is below 2^-17 of the row's scale sx = max |x| / 127, ~6e-8 of its largest value:
+// NMSE ~1e-13 expected, a wrong digit layout or scale gives > 1e-3) against the CPU backend, with the residual
+// stream as the forward pass calls it. Also a row with one value 300x the others (the scale is the row's maximum:
+// the other values keep ~2^-24 x 300 of their size), and a second call per case (both counter pairs). The digit
+// form must really run: its output differs in bits from the fp32 form's (same experts, other rounding), while the
+// normed row and the routing are the same. Only the lean real shape takes it; the odd shape falls back to the fp32
+// form with the same bits. An unknown value is an error naming the switch, whatever the shape.
+TEST(CudaMoe, FusedDecodeDigitsMatchCpu) {
+  FERN_REQUIRE_GPU();
+  struct DigitCase {
+    MoeCase c;
+    bool taken;
+    float outlier;  // delta[7] scaled by this (1: none)
+  };
+  const DigitCase cases[] = {
+      {{"digits real", 256, 2048, 512, 512, 8, 4, 1}, true, 1.0f},
+      {{"digits outlier", 256, 2048, 512, 512, 8, 4, 1}, true, 300.0f},
+      {{"digits small odd", 40, 320, 192, 64, 5, 4, 1}, false, 1.0f},
+  };
+  for (const char* wide : {"0", "1"})
+  for (const DigitCase& dc : cases) {
+    const MoeCase& c = dc.c;
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
+    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
+    const uint64_t seed = uint64_t(c.E * 3 + c.H) + uint64_t(dc.outlier);
+    const auto f = fused_case(c, seed);
+    CudaBackend* gpu = f->gpu.get();
+    Backend* cpu = f->cpu.get();
+    const MoeWeights &hw = f->hw, &dw = f->dw;
+    const ModelConfig& cfg = f->cfg;
+    const float eps = 1e-6f;
+    auto nw = test::randn(size_t(c.H), seed + 1, 0.3f);
+    for (float& v : nw) v += 1.0f;
+    Tensor dnw = test::upload_f32(*gpu, nw, {c.H});
+    const cuda::Ctx ctx = fused_ctx(*gpu);
+    const cuda::MoeScratch s = fused_scratch(*gpu, c);
+    for (int rep = 0; rep < 2; ++rep) {
+      auto resid = test::randn(size_t(c.H), seed + 10 + rep), delta = test::randn(size_t(c.H), seed + 20 + rep, 0.5f);
+      delta[7] *= dc.outlier;
+      std::vector<float> r_cpu = resid, xn_cpu(size_t(c.H)), out_cpu(size_t(c.H));
+      cpu->begin_forward();
+      cpu->add_rmsnorm(test::host_f32(r_cpu, {1, c.H}), test::host_f32(delta, {1, c.H}), test::host_f32(xn_cpu, {1, c.H}),
+                       test::host_f32(nw, {c.H}), eps);
+      cpu->moe(test::host_f32(out_cpu, {1, c.H}), test::host_f32(xn_cpu, {1, c.H}), hw, cfg);
+      std::vector<float> out[2], xn[2];
+      std::vector<int32_t> ids[2];
+      for (int q8 = 0; q8 < 2; ++q8) {
+        test::EnvGuard d("FERN_CUDA_MOE_Q8", q8 ? "1" : "0");
+        Tensor dr = test::upload_f32(*gpu, resid, {1, c.H}), dd = test::upload_f32(*gpu, delta, {1, c.H});
+        Tensor dxn = gpu->alloc(DType::F32, {1, c.H});
+        cuda::MoeNorm n;
+        n.resid = dr.ptr<float>();
+        n.delta = dd.ptr<float>();
+        n.w = dnw.ptr<float>();
+        n.eps = eps;
+        n.xn = dxn.ptr<float>();
+        n.add_out = true;
+        ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n));
+        out[q8] = test::download(*gpu, dd);
+        xn[q8] = test::download(*gpu, dxn);
+        ids[q8].resize(size_t(c.k));
+        gpu->copy(Tensor(ids[q8].data(), DType::I32, {c.k}, Device::Host),
+                  Tensor(s.topk_ids, DType::I32, {c.k}, Device::Cuda));
+        const double e = test::nmse(out[q8].data(), out_cpu.data(), out_cpu.size());
+        std::printf("moe %-18s wide %s FERN_CUDA_MOE_Q8=%d call %d  NMSE out %.3e\n", c.name, wide, q8, rep, e);
+        EXPECT_LT(e, kNmse);
+      }
+      EXPECT_EQ(xn[0], xn[1]);
+      EXPECT_EQ(ids[0], ids[1]);
+      if (dc.taken) {
+        EXPECT_NE(out[0], out[1]) << "the digit form did not run";
+      } else {
+        EXPECT_EQ(out[0], out[1]) << "the fall-back is the fp32 form";
+      }
+    }
+    test::EnvGuard bad("FERN_CUDA_MOE_Q8", "yes");
+    Tensor dr = gpu->alloc(DType::F32, {1, c.H}), dd = gpu->alloc(DType::F32, {1, c.H});
+    cuda::MoeNorm n;
+    n.resid = dr.ptr<float>();
+    n.delta = dd.ptr<float>();
+    n.w = dnw.ptr<float>();
+    n.eps = eps;
+    try {
+      cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n);
+      ADD_FAILURE() << "FERN_CUDA_MOE_Q8=yes was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_Q8"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fern
