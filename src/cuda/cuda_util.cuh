@@ -40,6 +40,19 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(r);
 }
 
+// Sum of s and maximum of m (m >= 0) over all threads of a block in one exchange (the same two barriers as
+// block_sum); every thread gets both.
+__device__ __forceinline__ float2 block_sum_max(float s, float m, float2* red) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  s = warp_sum(s);
+  m = warp_max(m);
+  __syncthreads();
+  if (lane == 0) red[wid] = make_float2(s, m);
+  __syncthreads();
+  const float2 r = lane < nw ? red[lane] : make_float2(0.0f, 0.0f);
+  return make_float2(warp_sum(r.x), warp_max(r.y));
+}
+
 __device__ __forceinline__ float block_max(float v, float* red) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
   v = warp_max(v);

@@ -107,6 +107,45 @@ __device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[
   __syncthreads();
 }
 
+// stage_x_norm for the digit form (Q8 kernels): the same normed row (the same bits, also in xn), staged as three
+// 8-bit digits per value (qdot.cuh q8_put) with the exact fp32 chunk sums; the block reduction also takes the row's
+// largest magnitude for the digits' scale. Returns that scale / 65536, the factor of chunk_dot_q8's sums.
+template <int NT, int NV>
+__device__ __forceinline__ float stage_x_norm_q8(const float* x, const float4 (&wn)[NV], float eps, int n, uint4* xq,
+                                                 float* xc, float* xn) {
+  __shared__ float2 red[32];
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  float4 xv[NV];
+  float ss = 0.0f, mx = 0.0f;
+#pragma unroll
+  for (int q = 0; q < NV; ++q) {
+    const int f = threadIdx.x + q * NT;
+    xv[q] = f < n / 4 ? __ldcg(x4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);  // through L2: stage_x
+    ss += (xv[q].x * xv[q].x + xv[q].y * xv[q].y) + (xv[q].z * xv[q].z + xv[q].w * xv[q].w);
+    mx = fmaxf(fmaxf(fmaxf(mx, fabsf(xv[q].x * wn[q].x)), fabsf(xv[q].y * wn[q].y)),
+               fmaxf(fabsf(xv[q].z * wn[q].z), fabsf(xv[q].w * wn[q].w)));
+  }
+  const float2 sm = block_sum_max(ss, mx, red);
+  const float inv = rsqrtf(sm.x / float(n) + eps);
+  const float rowmax = sm.y * inv;
+  const float isx = rowmax > 0.0f ? 127.0f / rowmax : 0.0f;
+#pragma unroll
+  for (int q = 0; q < NV; ++q) {
+    if (q * NT >= n / 4) break;  // the same on every thread: all lanes take part in the shuffles
+    const int f = threadIdx.x + q * NT;
+    const float4 o = make_float4(xv[q].x * inv * wn[q].x, xv[q].y * inv * wn[q].y, xv[q].z * inv * wn[q].z,
+                                 xv[q].w * inv * wn[q].w);
+    if (f < n / 4) {
+      if (xn != nullptr) reinterpret_cast<float4*>(xn)[f] = o;
+      q8_put(xq, f, make_float4(o.x * isx, o.y * isx, o.z * isx, o.w * isx));
+    }
+    const float cs = chunk_sum_lanes<4>(o);
+    if (f < n / 4 && f % ChunkTraits<4>::kF4 == 0) xc[f / ChunkTraits<4>::kF4] = cs;
+  }
+  __syncthreads();
+  return rowmax / (127.0f * 65536.0f);
+}
+
 // The gate of the GDN core's gated norm for one float4: silu(z) * w.
 __device__ __forceinline__ float4 norm_gate(const float4& z, const float4& w) {
   return make_float4(silu(z.x) * w.x, silu(z.y) * w.y, silu(z.z) * w.z, silu(z.w) * w.w);
@@ -195,6 +234,14 @@ struct InputStage {
     }
   }
 
+  // kStageNorm into the digit form (stage_x_norm_q8); returns the digits' factor.
+  __device__ __forceinline__ float run_q8(const float* x, const InNorm& nm, int K, int t, uint4* xq, float* xc) {
+    static_assert(STAGE == kStageNorm, "the digit form stages the input norm only");
+    if constexpr (LATE) load_norm_w(nm, K);
+    return stage_x_norm_q8<NT, NV>(x + int64_t(t) * K, wn, nm.eps, K, xq, xc,
+                                   blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
+  }
+
   template <typename Sink>
   __device__ __forceinline__ void run(const float* x, const InNorm& nm, int K, int t, const Sink& sink) {
     if constexpr (STAGE == kStageNorm) {
@@ -243,15 +290,15 @@ __device__ __forceinline__ int mat_of(const int (&start)[kMaxMats + 1], int v) {
 // chunk; the same values and arithmetic (gemv_sb, docs/notes/cuda-decode-v20-burst.md).
 // CONTIG (MULTI kernels): the matrices' codes, scales and biases follow each other in memory (mats_contiguous), so
 // the loads read the table as matrix 0 over all rows and only the output row picks its matrix.
-// Q8 (4-bit rows, 32 lanes per row; FERN_CUDA_GEMV_Q8, gemv_q8): the staged row (plain, normed or gated-normed) as
-// three 8-bit digits per value with a scale per chunk (qdot.cuh Q8Sink), and the rows' codes against them with
-// integer dot products (chunk_dot_q8: 9 instructions per 8 weights instead of 19).
+// Q8 (SB kernels with the input norm; FERN_CUDA_GEMV_Q8=1, gemv_q8): the normed row as three 8-bit digits per value
+// and the rows' codes against them with integer dot products (qdot.cuh chunk_dot_q8: 9 instructions per 8 weights
+// instead of 19).
 template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
           bool CONTIG = false, bool Q8 = false>
 __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
-  static_assert(!Q8 || (BITS == 4 && LPR == 32), "the digit form: 4-bit rows, 32 lanes per row");
+  static_assert(!Q8 || (SB && STAGE == kStageNorm), "the digit form: packed rows with the input norm");
   static_assert(!SB || (BITS == 4 && LPR == 32), "packed scales: 4-bit rows, 32 lanes per row");
   static_assert(!CONTIG || MULTI, "one matrix is contiguous already");
   extern __shared__ float4 smem[];
@@ -325,20 +372,17 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
   pdl_wait();
   float4* xs = smem;
   float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, LPR>(K));
-  // Q8: the digits and the chunks' factors in xs's place (q8_slots(K) uint4 + one float per chunk <= x_slots<4, 32>(K)
-  // float4s).
-  uint4* xq = reinterpret_cast<uint4*>(smem);
-  float* xf = reinterpret_cast<float*>(xq + q8_slots(K));
+  // Q8: the digits in xs's place (q8_slots(K) <= x_slots<4, 32>(K) uint4) and their factor.
+  float xsc = 0.0f;
   if constexpr (Q8) {
-    in.run(x, nm, K, t, Q8Sink{xq, xc, xf});
+    xsc = in.run_q8(x, nm, K, t, reinterpret_cast<uint4*>(smem), xc);
   } else {
     in.run(x, nm, K, t, ChunkSink<BITS, LPR>{xs, xc});
   }
   pdl_trigger();
   const float4* xl = xs + sub;
-  const uint4* xql = xq + sub;
+  const uint4* xql = reinterpret_cast<const uint4*>(smem) + sub;
   const float* xcl = xc + sub;
-  const float* xfl = xf + sub;
 
   float acc[kRPI] = {};
   int cg = gw, cci = 0;  // row group and chunk pass of the step being consumed
@@ -348,22 +392,15 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int j = cci * 2 + u;
-      if constexpr (Q8) {  // the branches below, the dots on the digits (SB: every chunk exists, all lanes shuffle)
-        if (SB || sub + j * LPR < CPR) {
-          int tq[kRPI], a2[kRPI];
-          chunk_dot_q8<kRPI>(cur.w[u], xql + j * (kQ8Slots * 32), tq, a2);
-          const float xsum = xcl[j * LPR], xfac = xfl[j * LPR];
+      if constexpr (Q8) {  // as SB below, the dots on the digits
+        int tq[kRPI], a2[kRPI];
+        chunk_dot_q8<kRPI>(cur.w[u], xql + j * (kQ8Slots * 32), tq, a2);
+        const float xsum = xcl[j * LPR];
 #pragma unroll
-          for (int r = 0; r < kRPI; ++r) {
-            float sc, bi;
-            if constexpr (SB) {
-              sb_from_word(cur.sbw[r], lane, u, sc, bi);
-            } else {
-              sc = cur.s[u][r];
-              bi = cur.b[u][r];
-            }
-            acc[r] = fmaf(sc * xfac, q8_dot_value(tq[r], a2[r]), fmaf(bi, xsum, acc[r]));
-          }
+        for (int r = 0; r < kRPI; ++r) {
+          float sc, bi;
+          sb_from_word(cur.sbw[r], lane, u, sc, bi);
+          acc[r] = fmaf(sc * xsc, q8_dot_value(tq[r], a2[r]), fmaf(bi, xsum, acc[r]));
         }
       } else if constexpr (SB) {  // chunk lane + 32 j is chunk lane + 32 u of the step's 64 (sb_from_word)
         float d[kRPI];
@@ -647,9 +684,8 @@ bool gemv_contig(const QW& a, const Mats& m) {
   return env_choice("FERN_CUDA_GEMV_CONTIG", {"0", "1"}, 1) == 1 && mats_contiguous(a, m);
 }
 
-// The 4-bit GEMVs of 32 lanes per row (the CUDA-core kernel: the input projections, out_proj, o_proj, and lm_head
-// where the tensor-core GEMV is not taken) against the staged row as 8-bit digits ("1": linear_kernel's Q8) or in
-// fp32 ("0", unset); read at every call, for comparisons.
+// The input projections' GEMV (packed rows, the input norm, three blocks per SM) against the normed row as 8-bit
+// digits ("1": linear_kernel's Q8) or in fp32 ("0", unset); read at every call, for comparisons.
 bool gemv_q8() { return env_choice("FERN_CUDA_GEMV_Q8", {"0", "1"}, 0) == 1; }
 
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
@@ -681,29 +717,26 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
   const int blocks = static_cast<int>(std::min<int64_t>(need, int64_t(c.sms) * (wide ? 1 : occ3 ? 3 : 2)));
   dim3 grid(blocks, T);
   const bool sb = gemv_sb(a, m) && BITS == 4 && !ROUTE && lpr == 32 && !wide;  // the switch read for every GEMV
-  const bool q8 = gemv_q8() && lpr == 32;  // the switch read for every GEMV too
+  const bool q8 = gemv_q8();  // read for every GEMV too
   if constexpr (BITS == 4 && !ROUTE) {
     if (occ3) {
-      if constexpr (MULTI) {
-        if (sb && gemv_contig(a, m)) {
-          if (q8)
-            launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true, true>,
-                   grid, kThreads, smem, a, m, rows, x, tail, nm);
-          else
-            launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true>, grid,
-                   kThreads, smem, a, m, rows, x, tail, nm);
+      if constexpr (MULTI && STAGE == kStageNorm) {
+        if (sb && q8 && gemv_contig(a, m)) {
+          launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true, true>,
+                 grid, kThreads, smem, a, m, rows, x, tail, nm);
           return;
         }
       }
-      if (sb && q8)
-        launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, false, true>,
-               grid, kThreads, smem, a, m, rows, x, tail, nm);
-      else if (sb)
+      if constexpr (MULTI) {
+        if (sb && gemv_contig(a, m)) {
+          launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true, true>, grid,
+                 kThreads, smem, a, m, rows, x, tail, nm);
+          return;
+        }
+      }
+      if (sb)
         launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, true>, grid, kThreads,
                smem, a, m, rows, x, tail, nm);
-      else if (q8)
-        launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3, false, false, true>,
-               grid, kThreads, smem, a, m, rows, x, tail, nm);
       else
         launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 3>, grid, kThreads, smem,
                a, m, rows, x, tail, nm);
@@ -718,27 +751,11 @@ void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float
     }
   }
   if (wide) {
-    if constexpr (BITS == 4 && !ROUTE) {
-      if (q8) {
-        launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, 2 * kThreads, 1, false, false, true>,
-               grid, 2 * kThreads, smem, a, m, rows, x, tail, nm);
-        return;
-      }
-    }
     launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, 2 * kThreads>, grid, 2 * kThreads, smem,
            a, m, rows, x, tail, nm);
     return;
   }
   if constexpr (BITS == 4 && !ROUTE) {
-    if (q8) {
-      if (sb)
-        launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 1, true, false, true>,
-               grid, kThreads, smem, a, m, rows, x, tail, nm);
-      else
-        launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 1, false, false, true>,
-               grid, kThreads, smem, a, m, rows, x, tail, nm);
-      return;
-    }
     if (sb) {  // (FERN_CUDA_GEMV_NB=3 on a plain GEMV took its own kernel above)
       launch(c, "linear_kernel", linear_kernel<BITS, 32, MULTI, ROUTE, STAGE, 2, kThreads, 1, true>, grid, kThreads,
              smem, a, m, rows, x, tail, nm);

@@ -154,21 +154,21 @@ __device__ __forceinline__ void dot_rows(const Rows<BITS, N>& R, int pass, int c
   }
 }
 
-// The packed 4-bit rows of one pass (sb32) against x as 8-bit digits (qdot.cuh chunk_dot_q8, Q8Sink): xq the
-// digits in shared memory, xf the chunks' factors.
+// The packed 4-bit rows of one pass (sb32) against x as 8-bit digits (qdot.cuh chunk_dot_q8): xq the digits in
+// shared memory, xsc = sx / 65536 (the row's scale in the dot's units).
 template <int N>
-__device__ __forceinline__ void dot_rows_q8(const Rows<4, N>& R, const uint4* xq, const float* xc, const float* xf,
+__device__ __forceinline__ void dot_rows_q8(const Rows<4, N>& R, const uint4* xq, const float* xc, float xsc,
                                             int lane, float (&acc)[N]) {
 #pragma unroll
   for (int u = 0; u < kNch<4>; ++u) {
     int t[N], a2[N];
     chunk_dot_q8<N>(R.w[u], xq + u * (kQ8Slots * 32) + lane, t, a2);
-    const float xsum = xc[lane + 32 * u], xfac = xf[lane + 32 * u];
+    const float xsum = xc[lane + 32 * u];
 #pragma unroll
     for (int r = 0; r < N; ++r) {
       float sc, bi;
       sb_from_word(R.sbw[r], lane, u, sc, bi);
-      acc[r] = fmaf(sc * xfac, q8_dot_value(t[r], a2[r]), fmaf(bi, xsum, acc[r]));
+      acc[r] = fmaf(sc * xsc, q8_dot_value(t[r], a2[r]), fmaf(bi, xsum, acc[r]));
     }
   }
 }
@@ -176,18 +176,18 @@ __device__ __forceinline__ void dot_rows_q8(const Rows<4, N>& R, const uint4* xq
 // Full dot products of N rows whose first pass is already in `first`; every lane gets the sums. ONE: the caller
 // knows that the rows have one pass (rows of 2,048 weights: the packed forms), so the loop over further passes,
 // whose loads and dots are a second copy of the row code, is not compiled. Q8 (packed 4-bit rows of one pass only):
-// x as 8-bit digits (xq, xf: dot_rows_q8) instead of the fp32 row xs.
+// x as 8-bit digits (xq, xsc: dot_rows_q8) instead of the fp32 row xs.
 template <int BITS, int N, bool ONE = false, bool Q8 = false, typename Mat>
 __device__ __forceinline__ void finish_rows(const Mat& mat, const int (&row)[N], const Rows<BITS, N>& first,
                                             int cpr, const float4* xs, const float* xc, int lane, float (&out)[N],
-                                            bool sb32 = false, const uint4* xq = nullptr, const float* xf = nullptr) {
+                                            bool sb32 = false, const uint4* xq = nullptr, float xsc = 0.0f) {
   constexpr int NCH = kNch<BITS>;
   float acc[N];
 #pragma unroll
   for (int r = 0; r < N; ++r) acc[r] = 0.0f;
   if constexpr (Q8) {
     static_assert(BITS == 4 && ONE, "the digit form takes the packed one-pass rows only");
-    dot_rows_q8<N>(first, xq, xc, xf, lane, acc);
+    dot_rows_q8<N>(first, xq, xc, xsc, lane, acc);
   } else {
     dot_rows<BITS, N>(first, 0, cpr, xs, xc, lane, acc, sb32);  // sb32 rows have this one pass only
   }
@@ -373,9 +373,9 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
 // FastDiv (one wide multiply and a shift) instead of a division (~20 instructions) ahead of the loads that depend
 // on it: 20.11 -> 19.42 us per launch (docs/notes/cuda-decode-v22-fastdiv.md).
 //
-// Q8: the experts' rows (shared and routed gate/up, and down) against their inputs (the normed row, h) as three
-// 8-bit digits per value with a scale per chunk and integer dot products (qdot.cuh chunk_dot_q8, Q8Sink;
-// FERN_CUDA_MOE_Q8=1); the digits take the place of the fp32 expert-layout rows in shared memory. Only the lean
+// Q8: the shared and routed experts' gate/up rows against the normed row as three 8-bit digits per value with
+// integer dot products (qdot.cuh chunk_dot_q8; FERN_CUDA_MOE_Q8=1): the norm's block reduction also takes the row's
+// largest magnitude, and the digits take the place of the fp32 expert-layout row in shared memory. Only the lean
 // norm-mode form with packed rows (the forward pass's).
 template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
@@ -418,12 +418,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   float* xec = reinterpret_cast<float*>(xe + x_slots<B, 32>(H));
   float4* xh = reinterpret_cast<float4*>(xec + (H / EB + 31) / 32 * 32);
   float* xhc = reinterpret_cast<float*>(xh + x_slots<B, 32>(nx));
-  // Q8: the digits of the normed row and of h, each with its chunks' factors, in xe's and xh's places (q8_slots(n)
-  // uint4 and a float per chunk <= x_slots<B, 32>(n) float4s).
+  // Q8: the digits of the normed row in xe's place (q8_slots(H) <= x_slots<B, 32>(H) uint4), and its scale / 65536.
   uint4* xq = reinterpret_cast<uint4*>(xe);
-  float* xef = reinterpret_cast<float*>(xq + q8_slots(H));
-  uint4* xhq = reinterpret_cast<uint4*>(xh);
-  float* xhf = reinterpret_cast<float*>(xhq + q8_slots(nx));
+  float xsc = 0.0f;
 
   // ---- phase 1: router rows [0, E), the shared-expert gate row E, shared gate/up rows E + 1 + [0, Is) ----
   const ChunkMat m_router = chunk_mat<RB>(a.router, 0), m_sgr = chunk_mat<RB>(a.sgr, 0);
@@ -470,10 +467,10 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   } else {
     // The residual add + RMSNorm that precedes the block (MODEL.md 2.0), computed by every block from L2: one
     // launch less per layer. Nobody writes resid during this launch until the first handoff.
-    __shared__ float red[32];
+    __shared__ float2 red[32];
     const float4* r4 = reinterpret_cast<const float4*>(a.norm.resid);
     const float4* d4 = reinterpret_cast<const float4*>(a.norm.delta);
-    float ss = 0.0f;
+    float ss = 0.0f, mx = 0.0f;  // mx (Q8): the largest |resid + delta| x |w|, the normed row's largest magnitude / inv
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
       const int f = threadIdx.x + q * NT;
@@ -482,9 +479,23 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
         const float4 r = __ldcg(r4 + f), d = __ldcg(d4 + f);
         rsum[q] = make_float4(r.x + d.x, r.y + d.y, r.z + d.z, r.w + d.w);
         ss += rsum[q].x * rsum[q].x + rsum[q].y * rsum[q].y + rsum[q].z * rsum[q].z + rsum[q].w * rsum[q].w;
+        if constexpr (Q8) {
+          const float4 w = wn[q];
+          mx = fmaxf(fmaxf(fmaxf(mx, fabsf(rsum[q].x * w.x)), fabsf(rsum[q].y * w.y)),
+                     fmaxf(fabsf(rsum[q].z * w.z), fabsf(rsum[q].w * w.w)));
+        }
       }
     }
-    const float inv = rsqrtf(block_sum(ss, red) / float(H) + a.norm.eps);
+    float inv, isx = 0.0f;  // isx (Q8): 1 / sx, the digits' scale
+    if constexpr (Q8) {
+      const float2 sm = block_sum_max(ss, mx, red);
+      inv = rsqrtf(sm.x / float(H) + a.norm.eps);
+      const float rowmax = sm.y * inv;
+      isx = rowmax > 0.0f ? 127.0f / rowmax : 0.0f;
+      xsc = rowmax / (127.0f * 65536.0f);
+    } else {
+      inv = rsqrtf(block_sum(ss, reinterpret_cast<float*>(red)) / float(H) + a.norm.eps);
+    }
     // The normed row into both layouts, its chunk sums by shuffles (thread f holds float4 f; qdot.cuh
     // chunk_sum_lanes) instead of a second pass over shared memory behind another barrier.
 #pragma unroll
@@ -496,17 +507,16 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
           make_float4(rsum[q].x * inv * w.x, rsum[q].y * inv * w.y, rsum[q].z * inv * w.z, rsum[q].w * inv * w.w);
       if (f < H / 4) {
         put_x<RB>(xr, f, xv);
-        if constexpr (!Q8) put_x<B>(xe, f, xv);
+        if constexpr (Q8) {
+          q8_put(xq, f, make_float4(xv.x * isx, xv.y * isx, xv.z * isx, xv.w * isx));
+        } else {
+          put_x<B>(xe, f, xv);
+        }
         if (blockIdx.x == 0 && a.norm.xn) reinterpret_cast<float4*>(a.norm.xn)[f] = xv;
       }
-      const float sr = chunk_sum_lanes<RB>(xv);
+      const float sr = chunk_sum_lanes<RB>(xv), se = chunk_sum_lanes<B>(xv);
       if (f < H / 4 && f % ChunkTraits<RB>::kF4 == 0) xrc[f / ChunkTraits<RB>::kF4] = sr;
-      if constexpr (Q8) {
-        Q8Sink{xq, xec, xef}(f, f < H / 4, xv);  // the digits, the chunk sums and factors (shuffles: all lanes)
-      } else {
-        const float se = chunk_sum_lanes<B>(xv);
-        if (f < H / 4 && f % FB == 0) xec[f / FB] = se;
-      }
+      if (f < H / 4 && f % FB == 0) xec[f / FB] = se;
     }
     __syncthreads();  // epoch_s is visible too
   }
@@ -528,7 +538,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     } else {
       const int row[2] = {u - n_route, u - n_route};
       float d[2];
-      finish_rows<B, 2, kOne, Q8>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB >= 1, xq, xef);
+      finish_rows<B, 2, kOne, Q8>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB >= 1, xq, xsc);
       if (lane == 0) a.s.h[int64_t(k) * I + row[0]] = silu(d[0]) * d[1];
     }
     if constexpr (kLean) break;
@@ -619,7 +629,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     Rows<B, 4> R;
     load_rows<B, 4>(mat, row, 0, cpr_e, lane, R, SB >= 1);
     float d[4];
-    finish_rows<B, 4, kOne, Q8>(mat, row, R, cpr_e, xe, xec, lane, d, SB >= 1, xq, xef);
+    finish_rows<B, 4, kOne, Q8>(mat, row, R, cpr_e, xe, xec, lane, d, SB >= 1, xq, xsc);
     if (lane == 0) {
       a.s.h[u0] = silu(d[0]) * d[1];  // task u = slot * I + row is also h's index
       if (ok1) a.s.h[u1] = silu(d[2]) * d[3];
@@ -633,11 +643,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
   const bool resid_early = norm_mode && a.norm.add_out;
   const float resid_v = resid_early && lane == 0 && v < H ? __ldcg(a.norm.resid + v) : 0.0f;
-  if constexpr (Q8) {
-    stage_rows(a.s.h, nx, Q8Sink{xhq, xhc, xhf});
-  } else {
-    stage_x<B, 32>(a.s.h, nx, xh, xhc);
-  }
+  stage_x<B, 32>(a.s.h, nx, xh, xhc);
   st.at(kMoeStampHStaged);
   for (int n = v; n < H; n += W) {
     float acc = 0.0f;
@@ -656,15 +662,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
         }
         if (j < items) {
           const uint4 w1[1] = {dw[q]};
-          if constexpr (Q8) {
-            int t[1], a2[1];
-            chunk_dot_q8<1>(w1, xhq + (j >> 5) * (kQ8Slots * 32) + (j & 31), t, a2);
-            acc = fmaf(fac[item_slot(j)], fmaf(sc * xhf[j], q8_dot_value(t[0], a2[0]), bi * xhc[j]), acc);
-          } else {
-            float d[1];
-            chunk_dot<B, 32, 1>(w1, xh + (j >> 5) * (FB * 32) + (j & 31), d);
-            acc = fmaf(fac[item_slot(j)], apply_group<B>(d[0], sc, bi, xhc[j]), acc);
-          }
+          float d[1];
+          chunk_dot<B, 32, 1>(w1, xh + (j >> 5) * (FB * 32) + (j & 31), d);
+          acc = fmaf(fac[item_slot(j)], apply_group<B>(d[0], sc, bi, xhc[j]), acc);
         }
       }
       if constexpr (kLean) break;

@@ -184,12 +184,10 @@ __device__ __forceinline__ void chunk_dot(const uint4 (&wv)[N], const float4* __
 // (docs/notes/cuda-decode-v13-next.md: ~2.3 instructions per weight, latency-bound on 16 warps). Here a word of 8
 // codes costs 3 instructions to split (as chunk_dot) and 6 dp4a (4 products each, per digit), instead of 8 PRMT and
 // 8 FFMA: 9 instructions per 8 weights instead of 19.
-// x is written once per row as x_i = sx (h_i + l_i / 256 + m_i / 65536) with one scale per 32-value chunk, sx = the
-// chunk's max |x| / 127, h in [-127, 127] and l, m in [-128, 127] (each digit the rounded remainder of the one
-// before): |error| <= sx / 2^17, ~6e-8 of the chunk's largest value (as fine as fp32 relative to the chunk's
-// maximum). The codes enter as unsigned bytes 0..15 (no offset), so the group's affine term is s * dot + b * sum(x)
-// with the exact fp32 chunk sums. A chunk's scale comes from the 8 lanes that stage it (shuffles, Q8Sink): no
-// block-wide reduction, so every staging (plain, normed, gated-normed) writes the digits as it writes the fp32 row.
+// x is written once per row as x_i = sx (h_i + l_i / 256 + m_i / 65536) with sx = max |x| / 127, h in [-127, 127]
+// and l, m in [-128, 127] (each digit the rounded remainder of the one before): |error| <= sx / 2^17, ~6e-8 of the
+// row's largest value (as fine as fp32 relative to the row's maximum). The codes enter as unsigned bytes 0..15 (no
+// offset), so the group's affine term is s * dot + b * sum(x) with the exact fp32 chunk sums.
 // Layout (LPR = 32 lanes per row, chunk c = lane + 32 u): uint4 slot (c / 32) * 192 + k * 32 + c % 32 holds digit
 // p = k / 2, words 2 (k % 2) and 2 (k % 2) + 1 of the chunk as {E_w, O_w, E_w+1, O_w+1}, where E_w packs the digits
 // of values 8w, 8w+2, 8w+4, 8w+6 (the even nibbles of code word w, one per byte) and O_w those of 8w+1, 8w+3, ...
@@ -269,32 +267,10 @@ __device__ __forceinline__ void chunk_dot_q8(const uint4 (&wv)[N], const uint4* 
   }
 }
 
-// The chunk's dot in units of sx / 65536 (the caller multiplies by the chunk's factor, Q8Sink's xf).
+// The chunk's dot in units of sx / 65536 (the row's scale applied once per row by the caller's factor).
 __device__ __forceinline__ float q8_dot_value(int t, int a2) {
   return fmaf(static_cast<float>(t), 256.0f, static_cast<float>(a2));
 }
-
-// Where a staged float4 of the input row goes in the digit form (the ChunkSink interface; 4-bit rows, 32 lanes per
-// row): the digits in xq (q8_slots), the chunk's exact fp32 sum in xc[c] and its scale / 65536 in xf[c]. The 8
-// float4s of a chunk sit in 8 consecutive lanes (f consecutive over the warp, from a multiple of 32), so the chunk's
-// largest magnitude is three shuffles. Every lane of the warp must call it.
-struct Q8Sink {
-  uint4* xq;
-  float* xc;
-  float* xf;
-  __device__ __forceinline__ void operator()(int f, bool ok, const float4& v) const {
-    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < ChunkTraits<4>::kF4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float isx = m > 0.0f ? 127.0f / m : 0.0f;  // an all-zero chunk: zero digits
-    if (ok) q8_put(xq, f, make_float4(v.x * isx, v.y * isx, v.z * isx, v.w * isx));
-    const float s = chunk_sum_lanes<4>(v);
-    if (ok && f % ChunkTraits<4>::kF4 == 0) {
-      xc[f / ChunkTraits<4>::kF4] = s;
-      xf[f / ChunkTraits<4>::kF4] = m * (1.0f / (127.0f * 65536.0f));
-    }
-  }
-};
 
 template <int BITS>
 constexpr float kOffset = BITS == 4 ? 128.0f : 256.0f;

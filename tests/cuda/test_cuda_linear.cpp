@@ -99,38 +99,6 @@ TEST(CudaLinear, PackedScalesSameBits) {
   EXPECT_THROW(run_case(Case{"sb refused", 64, 2048, 4, 64, 1}), std::exception);
 }
 
-// The CUDA-core GEMV against the row as three 8-bit digits per value with a scale per 32-value chunk
-// (FERN_CUDA_GEMV_Q8=1, qdot.cuh Q8Sink and chunk_dot_q8: error below 2^-17 of each chunk's scale, NMSE ~1e-13
-// expected; kNmse catches a wrong digit, layout or factor) against the CPU, and against the fp32 form: different
-// bits where it is taken (4-bit rows of 32 lanes: the packed-scale kernel, the 512-thread one of lm_head-sized
-// matrices, odd rows, several tokens, groups of 128, three pipeline steps per row), the same bits where it is not
-// (8-bit, bf16, rows narrower than 32 lanes' chunks). A row with one value 300x the others stays within kNmse.
-TEST(CudaLinear, Digits) {
-  FERN_REQUIRE_GPU();
-  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  struct DigitCase {
-    Case c;
-    bool taken;
-  };
-  for (const DigitCase& d : {DigitCase{{"q8 o_proj", 2048, 4096, 4, 64, 1}, true},
-                             DigitCase{{"q8 qkv", 8192, 2048, 4, 64, 1}, true},
-                             DigitCase{{"q8 lm_head-sized", 70001, 2048, 4, 64, 1}, true},
-                             DigitCase{{"q8 three steps T=3", 333, 6144, 4, 64, 3}, true},
-                             DigitCase{{"q8 group 128", 129, 2048, 4, 128, 2}, true},
-                             DigitCase{{"q8 8-bit", 300, 2048, 8, 64, 1}, false},
-                             DigitCase{{"q8 bf16", 515, 2048, 16, 0, 1}, false},
-                             DigitCase{{"q8 narrow", 45, 192, 4, 64, 1}, false}}) {
-    std::vector<float> got[2];
-    for (int q8 = 0; q8 < 2; ++q8) {
-      test::EnvGuard g("FERN_CUDA_GEMV_Q8", q8 ? "1" : "0");
-      got[q8] = run_case(d.c);
-    }
-    EXPECT_EQ(test::same_bits(got[0], got[1]), !d.taken) << d.c.name;
-  }
-  test::EnvGuard bad("FERN_CUDA_GEMV_Q8", "on");
-  EXPECT_THROW(run_case(Case{"q8 refused", 64, 2048, 4, 64, 1}), std::exception);
-}
-
 TEST(CudaLinear, PipelineDepths) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");

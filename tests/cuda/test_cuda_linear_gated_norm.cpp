@@ -119,26 +119,6 @@ TEST(CudaLinearGatedNorm, FixedShapeSameBits) {
     }
 }
 
-// The gated norm staged as 8-bit digits (FERN_CUDA_GEMV_Q8=1; a scale per 32-value chunk, so the heads of very
-// different scales in run_case keep their precision) against the CPU, and not the fp32 form's bits where it is taken
-// (4-bit rows, both stagings of the real shape, z early and late); awkward shapes with 32 lanes per row too.
-TEST(CudaLinearGatedNorm, Digits) {
-  FERN_REQUIRE_GPU();
-  test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  for (const char* lean : {"1", "0"})
-    for (bool early : {true, false}) {
-      test::EnvGuard l("FERN_CUDA_GEMV_GN_LEAN", lean);
-      std::vector<float> got[2];
-      for (int q8 = 0; q8 < 2; ++q8) {
-        test::EnvGuard g("FERN_CUDA_GEMV_Q8", q8 ? "1" : "0");
-        got[q8] = run_case(kReal, early);
-      }
-      EXPECT_FALSE(test::same_bits(got[0], got[1])) << "lean " << lean << " early " << early;
-    }
-  test::EnvGuard g("FERN_CUDA_GEMV_Q8", "1");
-  for (const Case& c : kAwkward) run_case(c, false);
-}
-
 TEST(CudaLinearGatedNorm, AwkwardShapes) {
   FERN_REQUIRE_GPU();
   for (const Case& c : kAwkward) run_case(c, false);

@@ -399,11 +399,11 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
   }
 }
 
-// The experts' rows (gate/up and down) against their inputs as three 8-bit digits per value (FERN_CUDA_MOE_Q8=1:
-// integer dot products; the digits' error is below 2^-17 of each 32-value chunk's scale max |x| / 127, ~6e-8 of the
-// chunk's largest value: NMSE ~1e-12 expected, a wrong digit layout or factor gives > 1e-3) against the CPU backend,
-// with the residual stream as the forward pass calls it. Also a row with one value 300x the others (its chunk's
-// other values keep ~2^-24 x 300 of their size), and a second call per case (both counter pairs). The digit
+// The experts' gate/up rows against the normed row as three 8-bit digits per value (FERN_CUDA_MOE_Q8=1: integer
+// dot products; the digits' error is below 2^-17 of the row's scale sx = max |x| / 127, ~6e-8 of its largest value:
+// NMSE ~1e-13 expected, a wrong digit layout or scale gives > 1e-3) against the CPU backend, with the residual
+// stream as the forward pass calls it. Also a row with one value 300x the others (the scale is the row's maximum:
+// the other values keep ~2^-24 x 300 of their size), and a second call per case (both counter pairs). The digit
 // form must really run: its output differs in bits from the fp32 form's (same experts, other rounding), while the
 // normed row and the routing are the same. Only the lean real shape takes it; the odd shape falls back to the fp32
 // form with the same bits. An unknown value is an error naming the switch, whatever the shape.
