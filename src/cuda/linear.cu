@@ -684,9 +684,12 @@ bool gemv_contig(const QW& a, const Mats& m) {
   return env_choice("FERN_CUDA_GEMV_CONTIG", {"0", "1"}, 1) == 1 && mats_contiguous(a, m);
 }
 
-// The input projections' GEMV (packed rows, the input norm, three blocks per SM) against the normed row as 8-bit
-// digits ("1": linear_kernel's Q8) or in fp32 ("0", unset); read at every call, for comparisons.
-bool gemv_q8() { return env_choice("FERN_CUDA_GEMV_Q8", {"0", "1"}, 0) == 1; }
+// The input projections' GEMV (packed rows, the input norm, three blocks per SM, one region) against the normed row
+// as 8-bit digits ("1", the default: linear_kernel's Q8) or in fp32 ("0"); read at every call, for comparisons.
+// Measured on the H200 (docs/notes/cuda-decode-v29-digits.md): 9.94 -> 8.95 us per launch, +2.75% / +1.8% decode at
+// 4K / 128K. (A scale per chunk, which would let every staging take the digits without a block reduction, measured
+// slower for these and for out_proj and o_proj: the staging's extra work is on the critical path.)
+bool gemv_q8() { return env_choice("FERN_CUDA_GEMV_Q8", {"0", "1"}, 1) == 1; }
 
 template <int BITS, bool MULTI, bool ROUTE, int STAGE>
 void launch_bits(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,

@@ -269,6 +269,7 @@ void run_grouped(const char* name, const std::vector<Mat>& mats, int T, NormMode
 TEST(CudaLinearMulti, ContiguousTable) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
+  test::EnvGuard fp32("FERN_CUDA_GEMV_Q8", "0");  // the digit form is the one-region kernel's only (DigitsWithInputNorm)
   run_grouped("grouped gdn qkv|z|b|a", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, {});
   run_grouped("grouped norm gdn", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 1, {true, false});
   run_grouped("grouped norm attn backend", {{8192, 4}, {512, 4}, {512, 4}}, 1, {true, true});
