@@ -330,6 +330,40 @@ TEST(CudaMoe, FusedDecodeRefusesOtherFormats) {
   }
 }
 
+// Norm weights around 1 (as trained RMSNorm weights are), so that the normed row is not the input itself.
+std::vector<float> norm_weights(int64_t H, uint64_t seed) {
+  auto nw = test::randn(size_t(H), seed, 0.3f);
+  for (float& v : nw) v += 1.0f;
+  return nw;
+}
+
+// The CPU reference of moe_residual: resid += delta, xn = RMSNorm(resid) * nw, out = MoE(xn); r is resid + delta.
+struct ResidualRef {
+  std::vector<float> r, xn, out;
+};
+ResidualRef cpu_moe_residual(Backend& cpu, const MoeWeights& hw, const ModelConfig& cfg, const std::vector<float>& resid,
+                             std::vector<float> delta, std::vector<float> nw, float eps) {
+  const int64_t H = int64_t(resid.size());
+  ResidualRef ref{resid, std::vector<float>(size_t(H)), std::vector<float>(size_t(H))};
+  cpu.begin_forward();
+  cpu.add_rmsnorm(test::host_f32(ref.r, {1, H}), test::host_f32(delta, {1, H}), test::host_f32(ref.xn, {1, H}),
+                  test::host_f32(nw, {H}), eps);
+  cpu.moe(test::host_f32(ref.out, {1, H}), test::host_f32(ref.xn, {1, H}), hw, cfg);
+  return ref;
+}
+
+// The fused kernel's norm arguments over device rows (resid and delta [1, H], the norm weight, the normed row out).
+cuda::MoeNorm fused_norm(Tensor& dr, Tensor& dd, Tensor& dnw, float eps, Tensor* dxn) {
+  cuda::MoeNorm n;
+  n.resid = dr.ptr<float>();
+  n.delta = dd.ptr<float>();
+  n.w = dnw.ptr<float>();
+  n.eps = eps;
+  n.xn = dxn != nullptr ? dxn->ptr<float>() : nullptr;
+  n.add_out = dxn != nullptr;
+  return n;
+}
+
 // The fused kernel with the residual stream (moe_residual: resid += delta, x = RMSNorm(resid), out = MoE(x),
 // resid += out), the output written over delta as the forward pass does, against the CPU backend's add_rmsnorm,
 // moe and add: the MoE output, the final residual and the normed row. Twice per case (both counter pairs). The norm
@@ -353,16 +387,14 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
     const MoeWeights &hw = f->hw, &dw = f->dw;
     const ModelConfig& cfg = f->cfg;
     const float eps = 1e-6f;
-    auto nw = test::randn(size_t(c.H), seed + 1, 0.3f);
-    for (float& v : nw) v += 1.0f;
+    const auto nw = norm_weights(c.H, seed + 1);
     Tensor dnw = test::upload_f32(*gpu, nw, {c.H});
     for (int rep = 0; rep < 2; ++rep) {
       auto resid = test::randn(size_t(c.H), seed + 10 + rep), delta = test::randn(size_t(c.H), seed + 20 + rep, 0.5f);
-      std::vector<float> r_cpu = resid, xn_cpu(size_t(c.H)), out_cpu(size_t(c.H));
-      cpu->begin_forward();
-      cpu->add_rmsnorm(test::host_f32(r_cpu, {1, c.H}), test::host_f32(delta, {1, c.H}), test::host_f32(xn_cpu, {1, c.H}),
-                       test::host_f32(nw, {c.H}), eps);
-      cpu->moe(test::host_f32(out_cpu, {1, c.H}), test::host_f32(xn_cpu, {1, c.H}), hw, cfg);
+      const ResidualRef ref = cpu_moe_residual(*cpu, hw, cfg, resid, delta, nw, eps);
+      const std::vector<float>& xn_cpu = ref.xn;
+      const std::vector<float>& out_cpu = ref.out;
+      std::vector<float> r_cpu = ref.r;
       for (int64_t i = 0; i < c.H; ++i) r_cpu[size_t(i)] += out_cpu[size_t(i)];
       gpu->begin_forward();
       Tensor dr = test::upload_f32(*gpu, resid, {1, c.H}), dd = test::upload_f32(*gpu, delta, {1, c.H});
@@ -371,13 +403,7 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
         // Directly, so that a fall-back to add_rmsnorm + moe cannot pass for the fused kernel.
         const cuda::Ctx ctx = fused_ctx(*gpu);
         const cuda::MoeScratch s = fused_scratch(*gpu, c);
-        cuda::MoeNorm n;
-        n.resid = dr.ptr<float>();
-        n.delta = dd.ptr<float>();
-        n.w = dnw.ptr<float>();
-        n.eps = eps;
-        n.xn = dxn.ptr<float>();
-        n.add_out = true;
+        const cuda::MoeNorm n = fused_norm(dr, dd, dnw, eps, &dxn);
         ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n));
       } else {
         gpu->moe_residual(dr, dd, dxn, dnw, eps, dd, dw, cfg);  // the backend op the forward pass calls
@@ -431,32 +457,21 @@ TEST(CudaMoe, FusedDecodeDigitsMatchCpu) {
     const MoeWeights &hw = f->hw, &dw = f->dw;
     const ModelConfig& cfg = f->cfg;
     const float eps = 1e-6f;
-    auto nw = test::randn(size_t(c.H), seed + 1, 0.3f);
-    for (float& v : nw) v += 1.0f;
+    const auto nw = norm_weights(c.H, seed + 1);
     Tensor dnw = test::upload_f32(*gpu, nw, {c.H});
     const cuda::Ctx ctx = fused_ctx(*gpu);
     const cuda::MoeScratch s = fused_scratch(*gpu, c);
     for (int rep = 0; rep < 2; ++rep) {
       auto resid = test::randn(size_t(c.H), seed + 10 + rep), delta = test::randn(size_t(c.H), seed + 20 + rep, 0.5f);
       delta[7] *= dc.outlier;
-      std::vector<float> r_cpu = resid, xn_cpu(size_t(c.H)), out_cpu(size_t(c.H));
-      cpu->begin_forward();
-      cpu->add_rmsnorm(test::host_f32(r_cpu, {1, c.H}), test::host_f32(delta, {1, c.H}), test::host_f32(xn_cpu, {1, c.H}),
-                       test::host_f32(nw, {c.H}), eps);
-      cpu->moe(test::host_f32(out_cpu, {1, c.H}), test::host_f32(xn_cpu, {1, c.H}), hw, cfg);
+      const std::vector<float> out_cpu = cpu_moe_residual(*cpu, hw, cfg, resid, delta, nw, eps).out;
       std::vector<float> out[2], xn[2];
       std::vector<int32_t> ids[2];
       for (int q8 = 0; q8 < 2; ++q8) {
         test::EnvGuard d("FERN_CUDA_MOE_Q8", q8 ? "1" : "0");
         Tensor dr = test::upload_f32(*gpu, resid, {1, c.H}), dd = test::upload_f32(*gpu, delta, {1, c.H});
         Tensor dxn = gpu->alloc(DType::F32, {1, c.H});
-        cuda::MoeNorm n;
-        n.resid = dr.ptr<float>();
-        n.delta = dd.ptr<float>();
-        n.w = dnw.ptr<float>();
-        n.eps = eps;
-        n.xn = dxn.ptr<float>();
-        n.add_out = true;
+        const cuda::MoeNorm n = fused_norm(dr, dd, dnw, eps, &dxn);
         ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n));
         out[q8] = test::download(*gpu, dd);
         xn[q8] = test::download(*gpu, dxn);
@@ -477,11 +492,7 @@ TEST(CudaMoe, FusedDecodeDigitsMatchCpu) {
     }
     test::EnvGuard bad("FERN_CUDA_MOE_Q8", "yes");
     Tensor dr = gpu->alloc(DType::F32, {1, c.H}), dd = gpu->alloc(DType::F32, {1, c.H});
-    cuda::MoeNorm n;
-    n.resid = dr.ptr<float>();
-    n.delta = dd.ptr<float>();
-    n.w = dnw.ptr<float>();
-    n.eps = eps;
+    const cuda::MoeNorm n = fused_norm(dr, dd, dnw, eps, nullptr);
     try {
       cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n);
       ADD_FAILURE() << "FERN_CUDA_MOE_Q8=yes was taken";
