@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/env.h"
@@ -79,20 +80,35 @@ constexpr int kNormV = 4;
 // wait) and the row read once into registers. Block 0 of the row's grid column also writes the row to xn.
 // (The first version re-read the row and read the weight after the reduction: two more dependent round trips,
 // measured ~1.9 us per GDN projection launch against 1.33 us for the separate norm launch it replaced.)
+// A sink that wants the row's largest magnitude (qdot.cuh Q8Sink, the digit form) gets it from the same block
+// reduction (block_sum_max: max |x w| times the norm's factor) through set_row_max, before the first float4.
 template <int NT, int NV, typename Sink>
-__device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[NV], float eps, int n,
-                                             const Sink& sink, float* xn) {
-  __shared__ float red[32];
+__device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[NV], float eps, int n, Sink&& sink,
+                                             float* xn) {
+  constexpr bool kRowMax = sink_wants_row_max<std::remove_cvref_t<Sink>>();
   const float4* x4 = reinterpret_cast<const float4*>(x);
   float4 xv[NV];
-  float ss = 0.0f;
+  float ss = 0.0f, mx = 0.0f;
 #pragma unroll
   for (int q = 0; q < NV; ++q) {
     const int f = threadIdx.x + q * NT;
     xv[q] = f < n / 4 ? __ldcg(x4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);  // through L2: stage_x
     ss += (xv[q].x * xv[q].x + xv[q].y * xv[q].y) + (xv[q].z * xv[q].z + xv[q].w * xv[q].w);
+    if constexpr (kRowMax) {
+      mx = fmaxf(fmaxf(fmaxf(mx, fabsf(xv[q].x * wn[q].x)), fabsf(xv[q].y * wn[q].y)),
+                 fmaxf(fabsf(xv[q].z * wn[q].z), fabsf(xv[q].w * wn[q].w)));
+    }
   }
-  const float inv = rsqrtf(block_sum(ss, red) / float(n) + eps);
+  float inv;
+  if constexpr (kRowMax) {
+    __shared__ float2 red2[32];
+    const float2 sm = block_sum_max(ss, mx, red2);
+    inv = rsqrtf(sm.x / float(n) + eps);
+    sink.set_row_max(sm.y * inv);
+  } else {
+    __shared__ float red[32];
+    inv = rsqrtf(block_sum(ss, red) / float(n) + eps);
+  }
   // The sink's sums come from shuffles (qdot.cuh, ChunkSink): thread f holds float4 f, so a chunk's float4s sit in
   // consecutive lanes; no second pass over shared memory behind another barrier.
 #pragma unroll
@@ -105,45 +121,6 @@ __device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[
     sink(f, f < n / 4, o);
   }
   __syncthreads();
-}
-
-// stage_x_norm for the digit form (Q8 kernels): the same normed row (the same bits, also in xn), staged as three
-// 8-bit digits per value (qdot.cuh q8_put) with the exact fp32 chunk sums; the block reduction also takes the row's
-// largest magnitude for the digits' scale. Returns that scale / 65536, the factor of chunk_dot_q8's sums.
-template <int NT, int NV>
-__device__ __forceinline__ float stage_x_norm_q8(const float* x, const float4 (&wn)[NV], float eps, int n, uint4* xq,
-                                                 float* xc, float* xn) {
-  __shared__ float2 red[32];
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  float4 xv[NV];
-  float ss = 0.0f, mx = 0.0f;
-#pragma unroll
-  for (int q = 0; q < NV; ++q) {
-    const int f = threadIdx.x + q * NT;
-    xv[q] = f < n / 4 ? __ldcg(x4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);  // through L2: stage_x
-    ss += (xv[q].x * xv[q].x + xv[q].y * xv[q].y) + (xv[q].z * xv[q].z + xv[q].w * xv[q].w);
-    mx = fmaxf(fmaxf(fmaxf(mx, fabsf(xv[q].x * wn[q].x)), fabsf(xv[q].y * wn[q].y)),
-               fmaxf(fabsf(xv[q].z * wn[q].z), fabsf(xv[q].w * wn[q].w)));
-  }
-  const float2 sm = block_sum_max(ss, mx, red);
-  const float inv = rsqrtf(sm.x / float(n) + eps);
-  const float rowmax = sm.y * inv;
-  const float isx = rowmax > 0.0f ? 127.0f / rowmax : 0.0f;
-#pragma unroll
-  for (int q = 0; q < NV; ++q) {
-    if (q * NT >= n / 4) break;  // the same on every thread: all lanes take part in the shuffles
-    const int f = threadIdx.x + q * NT;
-    const float4 o = make_float4(xv[q].x * inv * wn[q].x, xv[q].y * inv * wn[q].y, xv[q].z * inv * wn[q].z,
-                                 xv[q].w * inv * wn[q].w);
-    if (f < n / 4) {
-      if (xn != nullptr) reinterpret_cast<float4*>(xn)[f] = o;
-      q8_put(xq, f, make_float4(o.x * isx, o.y * isx, o.z * isx, o.w * isx));
-    }
-    const float cs = chunk_sum_lanes<4>(o);
-    if (f < n / 4 && f % ChunkTraits<4>::kF4 == 0) xc[f / ChunkTraits<4>::kF4] = cs;
-  }
-  __syncthreads();
-  return rowmax / (127.0f * 65536.0f);
 }
 
 // The gate of the GDN core's gated norm for one float4: silu(z) * w.
@@ -234,16 +211,9 @@ struct InputStage {
     }
   }
 
-  // kStageNorm into the digit form (stage_x_norm_q8); returns the digits' factor.
-  __device__ __forceinline__ float run_q8(const float* x, const InNorm& nm, int K, int t, uint4* xq, float* xc) {
-    static_assert(STAGE == kStageNorm, "the digit form stages the input norm only");
-    if constexpr (LATE) load_norm_w(nm, K);
-    return stage_x_norm_q8<NT, NV>(x + int64_t(t) * K, wn, nm.eps, K, xq, xc,
-                                   blockIdx.x == 0 && nm.xn != nullptr ? nm.xn + int64_t(t) * K : nullptr);
-  }
-
+  // Sink: the lvalue Q8Sink comes back with its row factor set (stage_x_norm).
   template <typename Sink>
-  __device__ __forceinline__ void run(const float* x, const InNorm& nm, int K, int t, const Sink& sink) {
+  __device__ __forceinline__ void run(const float* x, const InNorm& nm, int K, int t, Sink&& sink) {
     if constexpr (STAGE == kStageNorm) {
       if constexpr (LATE) load_norm_w(nm, K);
       stage_x_norm<NT, NV>(x + int64_t(t) * K, wn, nm.eps, K, sink,
@@ -373,9 +343,11 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
   float4* xs = smem;
   float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, LPR>(K));
   // Q8: the digits in xs's place (q8_slots(K) <= x_slots<4, 32>(K) uint4) and their factor.
+  Q8Sink q8{reinterpret_cast<uint4*>(smem), xc};
   float xsc = 0.0f;
   if constexpr (Q8) {
-    xsc = in.run_q8(x, nm, K, t, reinterpret_cast<uint4*>(smem), xc);
+    in.run(x, nm, K, t, q8);
+    xsc = q8.factor();
   } else {
     in.run(x, nm, K, t, ChunkSink<BITS, LPR>{xs, xc});
   }
@@ -400,7 +372,7 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
         for (int r = 0; r < kRPI; ++r) {
           float sc, bi;
           sb_from_word(cur.sbw[r], lane, u, sc, bi);
-          acc[r] = fmaf(sc * xsc, q8_dot_value(tq[r], a2[r]), fmaf(bi, xsum, acc[r]));
+          acc[r] = q8_apply_group(acc[r], tq[r], a2[r], sc, bi, xsum, xsc);
         }
       } else if constexpr (SB) {  // chunk lane + 32 j is chunk lane + 32 u of the step's 64 (sb_from_word)
         float d[kRPI];

@@ -168,7 +168,7 @@ __device__ __forceinline__ void dot_rows_q8(const Rows<4, N>& R, const uint4* xq
     for (int r = 0; r < N; ++r) {
       float sc, bi;
       sb_from_word(R.sbw[r], lane, u, sc, bi);
-      acc[r] = fmaf(sc * xsc, q8_dot_value(t[r], a2[r]), fmaf(bi, xsum, acc[r]));
+      acc[r] = q8_apply_group(acc[r], t[r], a2[r], sc, bi, xsum, xsc);
     }
   }
 }
@@ -418,8 +418,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   float* xec = reinterpret_cast<float*>(xe + x_slots<B, 32>(H));
   float4* xh = reinterpret_cast<float4*>(xec + (H / EB + 31) / 32 * 32);
   float* xhc = reinterpret_cast<float*>(xh + x_slots<B, 32>(nx));
-  // Q8: the digits of the normed row in xe's place (q8_slots(H) <= x_slots<B, 32>(H) uint4), and its scale / 65536.
-  uint4* xq = reinterpret_cast<uint4*>(xe);
+  // Q8: the digits of the normed row in xe's place (q8_slots(H) <= x_slots<B, 32>(H) uint4) and the row's scale and
+  // factor (qdot.cuh Q8Sink's, set by the norm below).
+  Q8Sink q8{reinterpret_cast<uint4*>(xe), xec};
   float xsc = 0.0f;
 
   // ---- phase 1: router rows [0, E), the shared-expert gate row E, shared gate/up rows E + 1 + [0, Is) ----
@@ -486,13 +487,12 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
         }
       }
     }
-    float inv, isx = 0.0f;  // isx (Q8): 1 / sx, the digits' scale
+    float inv;
     if constexpr (Q8) {
       const float2 sm = block_sum_max(ss, mx, red);
       inv = rsqrtf(sm.x / float(H) + a.norm.eps);
-      const float rowmax = sm.y * inv;
-      isx = rowmax > 0.0f ? 127.0f / rowmax : 0.0f;
-      xsc = rowmax / (127.0f * 65536.0f);
+      q8.set_row_max(sm.y * inv);
+      xsc = q8.factor();
     } else {
       inv = rsqrtf(block_sum(ss, reinterpret_cast<float*>(red)) / float(H) + a.norm.eps);
     }
@@ -508,7 +508,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       if (f < H / 4) {
         put_x<RB>(xr, f, xv);
         if constexpr (Q8) {
-          q8_put(xq, f, make_float4(xv.x * isx, xv.y * isx, xv.z * isx, xv.w * isx));
+          // The digits only: the chunk sums below serve both layouts (their first shuffles are shared with the
+          // router layout's; Q8Sink's own sums would repeat them).
+          q8_put(q8.xq, f, make_float4(xv.x * q8.isx, xv.y * q8.isx, xv.z * q8.isx, xv.w * q8.isx));
         } else {
           put_x<B>(xe, f, xv);
         }
@@ -538,7 +540,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     } else {
       const int row[2] = {u - n_route, u - n_route};
       float d[2];
-      finish_rows<B, 2, kOne, Q8>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB >= 1, xq, xsc);
+      finish_rows<B, 2, kOne, Q8>(shared_mat, row, sr, cpr_e, xe, xec, lane, d, SB >= 1, q8.xq, xsc);
       if (lane == 0) a.s.h[int64_t(k) * I + row[0]] = silu(d[0]) * d[1];
     }
     if constexpr (kLean) break;
@@ -629,7 +631,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     Rows<B, 4> R;
     load_rows<B, 4>(mat, row, 0, cpr_e, lane, R, SB >= 1);
     float d[4];
-    finish_rows<B, 4, kOne, Q8>(mat, row, R, cpr_e, xe, xec, lane, d, SB >= 1, xq, xsc);
+    finish_rows<B, 4, kOne, Q8>(mat, row, R, cpr_e, xe, xec, lane, d, SB >= 1, q8.xq, xsc);
     if (lane == 0) {
       a.s.h[u0] = silu(d[0]) * d[1];  // task u = slot * I + row is also h's index
       if (ok1) a.s.h[u1] = silu(d[2]) * d[3];

@@ -272,6 +272,44 @@ __device__ __forceinline__ float q8_dot_value(int t, int a2) {
   return fmaf(static_cast<float>(t), 256.0f, static_cast<float>(a2));
 }
 
+// acc plus a chunk's contribution from chunk_dot_q8's sums (apply_group's twin for the digit form): s * dot +
+// b * xsum, with the dot scaled by the row's factor xsc = sx / 65536 (no offset: the codes entered as 0..15).
+__device__ __forceinline__ float q8_apply_group(float acc, int t, int a2, float sc, float bi, float xsum, float xsc) {
+  return fmaf(sc * xsc, q8_dot_value(t, a2), fmaf(bi, xsum, acc));
+}
+
+// Where a staged float4 of a normed row goes in the digit form (stage_x_norm's sink, 4-bit rows of 32 lanes): the
+// digits into xq, the exact fp32 chunk sums into xc. kRowMax: the stager passes it the row's largest magnitude
+// (set_row_max, from its block reduction) before the first float4; xsc is then the factor for q8_apply_group. Every
+// lane of the warp must call it (chunk_sum_lanes shuffles), with f as for ChunkSink. factor(): the row's factor for
+// q8_apply_group (sx / 65536).
+struct Q8Sink {
+  static constexpr bool kRowMax = true;
+  uint4* xq;
+  float* xc;
+  float rowmax = 0.0f, isx = 0.0f;
+  __device__ __forceinline__ void set_row_max(float m) {
+    rowmax = m;
+    isx = m > 0.0f ? 127.0f / m : 0.0f;
+  }
+  __device__ __forceinline__ float factor() const { return rowmax / (127.0f * 65536.0f); }
+  __device__ __forceinline__ void operator()(int f, bool ok, const float4& v) const {
+    if (ok) q8_put(xq, f, make_float4(v.x * isx, v.y * isx, v.z * isx, v.w * isx));
+    const float cs = chunk_sum_lanes<4>(v);
+    if (ok && f % ChunkTraits<4>::kF4 == 0) xc[f / ChunkTraits<4>::kF4] = cs;
+  }
+};
+
+// Whether a sink wants the row's largest magnitude from stage_x_norm (Q8Sink) or not (the fp32 sinks).
+template <typename Sink>
+constexpr bool sink_wants_row_max() {
+  if constexpr (requires { Sink::kRowMax; }) {
+    return Sink::kRowMax;
+  } else {
+    return false;
+  }
+}
+
 template <int BITS>
 constexpr float kOffset = BITS == 4 ? 128.0f : 256.0f;
 
