@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
         if constexpr (Q8) {
           // The digits only: the chunk sums below serve both layouts (their first shuffles are shared with the
           // router layout's; Q8Sink's own sums would repeat them).
-          q8_put(q8.xq, f, make_float4(xv.x * q8.isx, xv.y * q8.isx, xv.z * q8.isx, xv.w * q8.isx));
+          q8_put(q8.xq, f, make_float4(xv.x * q8.unit, xv.y * q8.unit, xv.z * q8.unit, xv.w * q8.unit));
         } else {
           put_x<B>(xe, f, xv);
         }

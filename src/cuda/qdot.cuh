@@ -185,7 +185,7 @@ __device__ __forceinline__ void chunk_dot(const uint4 (&wv)[N], const float4* __
 // codes costs 3 instructions to split (as chunk_dot) and 6 dp4a (4 products each, per digit), instead of 8 PRMT and
 // 8 FFMA: 9 instructions per 8 weights instead of 19.
 // x is written once per row as x_i = sx (h_i + l_i / 256 + m_i / 65536) with sx = max |x| / 127, h in [-127, 127]
-// and l, m in [-128, 127] (each digit the rounded remainder of the one before): |error| <= sx / 2^17, ~6e-8 of the
+// and l, m in [-128, 127] (the balanced base-256 digits of x / sx rounded to 2^-16): |error| <= sx / 2^17, ~6e-8 of the
 // row's largest value (as fine as fp32 relative to the row's maximum). The codes enter as unsigned bytes 0..15 (no
 // offset), so the group's affine term is s * dot + b * sum(x) with the exact fp32 chunk sums.
 // Layout (LPR = 32 lanes per row, chunk c = lane + 32 u): uint4 slot (c / 32) * 192 + k * 32 + c % 32 holds digit
@@ -196,37 +196,53 @@ constexpr int kQ8Slots = 6;  // uint4 per chunk: 3 digits x 2 halves
 // uint4 slots of shared memory for n inputs (n a multiple of 32; chunks rounded up to whole 32-lane columns).
 __host__ __device__ constexpr int q8_slots(int n) { return (n / 32 + 31) / 32 * 32 * kQ8Slots; }
 
-// The three digits of x (already scaled: v = x / sx, |v| <= 127 up to rounding). Each remainder r lies in
-// [-128, 128]; a middle digit of 128 is written as h + 1 and l - 256 (the same value), and the last one is clamped
-// to 127 (1/65536 of a unit at most, where r2 is exactly 128).
-__device__ __forceinline__ void q8_digits(float v, int& h, int& l, int& m) {
+// The three digits of a value in units of sx / 65536 (u = x * 65536 / sx, |u| <= 127 * 65536 up to rounding), as
+// balanced base-256 digits of the integer V = rint(u): m = V - 256 V1, l = V1 - 256 h with V1 = (V + 128) >> 8 and
+// h = (V1 + 128) >> 8, so l and m lie in [-128, 127] and h in [-127, 127] (h = 128 would need |u| >= 127.5 * 65536,
+// which the row maximum rules out). The same value as rounding x / sx to 2^-16, in integers: one conversion and two
+// add-shifts per value (docs/notes/cuda-decode-v30-int-digits.md). Only the digits' low bytes are packed, so the
+// function returns V and V1 for m and l (their low bytes are m's and l's) and h.
+#ifndef FERN_Q8_FLOAT_DIGITS
+#define FERN_Q8_FLOAT_DIGITS 0  // 1: the earlier float chain (rint of each remainder), kept for one A/B measurement
+#endif
+__device__ __forceinline__ void q8_digits(float u, int& h, int& vl, int& vm) {
+#if FERN_Q8_FLOAT_DIGITS
+  const float v = u * (1.0f / 65536.0f);
   const float hf = fminf(fmaxf(rintf(v), -127.0f), 127.0f);
-  const float r = (v - hf) * 256.0f;  // exact: v and hf are within a factor of two (or hf = 0)
+  const float r = (v - hf) * 256.0f;
   const float lf = rintf(r);
-  const float r2 = (r - lf) * 256.0f;  // exact, as above
+  const float r2 = (r - lf) * 256.0f;
   const float mf = fminf(fmaxf(rintf(r2), -128.0f), 127.0f);
-  const int carry = lf > 127.0f ? 1 : 0;  // lf = 128: h + 1 is at most 127 (v <= 127.5 would be needed otherwise)
+  const int carry = lf > 127.0f ? 1 : 0;
   h = static_cast<int>(hf) + carry;
-  l = static_cast<int>(lf) - 256 * carry;
-  m = static_cast<int>(mf);
+  vl = static_cast<int>(lf) - 256 * carry;
+  vm = static_cast<int>(mf);
+#else
+  vm = __float2int_rn(u);
+  vl = (vm + 128) >> 8;
+  h = (vl + 128) >> 8;
+#endif
 }
 
-// Writes the digits of float4 f of the row (values 4f..4f+3, already multiplied by 1 / sx) into the layout above:
-// per digit two 16-bit halves (the even values into E, the odd ones into O).
-__device__ __forceinline__ void q8_put(uint4* xq, int f, float4 v) {
+// The low bytes of a and b as a 16-bit half (a in byte 0, b in byte 1).
+__device__ __forceinline__ uint32_t q8_pair(int a, int b) { return __byte_perm(a, b, 0x0040); }
+
+// Writes the digits of float4 f of the row (values 4f..4f+3, already in units of sx / 65536: Q8Sink::unit) into the
+// layout above: per digit two 16-bit halves (the even values into E, the odd ones into O).
+__device__ __forceinline__ void q8_put(uint4* xq, int f, float4 u) {
   const int c = f >> 3, i = f & 7, w = i >> 1, sub = i & 1;
   int d[4][3];
-  q8_digits(v.x, d[0][0], d[0][1], d[0][2]);
-  q8_digits(v.y, d[1][0], d[1][1], d[1][2]);
-  q8_digits(v.z, d[2][0], d[2][1], d[2][2]);
-  q8_digits(v.w, d[3][0], d[3][1], d[3][2]);
+  q8_digits(u.x, d[0][0], d[0][1], d[0][2]);
+  q8_digits(u.y, d[1][0], d[1][1], d[1][2]);
+  q8_digits(u.z, d[2][0], d[2][1], d[2][2]);
+  q8_digits(u.w, d[3][0], d[3][1], d[3][2]);
   uint16_t* h16 = reinterpret_cast<uint16_t*>(xq);
 #pragma unroll
   for (int p = 0; p < 3; ++p) {
     const int slot = (c >> 5) * (kQ8Slots * 32) + (p * 2 + (w >> 1)) * 32 + (c & 31);
     const int word = slot * 4 + 2 * (w & 1);
-    h16[word * 2 + sub] = static_cast<uint16_t>((d[0][p] & 0xff) | ((d[2][p] & 0xff) << 8));
-    h16[(word + 1) * 2 + sub] = static_cast<uint16_t>((d[1][p] & 0xff) | ((d[3][p] & 0xff) << 8));
+    h16[word * 2 + sub] = static_cast<uint16_t>(q8_pair(d[0][p], d[2][p]));
+    h16[(word + 1) * 2 + sub] = static_cast<uint16_t>(q8_pair(d[1][p], d[3][p]));
   }
 }
 
@@ -287,14 +303,15 @@ struct Q8Sink {
   static constexpr bool kRowMax = true;
   uint4* xq;
   float* xc;
-  float rowmax = 0.0f, isx = 0.0f;
+  float rowmax = 0.0f, unit = 0.0f;  // unit: 65536 / sx, what q8_put's values are multiplied by
   __device__ __forceinline__ void set_row_max(float m) {
     rowmax = m;
-    isx = m > 0.0f ? 127.0f / m : 0.0f;
+    // 127 / m first, then the exact power of two: rint(x * unit) is the float form's rint((x * 127 / m) * 65536).
+    unit = m > 0.0f ? (127.0f / m) * 65536.0f : 0.0f;
   }
   __device__ __forceinline__ float factor() const { return rowmax / (127.0f * 65536.0f); }
   __device__ __forceinline__ void operator()(int f, bool ok, const float4& v) const {
-    if (ok) q8_put(xq, f, make_float4(v.x * isx, v.y * isx, v.z * isx, v.w * isx));
+    if (ok) q8_put(xq, f, make_float4(v.x * unit, v.y * unit, v.z * unit, v.w * unit));
     const float cs = chunk_sum_lanes<4>(v);
     if (ok && f % ChunkTraits<4>::kF4 == 0) xc[f / ChunkTraits<4>::kF4] = cs;
   }
