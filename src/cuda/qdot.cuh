@@ -202,26 +202,10 @@ __host__ __device__ constexpr int q8_slots(int n) { return (n / 32 + 31) / 32 * 
 // which the row maximum rules out). The same value as rounding x / sx to 2^-16, in integers: one conversion and two
 // add-shifts per value (docs/notes/cuda-decode-v30-int-digits.md). Only the digits' low bytes are packed, so the
 // function returns V and V1 for m and l (their low bytes are m's and l's) and h.
-#ifndef FERN_Q8_FLOAT_DIGITS
-#define FERN_Q8_FLOAT_DIGITS 0  // 1: the earlier float chain (rint of each remainder), kept for one A/B measurement
-#endif
 __device__ __forceinline__ void q8_digits(float u, int& h, int& vl, int& vm) {
-#if FERN_Q8_FLOAT_DIGITS
-  const float v = u * (1.0f / 65536.0f);
-  const float hf = fminf(fmaxf(rintf(v), -127.0f), 127.0f);
-  const float r = (v - hf) * 256.0f;
-  const float lf = rintf(r);
-  const float r2 = (r - lf) * 256.0f;
-  const float mf = fminf(fmaxf(rintf(r2), -128.0f), 127.0f);
-  const int carry = lf > 127.0f ? 1 : 0;
-  h = static_cast<int>(hf) + carry;
-  vl = static_cast<int>(lf) - 256 * carry;
-  vm = static_cast<int>(mf);
-#else
   vm = __float2int_rn(u);
   vl = (vm + 128) >> 8;
   h = (vl + 128) >> 8;
-#endif
 }
 
 // The low bytes of a and b as a 16-bit half (a in byte 0, b in byte 1).
