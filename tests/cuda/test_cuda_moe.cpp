@@ -502,5 +502,70 @@ TEST(CudaMoe, FusedDecodeDigitsMatchCpu) {
   }
 }
 
+// The next layer's weights requested into L2 by the fused MoE (kernels.h moe_fused's pf; forward.cpp's will_read)
+// are a hint: the output must have the same bits with and without it, in both forms (one bulk prefetch per range
+// and block, one per 128-byte line), for ranges over the experts' arrays (larger than the 24 MB cap at the real
+// shape: trimmed) and an odd-sized piece, directly and through CudaBackend::will_read + moe_residual as the forward
+// pass calls them. An unknown FERN_CUDA_L2_PREFETCH is an error naming the switch.
+TEST(CudaMoe, FusedDecodeL2PrefetchSameBits) {
+  FERN_REQUIRE_GPU();
+  const MoeCase cases[] = {
+      {"prefetch real", 256, 2048, 512, 512, 8, 4, 1},
+      {"prefetch small odd", 40, 320, 192, 64, 5, 4, 1},
+  };
+  for (const char* wide : {"0", "1"})
+  for (const MoeCase& c : cases) {
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
+    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
+    const uint64_t seed = uint64_t(c.E * 17 + c.H);
+    const auto f = fused_case(c, seed);
+    CudaBackend* gpu = f->gpu.get();
+    const MoeWeights& dw = f->dw;
+    const ModelConfig& cfg = f->cfg;
+    const cuda::Ctx ctx = fused_ctx(*gpu);
+    const cuda::MoeScratch s = fused_scratch(*gpu, c);
+    auto piece = [](const Tensor& t, size_t skip = 0) {
+      return cuda::L2Piece{static_cast<const char*>(t.data) + skip, t.nbytes() - skip};
+    };
+    const cuda::L2Piece pieces[] = {piece(dw.gate.w), piece(dw.up.scales, 6), piece(dw.down.biases),
+                                    piece(dw.shared_up.w), piece(dw.router.w)};
+    const auto x = test::randn(size_t(c.H), seed + 1);
+    Tensor dx = test::upload_f32(*gpu, x, {1, c.H});
+    std::vector<float> got[3];  // no prefetch, bulk, lines
+    for (int mode = 0; mode < 3; ++mode) {
+      const cuda::L2Prefetch pf = cuda::l2_prefetch_ranges(pieces, mode);
+      EXPECT_EQ(pf.n > 0, mode > 0);
+      Tensor dy = gpu->alloc(DType::F32, {1, c.H});
+      ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k, nullptr, &pf));
+      got[mode] = test::download(*gpu, dy);
+      EXPECT_EQ(got[0], got[mode]) << "mode " << mode;
+    }
+    // Through the backend: will_read, then moe_residual (which takes the hint for its launch only).
+    const float eps = 1e-6f;
+    Tensor dnw = test::upload_f32(*gpu, norm_weights(c.H, seed + 2), {c.H});
+    const auto resid = test::randn(size_t(c.H), seed + 3), delta = test::randn(size_t(c.H), seed + 4, 0.5f);
+    const LinearWeight* const next[] = {&dw.gate, &dw.shared_up, &dw.router};
+    std::vector<float> res[3];
+    const char* const modes[] = {"0", "bulk", "lines"};
+    for (int mode = 0; mode < 3; ++mode) {
+      test::EnvGuard m("FERN_CUDA_L2_PREFETCH", modes[mode]);
+      gpu->begin_forward();
+      Tensor dr = test::upload_f32(*gpu, resid, {1, c.H}), dd = test::upload_f32(*gpu, delta, {1, c.H});
+      Tensor dxn = gpu->alloc(DType::F32, {1, c.H});
+      gpu->will_read(next);
+      gpu->moe_residual(dr, dd, dxn, dnw, eps, dd, dw, cfg);
+      res[mode] = test::download(*gpu, dd);
+      EXPECT_EQ(res[0], res[mode]) << modes[mode];
+    }
+    test::EnvGuard bad("FERN_CUDA_L2_PREFETCH", "yes");
+    try {
+      gpu->will_read(next);
+      ADD_FAILURE() << "FERN_CUDA_L2_PREFETCH=yes was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("FERN_CUDA_L2_PREFETCH"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fern
