@@ -639,12 +639,11 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
     if constexpr (kLean) break;
   }
+  // This block's loads are done (its gate/up rows consumed, its down rows requested before them): from here to the
+  // end the memory would be idle, so the next kernel's weights go into L2 now.
+  if (a.pf.n > 0) l2_prefetch_share(a.pf, blockIdx.x, gridDim.x);
   grid_handoff(a.counters + 3 + par, epoch + 1, a.counters, true, st, kMoeStampArrive2, kMoeStampLastArrive2,
                kMoeStampPass2);
-  // Every block's loads are done (the gate/up rows consumed, the down rows requested before them): from here to the
-  // end the memory would be idle, so the next kernel's weights go into L2 now. (Requested before this handoff, by
-  // each block as it arrived, they competed with the last blocks' expert rows: the MoE took 0.57 us longer.)
-  if (a.pf.n > 0) l2_prefetch_share(a.pf, blockIdx.x, gridDim.x);
 
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----
   // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
