@@ -4,8 +4,6 @@
 // RMSNorm and the following residual add to the same launch.
 #include <cstdlib>
 #include <cstring>
-#include <utility>
-#include <vector>
 
 #include "core/env.h"
 #include "cuda/backend_internal.h"
@@ -42,7 +40,7 @@ bool moe_shapes_ok(const MoeWeights& w, int64_t H, const ModelConfig& cfg) {
 }  // namespace
 
 bool CudaBackend::moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg,
-                             const cuda::MoeNorm* norm, const cuda::L2Prefetch* pf) {
+                             const cuda::MoeNorm* norm) {
   // The fused kernel's counters share the GDN slice (backend_internal.h).
   if (out.dim(0) != 1 || !fused_enabled() ||
       cfg.linear_num_key_heads + cfg.linear_num_value_heads > kMoeFusedCounterBase)
@@ -52,8 +50,7 @@ bool CudaBackend::moe_fused_(Tensor out, const float* x, const MoeWeights& w, co
   const cuda::MoeQW q{cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), cuda::make_qw(w.gate),
                       cuda::make_qw(w.up),     cuda::make_qw(w.down),               cuda::make_qw(w.shared_gate),
                       cuda::make_qw(w.shared_up), cuda::make_qw(w.shared_down)};
-  return cuda::moe_fused(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters), q, x, s, f32(out, "moe out"), k, norm,
-                         pf);
+  return cuda::moe_fused(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters), q, x, s, f32(out, "moe out"), k, norm);
 }
 
 void CudaBackend::moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
@@ -69,23 +66,8 @@ void CudaBackend::moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const M
   cuda::moe_down(ctx(), cuda::make_qw(w.down), cuda::make_qw(w.shared_down), s, f32(out, "moe out"), T, k);
 }
 
-// FERN_CUDA_L2_PREFETCH: how the fused MoE requests the next layer's input projections into L2 (forward.cpp's
-// will_read): 0 not at all, bulk (the default: one cp.async.bulk.prefetch per range and block, sm_90+), lines (one
-// prefetch per 128-byte line). Read at every call (an unknown value names the switch), for comparisons.
-void CudaBackend::will_read(std::span<const LinearWeight* const> ws) {
-  const int mode = env_choice("FERN_CUDA_L2_PREFETCH", {"0", "bulk", "lines"}, 1);
-  std::vector<cuda::L2Piece> pieces;
-  for (const LinearWeight* w : ws) {
-    if (w == nullptr || w->empty() || w->w.device != Device::Cuda) continue;
-    for (const Tensor* t : {&w->w, &w->scales, &w->biases})
-      if (!t->empty()) pieces.push_back({static_cast<const char*>(t->data), t->nbytes()});
-  }
-  will_read_ = cuda::l2_prefetch_ranges(pieces, mode);
-}
-
 void CudaBackend::moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
                                const MoeWeights& w, const ModelConfig& cfg) {
-  const cuda::L2Prefetch pf = std::exchange(will_read_, cuda::L2Prefetch{});  // for this launch only
   const int64_t H = resid.dim(-1);
   const bool one_row = resid.numel() == H && delta.numel() == H && xn.numel() == H && norm_w.numel() == H &&
                        out.numel() == H && moe_shapes_ok(w, H, cfg);
@@ -98,7 +80,7 @@ void CudaBackend::moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor nor
     n.eps = eps;
     n.xn = f32(xn, "moe_residual xn");
     n.add_out = true;
-    if (moe_fused_(out.reshape({1, H}), nullptr, w, cfg, &n, &pf)) return;
+    if (moe_fused_(out.reshape({1, H}), nullptr, w, cfg, &n)) return;
   }
   Backend::moe_residual(resid, delta, xn, norm_w, eps, out, w, cfg);
 }

@@ -68,9 +68,6 @@ class CudaBackend : public Backend {
                     const ModelConfig& cfg) override;
   void rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, Tensor norm_w, float eps, Tensor xn,
                             std::span<const LinearWeight* const> ws) override;
-  // Records the ranges of ws for the next moe_residual's fused launch to request into L2 once its own loads are
-  // done (FERN_CUDA_L2_PREFETCH, backend_moe_decode.cpp); any other path drops them.
-  void will_read(std::span<const LinearWeight* const> ws) override;
   void argmax(Tensor ids, Tensor logits) override;
   void advance(SequenceState& state, int64_t n) override;
 
@@ -144,8 +141,7 @@ class CudaBackend : public Backend {
   void moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg);
   // The one-launch MoE of one token (backend_moe_decode.cpp); with `norm` it also computes its input. False: not
   // taken (formats, shapes, FERN_CUDA_MOE_FUSED=0), nothing launched.
-  bool moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg, const cuda::MoeNorm* norm,
-                  const cuda::L2Prefetch* pf = nullptr);
+  bool moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg, const cuda::MoeNorm* norm);
 
   int device_ = 0;
   int sms_ = 0;
@@ -158,7 +154,6 @@ class CudaBackend : public Backend {
   cudaGraphExec_t graph_exec_ = nullptr;
   const SequenceState* graph_state_ = nullptr;
   int64_t graph_advance_ = 0;
-  cuda::L2Prefetch will_read_;  // will_read's ranges, taken by the next moe_residual
   const float* last_gdn_state_ = nullptr;  // recurrent state written by the last gdn_core call (gdn_core says why)
   bool branches_ = true;
   cudaStream_t side_ = nullptr;

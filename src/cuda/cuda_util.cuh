@@ -6,7 +6,6 @@
 
 #include "core/bf16.h"
 #include "cuda/cuda_check.h"
-#include "cuda/l2_prefetch.h"
 
 namespace fern::cuda {
 
@@ -73,28 +72,6 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
   return r;
-}
-
-// A kernel's share of byte ranges that the kernel after it will read (kernels.h L2Prefetch), requested into L2
-// while this kernel's own loads are done: part `part` of `parts` equal 16-byte-aligned slices of each range. Bulk
-// (mode 1, sm_90+): one cp.async.bulk.prefetch per range from thread r of the block; lines (mode 2, or below sm_90):
-// every thread prefetch.global.L2 on every 128-byte line of its stride. Nothing waits for them: a hint.
-__device__ __forceinline__ void l2_prefetch_share(const L2Prefetch& pf, int part, int parts) {
-  for (int r = 0; r < pf.n; ++r) {
-    const uint32_t share = (pf.bytes[r] / uint32_t(parts) + 15u) & ~15u;
-    const uint32_t off = uint32_t(part) * share;
-    if (off >= pf.bytes[r]) continue;
-    const uint32_t len = min(share, pf.bytes[r] - off);
-    const char* p = pf.p[r] + off;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (pf.mode == 1) {
-      if (threadIdx.x == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(len) : "memory");
-      continue;
-    }
-#endif
-    const uint32_t nt = blockDim.x * blockDim.y * blockDim.z;
-    for (uint32_t o = threadIdx.x * 128u; o < len; o += nt * 128u) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
-  }
 }
 
 // Programmatic dependent launch (sm_90+): a kernel launched with the PDL attribute may start while its

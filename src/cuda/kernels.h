@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/l2_prefetch.h"
 
 namespace fern::cuda {
 
@@ -135,10 +134,8 @@ struct MoeNorm {
   float* xn = nullptr;
   bool add_out = false;
 };
-// pf: ranges the next kernel reads, requested into L2 by each block once its gate/up rows are done (the memory is
-// idle from there to the end: the down rows were loaded with them).
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
-               const MoeNorm* norm = nullptr, const L2Prefetch* pf = nullptr);
+               const MoeNorm* norm = nullptr);
 // Which packed scale/bias loads moe_fused would take for these weights under the current FERN_CUDA_MOE_SB: 0 none,
 // 1 the gate/up rows, 2 the down rows too; -1 where it does not take the shapes (for tests).
 int moe_fused_packing(const Ctx& c, const MoeQW& w, int topk);

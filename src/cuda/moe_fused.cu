@@ -356,7 +356,6 @@ struct FusedArgs {
   unsigned long long* stamps;  // kMoeStamps words (TIMED only)
   int sb32;                    // packed scales and biases: 0 none, 1 gate/up rows (load_rows_sb32), 2 and down rows
   FastDiv div_i, div_cd;       // by I (a task's slot) and by I's chunks per row (an item's slot)
-  L2Prefetch pf;               // the next kernel's weights (kernels.h moe_fused)
 };
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
@@ -639,9 +638,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
     if constexpr (kLean) break;
   }
-  // This block's loads are done (its gate/up rows consumed, its down rows requested before them): from here to the
-  // end the memory would be idle, so the next kernel's weights go into L2 now.
-  if (a.pf.n > 0) l2_prefetch_share(a.pf, blockIdx.x, gridDim.x);
   grid_handoff(a.counters + 3 + par, epoch + 1, a.counters, true, st, kMoeStampArrive2, kMoeStampLastArrive2,
                kMoeStampPass2);
 
@@ -803,7 +799,7 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
   if (H % eb != 0 || H % er != 0 || I % eb != 0 || Is % eb != 0 || H > INT_MAX / 64 || I < eb) return false;
   if (norm != nullptr && (H % 4 != 0 || H > 4 * kNormV * kThreads || norm->resid == nullptr)) return false;
   a = FusedArgs{w.router, w.sgr, w.gate, w.up, w.down, w.sgate, w.sup, w.sdown, x, s, out, c.counters, topk,
-                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0, FastDiv(I), FastDiv(I / eb), L2Prefetch{}};
+                norm != nullptr ? *norm : MoeNorm{}, nullptr, 0, FastDiv(I), FastDiv(I / eb)};
   if (!a.div_i.ok() || !a.div_cd.ok()) return false;
   // The packed scales and biases (load_rows_sb32): rows of 2,048 4-bit weights in groups of 64 whose scale and bias
   // rows start on 4-byte boundaries (rows of 64 bytes, experts of whole rows: the base pointers decide).
@@ -824,10 +820,9 @@ bool fused_args(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& 
 }  // namespace
 
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
-               const MoeNorm* norm, const L2Prefetch* pf) {
+               const MoeNorm* norm) {
   FusedArgs a;
   if (!fused_args(c, w, x, s, out, topk, norm, a)) return false;
-  if (pf) a.pf = *pf;
   return w.router.bits == 8 ? launch_fused<8, 4, false>(c, a) : launch_fused<4, 4, false>(c, a);
 }
 

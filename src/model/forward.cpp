@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <array>
-
 namespace fern {
 namespace {
 
@@ -36,19 +34,14 @@ struct MixerScratch {
   }
 };
 
-// The matrices a mixer reads first, together: its input projections (one launch where supported).
-std::array<const LinearWeight*, 4> input_projections(const GdnWeights& w) {
-  return {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
-}
-std::array<const LinearWeight*, 3> input_projections(const AttnWeights& w) { return {&w.q_proj, &w.k_proj, &w.v_proj}; }
-
 // The mixers take the residual stream h and the layer's input norm: xn = RMSNorm(h) is computed with the
 // projections (rmsnorm_linear_multi; a backend may fold the norm into the projection kernel).
 // Gated DeltaNet mixer (MODEL.md 2.4): projections, then the fused core with the output projection.
 void gdn_mixer(Backend& be, const GdnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor h,
                Tensor norm_w, float eps, Tensor xn, MixerScratch& s, Tensor out) {
-  const Tensor proj_out[] = {s.mixed, s.z, s.b, s.a};
-  be.rmsnorm_linear_multi(proj_out, h, norm_w, eps, xn, input_projections(w));
+  const Tensor proj_out[] = {s.mixed, s.z, s.b, s.a};  // four projections of one input: one launch where supported
+  const LinearWeight* const proj_w[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
+  be.rmsnorm_linear_multi(proj_out, h, norm_w, eps, xn, proj_w);
   // Conv, gates, delta rule, gated norm (gdn_core), then out_proj -> [T, H]; a backend may run the gated norm
   // inside the projection.
   be.gdn_core_linear(out, s.y, s.mixed, s.z, s.b, s.a, w, cfg, st, layer);
@@ -57,8 +50,9 @@ void gdn_mixer(Backend& be, const GdnWeights& w, const ModelConfig& cfg, Sequenc
 // Gated attention mixer (MODEL.md 2.3).
 void attn_mixer(Backend& be, const AttnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor h,
                 Tensor norm_w, float eps, Tensor xn, MixerScratch& s, Tensor out) {
-  const Tensor proj_out[] = {s.qg, s.k, s.v};
-  be.rmsnorm_linear_multi(proj_out, h, norm_w, eps, xn, input_projections(w));
+  const Tensor proj_out[] = {s.qg, s.k, s.v};  // three projections of one input: one launch where supported
+  const LinearWeight* const proj_w[] = {&w.q_proj, &w.k_proj, &w.v_proj};
+  be.rmsnorm_linear_multi(proj_out, h, norm_w, eps, xn, proj_w);
   be.attn_core(s.o, s.qg, s.k, s.v, w, cfg, st, layer);                 // q/k norm, RoPE, KV append, attention
   be.linear(out, s.o, w.o_proj);                                          // [T, H]
 }
@@ -98,15 +92,7 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
     }
     be.scratch_pop();
     dump(fmt::format("L{}.mixer_out", il), delta);
-    // r = h + a; xn = RMSNorm(r); delta = MoE(xn); h = r + delta. (The next layer's input projections, which read
-    // their weights right after the MoE, as a hint to the backend.)
-    if (il + 1 < cfg.num_hidden_layers) {
-      const LayerWeights& N = w.layers[il + 1];
-      if (N.type == LayerType::LinearAttention)
-        be.will_read(input_projections(N.gdn));
-      else
-        be.will_read(input_projections(N.attn));
-    }
+    // r = h + a; xn = RMSNorm(r); delta = MoE(xn); h = r + delta.
     be.moe_residual(h, delta, xn, L.post_norm, eps, delta, L.moe, cfg);
     dump(fmt::format("L{}.moe_out", il), delta);
     dump(fmt::format("L{}.out", il), h);

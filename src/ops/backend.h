@@ -129,11 +129,6 @@ class Backend {
     moe(out, xn, w, cfg);
     add(resid, resid, out);
   }
-  // A hint, no effect on values: the next op reads the weights `ws` after the op that follows this call (the
-  // forward pass names the next layer's input projections before a layer's MoE). A backend may start moving them
-  // toward its compute units during that op (the CUDA backend: into L2 while the fused decode MoE's memory is
-  // idle). By default nothing.
-  virtual void will_read(std::span<const LinearWeight* const> ws) {}
   // ids[t] = argmax_j logits[t, j] (lowest index on ties). logits [T, V] -> ids I32 [T].
   virtual void argmax(Tensor ids, Tensor logits) = 0;
   // state.pos += n (a backend that keeps a device copy of the position updates it too).
