@@ -273,9 +273,11 @@ __device__ __forceinline__ float key_float(uint32_t k) {
 // softmax over all E before the selection. Same choice and order as topk_warp (descending, lowest index on ties).
 // `st` stamps block 0 once the keys are in registers and once the rounds are done (TIMED builds only;
 // docs/notes/cuda-decode-v15-topk.md).
+// The choice: lane r < k of the warp gets slot r's key (my_key) and expert (my_id); every lane the shared-expert
+// gate's logit (sgl). route_weights turns them into the routing weights.
 template <int NPL, bool TIMED>
-__device__ __forceinline__ void topk_keys(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
-                                          float* wts, float* sgate, const Stamps<TIMED>& st) {
+__device__ __forceinline__ void topk_keys(const float* logits, const float* sg_logit, int E, int k, uint32_t& my_key,
+                                          int& my_id, float& sgl, const Stamps<TIMED>& st) {
   const int lane = threadIdx.x & 31;
   uint32_t key[NPL];
 #pragma unroll
@@ -283,7 +285,7 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
     const int e = i * 32 + lane;
     key[i] = e < E ? float_key(__ldcg(logits + e)) : 0u;
   }
-  const float sgl = __ldcg(sg_logit);  // requested with the logits
+  sgl = __ldcg(sg_logit);  // requested with the logits
   if constexpr (TIMED) {
     if (key[0] != 1u) st.at(kMoeStampTopkKeys);  // (a use of the loaded keys: the stamp waits for them)
   }
@@ -301,8 +303,8 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
     }
   };
   local_best();
-  uint32_t my_key = 0u;
-  int my_id = 0;
+  my_key = 0u;
+  my_id = 0;
   for (int r = 0; r < k; ++r) {
     const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
     const int win = static_cast<int>(__reduce_min_sync(0xffffffffu, bk == mk ? static_cast<uint32_t>(bi) : 0xffffffffu));
@@ -318,28 +320,31 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
     }
   }
   st.at(kMoeStampTopkRounds);
+}
+
+// The routing weights from topk_keys' choice (all lanes of the warp): lane r < k gets slot r's weight, softmax over
+// the chosen logits; the shared expert's gate sigmoid(sgl) is returned to every lane.
+__device__ __forceinline__ float route_weights(uint32_t my_key, float sgl, int k, float& sgate) {
+  const int lane = threadIdx.x & 31;
   const float lmax = key_float(__shfl_sync(0xffffffffu, my_key, 0));
   const float p = lane < k ? expf(key_float(my_key) - lmax) : 0.0f;
   const float sum = warp_sum(p);
-  if (lane < k) {
-    ids[lane] = my_id;
-    wts[lane] = p / sum;
-  }
-  if (lane == 0) *sgate = 1.0f / (1.0f + expf(-sgl));
+  sgate = 1.0f / (1.0f + expf(-sgl));
+  return p / sum;
 }
 
 // SMALL: the caller knows E <= 256 (the packed forms), so only the 8-per-lane top-k is compiled into the kernel.
 template <bool TIMED, bool SMALL>
-__device__ __forceinline__ void topk_fused(const float* logits, const float* sg_logit, int E, int k, int32_t* ids,
-                                           float* wts, float* sgate, const Stamps<TIMED>& st) {
+__device__ __forceinline__ void topk_fused(const float* logits, const float* sg_logit, int E, int k, uint32_t& my_key,
+                                           int& my_id, float& sgl, const Stamps<TIMED>& st) {
   if constexpr (SMALL) {
-    topk_keys<8>(logits, sg_logit, E, k, ids, wts, sgate, st);
+    topk_keys<8>(logits, sg_logit, E, k, my_key, my_id, sgl, st);
   } else if (E <= 64) {
-    topk_keys<2>(logits, sg_logit, E, k, ids, wts, sgate, st);
+    topk_keys<2>(logits, sg_logit, E, k, my_key, my_id, sgl, st);
   } else if (E <= 256) {
-    topk_keys<8>(logits, sg_logit, E, k, ids, wts, sgate, st);
+    topk_keys<8>(logits, sg_logit, E, k, my_key, my_id, sgl, st);
   } else {
-    topk_keys<kTopkMaxPerLane>(logits, sg_logit, E, k, ids, wts, sgate, st);
+    topk_keys<kTopkMaxPerLane>(logits, sg_logit, E, k, my_key, my_id, sgl, st);
   }
 }
 
@@ -377,7 +382,7 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
 // integer dot products (qdot.cuh chunk_dot_q8; FERN_CUDA_MOE_Q8=1): the norm's block reduction also takes the row's
 // largest magnitude, and the digits take the place of the fp32 expert-layout row in shared memory. Only the lean
 // norm-mode form with packed rows (the forward pass's).
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8, bool LATE>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   static_assert(!Q8 || (LEAN == 1 && SB >= 1 && B == 4), "the digit form is compiled for the lean norm mode only");
   constexpr int kWarps = NT / 32;
@@ -556,9 +561,53 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   }
 
   // ---- top-k in every block, then the expert tables ----
-  if (threadIdx.x < 32) topk_fused<TIMED, kOne>(a.s.router_logits, a.s.sgate_logit, E, k, ids_s, wts_s, &sg_s, st);
-  __syncthreads();
-  if (threadIdx.x <= k) {
+  uint32_t my_key = 0u;  // warp 0, lane r < k: slot r's key and expert
+  int my_id = 0;
+  float sgl = 0.0f;
+  if (threadIdx.x < 32) topk_fused<TIMED, kOne>(a.s.router_logits, a.s.sgate_logit, E, k, my_key, my_id, sgl, st);
+  if constexpr (LATE) {
+    // LATE: warp 0 writes the tables from its registers (no shared round trip of the ids, one barrier), and the
+    // routing weights, needed only by the down rows, come after this warp's loads are issued (route_late).
+    if (threadIdx.x < 32) {
+      if (lane < k) {
+        mg[lane] = chunk_mat<B>(a.gate, my_id);
+        mu[lane] = chunk_mat<B>(a.up, my_id);
+        md[lane] = chunk_mat<B>(a.down, my_id);
+        if (blockIdx.x == 0) a.s.topk_ids[lane] = my_id;
+      }
+      if (lane == (k & 31)) {  // the shared slot (k <= 32: lane 0 takes it too when k = 32)
+        mg[k] = m_sg;
+        mu[k] = m_su;
+        md[k] = chunk_mat<B>(a.sdown, 0);
+      }
+    }
+    __syncthreads();
+  } else {
+    if (threadIdx.x < 32) {
+      float sg;
+      const float w = route_weights(my_key, sgl, k, sg);
+      if (lane < k) {
+        ids_s[lane] = my_id;
+        wts_s[lane] = w;
+      }
+      if (lane == 0) sg_s = sg;
+    }
+    __syncthreads();
+  }
+  // LATE: warp 0's routing weights into fac (and block 0's copy for inspection), read after the h handoff.
+  auto route_late = [&] {
+    float sg;
+    const float w = route_weights(my_key, sgl, k, sg);
+    if (lane < k) {
+      fac[lane] = w;
+      if (blockIdx.x == 0) a.s.topk_w[lane] = w;
+    }
+    if (lane == 0) {
+      fac[k] = sg;
+      if (blockIdx.x == 0) a.s.sgate[0] = sg;
+    }
+  };
+  if (!LATE && threadIdx.x <= k) {
     const int sl = threadIdx.x;
     const bool sh = sl == k;
     const int64_t e = sh ? 0 : ids_s[sl];
@@ -575,7 +624,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       }
     }
   }
-  __syncthreads();
+  if constexpr (!LATE) __syncthreads();
 
   // ---- phase 2: request this warp's first down row, then the routed gate/up rows (two tasks per warp pass) ----
   const int cprd = I / EB;
@@ -630,6 +679,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     const int row[4] = {r0, r0, r1, r1};
     Rows<B, 4> R;
     load_rows<B, 4>(mat, row, 0, cpr_e, lane, R, SB >= 1);
+    if (LATE && threadIdx.x < 32 && u0 == v) route_late();  // while the rows are in flight
     float d[4];
     finish_rows<B, 4, kOne, Q8>(mat, row, R, cpr_e, xe, xec, lane, d, SB >= 1, q8.xq, xsc);
     if (lane == 0) {
@@ -638,6 +688,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
     if constexpr (kLean) break;
   }
+  if (LATE && threadIdx.x < 32 && v >= ntask) route_late();  // warp 0 had no gate/up task
   grid_handoff(a.counters + 3 + par, epoch + 1, a.counters, true, st, kMoeStampArrive2, kMoeStampLastArrive2,
                kMoeStampPass2);
 
@@ -694,13 +745,13 @@ size_t fused_smem(int64_t H, int64_t nx) {
 }
 
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8, bool LATE>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8>, NT,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE>, NT,
                                                       smem) != cudaSuccess)
       per_sm = 0;
     cached = per_sm;
@@ -717,24 +768,24 @@ bool lean_fits(const FusedArgs& a, int W) {
   return E + 1 + Is <= W && a.topk * I <= 2 * int64_t(W) && H <= W && a.topk * (I / eb) + Is / eb <= 32 * kDownU;
 }
 
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8 = false>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8 = false, bool LATE = false>
 bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8>,
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, LEAN, Q8>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, LEAN, Q8, LATE>(c, smem);
   if (blocks <= 0) return false;
   if constexpr (LEAN >= 1) {
     if (!lean_fits(a, blocks * (NT / 32))) return launch_fused_form<RB, B, TIMED, NT, SB, 0>(c, a);
   }
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8>, blocks, NT, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
@@ -749,6 +800,12 @@ bool moe_wide() { return env_choice("FERN_CUDA_MOE_WIDE", {"0", "1"}, 1) == 1; }
 // 128K.
 bool moe_q8() { return env_choice("FERN_CUDA_MOE_Q8", {"0", "1"}, 1) == 1; }
 
+// Where the routing weights are computed: "late" (the default: warp 0 writes the expert tables from its registers
+// behind one barrier and computes the weights once its gate/up rows are requested; the lean digit form only) or
+// "early" (the weights with the choice, then the tables from shared memory, two barriers); read at every call, for
+// comparisons.
+bool moe_route_late() { return env_choice("FERN_CUDA_MOE_ROUTE", {"early", "late"}, 1) == 1; }
+
 template <int RB, int B, bool TIMED, int NT>
 bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   // The packed forms compile lean where the grid allows it (LEAN 1 with the norm, 2 without; lean_fits), the
@@ -756,11 +813,14 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   // every call.
   const bool lean = env_choice("FERN_CUDA_MOE_LEAN", {"0", "1"}, 1) == 1;
   const bool q8 = moe_q8();
+  const bool late = moe_route_late();
   const bool nm = a.norm.resid != nullptr;
   switch (a.sb32) {
     case 2:
       if (!lean) return launch_fused_form<RB, B, TIMED, NT, 2, 0>(c, a);
-      if (nm && q8) return launch_fused_form<RB, B, TIMED, NT, 2, 1, true>(c, a);
+      if (nm && q8)
+        return late ? launch_fused_form<RB, B, TIMED, NT, 2, 1, true, true>(c, a)
+                    : launch_fused_form<RB, B, TIMED, NT, 2, 1, true>(c, a);
       return nm ? launch_fused_form<RB, B, TIMED, NT, 2, 1>(c, a) : launch_fused_form<RB, B, TIMED, NT, 2, 2>(c, a);
     case 1:
       if (!lean) return launch_fused_form<RB, B, TIMED, NT, 1, 0>(c, a);

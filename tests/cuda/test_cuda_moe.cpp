@@ -502,5 +502,72 @@ TEST(CudaMoe, FusedDecodeDigitsMatchCpu) {
   }
 }
 
+// Where the routing weights are computed (FERN_CUDA_MOE_ROUTE=late, the default: warp 0 writes the expert tables
+// from its registers and the weights after its gate/up rows are requested; early: with the choice, tables from
+// shared memory). The same function of the same keys, so the same bits are required: the output, the residual,
+// and the routing decision block 0 publishes (ids, weights, the shared gate), with the real shape (the lean digit
+// form takes late) in both block sizes, against the CPU too; the odd shape takes early either way. An unknown value
+// is an error naming the switch.
+TEST(CudaMoe, FusedDecodeRouteLateSameBits) {
+  FERN_REQUIRE_GPU();
+  const MoeCase cases[] = {
+      {"route real", 256, 2048, 512, 512, 8, 4, 1},
+      {"route small odd", 40, 320, 192, 64, 5, 4, 1},
+  };
+  for (const char* wide : {"0", "1"})
+  for (const MoeCase& c : cases) {
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
+    SCOPED_TRACE(std::string(c.name) + " FERN_CUDA_MOE_WIDE=" + wide);
+    const uint64_t seed = uint64_t(c.E * 19 + c.H);
+    const auto f = fused_case(c, seed);
+    CudaBackend* gpu = f->gpu.get();
+    Backend* cpu = f->cpu.get();
+    const float eps = 1e-6f;
+    const auto nw = norm_weights(c.H, seed + 1);
+    Tensor dnw = test::upload_f32(*gpu, nw, {c.H});
+    const cuda::Ctx ctx = fused_ctx(*gpu);
+    const cuda::MoeScratch s = fused_scratch(*gpu, c);
+    const auto resid = test::randn(size_t(c.H), seed + 2), delta = test::randn(size_t(c.H), seed + 3, 0.5f);
+    const std::vector<float> out_cpu = cpu_moe_residual(*cpu, f->hw, f->cfg, resid, delta, nw, eps).out;
+    const char* const forms[] = {"early", "late"};
+    std::vector<float> out[2], r[2], w[2], sg[2];
+    std::vector<int32_t> ids[2];
+    for (int form = 0; form < 2; ++form) {
+      test::EnvGuard m("FERN_CUDA_MOE_ROUTE", forms[form]);
+      Tensor dr = test::upload_f32(*gpu, resid, {1, c.H}), dd = test::upload_f32(*gpu, delta, {1, c.H});
+      Tensor dxn = gpu->alloc(DType::F32, {1, c.H});
+      const cuda::MoeNorm n = fused_norm(dr, dd, dnw, eps, &dxn);
+      ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(f->dw), nullptr, s, dd.ptr<float>(), c.k, &n));
+      out[form] = test::download(*gpu, dd);
+      r[form] = test::download(*gpu, dr);
+      w[form] = test::download(*gpu, Tensor(s.topk_w, DType::F32, {c.k}, Device::Cuda));
+      sg[form] = test::download(*gpu, Tensor(s.sgate, DType::F32, {1}, Device::Cuda));
+      ids[form].resize(size_t(c.k));
+      gpu->copy(Tensor(ids[form].data(), DType::I32, {c.k}, Device::Host),
+                Tensor(s.topk_ids, DType::I32, {c.k}, Device::Cuda));
+      const double e = test::nmse(out[form].data(), out_cpu.data(), out_cpu.size());
+      std::printf("moe %-16s wide %s FERN_CUDA_MOE_ROUTE=%-5s NMSE out %.3e\n", c.name, wide, forms[form], e);
+      EXPECT_LT(e, kNmse);
+    }
+    EXPECT_EQ(out[0], out[1]);
+    EXPECT_EQ(r[0], r[1]);
+    EXPECT_EQ(w[0], w[1]);
+    EXPECT_EQ(sg[0], sg[1]);
+    EXPECT_EQ(ids[0], ids[1]);
+    float wsum = 0.0f;
+    for (float x : w[1]) wsum += x;
+    EXPECT_NEAR(wsum, 1.0f, 1e-5f);  // the weights are really there (renormalised over the chosen experts)
+    test::EnvGuard bad("FERN_CUDA_MOE_ROUTE", "soon");
+    Tensor dr = gpu->alloc(DType::F32, {1, c.H}), dd = gpu->alloc(DType::F32, {1, c.H});
+    const cuda::MoeNorm n = fused_norm(dr, dd, dnw, eps, nullptr);
+    try {
+      cuda::moe_fused(ctx, moe_qw(f->dw), nullptr, s, dd.ptr<float>(), c.k, &n);
+      ADD_FAILURE() << "FERN_CUDA_MOE_ROUTE=soon was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_ROUTE"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fern
