@@ -483,7 +483,8 @@ __global__ void __launch_bounds__(kThreads) attn_combine2_kernel(AttnShape sh, i
                                                             r.z * inv * sigmoid(gate.z), r.w * inv * sigmoid(gate.w));
 }
 
-bool combine_v1() { return attn_combine_choice() == 1; }
+// FERN_CUDA_ATTN_COMBINE: unset/empty/v2 -> version 2, v1 -> the first (read at every call, for the benchmark).
+bool combine_v1() { return env_choice("FERN_CUDA_ATTN_COMBINE", {"v2", "v1"}, 0) == 1; }
 
 template <int G>
 void launch_split(const Ctx& c, const AttnShape& sh, dim3 grid, const int32_t* d_pos, const float* q,
@@ -506,11 +507,6 @@ int attn_head_groups(int G, int64_t capacity) {
 }
 
 }  // namespace
-
-// FERN_CUDA_ATTN_COMBINE: v2 (the default) or v1, the combine kernels above, or fused: the combine inside the
-// tensor-core kernel's launch for one query row where every block fits at once (attn_decode_tc.cu), v2 otherwise.
-// Read at every call, for comparisons; another value is an error naming the switch.
-int attn_combine_choice() { return env_choice("FERN_CUDA_ATTN_COMBINE", {"v2", "v1", "fused"}, 0); }
 
 // Tuned for the tensor-core kernel (the default; its pieces are whole 64-key tiles). Measured on the H200
 // (docs/notes/cuda-decode-v7-attn.md, 10 cores, us): 1K 83 / 82 / 106 with 16 / 32 / 64 splits, 4K 121 / 107 / 124,

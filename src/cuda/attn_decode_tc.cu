@@ -89,99 +89,6 @@ struct PrepIn {
   uint16_t* v_cache;
 };
 
-// FUSEC (one query row): the combine inside this launch (fused_combine_ok, run_tc). cnt: the handoff counters
-// ([0] an epoch, then per parity the arrivals of each KV head's splits and of the whole grid: 1 + 2 (Hkv + 1) ints);
-// o: the gated output; qg: the projection's [Hq][query D | gate D] rows (the gate).
-struct FusedCombine {
-  int* cnt = nullptr;
-  float* o = nullptr;
-  const float* qg = nullptr;
-};
-
-// The split partials per head merged and gated (attn.cu attn_combine2_kernel's arithmetic) for this block's share of
-// its KV head's G x D outputs: split sp takes float4 columns [sp * per, sp * per + per) of the head group's G * D / 4,
-// its threads as pp columns x NG groups of splits (NG = 256 / pp), the groups merged through `scratch` (the K tiles'
-// shared memory, free by now). Called by every thread once the KV head's partials are complete.
-template <int D>
-__device__ __forceinline__ void combine_share(int kvh, int sp, int nsplit, int G, const float* part_ml,
-                                              const float* part_acc, const FusedCombine& fc, float* scratch) {
-  constexpr int VD = D / 4;  // float4 columns of a head
-  constexpr int kBatch = 4;
-  const int ncols = G * VD;
-  const int per = (ncols + nsplit - 1) / nsplit;
-  int lp = 0;  // pp = 2^lp columns side by side, a power of two (shifts, not divisions)
-  while ((1 << lp) < per && (1 << lp) < kThreads) ++lp;
-  const int pp = 1 << lp, NG = kThreads >> lp;
-  float* gm = scratch;
-  float* gl = gm + kThreads;
-  float4* ga = reinterpret_cast<float4*>(gl + kThreads);
-  const int oi = threadIdx.x & (pp - 1), grp = threadIdx.x >> lp;
-#pragma unroll 1
-  for (int b0 = 0; b0 < per; b0 += pp) {  // the same trip count in every thread (barriers inside)
-    const int li = b0 + oi, ci = sp * per + li;
-    const bool ok = li < per && ci < ncols;
-    const int g = ok ? ci / VD : 0, col = ok ? ci % VD : 0;
-    const int64_t row = int64_t(kvh) * G + g;  // the query head (one query row)
-    float m = -INFINITY, l = 0.0f;
-    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (ok) {
-      const float2* ml = reinterpret_cast<const float2*>(part_ml) + row * nsplit;
-      const float4* acc = reinterpret_cast<const float4*>(part_acc + row * nsplit * D) + col;
-#pragma unroll 1
-      for (int s0 = grp; s0 < nsplit; s0 += NG * kBatch) {
-        float2 ms[kBatch];
-        float4 a[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int sx = s0 + u * NG;
-          ms[u] = sx < nsplit ? __ldcg(ml + sx) : make_float2(-INFINITY, 0.0f);
-          a[u] = sx < nsplit ? __ldcg(acc + int64_t(sx) * VD) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        float mb = m;
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) mb = fmaxf(mb, ms[u].x);
-        if (mb == -INFINITY) continue;  // only empty splits so far
-        const float f0 = m == -INFINITY ? 0.0f : __expf(m - mb);
-        l *= f0;
-        num = make_float4(num.x * f0, num.y * f0, num.z * f0, num.w * f0);
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const float f = ms[u].x == -INFINITY ? 0.0f : __expf(ms[u].x - mb);
-          l = fmaf(ms[u].y, f, l);
-          num = make_float4(fmaf(a[u].x, f, num.x), fmaf(a[u].y, f, num.y), fmaf(a[u].z, f, num.z),
-                            fmaf(a[u].w, f, num.w));
-        }
-        m = mb;
-      }
-    }
-    gm[threadIdx.x] = m;
-    gl[threadIdx.x] = l;
-    ga[threadIdx.x] = num;
-    __syncthreads();
-    if (grp == 0 && ok) {
-      float M = -INFINITY;
-#pragma unroll 1
-      for (int q = 0; q < NG; ++q) M = fmaxf(M, gm[q * pp + oi]);  // finite: split 0 holds position 0
-      float den = 0.0f;
-      float4 r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 1
-      for (int q = 0; q < NG; ++q) {
-        const float mq = gm[q * pp + oi];
-        const float f = mq == -INFINITY ? 0.0f : __expf(mq - M);
-        den = fmaf(gl[q * pp + oi], f, den);
-        const float4 v = ga[q * pp + oi];
-        r = make_float4(fmaf(v.x, f, r.x), fmaf(v.y, f, r.y), fmaf(v.z, f, r.z), fmaf(v.w, f, r.w));
-      }
-      const float inv = 1.0f / den;
-      const float4 gate = __ldcg(reinterpret_cast<const float4*>(fc.qg + row * 2 * D + D) + col);
-      reinterpret_cast<float4*>(fc.o + row * D)[col] =
-          make_float4(r.x * inv * sigmoid(gate.x), r.y * inv * sigmoid(gate.y), r.z * inv * sigmoid(gate.z),
-                      r.w * inv * sigmoid(gate.w));
-    }
-    __syncthreads();
-  }
-}
-
 // The rotation at `pos` for pair i < rot / 2: tab[i] = cos, tab[rot / 2 + i] = sin (rope_sincos, as the other
 // preps), once per block instead of once per element (sincosf of large angles is slow).
 __device__ __forceinline__ void rope_table(float* tab, int64_t pos, const AttnShape& sh) {
@@ -217,11 +124,11 @@ __device__ __forceinline__ void warp_rmsnorm(const float* x, const float* __rest
   for (int u = 0; u < PL; ++u) out[lane + 32 * u] = v[u] * inv * __ldg(w + lane + 32 * u);
 }
 
-template <int D, bool PREP, bool FUSEC>
+template <int D, bool PREP>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_decode_tc_kernel(AttnShape sh, const int32_t* __restrict__ d_pos, const float* q, const uint16_t* k_cache,
                           const uint16_t* v_cache, float* __restrict__ part_ml, float* __restrict__ part_acc, int G,
-                          PrepIn pin, FusedCombine fc) {
+                          PrepIn pin) {
   constexpr int CH = D / 8;          // 16-byte chunks per row
   constexpr int DW = D / kWarps;     // output dims per warp in P V
   constexpr int NT = DW / 8;         // its 8-dim n-tiles
@@ -276,15 +183,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   pdl_wait();
   pdl_trigger();
-  __shared__ int epoch_s;  // FUSEC: visible after the barrier that follows the query staging
-  if (FUSEC && tid == 0) {  // the previous launch has finished: its parity's counters are free for the next one
-    const int ep = __ldcg(fc.cnt);
-    epoch_s = ep;
-    if (kvh == 0 && sp == 0) {
-      int* other = fc.cnt + 1 + ((ep + 1) & 1) * (sh.Hkv + 1);
-      for (int i = 0; i <= sh.Hkv; ++i) other[i] = 0;
-    }
-  }
   for (int i = pre; i < kStages - 1; ++i) {
     if (i < n_tiles) load_tile(i);
     ptx::cp_commit();
@@ -445,68 +343,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       part_ml[row * 2 + 1] = lt;
     }
   }
-  if constexpr (FUSEC) {
-    // Count this split in for its KV head (and the grid: the last block advances the epoch, every block has read it
-    // by then), wait for the head's other splits, then combine this block's share of the head's outputs.
-    const int epoch = epoch_s;
-    int* pair = fc.cnt + 1 + (epoch & 1) * (sh.Hkv + 1);
-    __syncthreads();
-    if (tid == 0) {
-      __threadfence();
-      atomicAdd(pair + kvh, 1);
-      if (atomicAdd(pair + sh.Hkv, 1) == int(gridDim.x * gridDim.y) - 1) atomicExch(fc.cnt, epoch + 1);
-      while (ld_acquire(pair + kvh) < nsplit) {
-      }
-    }
-    __syncthreads();
-    combine_share<D>(kvh, sp, nsplit, G, part_ml, part_acc, fc, reinterpret_cast<float*>(smem));
-  }
 }
 
-template <int D, bool PREP, bool FUSEC>
+template <int D, bool PREP = false>
 void launch_tc(const Ctx& c, dim3 grid, const AttnShape& sh, const int32_t* d_pos, const float* q, const uint16_t* kc,
-               const uint16_t* vc, float* pml, float* pacc, int G, const PrepIn& pin, const FusedCombine& fc) {
-  allow_dynamic_smem<attn_decode_tc_kernel<D, PREP, FUSEC>>(smem_bytes<D, PREP>());
-  launch(c, "attn_decode_tc_kernel", attn_decode_tc_kernel<D, PREP, FUSEC>, grid, kThreads, smem_bytes<D, PREP>(), sh,
-         d_pos, q, kc, vc, pml, pacc, G, pin, fc);
-}
-
-// Blocks of the fused-combine kernel that fit on the GPU at once (its handoff needs every block of the grid resident).
-template <int D, bool PREP>
-int fused_resident(const Ctx& c) {
-  thread_local int per_sm = -1;
-  if (per_sm < 0) {
-    allow_dynamic_smem<attn_decode_tc_kernel<D, PREP, true>>(smem_bytes<D, PREP>());
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_decode_tc_kernel<D, PREP, true>, kThreads,
-                                                      smem_bytes<D, PREP>()) != cudaSuccess)
-      per_sm = 0;
-  }
-  return per_sm * c.sms;
-}
-
-// Whether a launch of this grid (one query row) can combine inside itself: FERN_CUDA_ATTN_COMBINE=fused, the
-// counters (1 + 2 (Hkv + 1)) and every block resident at once; otherwise the combine is its own launch.
-template <int D, bool PREP>
-bool fused_combine_ok(const Ctx& c, const AttnShape& sh, int nsplit, int T) {
-  return attn_combine_choice() == 2 && T == 1 && c.counters != nullptr && c.n_counters >= 1 + 2 * (sh.Hkv + 1) &&
-         int64_t(sh.Hkv) * nsplit <= fused_resident<D, PREP>(c);
-}
-
-// One launch of the tensor-core kernel for head dim D, then the separate combine unless it was fused; returns
-// whether it was.
-template <int D, bool PREP>
-bool run_tc(const Ctx& c, dim3 grid, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
-            const uint16_t* kc, const uint16_t* vc, float* pml, float* pacc, float* o, int G, int nsplit, int T,
-            const PrepIn& pin = {}) {
-  if (fused_combine_ok<D, PREP>(c, sh, nsplit, T)) {
-    launch_tc<D, PREP, true>(c, grid, sh, d_pos, q, kc, vc, pml, pacc, G, pin, FusedCombine{c.counters, o, qg});
-    FERN_CUDA_LAUNCH_CHECK("attn_decode_tc_kernel");
-    return true;
-  }
-  launch_tc<D, PREP, false>(c, grid, sh, d_pos, q, kc, vc, pml, pacc, G, pin, FusedCombine{});
-  FERN_CUDA_LAUNCH_CHECK("attn_decode_tc_kernel");
-  attn_decode_combine(c, sh, nsplit, pml, pacc, qg, o, T);
-  return false;
+               const uint16_t* vc, float* pml, float* pacc, int G, const PrepIn& pin = {}) {
+  allow_dynamic_smem<attn_decode_tc_kernel<D, PREP>>(smem_bytes<D, PREP>());
+  launch(c, "attn_decode_tc_kernel", attn_decode_tc_kernel<D, PREP>, grid, kThreads, smem_bytes<D, PREP>(), sh, d_pos,
+         q, kc, vc, pml, pacc, G, pin);
 }
 
 }  // namespace
@@ -527,20 +371,21 @@ void check_tc_shape(const AttnShape& sh) {
 }
 }  // namespace
 
-bool attn_decode_tc(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+void attn_decode_tc(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                     const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o,
                     int T, int nsplit) {
-  if (T <= 0) return false;
+  if (T <= 0) return;
   check_tc_shape(sh);
   FERN_CU_CHECK(nsplit >= 1, "attention: split count");  // the upper bound is the combine's
   const dim3 grid(sh.Hkv, nsplit, T);
   const int G = sh.Hq / sh.Hkv;
-  if (sh.D == 256)
-    return run_tc<256, false>(c, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, G, nsplit, T);
-  return run_tc<128, false>(c, grid, sh, d_pos, q, qg, k_cache, v_cache, part_ml, part_acc, o, G, nsplit, T);
+  if (sh.D == 256) launch_tc<256>(c, grid, sh, d_pos, q, k_cache, v_cache, part_ml, part_acc, G);
+  else launch_tc<128>(c, grid, sh, d_pos, q, k_cache, v_cache, part_ml, part_acc, G);
+  FERN_CUDA_LAUNCH_CHECK("attn_decode_tc_kernel");
+  attn_decode_combine(c, sh, nsplit, part_ml, part_acc, qg, o, T);
 }
 
-bool attn_decode_tc_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* qg, const float* k,
+void attn_decode_tc_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* qg, const float* k,
                          const float* v, const float* q_norm, const float* k_norm, uint16_t* k_cache,
                          uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int nsplit) {
   check_tc_shape(sh);
@@ -549,10 +394,10 @@ bool attn_decode_tc_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos
   const dim3 grid(sh.Hkv, nsplit, 1);
   const int G = sh.Hq / sh.Hkv;
   const PrepIn pin{qg, k, v, q_norm, k_norm, k_cache, v_cache};
-  if (sh.D == 256)
-    return run_tc<256, true>(c, grid, sh, d_pos, nullptr, qg, k_cache, v_cache, part_ml, part_acc, o, G, nsplit, 1,
-                             pin);
-  return run_tc<128, true>(c, grid, sh, d_pos, nullptr, qg, k_cache, v_cache, part_ml, part_acc, o, G, nsplit, 1, pin);
+  if (sh.D == 256) launch_tc<256, true>(c, grid, sh, d_pos, nullptr, k_cache, v_cache, part_ml, part_acc, G, pin);
+  else launch_tc<128, true>(c, grid, sh, d_pos, nullptr, k_cache, v_cache, part_ml, part_acc, G, pin);
+  FERN_CUDA_LAUNCH_CHECK("attn_decode_tc_kernel");
+  attn_decode_combine(c, sh, nsplit, part_ml, part_acc, qg, o, 1);
 }
 
 }  // namespace fern::cuda

@@ -18,24 +18,15 @@ AttnDecodeKernel attn_decode_kernel_choice();
 // Shapes the tensor-core kernel takes: head_dim 128 or 256, 1/2/4/8 query heads per KV head.
 bool attn_decode_tc_ok(const AttnShape& sh);
 
-// The combine's form from FERN_CUDA_ATTN_COMBINE: 0 v2 (the default), 1 v1 (attn.cu's kernels), 2 fused (inside the
-// tensor-core kernel's launch where it can: one query row, ctx counters for the handoff, every block resident at
-// once; v2 otherwise). Another value throws fern::Error naming the variable. Host only (attn.cu).
-int attn_combine_choice();
-
 // Same contract as attn_decode (kernels.h): T query rows, row t sees positions [0, d_pos[0] + t]; nsplit pieces of
 // the KV length (in whole 64-key tiles; pieces past the end write empty partials), then the combine and the gate.
-// Returns whether the combine ran inside the attention launch (FERN_CUDA_ATTN_COMBINE=fused: a handoff through
-// c.counters[0, 1 + 2 (Hkv + 1)) between each KV head's splits, then every split combines a share of the head's
-// outputs) instead of as its own launch.
-bool attn_decode_tc(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
+void attn_decode_tc(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* q, const float* qg,
                     const uint16_t* k_cache, const uint16_t* v_cache, float* part_ml, float* part_acc, float* o,
                     int T, int nsplit);
 
 // attn_prep and attn_decode_tc in one attention launch (then the combine) for one query row: the query heads are
-// normalised and rotated inside every block, the new K/V row appended by the block whose split holds it. Returns
-// whether the combine was fused, as attn_decode_tc.
-bool attn_decode_tc_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* qg, const float* k,
+// normalised and rotated inside every block, the new K/V row appended by the block whose split holds it.
+void attn_decode_tc_prep(const Ctx& c, const AttnShape& sh, const int32_t* d_pos, const float* qg, const float* k,
                          const float* v, const float* q_norm, const float* k_norm, uint16_t* k_cache,
                          uint16_t* v_cache, float* part_ml, float* part_acc, float* o, int nsplit);
 // Whether the decode path fuses the prep into the tensor-core kernel: yes unless FERN_CUDA_ATTN_PREP=separate

@@ -33,11 +33,8 @@ void CudaBackend::attn_decode_(Tensor o, Tensor qg, Tensor k, Tensor v, const At
   Tensor pml = scratch(DType::F32, {1, sh.Hq, nsplit, 2});
   Tensor pacc = scratch(DType::F32, {1, sh.Hq, nsplit, sh.D});
   Tensor kc = st.k_cache.at(layer), vc = st.v_cache.at(layer);
-  // The tensor-core kernel's combine may run inside its launch (FERN_CUDA_ATTN_COMBINE=fused) with a handoff through
-  // the attention's counter slice.
-  const cuda::Ctx c = ctx(kAttnCounterBase, kAttnCounters);
   if (tc && cuda::attn_prep_fused()) {  // the prep inside the attention launch (attn_decode_tc.cu)
-    cuda::attn_decode_tc_prep(c, sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"),
+    cuda::attn_decode_tc_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"),
                               f32(w.q_norm, "q_norm"), f32(w.k_norm, "k_norm"), kc.ptr<uint16_t>(),
                               vc.ptr<uint16_t>(), pml.ptr<float>(), pacc.ptr<float>(), f32(o, "attn o"), nsplit);
     return;
@@ -45,13 +42,9 @@ void CudaBackend::attn_decode_(Tensor o, Tensor qg, Tensor k, Tensor v, const At
   Tensor q = scratch(DType::F32, {1, sh.Hq, sh.D});
   cuda::attn_prep(ctx(), sh, st.d_pos, f32(qg, "attn qg"), f32(k, "attn k"), f32(v, "attn v"), f32(w.q_norm, "q_norm"),
                   f32(w.k_norm, "k_norm"), q.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(), 1);
-  if (tc) {
-    cuda::attn_decode_tc(c, sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(),
-                         pml.ptr<float>(), pacc.ptr<float>(), f32(o, "attn o"), 1, nsplit);
-  } else {
-    cuda::attn_decode(c, sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(), kc.ptr<uint16_t>(), vc.ptr<uint16_t>(),
-                      pml.ptr<float>(), pacc.ptr<float>(), f32(o, "attn o"), 1, nsplit);
-  }
+  (tc ? cuda::attn_decode_tc : cuda::attn_decode)(ctx(), sh, st.d_pos, q.ptr<float>(), qg.ptr<float>(),
+                                                  kc.ptr<uint16_t>(), vc.ptr<uint16_t>(), pml.ptr<float>(),
+                                                  pacc.ptr<float>(), f32(o, "attn o"), 1, nsplit);
 }
 
 }  // namespace fern

@@ -8,14 +8,10 @@
 
 namespace fern::cuda_backend_detail {
 
-// Counter slices: GDN [0, 1024), argmax [1024, kMoeCounterBase), the fused MoE router [kMoeCounterBase,
-// + kMoeCounters), the decode attention's combine handoff [kAttnCounterBase, kCounters).
+// Counter slices: GDN [0, 1024), argmax [1024, kMoeCounterBase), the fused MoE router [kMoeCounterBase, kCounters).
 constexpr int kArgmaxCounterBase = 1024;
 constexpr int kMoeCounterBase = 1 << 16;
-constexpr int kMoeCounters = 4096;
-constexpr int kAttnCounterBase = kMoeCounterBase + kMoeCounters;
-constexpr int kAttnCounters = 256;
-constexpr int kCounters = kAttnCounterBase + kAttnCounters;
+constexpr int kCounters = kMoeCounterBase + 4096;
 // The one-launch MoE of decode (moe_fused.cu) keeps its handoff counters at the top of the GDN slice, whose step
 // kernel uses [0, Hk) (one counter per key head; [0, Hk + Hv) before the gated norm moved to the out_proj GEMV):
 // moe_decode_ takes that path only for models with Hk + Hv <= kMoeFusedCounterBase (the older, larger bound kept).

@@ -59,7 +59,7 @@ void CudaBackend::moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const M
   const int T = static_cast<int>(x.dim(0));
   const int k = cfg.num_experts_per_tok;
   const cuda::MoeScratch s = moe_scratch(*this, T, k, w.router.out, w.gate.out, w.shared_gate.out);
-  cuda::moe_route(ctx(kMoeCounterBase, kMoeCounters), cuda::make_qw(w.router),
+  cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router),
                   cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
   cuda::moe_gate_up(ctx(), cuda::make_qw(w.gate), cuda::make_qw(w.up), cuda::make_qw(w.shared_gate),
                     cuda::make_qw(w.shared_up), xp, s, T, k);

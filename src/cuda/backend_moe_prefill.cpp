@@ -138,7 +138,7 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   if (env_choice("FERN_MOE_PATH", {"grouped", "rows"}, 0) == 1 || !cuda::moe_grouped_ok(gate, up, down, sgate, sup, sdown)) {
     // The decode kernels over the T rows (each row re-reads its experts' weights).
     s.h = scratch(DType::F32, {T, k * I + Is}).ptr<float>();
-    cuda::moe_route(ctx(kMoeCounterBase, kMoeCounters), cuda::make_qw(w.router),
+    cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router),
                     cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
     cuda::moe_gate_up(ctx(), gate, up, sgate, sup, xp, s, T, k);
     cuda::moe_down(ctx(), down, sdown, s, op, T, k);
@@ -156,7 +156,7 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
     linear_rows(ctx(), router, xp, s.router_logits, T);
     cuda::moe_route_topk(ctx(), seg, xp, s, static_cast<int>(E), T, k);
   } else if (rf == RouterForm::Fused || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k)) {
-    cuda::moe_route(ctx(kMoeCounterBase, kMoeCounters), router, seg, xp, s, T, k);
+    cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);
   }
 
   const bool prefetch = env_choice("FERN_MOE_PREFETCH", {"0", "1"}, 0) == 1;

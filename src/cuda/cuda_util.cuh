@@ -74,14 +74,6 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
   return r;
 }
 
-// A counter read with acquire semantics at GPU scope (the grid handoffs' spin: what the arriving blocks wrote before
-// their fence and increment is visible once the count is seen).
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // Programmatic dependent launch (sm_90+): a kernel launched with the PDL attribute may start while its
 // predecessor finishes; pdl_wait() blocks until the predecessor's memory is visible (a no-op without the
 // attribute or below sm_90), pdl_trigger() lets the successor launch. Every kernel calls pdl_wait() before it

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "attn_test_util.h"
 #include "cuda/attn_decode_tc.h"
@@ -109,17 +108,14 @@ TEST(CudaAttn, DecodeKernelsShortContexts) {
 // The tensor-core decode kernel with the prep inside it (the default) and as its own launch before it
 // (FERN_CUDA_ATTN_PREP=separate), through the backend against the CPU: one split and many, the new row at the first
 // and at the last slot of a tile (positions 64 and 127 after prefills), other head shapes (D = 128, one query head
-// per KV head), and the queries of several heads per KV head normalised by different warps. Each with the combine
-// as its own launch (v2) and inside the attention launch (fused, its handoff counters carried from call to call).
+// per KV head), and the queries of several heads per KV head normalised by different warps.
 TEST(CudaAttn, DecodePrepFusedAndSeparate) {
   FERN_REQUIRE_GPU();
   test::EnvGuard k("FERN_CUDA_ATTN_DECODE", "tc");
-  for (const char* prep : {"fused", "separate"})
-  for (const char* comb : {"v2", "fused"}) {
-    SCOPED_TRACE(std::string(prep) + " combine " + comb);
+  for (const char* prep : {"fused", "separate"}) {
+    SCOPED_TRACE(prep);
     test::EnvGuard g("FERN_CUDA_ATTN_PREP", prep);
-    test::EnvGuard gc("FERN_CUDA_ATTN_COMBINE", comb);
-    std::printf("FERN_CUDA_ATTN_PREP=%s FERN_CUDA_ATTN_COMBINE=%s\n", prep, comb);
+    std::printf("FERN_CUDA_ATTN_PREP=%s\n", prep);
     run(16, 2, 256, 64, {7, 1, 1, 1, 20, 1}, 51);
     run(16, 2, 256, 4096, {64, 1, 62, 1, 1, 1500, 1}, 53);
     run(8, 2, 128, 500, {100, 1, 1}, 55);
@@ -160,12 +156,6 @@ TEST(CudaAttn, DecodeKernelSwitch) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("FERN_CUDA_ATTN_PREP=both"), std::string::npos) << e.what();
     }
-  }
-  {
-    test::EnvGuard gn("FERN_CUDA_ATTN_COMBINE", nullptr);
-    EXPECT_EQ(cuda::attn_combine_choice(), 0);
-    test::EnvGuard gf("FERN_CUDA_ATTN_COMBINE", "fused");
-    EXPECT_EQ(cuda::attn_combine_choice(), 2);
   }
   // The combine's switch is read before anything is launched.
   test::EnvGuard gc("FERN_CUDA_ATTN_COMBINE", "v3");
@@ -254,10 +244,7 @@ KernelData make_kernel_data(CudaBackend& gpu, const KernelCase& k, uint64_t seed
 }
 
 // One decode kernel over the case's data with nsplit pieces (the output poisoned with NaN first); NMSE against ref.
-// counters: zeroed device ints for the fused combine's handoff (FERN_CUDA_ATTN_COMBINE=fused); *fused: whether the
-// tensor-core kernel took it.
-double kernel_nmse(CudaBackend& gpu, const KernelCase& k, const KernelData& d, bool tc, int nsplit, Tensor& counters,
-                   bool* fused = nullptr) {
+double kernel_nmse(CudaBackend& gpu, const KernelCase& k, const KernelData& d, bool tc, int nsplit) {
   Tensor o = test::nan_filled(gpu, 1, int64_t(k.Hq) * k.D);
   Tensor pml = gpu.alloc(DType::F32, {int64_t(k.Hq) * nsplit * 2});
   Tensor pacc = gpu.alloc(DType::F32, {int64_t(k.Hq) * nsplit * k.D});
@@ -265,18 +252,10 @@ double kernel_nmse(CudaBackend& gpu, const KernelCase& k, const KernelData& d, b
   c.stream = gpu.stream();
   c.sms = gpu.sm_count();
   c.pdl = gpu.pdl();
-  c.counters = counters.ptr<int32_t>();
-  c.n_counters = static_cast<int>(counters.numel());
   const cuda::AttnShape sh{k.Hq, k.Hkv, k.D, 0, 1e7f, 1e-6f, k.L};
-  bool f = false;
-  if (tc) {
-    f = cuda::attn_decode_tc(c, sh, d.pos.ptr<int32_t>(), d.q.ptr<float>(), d.qg.ptr<float>(), d.kc.ptr<uint16_t>(),
-                             d.vc.ptr<uint16_t>(), pml.ptr<float>(), pacc.ptr<float>(), o.ptr<float>(), 1, nsplit);
-  } else {
-    cuda::attn_decode(c, sh, d.pos.ptr<int32_t>(), d.q.ptr<float>(), d.qg.ptr<float>(), d.kc.ptr<uint16_t>(),
-                      d.vc.ptr<uint16_t>(), pml.ptr<float>(), pacc.ptr<float>(), o.ptr<float>(), 1, nsplit);
-  }
-  if (fused) *fused = f;
+  (tc ? cuda::attn_decode_tc : cuda::attn_decode)(c, sh, d.pos.ptr<int32_t>(), d.q.ptr<float>(), d.qg.ptr<float>(),
+                                                  d.kc.ptr<uint16_t>(), d.vc.ptr<uint16_t>(), pml.ptr<float>(),
+                                                  pacc.ptr<float>(), o.ptr<float>(), 1, nsplit);
   gpu.synchronize();
   auto got = test::download(gpu, o);
   return test::nmse(got.data(), d.ref.data(), got.size());
@@ -288,30 +267,16 @@ TEST(CudaAttn, DecodeKernelsLongContexts) {
   const KernelCase cases[] = {{16, 2, 256, 1, 12.0f},    {16, 2, 256, 7, 12.0f},     {16, 2, 256, 300, 1.0f},
                               {16, 2, 256, 4101, 1.0f},  {16, 2, 256, 4101, 12.0f},  {16, 2, 256, 70001, 1.0f},
                               {16, 2, 256, 70001, 12.0f}, {8, 2, 128, 4101, 12.0f},  {4, 4, 128, 1000, 12.0f}};
-  Tensor counters = gpu->alloc(DType::I32, {64});
-  ASSERT_EQ(cudaMemset(counters.data, 0, 64 * sizeof(int32_t)), cudaSuccess);
   uint64_t seed = 100;
   for (const KernelCase& k : cases) {
     const KernelData d = make_kernel_data(*gpu, k, seed += 10);
     // The state's default split count for this length, and awkward ones (a prime; more splits than 64-key tiles;
-    // 200: more than one batch of splits per thread in the combine), with the three combines
-    // (FERN_CUDA_ATTN_COMBINE; fused: inside the tensor-core launch where all its blocks fit at once, here up to 132
-    // blocks: the default split counts and 7, not 128 or 200 with two KV heads, which take v2).
+    // 200: more than one batch of splits per thread in the combine), with both combines (FERN_CUDA_ATTN_COMBINE).
     for (int nsplit : {cuda::attn_splits(k.L), 7, 128, 200}) {
-      for (const char* comb : {"v2", "v1", "fused"}) {
+      for (const char* comb : {"v2", "v1"}) {
         test::EnvGuard gc("FERN_CUDA_ATTN_COMBINE", comb);
         for (bool tc : {true, false}) {
-          bool fused = false;
-          const double e = kernel_nmse(*gpu, k, d, tc, nsplit, counters, &fused);
-          // Taken where the grid fits one block per SM; never where it would need more than two per SM (at most
-          // two fit: 102-214 KB of shared memory per block).
-          const int64_t blocks = int64_t(k.Hkv) * nsplit;
-          if (tc && std::string(comb) == "fused" && blocks <= gpu->sm_count()) {
-            EXPECT_TRUE(fused) << "L=" << k.L << " nsplit=" << nsplit;
-          }
-          if (blocks > 2 * int64_t(gpu->sm_count()) || std::string(comb) != "fused") {
-            EXPECT_FALSE(fused) << "L=" << k.L << " nsplit=" << nsplit;
-          }
+          const double e = kernel_nmse(*gpu, k, d, tc, nsplit);
           std::printf("attn decode kernel %-5s combine %s Hq=%d Hkv=%d D=%d L=%ld qmax=%g nsplit=%d  NMSE %.3e\n",
                       tc ? "tc" : "split", comb, k.Hq, k.Hkv, k.D, long(k.L), double(k.qmax), nsplit, e);
           EXPECT_LT(e, kKernelNmse) << (tc ? "tc" : "split") << " combine " << comb << " L=" << k.L
