@@ -754,8 +754,8 @@ int resident_blocks(const Ctx& c, size_t smem) {
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE>, NT,
-                                                      smem) != cudaSuccess)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE>,
+                                                      NT, smem) != cudaSuccess)
       per_sm = 0;
     cached = per_sm;
     cached_smem = smem;
