@@ -94,17 +94,12 @@ __device__ __forceinline__ void stage_x_norm(const float* x, const float4 (&wn)[
     const int f = threadIdx.x + q * NT;
     xv[q] = f < n / 4 ? __ldcg(x4 + f) : make_float4(0.f, 0.f, 0.f, 0.f);  // through L2: stage_x
     ss += (xv[q].x * xv[q].x + xv[q].y * xv[q].y) + (xv[q].z * xv[q].z + xv[q].w * xv[q].w);
-    if constexpr (kRowMax) {
-      mx = fmaxf(fmaxf(fmaxf(mx, fabsf(xv[q].x * wn[q].x)), fabsf(xv[q].y * wn[q].y)),
-                 fmaxf(fabsf(xv[q].z * wn[q].z), fabsf(xv[q].w * wn[q].w)));
-    }
+    if constexpr (kRowMax) mx = max_abs_prod(mx, xv[q], wn[q]);
   }
   float inv;
   if constexpr (kRowMax) {
     __shared__ float2 red2[32];
-    const float2 sm = block_sum_max(ss, mx, red2);
-    inv = rsqrtf(sm.x / float(n) + eps);
-    sink.set_row_max(sm.y * inv);
+    inv = norm_inv_row_max(ss, mx, n, eps, red2, sink);
   } else {
     __shared__ float red[32];
     inv = rsqrtf(block_sum(ss, red) / float(n) + eps);
@@ -342,10 +337,9 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
   pdl_wait();
   float4* xs = smem;
   float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, LPR>(K));
-  // Q8: the digits in xs's place (q8_slots(K) <= x_slots<4, 32>(K) uint4) and their factor.
-  Q8Sink q8{reinterpret_cast<uint4*>(smem), xc};
-  float xsc = 0.0f;
+  float xsc = 0.0f;  // Q8: the digits' row factor
   if constexpr (Q8) {
+    Q8Sink q8{reinterpret_cast<uint4*>(smem), xc};  // the digits in xs's place (q8_slots(K) <= x_slots<4, 32>(K))
     in.run(x, nm, K, t, q8);
     xsc = q8.factor();
   } else {
@@ -365,15 +359,7 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
     for (int u = 0; u < 2; ++u) {
       const int j = cci * 2 + u;
       if constexpr (Q8) {  // as SB below, the dots on the digits
-        int tq[kRPI], a2[kRPI];
-        chunk_dot_q8<kRPI>(cur.w[u], xql + j * (kQ8Slots * 32), tq, a2);
-        const float xsum = xcl[j * LPR];
-#pragma unroll
-        for (int r = 0; r < kRPI; ++r) {
-          float sc, bi;
-          sb_from_word(cur.sbw[r], lane, u, sc, bi);
-          acc[r] = q8_apply_group(acc[r], tq[r], a2[r], sc, bi, xsum, xsc);
-        }
+        q8_rows_chunk<kRPI>(cur.w[u], cur.sbw, xql + j * (kQ8Slots * 32), xcl + j * LPR, xsc, lane, u, acc);
       } else if constexpr (SB) {  // chunk lane + 32 j is chunk lane + 32 u of the step's 64 (sb_from_word)
         float d[kRPI];
         chunk_dot<BITS, LPR, kRPI>(cur.w[u], xl + j * (F4 * LPR), d);

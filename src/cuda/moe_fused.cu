@@ -163,17 +163,8 @@ template <int N>
 __device__ __forceinline__ void dot_rows_q8(const Rows<4, N>& R, const uint4* xq, const float* xc, float xsc,
                                             int lane, float (&acc)[N]) {
 #pragma unroll
-  for (int u = 0; u < kNch<4>; ++u) {
-    int t[N], a2[N];
-    chunk_dot_q8<N>(R.w[u], xq + u * (kQ8Slots * 32) + lane, t, a2);
-    const float xsum = xc[lane + 32 * u];
-#pragma unroll
-    for (int r = 0; r < N; ++r) {
-      float sc, bi;
-      sb_from_word(R.sbw[r], lane, u, sc, bi);
-      acc[r] = q8_apply_group(acc[r], t[r], a2[r], sc, bi, xsum, xsc);
-    }
-  }
+  for (int u = 0; u < kNch<4>; ++u)
+    q8_rows_chunk<N>(R.w[u], R.sbw, xq + u * (kQ8Slots * 32) + lane, xc + lane + 32 * u, xsc, lane, u, acc);
 }
 
 // Full dot products of N rows whose first pass is already in `first`; every lane gets the sums. ONE: the caller
@@ -488,18 +479,12 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
         const float4 r = __ldcg(r4 + f), d = __ldcg(d4 + f);
         rsum[q] = make_float4(r.x + d.x, r.y + d.y, r.z + d.z, r.w + d.w);
         ss += rsum[q].x * rsum[q].x + rsum[q].y * rsum[q].y + rsum[q].z * rsum[q].z + rsum[q].w * rsum[q].w;
-        if constexpr (Q8) {
-          const float4 w = wn[q];
-          mx = fmaxf(fmaxf(fmaxf(mx, fabsf(rsum[q].x * w.x)), fabsf(rsum[q].y * w.y)),
-                     fmaxf(fabsf(rsum[q].z * w.z), fabsf(rsum[q].w * w.w)));
-        }
+        if constexpr (Q8) mx = max_abs_prod(mx, rsum[q], wn[q]);
       }
     }
     float inv;
     if constexpr (Q8) {
-      const float2 sm = block_sum_max(ss, mx, red);
-      inv = rsqrtf(sm.x / float(H) + a.norm.eps);
-      q8.set_row_max(sm.y * inv);
+      inv = norm_inv_row_max(ss, mx, H, a.norm.eps, red, q8);
       xsc = q8.factor();
     } else {
       inv = rsqrtf(block_sum(ss, reinterpret_cast<float*>(red)) / float(H) + a.norm.eps);

@@ -290,7 +290,8 @@ struct Q8Sink {
   float rowmax = 0.0f, unit = 0.0f;  // unit: 65536 / sx, what q8_put's values are multiplied by
   __device__ __forceinline__ void set_row_max(float m) {
     rowmax = m;
-    // 127 / m first, then the exact power of two: rint(x * unit) is the float form's rint((x * 127 / m) * 65536).
+    // 127 / m first, then the exact power of two: rint(x * unit) = rint((x * 127 / m) * 65536), x / sx rounded to
+    // 2^-16 with sx's own rounding.
     unit = m > 0.0f ? (127.0f / m) * 65536.0f : 0.0f;
   }
   __device__ __forceinline__ float factor() const { return rowmax / (127.0f * 65536.0f); }
@@ -300,6 +301,21 @@ struct Q8Sink {
     if (ok && f % ChunkTraits<4>::kF4 == 0) xc[f / ChunkTraits<4>::kF4] = cs;
   }
 };
+
+// m and the largest |x w| of a float4 (the normed row's largest magnitude is that over the row times the norm's
+// factor: Q8Sink's row maximum).
+__device__ __forceinline__ float max_abs_prod(float m, const float4& x, const float4& w) {
+  return fmaxf(fmaxf(fmaxf(m, fabsf(x.x * w.x)), fabsf(x.y * w.y)), fmaxf(fabsf(x.z * w.z), fabsf(x.w * w.w)));
+}
+
+// The RMSNorm factor of a row of n values from this thread's sum of squares ss and largest |x w| mx (one block
+// reduction for both: block_sum_max), the normed row's largest magnitude handed to the digit sink.
+__device__ __forceinline__ float norm_inv_row_max(float ss, float mx, int n, float eps, float2* red, Q8Sink& sink) {
+  const float2 sm = block_sum_max(ss, mx, red);
+  const float inv = rsqrtf(sm.x / float(n) + eps);
+  sink.set_row_max(sm.y * inv);
+  return inv;
+}
 
 // Whether a sink wants the row's largest magnitude from stage_x_norm (Q8Sink) or not (the fp32 sinks).
 template <typename Sink>
@@ -404,6 +420,24 @@ __device__ __forceinline__ void sb_from_word(uint32_t word, int lane, int u, flo
   const uint32_t wb = __shfl_sync(0xffffffffu, word, src + 16);
   sc = __uint_as_float(hi ? ws & 0xffff0000u : ws << 16);
   bi = __uint_as_float(hi ? wb & 0xffff0000u : wb << 16);
+}
+
+// N packed 4-bit rows' chunk lane + 32 u (of a step's 64, sb_from_word) against x as 8-bit digits: acc[r] += the
+// chunk's group term (q8_apply_group). xq: the chunk's digit slot 0 (this lane's column), xc its fp32 sum, xsc the
+// row's factor. The digit form's step of the input projections' GEMV and of the fused MoE's gate/up rows; every
+// lane of the warp must call it (shuffles).
+template <int N>
+__device__ __forceinline__ void q8_rows_chunk(const uint4 (&wv)[N], const uint32_t (&sbw)[N], const uint4* xq,
+                                              const float* xc, float xsc, int lane, int u, float (&acc)[N]) {
+  int t[N], a2[N];
+  chunk_dot_q8<N>(wv, xq, t, a2);
+  const float xsum = *xc;
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    float sc, bi;
+    sb_from_word(sbw[r], lane, u, sc, bi);
+    acc[r] = q8_apply_group(acc[r], t[r], a2[r], sc, bi, xsum, xsc);
+  }
 }
 
 // Loads chunk c of row `row` (weights, and for affine the group's scale and bias).
