@@ -37,7 +37,18 @@ bool moe_shapes_ok(const MoeWeights& w, int64_t H, const ModelConfig& cfg) {
          k <= 64;
 }
 
+// FERN_CUDA_MOE_FOLD=1 (the default) / 0: the MoE's router in the mixer's output projection or in the MoE launch
+// (read at every announcement, for comparisons; an unknown value is an error naming the switch).
+bool fold_enabled() { return env_choice("FERN_CUDA_MOE_FOLD", {"0", "1"}, 1) == 1; }
+
+cuda::MoeQW moe_qw(const MoeWeights& w) {
+  return {cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), cuda::make_qw(w.gate),
+          cuda::make_qw(w.up),     cuda::make_qw(w.down),               cuda::make_qw(w.shared_gate),
+          cuda::make_qw(w.shared_up), cuda::make_qw(w.shared_down)};
+}
+
 }  // namespace
+
 
 bool CudaBackend::moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg,
                              const cuda::MoeNorm* norm) {
@@ -47,10 +58,8 @@ bool CudaBackend::moe_fused_(Tensor out, const float* x, const MoeWeights& w, co
     return false;
   const int k = cfg.num_experts_per_tok;
   const cuda::MoeScratch s = moe_scratch(*this, 1, k, w.router.out, w.gate.out, w.shared_gate.out);
-  const cuda::MoeQW q{cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), cuda::make_qw(w.gate),
-                      cuda::make_qw(w.up),     cuda::make_qw(w.down),               cuda::make_qw(w.shared_gate),
-                      cuda::make_qw(w.shared_up), cuda::make_qw(w.shared_down)};
-  return cuda::moe_fused(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters), q, x, s, f32(out, "moe out"), k, norm);
+  return cuda::moe_fused(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters), moe_qw(w), x, s, f32(out, "moe out"), k,
+                         norm);
 }
 
 void CudaBackend::moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
@@ -66,9 +75,59 @@ void CudaBackend::moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const M
   cuda::moe_down(ctx(), cuda::make_qw(w.down), cuda::make_qw(w.shared_down), s, f32(out, "moe out"), T, k);
 }
 
+void CudaBackend::expect_moe_residual(Tensor resid, Tensor delta, Tensor norm_w, const MoeWeights& w,
+                                      const ModelConfig& cfg) {
+  ahead_ = {};
+  const int64_t H = resid.dim(-1);
+  if (!fold_enabled() || !fused_enabled() ||
+      cfg.linear_num_key_heads + cfg.linear_num_value_heads > kMoeFusedCounterBase || resid.numel() != H || delta.numel() != H || norm_w.numel() != H ||
+      resid.dtype != DType::F32 || delta.dtype != DType::F32 || norm_w.dtype != DType::F32 ||
+      !moe_shapes_ok(w, H, cfg) || w.router.out + 1 > kFoldPreMax)
+    return;
+  ahead_ = {resid.data, delta.data, norm_w.data, &w, &cfg};
+}
+
+bool CudaBackend::take_fold_(Tensor out, const cuda::QW& proj, cuda::RouteFold* f) {
+  if (ahead_.delta == nullptr || out.data != ahead_.delta) return false;
+  const MoeAhead a = ahead_;
+  ahead_ = {};  // one projection writes delta: this one, folded or not
+  const int k = a.cfg->num_experts_per_tok;
+  if (out.numel() != proj.out || !cuda::moe_fused_fold_ok(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters),
+                                                          moe_qw(*a.w), k))
+    return false;
+  f->router = cuda::make_qw(a.w->router);
+  f->sgr = cuda::make_qw(a.w->shared_expert_gate);
+  f->norm_w = static_cast<const float*>(a.norm_w);
+  f->resid = static_cast<float*>(const_cast<void*>(a.resid));
+  f->pre = fold_pre_;
+  if (!cuda::route_fold_ok(proj, *f)) return false;
+  folded_ = a;
+  ++moe_folds_;
+  return true;
+}
+
 void CudaBackend::moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out,
                                const MoeWeights& w, const ModelConfig& cfg) {
   const int64_t H = resid.dim(-1);
+  ahead_ = {};
+  if (folded_.resid != nullptr) {
+    // The projection has added delta to resid and left the router's pre-logits: only the fold's MoE form may follow.
+    const MoeAhead a = folded_;
+    folded_ = {};
+    FERN_CHECK(a.resid == resid.data && a.delta == delta.data && a.norm_w == norm_w.data && a.w == &w &&
+                   xn.numel() == H && out.numel() == H,
+               "moe_residual: not the call expect_moe_residual announced (its router ran in the projection)");
+    join_side();
+    cuda::MoeNorm n;
+    n.resid = f32(resid, "moe_residual resid");
+    n.w = f32(norm_w, "moe_residual norm");
+    n.eps = eps;
+    n.xn = f32(xn, "moe_residual xn");
+    n.add_out = true;
+    n.pre = fold_pre_;
+    FERN_CHECK(moe_fused_(out.reshape({1, H}), nullptr, w, cfg, &n), "moe_residual: the fold's MoE form was refused");
+    return;
+  }
   const bool one_row = resid.numel() == H && delta.numel() == H && xn.numel() == H && norm_w.numel() == H &&
                        out.numel() == H && moe_shapes_ok(w, H, cfg);
   if (one_row) {

@@ -66,6 +66,8 @@ class CudaBackend : public Backend {
   void moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) override;
   void moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor norm_w, float eps, Tensor out, const MoeWeights& w,
                     const ModelConfig& cfg) override;
+  void expect_moe_residual(Tensor resid, Tensor delta, Tensor norm_w, const MoeWeights& w,
+                           const ModelConfig& cfg) override;
   void rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, Tensor norm_w, float eps, Tensor xn,
                             std::span<const LinearWeight* const> ws) override;
   void argmax(Tensor ids, Tensor logits) override;
@@ -95,6 +97,8 @@ class CudaBackend : public Backend {
   cudaStream_t stream() const { return stream_; }
   bool pdl() const { return pdl_; }
   int sm_count() const { return sms_; }
+  // MoE routers run inside the mixers' output projections so far (FERN_CUDA_MOE_FOLD; for tests).
+  int64_t moe_folds() const { return moe_folds_; }
   // Bytes of device memory the scratch arena holds (it only grows: the peak of all forward calls so far).
   size_t scratch_reserved() const { return arena_->reserved(); }
   // The most scratch any forward call has held at once (the sum of its live allocations, aligned): what the
@@ -142,6 +146,20 @@ class CudaBackend : public Backend {
   // The one-launch MoE of one token (backend_moe_decode.cpp); with `norm` it also computes its input. False: not
   // taken (formats, shapes, FERN_CUDA_MOE_FUSED=0), nothing launched.
   bool moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg, const cuda::MoeNorm* norm);
+  // The router in the mixer's output projection (backend_moe_decode.cpp, FERN_CUDA_MOE_FOLD): the moe_residual that
+  // expect_moe_residual announced (ahead_), taken by the projection that writes `out` when it and the MoE can take
+  // the fold (then *f is filled, and folded_ tells moe_residual that resid already holds resid + delta).
+  bool take_fold_(Tensor out, const cuda::QW& proj, cuda::RouteFold* f);
+  struct MoeAhead {
+    const void* resid = nullptr;
+    const void* delta = nullptr;
+    const void* norm_w = nullptr;
+    const MoeWeights* w = nullptr;
+    const ModelConfig* cfg = nullptr;
+  };
+  MoeAhead ahead_, folded_;
+  long long* fold_pre_ = nullptr;  // the fold's fixed-point pre-logits (kFoldPreMax), zero between uses
+  int64_t moe_folds_ = 0;
 
   int device_ = 0;
   int sms_ = 0;

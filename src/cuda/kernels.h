@@ -56,6 +56,27 @@ void linear_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* 
                        float* const* ys, int n, int T);
 // One matrix with the input norm inside the GEMV (T = 1): y = (rmsnorm(x) * norm_w) W^T, xn = the normed row.
 void linear_norm(const Ctx& c, const QW& w, const float* x, const float* norm_w, float eps, float* xn, float* y);
+// The next MoE's router run by a mixer's output projection (FERN_CUDA_MOE_FOLD, docs/notes/cuda-decode-v31-fold.md):
+// the router's logits are linear in the normed row, l = inv * R (norm_w * r) with r = resid + y and inv the norm's
+// positive factor, so the projection, which makes y row by row, also adds y to resid and accumulates
+// pre[e] = sum_n R[e][n] norm_w[n] r[n] over its rows (e < E: the router's rows, e = E: the shared-expert gate's row),
+// and the MoE (moe_fused with MoeNorm::pre) starts at the top-k instead of at the router's rows and a grid-wide
+// handoff: the top-k order does not depend on inv, the routing weights take it from the MoE's own norm. The partial
+// sums are added in fixed point (units of 2^-kFoldShift, 64-bit integer atomics), so the result has the same bits
+// whatever order the blocks finish in. pre must be zero before the projection; the MoE zeroes it again.
+constexpr int kFoldShift = 32;
+constexpr float kFoldUnit = 4294967296.0f;  // 2^kFoldShift
+struct RouteFold {
+  QW router, sgr;                  // [E, H] and [1, H], 8-bit in groups of 64 (H = the projection's rows)
+  const float* norm_w = nullptr;   // [H] the MoE's input norm weight
+  float* resid = nullptr;          // [H] the residual stream: resid += y
+  long long* pre = nullptr;        // [E + 1] fixed-point pre-logits
+};
+// Whether the output projection w (one token row) can take the fold: 4-bit in groups of 64, width 2,048 .. 4,096 (a
+// multiple of 2,048), rows a multiple of 16, and the router's shape and format as above.
+bool route_fold_ok(const QW& w, const RouteFold& f);
+// y = x W^T for one token row with the fold (route_fold_ok must hold).
+void linear_fold(const Ctx& c, const QW& w, const float* x, float* y, const RouteFold& f);
 // out = g W^T for one token row, where g is the GDN core's gated RMSNorm (MODEL.md 2.4 step 9) of its raw output
 // y [n]: per head of `head` values g = y * rsqrt(mean(y^2) + eps) * norm_w * silu(z), norm_w [head] shared by all
 // heads. Every block of the GEMV computes g while staging its input (no launch, no round trip for the norm).
@@ -63,7 +84,7 @@ void linear_norm(const Ctx& c, const QW& w, const float* x, const float* norm_w,
 // sits between), so it is read before the PDL wait (gdn.cu's rule for the state). Needs linear_gated_norm_ok.
 bool linear_gated_norm_ok(const QW& w, int head);
 void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z, const float* norm_w, float eps,
-                       int head, float* out, bool early_z = false);
+                       int head, float* out, bool early_z = false, const RouteFold* fold = nullptr);
 // Prefill: token rows from which linear/linear_multi may use the tensor-core kernel below instead of the GEMV
 // (they do when linear_gemm_wins: a supported shape and a grid large enough to fill the GPU).
 constexpr int kGemmMinRows = 16;
@@ -133,7 +154,13 @@ struct MoeNorm {
   float eps = 0.0f;
   float* xn = nullptr;
   bool add_out = false;
+  // The router run by the output projection before (RouteFold): resid already holds resid + delta (delta unused),
+  // pre the fixed-point pre-logits, zeroed by this launch once read. Needs moe_fused_fold_ok.
+  long long* pre = nullptr;
 };
+// Whether moe_fused takes MoeNorm::pre for these weights under the current switches (the lean digit form with packed
+// rows, 8-bit router, E <= 256).
+bool moe_fused_fold_ok(const Ctx& c, const MoeQW& w, int topk);
 bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s, float* out, int topk,
                const MoeNorm* norm = nullptr);
 // Which packed scale/bias loads moe_fused would take for these weights under the current FERN_CUDA_MOE_SB: 0 none,

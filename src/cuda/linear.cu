@@ -43,13 +43,29 @@ struct StepBuf {
   uint32_t sbw[kRPI];  // SB kernels: the step's scales and biases, one word per lane and row (s and b unused)
 };
 
-// Top-k tail of the fused router (ROUTE kernels only).
+// The next MoE's router over this projection's rows (FOLD kernels; kernels.h RouteFold): 8-bit codes as bytes
+// (column n of a row is byte n), bf16 scales and biases per group of 64.
+struct FoldArgs {
+  const uint8_t* rw = nullptr;  // router [E, H]
+  const uint16_t* rs = nullptr;
+  const uint16_t* rb = nullptr;
+  const uint8_t* gw = nullptr;  // the shared-expert gate's row [1, H]
+  const uint16_t* gs = nullptr;
+  const uint16_t* gb = nullptr;
+  const float* nw = nullptr;    // [H] the MoE's norm weight
+  float* resid = nullptr;       // [H]
+  unsigned long long* pre = nullptr;  // [E + 1] fixed point, two's complement
+  int E = 0;
+};
+
+// Top-k tail of the fused router (ROUTE kernels only), or the fold's arguments (FOLD kernels only).
 struct RouteTail {
   int topk = 0;
   int32_t* ids = nullptr;
   float* wts = nullptr;
   float* sgate = nullptr;
   int* counters = nullptr;  // one per token row, zero between launches (the last block resets its own)
+  FoldArgs fold;
 };
 
 // Optional RMSNorm of the input row, computed by every block while staging it (linear_multi_norm: a layer's input
@@ -245,6 +261,41 @@ __device__ __forceinline__ int mat_of(const int (&start)[kMaxMats + 1], int v) {
   return q;
 }
 
+// One router row's share of the fold (FOLD kernels): its codes at the block's RB columns (RB / 16 16-byte loads),
+// the scale and bias of their group. load() before the PDL wait; add() once the block's router inputs x (RB values,
+// norm_w * (resid + y)) are in shared memory: pre[e] += s * sum_j q_j x_j + b * sum_j x_j, the group term as every
+// affine dot in fern has it, converted to units of 2^-kFoldShift and added as a 64-bit integer (the same bits
+// whatever order the blocks' additions arrive in). Row e = E is the shared-expert gate's; rows beyond it do nothing.
+template <int RB>
+struct FoldRows {
+  static_assert(RB % 16 == 0 && 64 % RB == 0, "a block's rows: whole 16-byte loads within one group of 64");
+  uint4 q[RB / 16];
+  float s, b;
+  __device__ __forceinline__ void load(const FoldArgs& f, int e, int row0, int H) {
+    if (e > f.E) return;
+    const uint8_t* w = e < f.E ? f.rw + int64_t(e) * H : f.gw;
+    const int64_t g = (e < f.E ? int64_t(e) * (H / 64) : 0) + row0 / 64;
+    const uint16_t* sp = e < f.E ? f.rs : f.gs;
+    const uint16_t* bp = e < f.E ? f.rb : f.gb;
+#pragma unroll
+    for (int j = 0; j < RB / 16; ++j) q[j] = __ldg(reinterpret_cast<const uint4*>(w + row0) + j);
+    s = bf16_at(sp, g);
+    b = bf16_at(bp, g);
+  }
+  __device__ __forceinline__ void add(const FoldArgs& f, int e, const float* x, float xsum) const {
+    if (e > f.E) return;
+    float d = 0.0f;
+#pragma unroll
+    for (int j = 0; j < RB / 16; ++j) {
+      const uint32_t u[4] = {q[j].x, q[j].y, q[j].z, q[j].w};
+#pragma unroll
+      for (int m = 0; m < 16; ++m) d = fmaf(float((u[m / 4] >> (8 * (m % 4))) & 0xffu), x[16 * j + m], d);
+    }
+    const float p = fmaf(s, d, b * xsum);
+    atomicAdd(f.pre + e, static_cast<unsigned long long>(__float2ll_rn(p * kFoldUnit)));
+  }
+};
+
 // A's shape and format describe every matrix; the rows come from M. With ROUTE (two matrices: the router, then the
 // shared-expert gate's single row) the last block of each token row runs the router's top-k over y[0] with y[1]
 // as the shared-expert gate logit.
@@ -258,11 +309,21 @@ __device__ __forceinline__ int mat_of(const int (&start)[kMaxMats + 1], int v) {
 // Q8 (SB kernels with the input norm; FERN_CUDA_GEMV_Q8=1, gemv_q8): the normed row as three 8-bit digits per value
 // and the rows' codes against them with integer dot products (qdot.cuh chunk_dot_q8: 9 instructions per 8 weights
 // instead of 19).
+// FOLD (linear_fold, linear_gated_norm with a RouteFold; one matrix, SB, one token row): every warp has exactly
+// one row group and takes every step of it before its first refill (the host checks S = nc <= NB), so block b owns
+// rows [b RB, b RB + RB), RB = kFoldRows<NT>, all in one group of 64 of the router's columns. The epilogue adds each
+// row's y to resid, and each thread e adds router row e's dot with the block's rows (norm_w * (resid + y)) to
+// pre[e] in fixed point (FoldRows). The refill stays compiled although it never runs: without it ptxas took 255
+// registers and spilled (184 with it, 168 without the fold).
+template <int NT>
+constexpr int kFoldRows = NT / 32 * kRPI;
+
 template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
-          bool CONTIG = false, bool Q8 = false>
+          bool CONTIG = false, bool Q8 = false, bool FOLD = false>
 __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
+  static_assert(!FOLD || (!MULTI && SB && LPR == 32), "the fold: one packed matrix, 32 lanes per row");
   static_assert(!Q8 || (SB && STAGE == kStageNorm), "the digit form: packed rows with the input norm");
   static_assert(!SB || (BITS == 4 && LPR == 32), "packed scales: 4-bit rows, 32 lanes per row");
   static_assert(!CONTIG || MULTI, "one matrix is contiguous already");
@@ -334,7 +395,25 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
     if (i < S) load_step(buf[i]);
   InputStage<STAGE, NT, (MINB > 1)> in;
   in.before_wait(nm, K, t);
+  // FOLD: the router's codes, scales and biases for this block's rows and the norm weight there are weights too.
+  constexpr int kFR = kFoldRows<NT>;
+  __shared__ float fold_nw[FOLD ? kFR : 1], fold_x[FOLD ? kFR : 1];
+  FoldRows<kFR> fr[2];
+  float fold_r[kRPI];  // resid at this warp's rows (lane 0)
+  if constexpr (FOLD) {
+    const FoldArgs& f = tail.fold;
+    const int row0 = blockIdx.x * kFR, H = rows;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) fr[i].load(f, threadIdx.x + i * NT, row0, H);
+    if (threadIdx.x < kFR) fold_nw[threadIdx.x] = __ldg(f.nw + row0 + threadIdx.x);
+  }
   pdl_wait();
+  if constexpr (FOLD) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRPI; ++r) fold_r[r] = __ldcg(tail.fold.resid + gw * RPW + r);  // with the staging's loads
+    }
+  }
   float4* xs = smem;
   float* xc = reinterpret_cast<float*>(smem + x_slots<BITS, LPR>(K));
   float xsc = 0.0f;  // Q8: the digits' row factor
@@ -391,6 +470,11 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
           const int r0 = MULTI ? M.start[q] : 0;
           const int nq = MULTI ? M.start[q + 1] - r0 : rows;
           M.y[q][int64_t(t) * nq + (row - r0)] = v;
+          if constexpr (FOLD) {  // the residual add of MODEL.md 2.0 (r = h + a) for this row, then its router input
+            const float rv = fold_r[r] + v;
+            tail.fold.resid[row] = rv;
+            fold_x[row - blockIdx.x * kFR] = rv * fold_nw[row - blockIdx.x * kFR];
+          }
         }
         acc[r] = 0.0f;
       }
@@ -404,6 +488,14 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
       if (s + i < S) step(s + i, buf[i]);
   }
 
+  if constexpr (FOLD) {
+    __syncthreads();  // fold_x complete
+    float xsum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kFR; ++j) xsum += fold_x[j];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) fr[i].add(tail.fold, threadIdx.x + i * NT, fold_x, xsum);
+  }
   if constexpr (ROUTE) {
     // Last block of this token row: every block's logits are visible once it sees the count complete.
     __shared__ bool last;
@@ -790,6 +882,27 @@ void launch_any(const Ctx& c, const QW& a, const Mats& m, int rows, const float*
   }
 }
 
+// The fold's kernel (linear_kernel's FOLD form: 256 threads, packed rows, one row group per warp; route_fold_ok).
+template <int STAGE>
+void launch_fold(const Ctx& c, const QW& a, const Mats& m, const float* x, const RouteFold& f, const InNorm& nm) {
+  constexpr int NT = kThreads;
+  RouteTail tail;
+  FoldArgs& g = tail.fold;
+  g.rw = static_cast<const uint8_t*>(f.router.w);
+  g.rs = f.router.s;
+  g.rb = f.router.b;
+  g.gw = static_cast<const uint8_t*>(f.sgr.w);
+  g.gs = f.sgr.s;
+  g.gb = f.sgr.b;
+  g.nw = f.norm_w;
+  g.resid = f.resid;
+  g.pre = reinterpret_cast<unsigned long long*>(f.pre);
+  g.E = static_cast<int>(f.router.out);
+  const int rows = static_cast<int>(a.out);
+  launch(c, "linear_kernel", linear_kernel<4, 32, false, false, STAGE, 2, NT, 1, true, false, false, true>,
+         dim3(rows / kFoldRows<NT>, 1), NT, x_smem_bytes<4>(a.in, 32), a, m, rows, x, tail, nm);
+}
+
 // A table of n matrices (n <= kMaxMats) with their outputs; unused entries start at INT_MAX.
 Mats make_mats(const QW* ws, float* const* ys, int n) {
   Mats m{};
@@ -906,8 +1019,26 @@ bool gated_norm_fixed(const QW& w, int head, bool early_z, int rows) {
          env_choice("FERN_CUDA_GEMV_GN_LEAN", {"0", "1"}, 1) == 1;
 }
 
+bool route_fold_ok(const QW& w, const RouteFold& f) {
+  auto aligned4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3) == 0; };
+  auto router_ok = [&](const QW& r, int64_t out) {
+    return r.bits == 8 && r.gs == 64 && r.in == w.out && r.out == out && r.experts == 0 &&
+           (reinterpret_cast<uintptr_t>(r.w) & 15) == 0;
+  };
+  constexpr int NT = kThreads;
+  return w.bits == 4 && w.gs == 64 && w.experts == 0 && w.in % 2048 == 0 && w.in <= 2 * 2048 &&  // nc <= NB = 2
+         w.out % kFoldRows<NT> == 0 && w.out < (int64_t(1) << 24) && aligned4(w.s) && aligned4(w.b) &&
+         f.router.out >= 1 && f.router.out + 1 <= 2 * NT && router_ok(f.router, f.router.out) && router_ok(f.sgr, 1) &&
+         f.norm_w != nullptr && f.resid != nullptr && f.pre != nullptr;
+}
+
+void linear_fold(const Ctx& c, const QW& w, const float* x, float* y, const RouteFold& f) {
+  FERN_CU_CHECK(route_fold_ok(w, f), "linear_fold: shapes or formats the fold does not take");
+  launch_fold<kStagePlain>(c, w, make_mats(&w, &y, 1), x, f, InNorm{});
+}
+
 void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z, const float* norm_w, float eps,
-                       int head, float* out, bool early_z) {
+                       int head, float* out, bool early_z, const RouteFold* fold) {
   FERN_CU_CHECK(linear_gated_norm_ok(w, head) && norm_w != nullptr && z != nullptr,
                 "linear_gated_norm: width, head width or norm weight");
   InNorm nm;
@@ -918,6 +1049,14 @@ void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z
   nm.z_early = early_z ? 1 : 0;
   const Mats m = make_mats(&w, &out, 1);
   const int rows = static_cast<int>(w.out);
+  if (fold != nullptr) {
+    FERN_CU_CHECK(route_fold_ok(w, *fold), "linear_gated_norm: shapes or formats the fold does not take");
+    if (gated_norm_fixed(w, head, early_z, rows))
+      launch_fold<kStageGatedNorm128>(c, w, m, y, *fold, nm);
+    else
+      launch_fold<kStageGatedNorm>(c, w, m, y, *fold, nm);
+    return;
+  }
   if (gated_norm_fixed(w, head, early_z, rows)) {
     launch_bits<4, false, false, kStageGatedNorm128>(c, w, m, rows, y, RouteTail{}, 1, nm);
     return;

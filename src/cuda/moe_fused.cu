@@ -260,6 +260,9 @@ __device__ __forceinline__ float key_float(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+template <int NPL>
+__device__ __forceinline__ void topk_rounds(uint32_t (&key)[NPL], int k, uint32_t& my_key, int& my_id);
+
 // Router top-k of one token by one warp, on the logits themselves (softmax is monotone, and the weights are
 // renormalised over the chosen experts, so the softmax's denominator cancels: w = exp(l - l_max) / sum over the
 // chosen). A round is two single-instruction warp reductions (redux.sync: the largest key, then the lowest index
@@ -283,6 +286,14 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
   if constexpr (TIMED) {
     if (key[0] != 1u) st.at(kMoeStampTopkKeys);  // (a use of the loaded keys: the stamp waits for them)
   }
+  topk_rounds<NPL>(key, k, my_key, my_id);
+  st.at(kMoeStampTopkRounds);
+}
+
+// topk_keys' rounds on keys already in registers (lane l holds experts l, l + 32, ...).
+template <int NPL>
+__device__ __forceinline__ void topk_rounds(uint32_t (&key)[NPL], int k, uint32_t& my_key, int& my_id) {
+  const int lane = threadIdx.x & 31;
   uint32_t bk;
   int bi;
   auto local_best = [&] {  // i ascending and strict >: the lowest index among this lane's equal keys
@@ -313,19 +324,23 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
       my_id = win;
     }
   }
-  st.at(kMoeStampTopkRounds);
 }
 
 // The routing weights from topk_keys' choice (all lanes of the warp): lane r < k gets slot r's weight, softmax over
 // the chosen logits; the shared expert's gate sigmoid(sgl) is returned to every lane.
-__device__ __forceinline__ float route_weights(uint32_t my_key, float sgl, int k, float& sgate) {
+// FOLD: the keys are of the pre-logits (RouteFold), scaled by the norm's factor inv here.
+template <bool FOLD = false>
+__device__ __forceinline__ float route_weights(uint32_t my_key, float sgl, int k, float& sgate, float inv = 1.0f) {
   const int lane = threadIdx.x & 31;
   const float lmax = key_float(__shfl_sync(0xffffffffu, my_key, 0));
-  const float p = lane < k ? expf(key_float(my_key) - lmax) : 0.0f;
+  const float p = lane < k ? expf(FOLD ? (key_float(my_key) - lmax) * inv : key_float(my_key) - lmax) : 0.0f;
   const float sum = warp_sum(p);
-  sgate = 1.0f / (1.0f + expf(-sgl));
+  sgate = 1.0f / (1.0f + expf(FOLD ? -(sgl * inv) : -sgl));
   return p / sum;
 }
+
+// A fixed-point pre-logit (RouteFold) as a float.
+__device__ __forceinline__ float fold_value(long long v) { return __ll2float_rn(v) * (1.0f / kFoldUnit); }
 
 // SMALL: the caller knows E <= 256 (the packed forms), so only the 8-per-lane top-k is compiled into the kernel.
 template <bool TIMED, bool SMALL>
@@ -376,9 +391,16 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
 // integer dot products (qdot.cuh chunk_dot_q8; FERN_CUDA_MOE_Q8=1): the norm's block reduction also takes the row's
 // largest magnitude, and the digits take the place of the fp32 expert-layout row in shared memory. Only the lean
 // norm-mode form with packed rows (the forward pass's).
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8, bool LATE>
+//
+// FOLD (MoeNorm::pre; kernels.h RouteFold): the output projection before has added delta to resid and left the
+// router's pre-logits in a.norm.pre. Phase 1 is then the shared expert's rows alone, the first handoff is gone, and
+// warp 0 requests the pre-logits right after the PDL wait, runs the top-k on them once the row is staged, and
+// scales the chosen by the norm's factor for the routing weights. Block 0 zeroes pre after the second handoff
+// (every block has read it by then) for the next projection.
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8, bool LATE, bool FOLD = false>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   static_assert(!Q8 || (LEAN == 1 && SB >= 1 && B == 4), "the digit form is compiled for the lean norm mode only");
+  static_assert(!FOLD || (Q8 && LATE), "the fold is compiled for the lean digit form with the late weights only");
   constexpr int kWarps = NT / 32;
   // The packed forms (SB >= 1) are taken only for rows of 2,048 weights and at most 256 experts (fused_args): every
   // router and expert row is one pass, and the top-k needs 8 logits per lane. Compiling only that code keeps the
@@ -426,7 +448,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   const ChunkMat m_router = chunk_mat<RB>(a.router, 0), m_sgr = chunk_mat<RB>(a.sgr, 0);
   const ChunkMat m_sg = chunk_mat<B>(a.sgate, 0), m_su = chunk_mat<B>(a.sup, 0);
   const int cpr_r = m_router.cpr, cpr_e = m_sg.cpr;
-  const int n_route = E + 1, n_p1 = n_route + Is;
+  const int n_route = FOLD ? 0 : E + 1, n_p1 = n_route + Is;
   Rows<RB, 1> rr;
   Rows<B, 2> sr;
   auto route_mat = [&](int u) { return [&, u](int) { return select(u < E, m_router, m_sgr); }; };
@@ -451,6 +473,15 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   }
   pdl_wait();
   st.at(kMoeStampWaited);
+  long long fold_pre[FOLD ? 8 : 1], fold_sg = 0;  // FOLD, warp 0: the pre-logits (converted after the staging)
+  if constexpr (FOLD) {
+    if (threadIdx.x < 32) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) fold_pre[i] = i * 32 + lane < E ? __ldcg(a.norm.pre + i * 32 + lane) : 0;
+      fold_sg = __ldcg(a.norm.pre + E);
+    }
+  }
+  float rinv = 1.0f;  // the norm's factor (FOLD: for the routing weights)
   if (threadIdx.x == 0) {
     const int ep = __ldcg(a.counters);
     epoch_s = ep;
@@ -476,7 +507,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       const int f = threadIdx.x + q * NT;
       rsum[q] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (f < H / 4) {
-        const float4 r = __ldcg(r4 + f), d = __ldcg(d4 + f);
+        const float4 r = __ldcg(r4 + f), d = FOLD ? make_float4(0.f, 0.f, 0.f, 0.f) : __ldcg(d4 + f);
         rsum[q] = make_float4(r.x + d.x, r.y + d.y, r.z + d.z, r.w + d.w);
         ss += rsum[q].x * rsum[q].x + rsum[q].y * rsum[q].y + rsum[q].z * rsum[q].z + rsum[q].w * rsum[q].w;
         if constexpr (Q8) mx = max_abs_prod(mx, rsum[q], wn[q]);
@@ -489,6 +520,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     } else {
       inv = rsqrtf(block_sum(ss, reinterpret_cast<float*>(red)) / float(H) + a.norm.eps);
     }
+    rinv = inv;
     // The normed row into both layouts, its chunk sums by shuffles (thread f holds float4 f; qdot.cuh
     // chunk_sum_lanes) instead of a second pass over shared memory behind another barrier.
 #pragma unroll
@@ -538,9 +570,10 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
     if constexpr (kLean) break;
   }
-  grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
-               kMoeStampPass1);
-  if (norm_mode && blockIdx.x == 0) {  // every block has read resid by now
+  if constexpr (!FOLD)
+    grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
+                 kMoeStampPass1);
+  if (!FOLD && norm_mode && blockIdx.x == 0) {  // every block has read resid by now
 #pragma unroll
     for (int q = 0; q < kNormV; ++q) {
       const int f = threadIdx.x + q * NT;
@@ -552,7 +585,17 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   uint32_t my_key = 0u;  // warp 0, lane r < k: slot r's key and expert
   int my_id = 0;
   float sgl = 0.0f;
-  if (threadIdx.x < 32) topk_fused<TIMED, kOne>(a.s.router_logits, a.s.sgate_logit, E, k, my_key, my_id, sgl, st);
+  if constexpr (FOLD) {
+    if (threadIdx.x < 32) {
+      uint32_t key[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) key[i] = i * 32 + lane < E ? float_key(fold_value(fold_pre[i])) : 0u;
+      sgl = fold_value(fold_sg);
+      topk_rounds<8>(key, k, my_key, my_id);
+    }
+  } else if (threadIdx.x < 32) {
+    topk_fused<TIMED, kOne>(a.s.router_logits, a.s.sgate_logit, E, k, my_key, my_id, sgl, st);
+  }
   if constexpr (LATE) {
     // LATE: warp 0 writes the tables from its registers (no shared round trip of the ids, one barrier), and the
     // routing weights, needed only by the down rows, come after this warp's loads are issued (route_late).
@@ -585,7 +628,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   // LATE: warp 0's routing weights into fac (and block 0's copy for inspection), read after the h handoff.
   auto route_late = [&] {
     float sg;
-    const float w = route_weights(my_key, sgl, k, sg);
+    const float w = route_weights<FOLD>(my_key, sgl, k, sg, rinv);
     if (lane < k) {
       fac[lane] = w;
       if (blockIdx.x == 0) a.s.topk_w[lane] = w;
@@ -679,6 +722,10 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   if (LATE && threadIdx.x < 32 && v >= ntask) route_late();  // warp 0 had no gate/up task
   grid_handoff(a.counters + 3 + par, epoch + 1, a.counters, true, st, kMoeStampArrive2, kMoeStampLastArrive2,
                kMoeStampPass2);
+  if constexpr (FOLD) {  // every block has read the pre-logits: zero for the next projection
+    if (blockIdx.x == 0)
+      for (int e = threadIdx.x; e <= E; e += NT) a.norm.pre[e] = 0;
+  }
 
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----
   // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
@@ -733,14 +780,14 @@ size_t fused_smem(int64_t H, int64_t nx) {
 }
 
 // Blocks of this kernel that fit on the GPU at once (0: none), computed once per instantiation and size.
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8, bool LATE>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8, bool LATE, bool FOLD>
 int resident_blocks(const Ctx& c, size_t smem) {
   thread_local size_t cached_smem = SIZE_MAX;
   thread_local int cached = 0;
   if (smem != cached_smem) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE>,
-                                                      NT, smem) != cudaSuccess)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE, FOLD>, NT, smem) != cudaSuccess)
       per_sm = 0;
     cached = per_sm;
     cached_smem = smem;
@@ -756,24 +803,27 @@ bool lean_fits(const FusedArgs& a, int W) {
   return E + 1 + Is <= W && a.topk * I <= 2 * int64_t(W) && H <= W && a.topk * (I / eb) + Is / eb <= 32 * kDownU;
 }
 
-template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8 = false, bool LATE = false>
+template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8 = false, bool LATE = false, bool FOLD = false>
 bool launch_fused_form(const Ctx& c, const FusedArgs& a) {
   const int64_t nx = a.topk * a.gate.out + a.sgate.out;
   const size_t smem = fused_smem<RB, B>(a.router.in, nx);
   if (smem > kMaxSmem) return false;
   thread_local bool opted_in = false;  // dynamic shared memory above 48 KB must be allowed per kernel
   if (!opted_in) {
-    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE>,
+    check(cudaFuncSetAttribute(moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE, FOLD>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)),
           "cudaFuncSetAttribute", __FILE__, __LINE__);
     opted_in = true;
   }
-  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, LEAN, Q8, LATE>(c, smem);
+  const int blocks = resident_blocks<RB, B, TIMED, NT, SB, LEAN, Q8, LATE, FOLD>(c, smem);
   if (blocks <= 0) return false;
   if constexpr (LEAN >= 1) {
-    if (!lean_fits(a, blocks * (NT / 32))) return launch_fused_form<RB, B, TIMED, NT, SB, 0>(c, a);
+    if (!lean_fits(a, blocks * (NT / 32))) {
+      if constexpr (FOLD) return false;  // only the lean form takes the fold (moe_fused_fold_ok checks first)
+      return launch_fused_form<RB, B, TIMED, NT, SB, 0>(c, a);
+    }
   }
-  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE>, blocks, NT, smem, a);
+  launch(c, "moe_fused_kernel", moe_fused_kernel<RB, B, TIMED, NT, SB, LEAN, Q8, LATE, FOLD>, blocks, NT, smem, a);
   FERN_CUDA_LAUNCH_CHECK("moe_fused_kernel");
   return true;
 }
@@ -804,6 +854,12 @@ bool launch_fused_nt(const Ctx& c, const FusedArgs& a) {
   const bool q8 = moe_q8();
   const bool late = moe_route_late();
   const bool nm = a.norm.resid != nullptr;
+  if (a.norm.pre != nullptr) {  // the fold: one form only (fused_args checked the shapes; moe_fused_fold_ok the rest)
+    if constexpr (RB == 8) {
+      if (a.sb32 == 2 && lean && q8 && late) return launch_fused_form<RB, B, TIMED, NT, 2, 1, true, true, true>(c, a);
+    }
+    return false;
+  }
   switch (a.sb32) {
     case 2:
       if (!lean) return launch_fused_form<RB, B, TIMED, NT, 2, 0>(c, a);
@@ -873,6 +929,20 @@ bool moe_fused(const Ctx& c, const MoeQW& w, const float* x, const MoeScratch& s
   FusedArgs a;
   if (!fused_args(c, w, x, s, out, topk, norm, a)) return false;
   return w.router.bits == 8 ? launch_fused<8, 4, false>(c, a) : launch_fused<4, 4, false>(c, a);
+}
+
+bool moe_fused_fold_ok(const Ctx& c, const MoeQW& w, int topk) {
+  FusedArgs a;
+  const MoeScratch none{};
+  if (!fused_args(c, w, nullptr, none, nullptr, topk, nullptr, a)) return false;
+  if (w.router.bits != 8 || a.sb32 != 2 || a.router.out > 256 || env_choice("FERN_CUDA_MOE_LEAN", {"0", "1"}, 1) != 1 ||
+      !moe_q8() || !moe_route_late())
+    return false;
+  const int nt = moe_wide() ? 512 : kThreads;
+  const size_t smem = fused_smem<8, 4>(a.router.in, a.topk * a.gate.out + a.sgate.out);
+  const int blocks = nt == 512 ? resident_blocks<8, 4, false, 512, 2, 1, true, true, true>(c, smem)
+                               : resident_blocks<8, 4, false, kThreads, 2, 1, true, true, true>(c, smem);
+  return smem <= kMaxSmem && blocks > 0 && lean_fits(a, blocks * (nt / 32));
 }
 
 int moe_fused_packing(const Ctx& c, const MoeQW& w, int topk) {

@@ -82,6 +82,7 @@ void forward(Backend& be, const ModelWeights& w, SequenceState& st, Tensor ids, 
 
   for (int il = 0; il < cfg.num_hidden_layers; ++il) {
     const LayerWeights& L = w.layers[il];
+    be.expect_moe_residual(h, delta, L.post_norm, L.moe, cfg);  // a backend may start it in the mixer's out_proj
     be.scratch_push();  // the mixer's activations, dead once its output projection has run
     {
       MixerScratch mix(be, cfg, L.type, T);

@@ -129,6 +129,14 @@ class Backend {
     moe(out, xn, w, cfg);
     add(resid, resid, out);
   }
+  // Announces the layer's moe_residual(resid, delta, ., norm_w, ., ., w, cfg) before its mixer runs, so that the
+  // mixer's output projection (the next op that writes delta) may start it: the CUDA decode path adds delta to resid
+  // and computes the router's logits there (FERN_CUDA_MOE_FOLD). The results are those of the ops without it, up to
+  // rounding; by default nothing happens.
+  virtual void expect_moe_residual(Tensor resid, Tensor delta, Tensor norm_w, const MoeWeights& w,
+                                   const ModelConfig& cfg) {
+    (void)resid, (void)delta, (void)norm_w, (void)w, (void)cfg;
+  }
   // ids[t] = argmax_j logits[t, j] (lowest index on ties). logits [T, V] -> ids I32 [T].
   virtual void argmax(Tensor ids, Tensor logits) = 0;
   // state.pos += n (a backend that keeps a device copy of the position updates it too).

@@ -40,8 +40,9 @@ void expect_grouped_projections(const ModelWeights& w) {
 // Teacher-forced prefill of `n` tokens (all logits) on both backends, then `steps` decode steps that feed both
 // sides the CPU's greedy token. Returns the prefill comparison and the decode comparison; the GPU's decode logits
 // go to gpu_steps where given.
+// folds: the MoE routers the GPU ran inside the mixers' output projections (CudaBackend::moe_folds).
 std::pair<Compare, Compare> run_model(const std::shared_ptr<ModelWeights>& hw, int n, int steps, uint64_t seed,
-                                      std::vector<float>* gpu_steps = nullptr) {
+                                      std::vector<float>* gpu_steps = nullptr, int64_t* folds = nullptr) {
   const ModelConfig& cfg = hw->config;
   const int64_t V = cfg.vocab_size;
   auto cpu = make_cpu_backend();
@@ -84,6 +85,7 @@ std::pair<Compare, Compare> run_model(const std::shared_ptr<ModelWeights>& hw, i
   }
   const Compare dec = test::logit_agreement(got_steps, ref_steps, V);
   if (gpu_steps != nullptr) *gpu_steps = got_steps;
+  if (folds != nullptr) *folds = gpu->moe_folds();
   return {pre, dec};
 }
 
@@ -131,6 +133,45 @@ TEST(CudaForward, LeanGdnKernelSameLogits) {
     EXPECT_LT(dec.nmse, 1e-4);  // RandomModelMatchesCpu's bound
   }
   EXPECT_TRUE(test::same_bits(steps[0], steps[1]));
+}
+
+// The MoE's router in the mixers' output projections (FERN_CUDA_MOE_FOLD=1, the default; kernels.h RouteFold)
+// through the whole forward pass: a 4-layer model at the real widths (hidden 2,048, the real GDN and attention
+// heads, experts of 512; 32 of them to keep it small), whose decode steps take the fold, against the CPU backend
+// with RandomModelMatchesCpu's bounds under both settings, and the two settings' decode logits against each other:
+// the router's logits differ only in summation order (~1e-7 relative), so the same experts are chosen and the
+// logits agree to rounding (measured NMSE ...; a wrong expert or weight in any layer gives > 1e-4).
+TEST(CudaForward, MoeRouterFoldMatchesCpu) {
+  FERN_REQUIRE_GPU();
+  ModelConfig c = test::tiny_test_config(4);
+  c.hidden_size = 2048;
+  c.num_attention_heads = 16;
+  c.linear_num_key_heads = 16;
+  c.linear_num_value_heads = 32;
+  c.num_experts = 32;
+  c.moe_intermediate_size = 512;
+  c.shared_expert_intermediate_size = 512;
+  test::RandomWeightsOptions o;
+  o.seed = 8;
+  o.quantized = true;
+  const auto hw = test::random_weights(c, o);
+  std::vector<float> steps[2];
+  for (int fold = 0; fold < 2; ++fold) {
+    test::EnvGuard g("FERN_CUDA_MOE_FOLD", fold ? "1" : "0");
+    int64_t folds = -1;
+    const auto [pre, dec] = run_model(hw, 16, 8, 29, &steps[fold], &folds);
+    std::printf("real-width 4-layer model, FERN_CUDA_MOE_FOLD=%d: prefill 16 NMSE %.3e top-1 %.4f | decode 8 NMSE "
+                "%.3e top-1 %.4f | folds %lld\n",
+                fold, pre.nmse, pre.top1, dec.nmse, dec.top1, static_cast<long long>(folds));
+    EXPECT_TRUE(pre.finite && dec.finite);
+    EXPECT_LT(pre.nmse, 1e-4);
+    EXPECT_LT(dec.nmse, 1e-4);
+    EXPECT_GE(dec.top1, 0.97);
+    EXPECT_EQ(folds, fold ? 8 * 4 : 0);  // every decode step's four layers; never the prefill's chunk
+  }
+  const double e = test::nmse(steps[1].data(), steps[0].data(), steps[0].size());
+  std::printf("  decode logits, fold vs router in the MoE launch: NMSE %.3e\n", e);
+  EXPECT_LT(e, 1e-8);
 }
 
 // The HF layout binds the fused gate_up_proj [E, 2I, H] as two strided expert stacks; upload() compacts them.

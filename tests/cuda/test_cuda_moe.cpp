@@ -3,12 +3,14 @@
 // shared gate), several token rows, bf16 experts, and an awkward small configuration.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 
+#include "core/bf16.h"
 #include "cuda/kernels.h"
 #include "cuda/qweight.h"
 #include "cuda_test_util.h"
@@ -567,6 +569,115 @@ TEST(CudaMoe, FusedDecodeRouteLateSameBits) {
       EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_ROUTE"), std::string::npos) << e.what();
     }
   }
+}
+
+// The MoE's router in the mixer's output projection (kernels.h RouteFold, FERN_CUDA_MOE_FOLD). linear_fold must add
+// the projection's output y to resid with the bits of the unfolded add (resid + y in fp32) and leave the router's
+// fixed-point pre-logits sum_n R[e][n] nw[n] (resid + y)[n], checked against a double sum over the dequantized router
+// on the host: fp32 products and 16-term partial sums per block, then exact integer sums, so ~1e-7 of the terms'
+// absolute sum; the bound 1e-6 of it still catches a wrong code, scale, row or column (errors >= 1e-3 of it). Then
+// moe_fused with MoeNorm::pre must choose the experts of the unfolded launch on the same resid and y, give its output
+// within run_case's NMSE of the CPU backend's moe_residual (and the normed row within FusedDecodeWithResidual's),
+// add its output to resid, and leave pre zero for the next projection. Three calls per block size (both counter
+// pairs; pre reused after the MoE zeroed it); an odd shape is refused by moe_fused_fold_ok.
+TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
+  FERN_REQUIRE_GPU();
+  const MoeCase c{"fold real", 256, 2048, 512, 512, 8, 4, 1};
+  constexpr int64_t K = 4096;  // the projection's width (GDN value dim; attention heads x head dim)
+  for (const char* wide : {"0", "1"}) {
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
+    SCOPED_TRACE(std::string("FERN_CUDA_MOE_WIDE=") + wide);
+    const uint64_t seed = 977;
+    const auto f = fused_case(c, seed);
+    CudaBackend* gpu = f->gpu.get();
+    const MoeWeights &hw = f->hw, &dw = f->dw;
+    const LinearWeight ho = test::raw_affine(f->st, "o_proj", 0, c.H, K, 4, 64, seed + 50, 0.01f, 0.02f);
+    const LinearWeight dov = gpu->to_device(ho);
+    const float eps = 1e-6f;
+    const auto nw = norm_weights(c.H, seed + 1);
+    Tensor dnw = test::upload_f32(*gpu, nw, {c.H});
+    const cuda::Ctx ctx = fused_ctx(*gpu);
+    ASSERT_TRUE(cuda::moe_fused_fold_ok(ctx, moe_qw(dw), c.k));
+    const cuda::MoeScratch s = fused_scratch(*gpu, c);
+    Tensor dpre = gpu->alloc(DType::I64, {c.E + 1});
+    std::vector<long long> pre_h(size_t(c.E + 1), 0);
+    gpu->copy(dpre, Tensor(pre_h.data(), DType::I64, {c.E + 1}, Device::Host));
+    // The router and shared-expert gate rows dequantized on the host (8-bit codes: byte n of a row is column n).
+    auto deq = [&](const LinearWeight& w, int64_t r, int64_t n) {
+      const uint32_t word = w.w.ptr<uint32_t>()[(r * c.H + n) / 4];
+      const double q = double((word >> (8 * (n % 4))) & 0xffu);
+      const int64_t gi = r * (c.H / 64) + n / 64;
+      return double(bf16_to_f32(w.scales.ptr<uint16_t>()[gi])) * q + double(bf16_to_f32(w.biases.ptr<uint16_t>()[gi]));
+    };
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto a = test::randn(size_t(K), seed + 60 + rep), resid = test::randn(size_t(c.H), seed + 70 + rep);
+      Tensor da = test::upload_f32(*gpu, a, {1, K}), dr = test::upload_f32(*gpu, resid, {1, c.H});
+      Tensor dy = gpu->alloc(DType::F32, {1, c.H}), dxn = gpu->alloc(DType::F32, {1, c.H});
+      cuda::RouteFold fold;
+      fold.router = cuda::make_qw(dw.router);
+      fold.sgr = cuda::make_qw(dw.shared_expert_gate);
+      fold.norm_w = dnw.ptr<float>();
+      fold.resid = dr.ptr<float>();
+      fold.pre = dpre.ptr<long long>();
+      ASSERT_TRUE(cuda::route_fold_ok(cuda::make_qw(dov), fold));
+      cuda::linear_fold(ctx, cuda::make_qw(dov), da.ptr<float>(), dy.ptr<float>(), fold);
+      const auto y = test::download(*gpu, dy), r = test::download(*gpu, dr);
+      gpu->copy(Tensor(pre_h.data(), DType::I64, {c.E + 1}, Device::Host), dpre);
+      std::vector<float> r_want(size_t(c.H));
+      for (int64_t i = 0; i < c.H; ++i) r_want[size_t(i)] = resid[size_t(i)] + y[size_t(i)];
+      EXPECT_TRUE(test::same_bits(r, r_want)) << "resid + y";
+      double worst = 0.0;
+      for (int64_t e = 0; e <= c.E; ++e) {
+        double want = 0.0, mag = 0.0;
+        for (int64_t n = 0; n < c.H; ++n) {
+          const double t = (e < c.E ? deq(hw.router, e, n) : deq(hw.shared_expert_gate, 0, n)) * double(nw[size_t(n)]) *
+                           double(r_want[size_t(n)]);
+          want += t;
+          mag += std::fabs(t);
+        }
+        const double got = double(pre_h[size_t(e)]) / double(cuda::kFoldUnit);
+        worst = std::max(worst, std::fabs(got - want) / mag);
+      }
+      std::printf("fold wide %s call %d  pre-logits worst |error| / sum |terms| %.3e\n", wide, rep, worst);
+      EXPECT_LT(worst, 1e-6);
+
+      // The MoE on the folded state, against the CPU and the unfolded launch.
+      const ResidualRef ref = cpu_moe_residual(*f->cpu, hw, f->cfg, resid, y, nw, eps);
+      Tensor dout = gpu->alloc(DType::F32, {1, c.H});
+      cuda::MoeNorm n;
+      n.resid = dr.ptr<float>();
+      n.w = dnw.ptr<float>();
+      n.eps = eps;
+      n.xn = dxn.ptr<float>();
+      n.add_out = true;
+      n.pre = dpre.ptr<long long>();
+      ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dout.ptr<float>(), c.k, &n));
+      const auto out = test::download(*gpu, dout), r2 = test::download(*gpu, dr), xn = test::download(*gpu, dxn);
+      std::vector<int32_t> ids(size_t(c.k)), ids_u(size_t(c.k));
+      gpu->copy(Tensor(ids.data(), DType::I32, {c.k}, Device::Host), Tensor(s.topk_ids, DType::I32, {c.k}, Device::Cuda));
+      gpu->copy(Tensor(pre_h.data(), DType::I64, {c.E + 1}, Device::Host), dpre);
+      EXPECT_TRUE(std::all_of(pre_h.begin(), pre_h.end(), [](long long v) { return v == 0; })) << "pre not zeroed";
+      const double e_out = test::nmse(out.data(), ref.out.data(), out.size());
+      const double e_xn = test::nmse(xn.data(), ref.xn.data(), xn.size());
+      std::printf("fold wide %s call %d  NMSE out %.3e xn %.3e\n", wide, rep, e_out, e_xn);
+      EXPECT_LT(e_out, kNmse);
+      EXPECT_LT(e_xn, 1e-10);
+      std::vector<float> r2_want(size_t(c.H));
+      for (int64_t i = 0; i < c.H; ++i) r2_want[size_t(i)] = r[size_t(i)] + out[size_t(i)];
+      EXPECT_TRUE(test::same_bits(r2, r2_want)) << "resid + MoE output";
+
+      Tensor dr_u = test::upload_f32(*gpu, resid, {1, c.H}), dd_u = test::upload_f32(*gpu, y, {1, c.H});
+      const cuda::MoeNorm nu = fused_norm(dr_u, dd_u, dnw, eps, &dxn);
+      ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd_u.ptr<float>(), c.k, &nu));
+      gpu->copy(Tensor(ids_u.data(), DType::I32, {c.k}, Device::Host),
+                Tensor(s.topk_ids, DType::I32, {c.k}, Device::Cuda));
+      EXPECT_EQ(ids, ids_u);
+    }
+  }
+  // An odd shape: the fold is refused (the forward pass then keeps the router in the MoE launch).
+  const MoeCase odd{"fold small odd", 40, 320, 192, 64, 5, 4, 1};
+  const auto f = fused_case(odd, 5);
+  EXPECT_FALSE(cuda::moe_fused_fold_ok(fused_ctx(*f->gpu), moe_qw(f->dw), odd.k));
 }
 
 }  // namespace
