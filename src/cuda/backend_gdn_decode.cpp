@@ -49,7 +49,7 @@ void CudaBackend::gdn_core_linear(Tensor out, Tensor y, Tensor mixed, Tensor z, 
   last_gdn_state_ = rec;
   // z was written before the step kernel, which sits between: the GEMV may read it before its PDL wait.
   cuda::RouteFold fold;
-  const bool folded = take_fold_(out, wo, &fold);  // the MoE's router in this GEMV too
+  const bool folded = take_fold_(out, wo, &fold, /*attn=*/false);  // the MoE's router in this GEMV too
   cuda::linear_gated_norm(ctx(), wo, yp, f32(z, "gdn z"), f32(w.norm_w, "norm_w"), sh.eps, sh.Dv,
                           f32(out, "gdn out"), /*early_z=*/true, folded ? &fold : nullptr);
 }

@@ -39,7 +39,11 @@ bool moe_shapes_ok(const MoeWeights& w, int64_t H, const ModelConfig& cfg) {
 
 // FERN_CUDA_MOE_FOLD=1 (the default) / 0: the MoE's router in the mixer's output projection or in the MoE launch
 // (read at every announcement, for comparisons; an unknown value is an error naming the switch).
-bool fold_enabled() { return env_choice("FERN_CUDA_MOE_FOLD", {"0", "1"}, 1) == 1; }
+// gdn: in the GDN layers' out_proj only (for comparisons).
+int fold_mode() { return env_choice("FERN_CUDA_MOE_FOLD", {"0", "1", "gdn"}, 1); }
+// The pre-logits' spacing (FERN_CUDA_MOE_FOLD_STRIDE=1: packed, 32: a 256-byte line each, the default; for
+// comparisons).
+int fold_stride() { return env_choice("FERN_CUDA_MOE_FOLD_STRIDE", {"1", "32"}, 1) == 0 ? 1 : cuda::kFoldStride; }
 
 cuda::MoeQW moe_qw(const MoeWeights& w) {
   return {cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), cuda::make_qw(w.gate),
@@ -79,7 +83,7 @@ void CudaBackend::expect_moe_residual(Tensor resid, Tensor delta, Tensor norm_w,
                                       const ModelConfig& cfg) {
   ahead_ = {};
   const int64_t H = resid.dim(-1);
-  if (!fold_enabled() || !fused_enabled() ||
+  if (fold_mode() == 0 || !fused_enabled() ||
       cfg.linear_num_key_heads + cfg.linear_num_value_heads > kMoeFusedCounterBase || resid.numel() != H || delta.numel() != H || norm_w.numel() != H ||
       resid.dtype != DType::F32 || delta.dtype != DType::F32 || norm_w.dtype != DType::F32 ||
       !moe_shapes_ok(w, H, cfg) || w.router.out + 1 > kFoldPreMax)
@@ -87,10 +91,11 @@ void CudaBackend::expect_moe_residual(Tensor resid, Tensor delta, Tensor norm_w,
   ahead_ = {resid.data, delta.data, norm_w.data, &w, &cfg};
 }
 
-bool CudaBackend::take_fold_(Tensor out, const cuda::QW& proj, cuda::RouteFold* f) {
+bool CudaBackend::take_fold_(Tensor out, const cuda::QW& proj, cuda::RouteFold* f, bool attn) {
   if (ahead_.delta == nullptr || out.data != ahead_.delta) return false;
   const MoeAhead a = ahead_;
   ahead_ = {};  // one projection writes delta: this one, folded or not
+  if (attn && fold_mode() == 2) return false;
   const int k = a.cfg->num_experts_per_tok;
   if (out.numel() != proj.out || !cuda::moe_fused_fold_ok(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters),
                                                           moe_qw(*a.w), k))
@@ -100,8 +105,10 @@ bool CudaBackend::take_fold_(Tensor out, const cuda::QW& proj, cuda::RouteFold* 
   f->norm_w = static_cast<const float*>(a.norm_w);
   f->resid = static_cast<float*>(const_cast<void*>(a.resid));
   f->pre = fold_pre_;
+  f->stride = fold_stride();
   if (!cuda::route_fold_ok(proj, *f)) return false;
   folded_ = a;
+  folded_stride_ = f->stride;
   ++moe_folds_;
   return true;
 }
@@ -125,6 +132,7 @@ void CudaBackend::moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor nor
     n.xn = f32(xn, "moe_residual xn");
     n.add_out = true;
     n.pre = fold_pre_;
+    n.pre_stride = folded_stride_;
     FERN_CHECK(moe_fused_(out.reshape({1, H}), nullptr, w, cfg, &n), "moe_residual: the fold's MoE form was refused");
     return;
   }

@@ -49,8 +49,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   branches_ = env_choice("FERN_CUDA_BRANCHES", {"0", "1"}, 0) == 1;
   FERN_CUDA_CHECK(cudaMalloc(&counters_, sizeof(int) * kCounters));
   FERN_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(int) * kCounters));
-  FERN_CUDA_CHECK(cudaMalloc(&fold_pre_, sizeof(long long) * kFoldPreMax));
-  FERN_CUDA_CHECK(cudaMemset(fold_pre_, 0, sizeof(long long) * kFoldPreMax));
+  FERN_CUDA_CHECK(cudaMalloc(&fold_pre_, sizeof(long long) * kFoldPreMax * cuda::kFoldStride));
+  FERN_CUDA_CHECK(cudaMemset(fold_pre_, 0, sizeof(long long) * kFoldPreMax * cuda::kFoldStride));
   (void)cuda::gemm_wg_supported();  // probe the wgmma path now, not inside a prefill
 }
 
@@ -93,7 +93,7 @@ void CudaBackend::begin_forward() {
   scopes_.clear();
   ahead_ = {};
   if (folded_.resid != nullptr) {  // a forward call stopped between a folded projection and its MoE: clear its sums
-    FERN_CUDA_CHECK(cudaMemsetAsync(fold_pre_, 0, sizeof(long long) * kFoldPreMax, stream_));
+    FERN_CUDA_CHECK(cudaMemsetAsync(fold_pre_, 0, sizeof(long long) * kFoldPreMax * cuda::kFoldStride, stream_));
     folded_ = {};
   }
 }
@@ -318,7 +318,7 @@ void CudaBackend::linear(Tensor out, Tensor x, const LinearWeight& w) {
   const cuda::QW q = cuda::make_qw(w);
   const int T = static_cast<int>(x.numel() / w.in);
   cuda::RouteFold fold;
-  if (!independent && take_fold_(out, q, &fold)) {  // the attention's o_proj, before its MoE
+  if (!independent && take_fold_(out, q, &fold, /*attn=*/true)) {  // the attention's o_proj, before its MoE
     cuda::linear_fold(c, q, f32(x, "linear x"), f32(out, "linear out"), fold);
     return;
   }

@@ -149,7 +149,8 @@ class CudaBackend : public Backend {
   // The router in the mixer's output projection (backend_moe_decode.cpp, FERN_CUDA_MOE_FOLD): the moe_residual that
   // expect_moe_residual announced (ahead_), taken by the projection that writes `out` when it and the MoE can take
   // the fold (then *f is filled, and folded_ tells moe_residual that resid already holds resid + delta).
-  bool take_fold_(Tensor out, const cuda::QW& proj, cuda::RouteFold* f);
+  // attn: the attention's o_proj (FERN_CUDA_MOE_FOLD=gdn leaves it out).
+  bool take_fold_(Tensor out, const cuda::QW& proj, cuda::RouteFold* f, bool attn);
   struct MoeAhead {
     const void* resid = nullptr;
     const void* delta = nullptr;
@@ -158,8 +159,9 @@ class CudaBackend : public Backend {
     const ModelConfig* cfg = nullptr;
   };
   MoeAhead ahead_, folded_;
-  long long* fold_pre_ = nullptr;  // the fold's fixed-point pre-logits (kFoldPreMax), zero between uses
+  long long* fold_pre_ = nullptr;  // the fold's fixed-point pre-logits (kFoldPreMax strided), zero between uses
   int64_t moe_folds_ = 0;
+  int folded_stride_ = cuda::kFoldStride;
 
   int device_ = 0;
   int sms_ = 0;

@@ -66,11 +66,15 @@ void linear_norm(const Ctx& c, const QW& w, const float* x, const float* norm_w,
 // whatever order the blocks finish in. pre must be zero before the projection; the MoE zeroes it again.
 constexpr int kFoldShift = 32;
 constexpr float kFoldUnit = 4294967296.0f;  // 2^kFoldShift
+// Pre-logit e lives at pre[e * stride]: by default a 256-byte line of its own, so that the projection blocks'
+// atomics (E + 1 per block) spread over the L2's slices instead of queueing at the few that hold a packed array.
+constexpr int kFoldStride = 32;
 struct RouteFold {
   QW router, sgr;                  // [E, H] and [1, H], 8-bit in groups of 64 (H = the projection's rows)
   const float* norm_w = nullptr;   // [H] the MoE's input norm weight
   float* resid = nullptr;          // [H] the residual stream: resid += y
-  long long* pre = nullptr;        // [E + 1] fixed-point pre-logits
+  long long* pre = nullptr;        // [(E + 1) * stride] fixed-point pre-logits, e at e * stride
+  int stride = kFoldStride;
 };
 // Whether the output projection w (one token row) can take the fold: 4-bit in groups of 64, width 2,048 .. 4,096 (a
 // multiple of 2,048), rows a multiple of 16, and the router's shape and format as above.
@@ -155,8 +159,9 @@ struct MoeNorm {
   float* xn = nullptr;
   bool add_out = false;
   // The router run by the output projection before (RouteFold): resid already holds resid + delta (delta unused),
-  // pre the fixed-point pre-logits, zeroed by this launch once read. Needs moe_fused_fold_ok.
+  // pre the fixed-point pre-logits (RouteFold::pre), zeroed by this launch once read. Needs moe_fused_fold_ok.
   long long* pre = nullptr;
+  int pre_stride = kFoldStride;
 };
 // Whether moe_fused takes MoeNorm::pre for these weights under the current switches (the lean digit form with packed
 // rows, 8-bit router, E <= 256).

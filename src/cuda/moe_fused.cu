@@ -477,8 +477,9 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   if constexpr (FOLD) {
     if (threadIdx.x < 32) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) fold_pre[i] = i * 32 + lane < E ? __ldcg(a.norm.pre + i * 32 + lane) : 0;
-      fold_sg = __ldcg(a.norm.pre + E);
+      for (int i = 0; i < 8; ++i)
+        fold_pre[i] = i * 32 + lane < E ? __ldcg(a.norm.pre + (i * 32 + lane) * a.norm.pre_stride) : 0;
+      fold_sg = __ldcg(a.norm.pre + E * a.norm.pre_stride);
     }
   }
   float rinv = 1.0f;  // the norm's factor (FOLD: for the routing weights)
@@ -724,7 +725,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
                kMoeStampPass2);
   if constexpr (FOLD) {  // every block has read the pre-logits: zero for the next projection
     if (blockIdx.x == 0)
-      for (int e = threadIdx.x; e <= E; e += NT) a.norm.pre[e] = 0;
+      for (int e = threadIdx.x; e <= E; e += NT) a.norm.pre[e * a.norm.pre_stride] = 0;
   }
 
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----

@@ -599,9 +599,10 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
     const cuda::Ctx ctx = fused_ctx(*gpu);
     ASSERT_TRUE(cuda::moe_fused_fold_ok(ctx, moe_qw(dw), c.k));
     const cuda::MoeScratch s = fused_scratch(*gpu, c);
-    Tensor dpre = gpu->alloc(DType::I64, {c.E + 1});
-    std::vector<long long> pre_h(size_t(c.E + 1), 0);
-    gpu->copy(dpre, Tensor(pre_h.data(), DType::I64, {c.E + 1}, Device::Host));
+    const int64_t npre = (c.E + 1) * cuda::kFoldStride;
+    Tensor dpre = gpu->alloc(DType::I64, {npre});
+    std::vector<long long> pre_h(size_t(npre), 0);
+    gpu->copy(dpre, Tensor(pre_h.data(), DType::I64, {npre}, Device::Host));
     // The router and shared-expert gate rows dequantized on the host (8-bit codes: byte n of a row is column n).
     auto deq = [&](const LinearWeight& w, int64_t r, int64_t n) {
       const uint32_t word = w.w.ptr<uint32_t>()[(r * c.H + n) / 4];
@@ -622,7 +623,7 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
       ASSERT_TRUE(cuda::route_fold_ok(cuda::make_qw(dov), fold));
       cuda::linear_fold(ctx, cuda::make_qw(dov), da.ptr<float>(), dy.ptr<float>(), fold);
       const auto y = test::download(*gpu, dy), r = test::download(*gpu, dr);
-      gpu->copy(Tensor(pre_h.data(), DType::I64, {c.E + 1}, Device::Host), dpre);
+      gpu->copy(Tensor(pre_h.data(), DType::I64, {npre}, Device::Host), dpre);
       std::vector<float> r_want(size_t(c.H));
       for (int64_t i = 0; i < c.H; ++i) r_want[size_t(i)] = resid[size_t(i)] + y[size_t(i)];
       EXPECT_TRUE(test::same_bits(r, r_want)) << "resid + y";
@@ -635,7 +636,7 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
           want += t;
           mag += std::fabs(t);
         }
-        const double got = double(pre_h[size_t(e)]) / double(cuda::kFoldUnit);
+        const double got = double(pre_h[size_t(e * cuda::kFoldStride)]) / double(cuda::kFoldUnit);
         worst = std::max(worst, std::fabs(got - want) / mag);
       }
       std::printf("fold wide %s call %d  pre-logits worst |error| / sum |terms| %.3e\n", wide, rep, worst);
@@ -655,7 +656,7 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
       const auto out = test::download(*gpu, dout), r2 = test::download(*gpu, dr), xn = test::download(*gpu, dxn);
       std::vector<int32_t> ids(size_t(c.k)), ids_u(size_t(c.k));
       gpu->copy(Tensor(ids.data(), DType::I32, {c.k}, Device::Host), Tensor(s.topk_ids, DType::I32, {c.k}, Device::Cuda));
-      gpu->copy(Tensor(pre_h.data(), DType::I64, {c.E + 1}, Device::Host), dpre);
+      gpu->copy(Tensor(pre_h.data(), DType::I64, {npre}, Device::Host), dpre);
       EXPECT_TRUE(std::all_of(pre_h.begin(), pre_h.end(), [](long long v) { return v == 0; })) << "pre not zeroed";
       const double e_out = test::nmse(out.data(), ref.out.data(), out.size());
       const double e_xn = test::nmse(xn.data(), ref.xn.data(), xn.size());
