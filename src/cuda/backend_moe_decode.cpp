@@ -7,6 +7,7 @@
 
 #include "core/env.h"
 #include "cuda/backend_internal.h"
+#include "cuda/cuda_check.h"
 
 namespace fern {
 using namespace cuda_backend_detail;
@@ -88,6 +89,25 @@ void CudaBackend::expect_moe_residual(Tensor resid, Tensor delta, Tensor norm_w,
       resid.dtype != DType::F32 || delta.dtype != DType::F32 || norm_w.dtype != DType::F32 ||
       !moe_shapes_ok(w, H, cfg) || w.router.out + 1 > kFoldPreMax)
     return;
+  // The router repacked for the fold's loads (route_fold_pack), once per router: weights live as long as the backend,
+  // so their addresses are not reused. Made here, ahead of the mixer's launches, by an eager step (a capture before
+  // any eager step keeps the router in the MoE), and without PDL: the mixer's kernels, which wait for their
+  // predecessors, sit between it and the projection that reads it before its own wait.
+  if (fold_packed_.find(w.router.w.data) == fold_packed_.end()) {
+    const cuda::QW r = cuda::make_qw(w.router), g = cuda::make_qw(w.shared_expert_gate);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    FERN_CUDA_CHECK(cudaStreamIsCapturing(stream_, &cap));
+    if (cap != cudaStreamCaptureStatusNone || r.bits != 8 || r.gs != 64 || r.in % 64 != 0 || g.bits != 8 ||
+        g.gs != 64 || g.in != r.in || g.out != 1 || (reinterpret_cast<uintptr_t>(r.w) & 15) != 0 ||
+        (reinterpret_cast<uintptr_t>(g.w) & 15) != 0)
+      return;
+    join_side();
+    Tensor t = alloc(DType::U8, {int64_t(cuda::route_fold_pack_bytes(r))});
+    cuda::Ctx c = ctx();
+    c.pdl = false;
+    cuda::route_fold_pack(c, r, g, t.data);
+    fold_packed_.emplace(r.w, t.data);
+  }
   ahead_ = {resid.data, delta.data, norm_w.data, &w, &cfg};
 }
 
@@ -106,6 +126,9 @@ bool CudaBackend::take_fold_(Tensor out, const cuda::QW& proj, cuda::RouteFold* 
   f->resid = static_cast<float*>(const_cast<void*>(a.resid));
   f->pre = fold_pre_;
   f->stride = fold_stride();
+  const auto it = fold_packed_.find(f->router.w);  // made by expect_moe_residual
+  if (it == fold_packed_.end()) return false;
+  f->packed = it->second;
   if (!cuda::route_fold_ok(proj, *f)) return false;
   folded_ = a;
   folded_stride_ = f->stride;

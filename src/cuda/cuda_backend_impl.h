@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda/kernels.h"
@@ -162,6 +163,7 @@ class CudaBackend : public Backend {
   long long* fold_pre_ = nullptr;  // the fold's fixed-point pre-logits (kFoldPreMax strided), zero between uses
   int64_t moe_folds_ = 0;
   int folded_stride_ = cuda::kFoldStride;
+  std::unordered_map<const void*, const void*> fold_packed_;  // router codes -> its route_fold_pack copy
 
   int device_ = 0;
   int sms_ = 0;

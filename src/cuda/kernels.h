@@ -71,11 +71,19 @@ constexpr float kFoldUnit = 4294967296.0f;  // 2^kFoldShift
 constexpr int kFoldStride = 32;
 struct RouteFold {
   QW router, sgr;                  // [E, H] and [1, H], 8-bit in groups of 64 (H = the projection's rows)
+  const void* packed = nullptr;    // the two repacked by route_fold_pack
   const float* norm_w = nullptr;   // [H] the MoE's input norm weight
   float* resid = nullptr;          // [H] the residual stream: resid += y
   long long* pre = nullptr;        // [(E + 1) * stride] fixed-point pre-logits, e at e * stride
   int stride = kFoldStride;
 };
+// The router and shared-expert gate repacked for the fold's loads (route_fold_pack_bytes(router) bytes at dst,
+// 16-byte aligned): for each 16 columns c, the 16 code bytes of rows 0 .. E (E: the shared-expert gate) one after
+// another, then for each group of 64 columns the rows' scale and bias as one word (bf16 scale low, bias high). A
+// projection block reads its 16 columns of all E + 1 rows in whole lines; from the rows' own layout each 16 bytes and
+// each scale was a request of its own (~100K per launch, which slowed the kernel before the projection too).
+size_t route_fold_pack_bytes(const QW& router);
+void route_fold_pack(const Ctx& c, const QW& router, const QW& sgr, void* dst);
 // Whether the output projection w (one token row) can take the fold: 4-bit in groups of 64, width 2,048 .. 4,096 (a
 // multiple of 2,048), rows a multiple of 16, and the router's shape and format as above.
 bool route_fold_ok(const QW& w, const RouteFold& f);

@@ -43,19 +43,16 @@ struct StepBuf {
   uint32_t sbw[kRPI];  // SB kernels: the step's scales and biases, one word per lane and row (s and b unused)
 };
 
-// The next MoE's router over this projection's rows (FOLD kernels; kernels.h RouteFold): 8-bit codes as bytes
-// (column n of a row is byte n), bf16 scales and biases per group of 64.
+// The next MoE's router over this projection's rows (FOLD kernels; kernels.h RouteFold, route_fold_pack's layout):
+// R = E + 1 rows (the router's, then the shared-expert gate's).
 struct FoldArgs {
-  const uint8_t* rw = nullptr;  // router [E, H]
-  const uint16_t* rs = nullptr;
-  const uint16_t* rb = nullptr;
-  const uint8_t* gw = nullptr;  // the shared-expert gate's row [1, H]
-  const uint16_t* gs = nullptr;
-  const uint16_t* gb = nullptr;
+  const uint4* pc = nullptr;      // [H / 16][R] 16 code bytes (column n of a row is byte n % 16 of chunk n / 16)
+  const uint32_t* psb = nullptr;  // [H / 64][R] bf16 scale | bf16 bias << 16
+  int R = 0;
   const float* nw = nullptr;    // [H] the MoE's norm weight
   float* resid = nullptr;       // [H]
-  unsigned long long* pre = nullptr;  // [(E + 1) * stride] fixed point, two's complement
-  int E = 0, stride = 0;
+  unsigned long long* pre = nullptr;  // [R * stride] fixed point, two's complement
+  int stride = 0;
 };
 
 // Top-k tail of the fused router (ROUTE kernels only), or the fold's arguments (FOLD kernels only).
@@ -271,19 +268,16 @@ struct FoldRows {
   static_assert(RB % 16 == 0 && 64 % RB == 0, "a block's rows: whole 16-byte loads within one group of 64");
   uint4 q[RB / 16];
   float s, b;
-  __device__ __forceinline__ void load(const FoldArgs& f, int e, int row0, int H) {
-    if (e > f.E) return;
-    const uint8_t* w = e < f.E ? f.rw + int64_t(e) * H : f.gw;
-    const int64_t g = (e < f.E ? int64_t(e) * (H / 64) : 0) + row0 / 64;
-    const uint16_t* sp = e < f.E ? f.rs : f.gs;
-    const uint16_t* bp = e < f.E ? f.rb : f.gb;
+  __device__ __forceinline__ void load(const FoldArgs& f, int e, int row0) {
+    if (e >= f.R) return;
 #pragma unroll
-    for (int j = 0; j < RB / 16; ++j) q[j] = __ldg(reinterpret_cast<const uint4*>(w + row0) + j);
-    s = bf16_at(sp, g);
-    b = bf16_at(bp, g);
+    for (int j = 0; j < RB / 16; ++j) q[j] = __ldg(f.pc + int64_t(row0 / 16 + j) * f.R + e);
+    const uint32_t sb = __ldg(f.psb + int64_t(row0 / 64) * f.R + e);
+    s = __uint_as_float(sb << 16);
+    b = __uint_as_float(sb & 0xffff0000u);
   }
   __device__ __forceinline__ void add(const FoldArgs& f, int e, const float* x, float xsum) const {
-    if (e > f.E) return;
+    if (e >= f.R) return;
     float d = 0.0f;
 #pragma unroll
     for (int j = 0; j < RB / 16; ++j) {
@@ -402,9 +396,9 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
   float fold_r[kRPI];  // resid at this warp's rows (lane 0)
   if constexpr (FOLD) {
     const FoldArgs& f = tail.fold;
-    const int row0 = blockIdx.x * kFR, H = rows;
+    const int row0 = blockIdx.x * kFR;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) fr[i].load(f, threadIdx.x + i * NT, row0, H);
+    for (int i = 0; i < 2; ++i) fr[i].load(f, threadIdx.x + i * NT, row0);
     if (threadIdx.x < kFR) fold_nw[threadIdx.x] = __ldg(f.nw + row0 + threadIdx.x);
   }
   pdl_wait();
@@ -888,16 +882,12 @@ void launch_fold(const Ctx& c, const QW& a, const Mats& m, const float* x, const
   constexpr int NT = kThreads;
   RouteTail tail;
   FoldArgs& g = tail.fold;
-  g.rw = static_cast<const uint8_t*>(f.router.w);
-  g.rs = f.router.s;
-  g.rb = f.router.b;
-  g.gw = static_cast<const uint8_t*>(f.sgr.w);
-  g.gs = f.sgr.s;
-  g.gb = f.sgr.b;
+  g.R = static_cast<int>(f.router.out + 1);
+  g.pc = static_cast<const uint4*>(f.packed);
+  g.psb = reinterpret_cast<const uint32_t*>(static_cast<const char*>(f.packed) + f.router.in * g.R);
   g.nw = f.norm_w;
   g.resid = f.resid;
   g.pre = reinterpret_cast<unsigned long long*>(f.pre);
-  g.E = static_cast<int>(f.router.out);
   g.stride = f.stride;
   const int rows = static_cast<int>(a.out);
   launch(c, "linear_kernel", linear_kernel<4, 32, false, false, STAGE, 2, NT, 1, true, false, false, true>,
@@ -1020,6 +1010,40 @@ bool gated_norm_fixed(const QW& w, int head, bool early_z, int rows) {
          env_choice("FERN_CUDA_GEMV_GN_LEAN", {"0", "1"}, 1) == 1;
 }
 
+namespace {
+// route_fold_pack's copy: item i < H / 16 * R is chunk i / R of row i % R, the rest the rows' scale and bias words.
+__global__ void fold_pack_kernel(QW r, QW g, uint4* pc, uint32_t* psb, int R, int H) {
+  const int64_t n_code = int64_t(H / 16) * R, n_sb = int64_t(H / 64) * R;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_code + n_sb; i += gridDim.x * int64_t(blockDim.x)) {
+    if (i < n_code) {
+      const int64_t c = i / R, e = i % R;
+      const uint8_t* w = e < R - 1 ? static_cast<const uint8_t*>(r.w) + e * H : static_cast<const uint8_t*>(g.w);
+      pc[i] = *reinterpret_cast<const uint4*>(w + 16 * c);
+    } else {
+      const int64_t j = i - n_code, gi = j / R, e = j % R;
+      const int64_t o = (e < R - 1 ? e * (H / 64) : 0) + gi;
+      psb[j] = uint32_t(e < R - 1 ? r.s[o] : g.s[o]) | (uint32_t(e < R - 1 ? r.b[o] : g.b[o]) << 16);
+    }
+  }
+}
+}  // namespace
+
+size_t route_fold_pack_bytes(const QW& router) {
+  return size_t(router.out + 1) * size_t(router.in) + size_t(router.out + 1) * size_t(router.in / 64) * 4;
+}
+
+void route_fold_pack(const Ctx& c, const QW& router, const QW& sgr, void* dst) {
+  FERN_CU_CHECK(router.bits == 8 && router.gs == 64 && router.in % 64 == 0 && sgr.bits == 8 && sgr.gs == 64 &&
+                    sgr.in == router.in && sgr.out == 1 && (reinterpret_cast<uintptr_t>(router.w) & 15) == 0 &&
+                    (reinterpret_cast<uintptr_t>(sgr.w) & 15) == 0 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0,
+                "route_fold_pack: an 8-bit router in groups of 64 with aligned rows");
+  const int R = static_cast<int>(router.out + 1), H = static_cast<int>(router.in);
+  uint4* pc = static_cast<uint4*>(dst);
+  uint32_t* psb = reinterpret_cast<uint32_t*>(static_cast<char*>(dst) + size_t(H) * R);
+  const int64_t items = int64_t(H / 16) * R + int64_t(H / 64) * R;
+  launch(c, "fold_pack_kernel", fold_pack_kernel, int((items + 255) / 256), 256, 0, router, sgr, pc, psb, R, H);
+}
+
 bool route_fold_ok(const QW& w, const RouteFold& f) {
   auto aligned4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3) == 0; };
   auto router_ok = [&](const QW& r, int64_t out) {
@@ -1030,7 +1054,8 @@ bool route_fold_ok(const QW& w, const RouteFold& f) {
   return w.bits == 4 && w.gs == 64 && w.experts == 0 && w.in % 2048 == 0 && w.in <= 2 * 2048 &&  // nc <= NB = 2
          w.out % kFoldRows<NT> == 0 && w.out < (int64_t(1) << 24) && aligned4(w.s) && aligned4(w.b) &&
          f.router.out >= 1 && f.router.out + 1 <= 2 * NT && router_ok(f.router, f.router.out) && router_ok(f.sgr, 1) &&
-         f.norm_w != nullptr && f.resid != nullptr && f.pre != nullptr && f.stride >= 1;
+         f.norm_w != nullptr && f.resid != nullptr && f.pre != nullptr && f.stride >= 1 && f.packed != nullptr &&
+         (reinterpret_cast<uintptr_t>(f.packed) & 15) == 0;
 }
 
 void linear_fold(const Ctx& c, const QW& w, const float* x, float* y, const RouteFold& f) {

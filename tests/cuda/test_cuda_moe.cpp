@@ -599,6 +599,8 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
     const cuda::Ctx ctx = fused_ctx(*gpu);
     ASSERT_TRUE(cuda::moe_fused_fold_ok(ctx, moe_qw(dw), c.k));
     const cuda::MoeScratch s = fused_scratch(*gpu, c);
+    Tensor dpack = gpu->alloc(DType::U8, {int64_t(cuda::route_fold_pack_bytes(cuda::make_qw(dw.router)))});
+    cuda::route_fold_pack(ctx, cuda::make_qw(dw.router), cuda::make_qw(dw.shared_expert_gate), dpack.data);
     const int64_t npre = (c.E + 1) * cuda::kFoldStride;
     Tensor dpre = gpu->alloc(DType::I64, {npre});
     std::vector<long long> pre_h(size_t(npre), 0);
@@ -620,6 +622,7 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
       fold.norm_w = dnw.ptr<float>();
       fold.resid = dr.ptr<float>();
       fold.pre = dpre.ptr<long long>();
+      fold.packed = dpack.data;
       ASSERT_TRUE(cuda::route_fold_ok(cuda::make_qw(dov), fold));
       cuda::linear_fold(ctx, cuda::make_qw(dov), da.ptr<float>(), dy.ptr<float>(), fold);
       const auto y = test::download(*gpu, dy), r = test::download(*gpu, dr);
