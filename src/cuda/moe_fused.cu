@@ -476,7 +476,6 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   long long fold_pre[FOLD ? 8 : 1], fold_sg = 0;  // FOLD, warp 0: the pre-logits (converted after the staging)
   if constexpr (FOLD) {
     if (threadIdx.x < 32) {
-#pragma unroll
       const int C = a.norm.pre_copies, S = a.norm.pre_stride;
 #pragma unroll
       for (int i = 0; i < 8; ++i) fold_pre[i] = 0;
