@@ -16,9 +16,8 @@ constexpr int kCounters = kMoeCounterBase + 4096;
 // kernel uses [0, Hk) (one counter per key head; [0, Hk + Hv) before the gated norm moved to the out_proj GEMV):
 // moe_decode_ takes that path only for models with Hk + Hv <= kMoeFusedCounterBase (the older, larger bound kept).
 constexpr int kMoeFusedCounterBase = kArgmaxCounterBase - 16;
-// Experts + 1 (the shared-expert gate) the fold's pre-logits can hold (CudaBackend::fold_pre_), and their copies.
+// Experts + 1 (the shared-expert gate) the fold's pre-logits can hold (CudaBackend::fold_pre_).
 constexpr int kFoldPreMax = 512;
-constexpr int kFoldCopiesMax = 16;
 
 inline float* f32(const Tensor& t, const char* what) {
   FERN_CHECK(t.dtype == DType::F32 && t.device == Device::Cuda, "{}: expected an F32 tensor on the GPU, got {} on {}",

@@ -45,8 +45,6 @@ int fold_mode() { return env_choice("FERN_CUDA_MOE_FOLD", {"0", "1", "gdn"}, 1);
 // The pre-logits' spacing (FERN_CUDA_MOE_FOLD_STRIDE=1: packed, 32: a 256-byte line each, the default; for
 // comparisons).
 int fold_stride() { return env_choice("FERN_CUDA_MOE_FOLD_STRIDE", {"1", "32"}, 1) == 0 ? 1 : cuda::kFoldStride; }
-// Copies of each pre-logit the projection's blocks add to in turn (FERN_CUDA_MOE_FOLD_COPIES; for comparisons).
-int fold_copies() { return 1 << env_choice("FERN_CUDA_MOE_FOLD_COPIES", {"1", "2", "4", "8", "16"}, 0); }
 
 cuda::MoeQW moe_qw(const MoeWeights& w) {
   return {cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), cuda::make_qw(w.gate),
@@ -128,14 +126,12 @@ bool CudaBackend::take_fold_(Tensor out, const cuda::QW& proj, cuda::RouteFold* 
   f->resid = static_cast<float*>(const_cast<void*>(a.resid));
   f->pre = fold_pre_;
   f->stride = fold_stride();
-  f->copies = fold_copies();
   const auto it = fold_packed_.find(f->router.w);  // made by expect_moe_residual
   if (it == fold_packed_.end()) return false;
   f->packed = it->second;
   if (!cuda::route_fold_ok(proj, *f)) return false;
   folded_ = a;
   folded_stride_ = f->stride;
-  folded_copies_ = f->copies;
   ++moe_folds_;
   return true;
 }
@@ -160,7 +156,6 @@ void CudaBackend::moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor nor
     n.add_out = true;
     n.pre = fold_pre_;
     n.pre_stride = folded_stride_;
-    n.pre_copies = folded_copies_;
     FERN_CHECK(moe_fused_(out.reshape({1, H}), nullptr, w, cfg, &n), "moe_residual: the fold's MoE form was refused");
     return;
   }

@@ -162,7 +162,7 @@ class CudaBackend : public Backend {
   MoeAhead ahead_, folded_;
   long long* fold_pre_ = nullptr;  // the fold's fixed-point pre-logits (kFoldPreMax strided), zero between uses
   int64_t moe_folds_ = 0;
-  int folded_stride_ = cuda::kFoldStride, folded_copies_ = 1;
+  int folded_stride_ = cuda::kFoldStride;
   std::unordered_map<const void*, const void*> fold_packed_;  // router codes -> its route_fold_pack copy
 
   int device_ = 0;

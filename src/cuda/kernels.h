@@ -74,9 +74,8 @@ struct RouteFold {
   const void* packed = nullptr;    // the two repacked by route_fold_pack
   const float* norm_w = nullptr;   // [H] the MoE's input norm weight
   float* resid = nullptr;          // [H] the residual stream: resid += y
-  long long* pre = nullptr;        // [(E + 1) * copies * stride] fixed-point pre-logits, e's copy c at (e copies + c) stride
+  long long* pre = nullptr;        // [(E + 1) * stride] fixed-point pre-logits, e at e * stride
   int stride = kFoldStride;
-  int copies = 1;                  // block b adds to copy b % copies: fewer additions queue at one address
 };
 // The router and shared-expert gate repacked for the fold's loads (route_fold_pack_bytes(router) bytes at dst,
 // 16-byte aligned): for each 16 columns c, the 16 code bytes of rows 0 .. E (E: the shared-expert gate) one after
@@ -170,7 +169,7 @@ struct MoeNorm {
   // The router run by the output projection before (RouteFold): resid already holds resid + delta (delta unused),
   // pre the fixed-point pre-logits (RouteFold::pre), zeroed by this launch once read. Needs moe_fused_fold_ok.
   long long* pre = nullptr;
-  int pre_stride = kFoldStride, pre_copies = 1;  // RouteFold's stride and copies (the copies are summed here)
+  int pre_stride = kFoldStride;
 };
 // Whether moe_fused takes MoeNorm::pre for these weights under the current switches (the lean digit form with packed
 // rows, 8-bit router, E <= 256).

@@ -51,8 +51,8 @@ struct FoldArgs {
   int R = 0;
   const float* nw = nullptr;    // [H] the MoE's norm weight
   float* resid = nullptr;       // [H]
-  unsigned long long* pre = nullptr;  // [R * copies * stride] fixed point, two's complement
-  int stride = 0, copies = 1;
+  unsigned long long* pre = nullptr;  // [R * stride] fixed point, two's complement
+  int stride = 0;
 };
 
 // Top-k tail of the fused router (ROUTE kernels only), or the fold's arguments (FOLD kernels only).
@@ -286,7 +286,7 @@ struct FoldRows {
       for (int m = 0; m < 16; ++m) d = fmaf(float((u[m / 4] >> (8 * (m % 4))) & 0xffu), x[16 * j + m], d);
     }
     const float p = fmaf(s, d, b * xsum);
-    atomicAdd(f.pre + (int64_t(e) * f.copies + blockIdx.x % f.copies) * f.stride, static_cast<unsigned long long>(__float2ll_rn(p * kFoldUnit)));
+    atomicAdd(f.pre + int64_t(e) * f.stride, static_cast<unsigned long long>(__float2ll_rn(p * kFoldUnit)));
   }
 };
 
@@ -889,7 +889,6 @@ void launch_fold(const Ctx& c, const QW& a, const Mats& m, const float* x, const
   g.resid = f.resid;
   g.pre = reinterpret_cast<unsigned long long*>(f.pre);
   g.stride = f.stride;
-  g.copies = f.copies;
   const int rows = static_cast<int>(a.out);
   launch(c, "linear_kernel", linear_kernel<4, 32, false, false, STAGE, 2, NT, 1, true, false, false, true>,
          dim3(rows / kFoldRows<NT>, 1), NT, x_smem_bytes<4>(a.in, 32), a, m, rows, x, tail, nm);
@@ -1055,7 +1054,7 @@ bool route_fold_ok(const QW& w, const RouteFold& f) {
   return w.bits == 4 && w.gs == 64 && w.experts == 0 && w.in % 2048 == 0 && w.in <= 2 * 2048 &&  // nc <= NB = 2
          w.out % kFoldRows<NT> == 0 && w.out < (int64_t(1) << 24) && aligned4(w.s) && aligned4(w.b) &&
          f.router.out >= 1 && f.router.out + 1 <= 2 * NT && router_ok(f.router, f.router.out) && router_ok(f.sgr, 1) &&
-         f.norm_w != nullptr && f.resid != nullptr && f.pre != nullptr && f.stride >= 1 && f.copies >= 1 && f.packed != nullptr &&
+         f.norm_w != nullptr && f.resid != nullptr && f.pre != nullptr && f.stride >= 1 && f.packed != nullptr &&
          (reinterpret_cast<uintptr_t>(f.packed) & 15) == 0;
 }
 

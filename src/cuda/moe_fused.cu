@@ -476,15 +476,10 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   long long fold_pre[FOLD ? 8 : 1], fold_sg = 0;  // FOLD, warp 0: the pre-logits (converted after the staging)
   if constexpr (FOLD) {
     if (threadIdx.x < 32) {
-      const int C = a.norm.pre_copies, S = a.norm.pre_stride;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) fold_pre[i] = 0;
-      for (int c = 0; c < C; ++c) {  // integer sums: the same bits in any order
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (i * 32 + lane < E) fold_pre[i] += __ldcg(a.norm.pre + (int64_t(i * 32 + lane) * C + c) * S);
-        fold_sg += __ldcg(a.norm.pre + (int64_t(E) * C + c) * S);
-      }
+      for (int i = 0; i < 8; ++i)
+        fold_pre[i] = i * 32 + lane < E ? __ldcg(a.norm.pre + (i * 32 + lane) * a.norm.pre_stride) : 0;
+      fold_sg = __ldcg(a.norm.pre + E * a.norm.pre_stride);
     }
   }
   float rinv = 1.0f;  // the norm's factor (FOLD: for the routing weights)
@@ -730,7 +725,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
                kMoeStampPass2);
   if constexpr (FOLD) {  // every block has read the pre-logits: zero for the next projection
     if (blockIdx.x == 0)
-      for (int e = threadIdx.x; e < (E + 1) * a.norm.pre_copies; e += NT) a.norm.pre[int64_t(e) * a.norm.pre_stride] = 0;
+      for (int e = threadIdx.x; e <= E; e += NT) a.norm.pre[e * a.norm.pre_stride] = 0;
   }
 
   // ---- phase 3: down rows with the routing weights and the gated shared expert ----

@@ -579,8 +579,7 @@ TEST(CudaMoe, FusedDecodeRouteLateSameBits) {
 // moe_fused with MoeNorm::pre must choose the experts of the unfolded launch on the same resid and y, give its output
 // within run_case's NMSE of the CPU backend's moe_residual (and the normed row within FusedDecodeWithResidual's),
 // add its output to resid, and leave pre zero for the next projection. Three calls per block size (both counter
-// pairs; pre reused after the MoE zeroed it; the third with four copies of each pre-logit); an odd shape is refused
-// by moe_fused_fold_ok.
+// pairs; pre reused after the MoE zeroed it); an odd shape is refused by moe_fused_fold_ok.
 TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
   FERN_REQUIRE_GPU();
   const MoeCase c{"fold real", 256, 2048, 512, 512, 8, 4, 1};
@@ -602,8 +601,7 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
     const cuda::MoeScratch s = fused_scratch(*gpu, c);
     Tensor dpack = gpu->alloc(DType::U8, {int64_t(cuda::route_fold_pack_bytes(cuda::make_qw(dw.router)))});
     cuda::route_fold_pack(ctx, cuda::make_qw(dw.router), cuda::make_qw(dw.shared_expert_gate), dpack.data);
-    constexpr int kCopies = 4;  // the third call's copies of each pre-logit (RouteFold::copies)
-    const int64_t npre = (c.E + 1) * kCopies * cuda::kFoldStride;
+    const int64_t npre = (c.E + 1) * cuda::kFoldStride;
     Tensor dpre = gpu->alloc(DType::I64, {npre});
     std::vector<long long> pre_h(size_t(npre), 0);
     gpu->copy(dpre, Tensor(pre_h.data(), DType::I64, {npre}, Device::Host));
@@ -625,7 +623,6 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
       fold.resid = dr.ptr<float>();
       fold.pre = dpre.ptr<long long>();
       fold.packed = dpack.data;
-      fold.copies = rep == 2 ? kCopies : 1;
       ASSERT_TRUE(cuda::route_fold_ok(cuda::make_qw(dov), fold));
       cuda::linear_fold(ctx, cuda::make_qw(dov), da.ptr<float>(), dy.ptr<float>(), fold);
       const auto y = test::download(*gpu, dy), r = test::download(*gpu, dr);
@@ -642,9 +639,7 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
           want += t;
           mag += std::fabs(t);
         }
-        long long sum = 0;  // the copies' integer sum, as the MoE forms it
-        for (int cp = 0; cp < fold.copies; ++cp) sum += pre_h[size_t((e * fold.copies + cp) * cuda::kFoldStride)];
-        const double got = double(sum) / double(cuda::kFoldUnit);
+        const double got = double(pre_h[size_t(e * cuda::kFoldStride)]) / double(cuda::kFoldUnit);
         worst = std::max(worst, std::fabs(got - want) / mag);
       }
       std::printf("fold wide %s call %d  pre-logits worst |error| / sum |terms| %.3e\n", wide, rep, worst);
@@ -660,7 +655,6 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
       n.xn = dxn.ptr<float>();
       n.add_out = true;
       n.pre = dpre.ptr<long long>();
-      n.pre_copies = fold.copies;
       ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dout.ptr<float>(), c.k, &n));
       const auto out = test::download(*gpu, dout), r2 = test::download(*gpu, dr), xn = test::download(*gpu, dxn);
       std::vector<int32_t> ids(size_t(c.k)), ids_u(size_t(c.k));
