@@ -85,7 +85,8 @@ void CudaBackend::expect_moe_residual(Tensor resid, Tensor delta, Tensor norm_w,
   ahead_ = {};
   const int64_t H = resid.dim(-1);
   if (fold_mode() == 0 || !fused_enabled() ||
-      cfg.linear_num_key_heads + cfg.linear_num_value_heads > kMoeFusedCounterBase || resid.numel() != H || delta.numel() != H || norm_w.numel() != H ||
+      cfg.linear_num_key_heads + cfg.linear_num_value_heads > kMoeFusedCounterBase || resid.numel() != H ||
+      delta.numel() != H || norm_w.numel() != H ||
       resid.dtype != DType::F32 || delta.dtype != DType::F32 || norm_w.dtype != DType::F32 ||
       !moe_shapes_ok(w, H, cfg) || w.router.out + 1 > kFoldPreMax)
     return;

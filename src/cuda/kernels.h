@@ -147,7 +147,7 @@ void moe_gate_up(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, co
 void moe_down(const Ctx& c, const QW& down, const QW& sdown, const MoeScratch& s, float* out, int T, int topk);
 
 // The whole block of one token row in one launch (moe_fused.cu: router, top-k, gate/up, down with two grid-wide
-// handoffs). Uses counters[0, kMoeFusedCounters), zero before the first launch and left consistent by every launch.
+// handoffs; with MoeNorm::pre the router ran in the projection before, and one handoff is left). Uses counters[0, kMoeFusedCounters), zero before the first launch and left consistent by every launch.
 // Returns false (launching nothing) for formats or shapes it does not take: it needs 4-bit experts, a router and
 // shared-expert gate of 8 or 4 bits, top-k <= 32, and staging within 96 KB of shared memory.
 struct MoeQW {

@@ -1014,7 +1014,8 @@ namespace {
 // route_fold_pack's copy: item i < H / 16 * R is chunk i / R of row i % R, the rest the rows' scale and bias words.
 __global__ void fold_pack_kernel(QW r, QW g, uint4* pc, uint32_t* psb, int R, int H) {
   const int64_t n_code = int64_t(H / 16) * R, n_sb = int64_t(H / 64) * R;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_code + n_sb; i += gridDim.x * int64_t(blockDim.x)) {
+  const int64_t step = gridDim.x * int64_t(blockDim.x);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_code + n_sb; i += step) {
     if (i < n_code) {
       const int64_t c = i / R, e = i % R;
       const uint8_t* w = e < R - 1 ? static_cast<const uint8_t*>(r.w) + e * H : static_cast<const uint8_t*>(g.w);

@@ -658,7 +658,8 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
       ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dout.ptr<float>(), c.k, &n));
       const auto out = test::download(*gpu, dout), r2 = test::download(*gpu, dr), xn = test::download(*gpu, dxn);
       std::vector<int32_t> ids(size_t(c.k)), ids_u(size_t(c.k));
-      gpu->copy(Tensor(ids.data(), DType::I32, {c.k}, Device::Host), Tensor(s.topk_ids, DType::I32, {c.k}, Device::Cuda));
+      gpu->copy(Tensor(ids.data(), DType::I32, {c.k}, Device::Host),
+                Tensor(s.topk_ids, DType::I32, {c.k}, Device::Cuda));
       gpu->copy(Tensor(pre_h.data(), DType::I64, {npre}, Device::Host), dpre);
       EXPECT_TRUE(std::all_of(pre_h.begin(), pre_h.end(), [](long long v) { return v == 0; })) << "pre not zeroed";
       const double e_out = test::nmse(out.data(), ref.out.data(), out.size());
