@@ -586,12 +586,7 @@ void bench_decode(bool splitk, bool steps = true) {
     nm.eps = 1e-6f;
     nm.xn = xn.ptr<float>();
     nm.add_out = true;
-    auto moe_qw = [&](int l) {
-      const MoeWeights& m = mq(l);
-      return cuda::MoeQW{cuda::make_qw(m.router), cuda::make_qw(m.shared_expert_gate), cuda::make_qw(m.gate),
-                         cuda::make_qw(m.up),     cuda::make_qw(m.down),               cuda::make_qw(m.shared_gate),
-                         cuda::make_qw(m.shared_up), cuda::make_qw(m.shared_down)};
-    };
+    auto moe_qw = [&](int l) { return cuda::make_moe_qw(mq(l)); };
     // FERN_BENCH_MOE_ONE_LAYER=1: every launch on layer 0's experts (one layer's pages instead of forty: a probe of
     // address translation's share in the expert rows' segment; docs/notes/cuda-decode-v15-topk.md section 5).
     const bool one_layer = std::getenv("FERN_BENCH_MOE_ONE_LAYER") != nullptr;

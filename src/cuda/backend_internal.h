@@ -18,6 +18,7 @@ constexpr int kCounters = kMoeCounterBase + 4096;
 constexpr int kMoeFusedCounterBase = kArgmaxCounterBase - 16;
 // Experts + 1 (the shared-expert gate) the fold's pre-logits can hold (CudaBackend::fold_pre_).
 constexpr int kFoldPreMax = 512;
+constexpr size_t kFoldPreBytes = sizeof(long long) * kFoldPreMax * cuda::kFoldStride;
 
 inline float* f32(const Tensor& t, const char* what) {
   FERN_CHECK(t.dtype == DType::F32 && t.device == Device::Cuda, "{}: expected an F32 tensor on the GPU, got {} on {}",

@@ -46,14 +46,7 @@ int fold_mode() { return env_choice("FERN_CUDA_MOE_FOLD", {"0", "1", "gdn"}, 1);
 // comparisons).
 int fold_stride() { return env_choice("FERN_CUDA_MOE_FOLD_STRIDE", {"1", "32"}, 1) == 0 ? 1 : cuda::kFoldStride; }
 
-cuda::MoeQW moe_qw(const MoeWeights& w) {
-  return {cuda::make_qw(w.router), cuda::make_qw(w.shared_expert_gate), cuda::make_qw(w.gate),
-          cuda::make_qw(w.up),     cuda::make_qw(w.down),               cuda::make_qw(w.shared_gate),
-          cuda::make_qw(w.shared_up), cuda::make_qw(w.shared_down)};
-}
-
 }  // namespace
-
 
 bool CudaBackend::moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg,
                              const cuda::MoeNorm* norm) {
@@ -63,8 +56,8 @@ bool CudaBackend::moe_fused_(Tensor out, const float* x, const MoeWeights& w, co
     return false;
   const int k = cfg.num_experts_per_tok;
   const cuda::MoeScratch s = moe_scratch(*this, 1, k, w.router.out, w.gate.out, w.shared_gate.out);
-  return cuda::moe_fused(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters), moe_qw(w), x, s, f32(out, "moe out"), k,
-                         norm);
+  return cuda::moe_fused(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters), cuda::make_moe_qw(w), x, s,
+                         f32(out, "moe out"), k, norm);
 }
 
 void CudaBackend::moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
@@ -98,10 +91,7 @@ void CudaBackend::expect_moe_residual(Tensor resid, Tensor delta, Tensor norm_w,
     const cuda::QW r = cuda::make_qw(w.router), g = cuda::make_qw(w.shared_expert_gate);
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     FERN_CUDA_CHECK(cudaStreamIsCapturing(stream_, &cap));
-    if (cap != cudaStreamCaptureStatusNone || r.bits != 8 || r.gs != 64 || r.in % 64 != 0 || g.bits != 8 ||
-        g.gs != 64 || g.in != r.in || g.out != 1 || (reinterpret_cast<uintptr_t>(r.w) & 15) != 0 ||
-        (reinterpret_cast<uintptr_t>(g.w) & 15) != 0)
-      return;
+    if (cap != cudaStreamCaptureStatusNone || !cuda::route_fold_pack_ok(r, g)) return;
     join_side();
     Tensor t = alloc(DType::U8, {int64_t(cuda::route_fold_pack_bytes(r))});
     cuda::Ctx c = ctx();
@@ -119,7 +109,7 @@ bool CudaBackend::take_fold_(Tensor out, const cuda::QW& proj, cuda::RouteFold* 
   if (attn && fold_mode() == 2) return false;
   const int k = a.cfg->num_experts_per_tok;
   if (out.numel() != proj.out || !cuda::moe_fused_fold_ok(ctx(kMoeFusedCounterBase, cuda::kMoeFusedCounters),
-                                                          moe_qw(*a.w), k))
+                                                          cuda::make_moe_qw(*a.w), k))
     return false;
   f->router = cuda::make_qw(a.w->router);
   f->sgr = cuda::make_qw(a.w->shared_expert_gate);

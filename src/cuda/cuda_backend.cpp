@@ -49,8 +49,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   branches_ = env_choice("FERN_CUDA_BRANCHES", {"0", "1"}, 0) == 1;
   FERN_CUDA_CHECK(cudaMalloc(&counters_, sizeof(int) * kCounters));
   FERN_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(int) * kCounters));
-  FERN_CUDA_CHECK(cudaMalloc(&fold_pre_, sizeof(long long) * kFoldPreMax * cuda::kFoldStride));
-  FERN_CUDA_CHECK(cudaMemset(fold_pre_, 0, sizeof(long long) * kFoldPreMax * cuda::kFoldStride));
+  FERN_CUDA_CHECK(cudaMalloc(&fold_pre_, kFoldPreBytes));
+  FERN_CUDA_CHECK(cudaMemset(fold_pre_, 0, kFoldPreBytes));
   (void)cuda::gemm_wg_supported();  // probe the wgmma path now, not inside a prefill
 }
 
@@ -93,7 +93,7 @@ void CudaBackend::begin_forward() {
   scopes_.clear();
   ahead_ = {};
   if (folded_.resid != nullptr) {  // a forward call stopped between a folded projection and its MoE: clear its sums
-    FERN_CUDA_CHECK(cudaMemsetAsync(fold_pre_, 0, sizeof(long long) * kFoldPreMax * cuda::kFoldStride, stream_));
+    FERN_CUDA_CHECK(cudaMemsetAsync(fold_pre_, 0, kFoldPreBytes, stream_));
     folded_ = {};
   }
 }

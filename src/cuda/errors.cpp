@@ -15,6 +15,11 @@ void check(cudaError_t e, const char* what, const char* file, int line) {
   if (e != cudaSuccess) fail("CUDA error in {} ({}:{}): {}", what, file, line, cudaGetErrorString(e));
 }
 
+MoeQW make_moe_qw(const MoeWeights& w) {
+  return {make_qw(w.router), make_qw(w.shared_expert_gate), make_qw(w.gate),        make_qw(w.up),
+          make_qw(w.down),   make_qw(w.shared_gate),        make_qw(w.shared_up), make_qw(w.shared_down)};
+}
+
 QW make_qw(const LinearWeight& w) {
   FERN_CHECK(!w.empty(), "empty weight {}", w.name);
   FERN_CHECK(w.w.device == Device::Cuda, "weight {} is not on the GPU", w.name);

@@ -82,6 +82,9 @@ struct RouteFold {
 // another, then for each group of 64 columns the rows' scale and bias as one word (bf16 scale low, bias high). A
 // projection block reads its 16 columns of all E + 1 rows in whole lines; from the rows' own layout each 16 bytes and
 // each scale was a request of its own (~100K per launch, which slowed the kernel before the projection too).
+// Whether route_fold_pack takes these (an 8-bit router in groups of 64 and a one-row gate of its width, rows on
+// 16-byte boundaries); route_fold_ok requires it of RouteFold's router and sgr.
+bool route_fold_pack_ok(const QW& router, const QW& sgr);
 size_t route_fold_pack_bytes(const QW& router);
 void route_fold_pack(const Ctx& c, const QW& router, const QW& sgr, void* dst);
 // Whether the output projection w (one token row) can take the fold: 4-bit in groups of 64, width 2,048 .. 4,096 (a

@@ -1033,10 +1033,15 @@ size_t route_fold_pack_bytes(const QW& router) {
   return size_t(router.out + 1) * size_t(router.in) + size_t(router.out + 1) * size_t(router.in / 64) * 4;
 }
 
+bool route_fold_pack_ok(const QW& router, const QW& sgr) {
+  auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return router.bits == 8 && router.gs == 64 && router.in % 64 == 0 && router.experts == 0 && sgr.bits == 8 &&
+         sgr.gs == 64 && sgr.in == router.in && sgr.out == 1 && sgr.experts == 0 && aligned16(router.w) &&
+         aligned16(sgr.w);
+}
+
 void route_fold_pack(const Ctx& c, const QW& router, const QW& sgr, void* dst) {
-  FERN_CU_CHECK(router.bits == 8 && router.gs == 64 && router.in % 64 == 0 && sgr.bits == 8 && sgr.gs == 64 &&
-                    sgr.in == router.in && sgr.out == 1 && (reinterpret_cast<uintptr_t>(router.w) & 15) == 0 &&
-                    (reinterpret_cast<uintptr_t>(sgr.w) & 15) == 0 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0,
+  FERN_CU_CHECK(route_fold_pack_ok(router, sgr) && (reinterpret_cast<uintptr_t>(dst) & 15) == 0,
                 "route_fold_pack: an 8-bit router in groups of 64 with aligned rows");
   const int R = static_cast<int>(router.out + 1), H = static_cast<int>(router.in);
   uint4* pc = static_cast<uint4*>(dst);
@@ -1047,14 +1052,11 @@ void route_fold_pack(const Ctx& c, const QW& router, const QW& sgr, void* dst) {
 
 bool route_fold_ok(const QW& w, const RouteFold& f) {
   auto aligned4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3) == 0; };
-  auto router_ok = [&](const QW& r, int64_t out) {
-    return r.bits == 8 && r.gs == 64 && r.in == w.out && r.out == out && r.experts == 0 &&
-           (reinterpret_cast<uintptr_t>(r.w) & 15) == 0;
-  };
   constexpr int NT = kThreads;
   return w.bits == 4 && w.gs == 64 && w.experts == 0 && w.in % 2048 == 0 && w.in <= 2 * 2048 &&  // nc <= NB = 2
          w.out % kFoldRows<NT> == 0 && w.out < (int64_t(1) << 24) && aligned4(w.s) && aligned4(w.b) &&
-         f.router.out >= 1 && f.router.out + 1 <= 2 * NT && router_ok(f.router, f.router.out) && router_ok(f.sgr, 1) &&
+         f.router.out >= 1 && f.router.out + 1 <= 2 * NT && f.router.in == w.out &&
+         route_fold_pack_ok(f.router, f.sgr) &&
          f.norm_w != nullptr && f.resid != nullptr && f.pre != nullptr && f.stride >= 1 && f.packed != nullptr &&
          (reinterpret_cast<uintptr_t>(f.packed) & 15) == 0;
 }

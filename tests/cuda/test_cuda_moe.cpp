@@ -45,12 +45,6 @@ ModelConfig moe_config(const MoeCase& c) {
   return cfg;
 }
 
-cuda::MoeQW moe_qw(const MoeWeights& d) {
-  return {cuda::make_qw(d.router), cuda::make_qw(d.shared_expert_gate), cuda::make_qw(d.gate),
-          cuda::make_qw(d.up),     cuda::make_qw(d.down),               cuda::make_qw(d.shared_gate),
-          cuda::make_qw(d.shared_up), cuda::make_qw(d.shared_down)};
-}
-
 void run_case(const MoeCase& c) {
   SCOPED_TRACE(c.name);
   auto gpu = test::make_gpu();
@@ -217,7 +211,7 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
       cpu->moe(test::host_f32(ref, {1, c.H}), test::host_f32(x, {1, c.H}), hw, cfg);
       Tensor dx = test::upload_f32(*gpu, x, {1, c.H});
       Tensor dy = gpu->alloc(DType::F32, {1, c.H});
-      ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
+      ASSERT_TRUE(cuda::moe_fused(ctx, cuda::make_moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
       auto got = test::download(*gpu, dy);
       const double e = test::nmse(got.data(), ref.data(), got.size());
       std::printf("moe %-18s E=%ld H=%ld I=%ld Is=%ld k=%d wide %s call %d  NMSE %.3e\n", c.name, long(c.E),
@@ -276,9 +270,9 @@ TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
         for (int lean = 1; lean >= 0; --lean) {
           test::EnvGuard sb("FERN_CUDA_MOE_SB", forms[form]);
           test::EnvGuard ln("FERN_CUDA_MOE_LEAN", lean ? "1" : "0");
-          EXPECT_EQ(cuda::moe_fused_packing(ctx, moe_qw(dw), c.k), packing[&c - cases][form]) << forms[form];
+          EXPECT_EQ(cuda::moe_fused_packing(ctx, cuda::make_moe_qw(dw), c.k), packing[&c - cases][form]) << forms[form];
           Tensor dy = gpu->alloc(DType::F32, {1, c.H});
-          ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
+          ASSERT_TRUE(cuda::moe_fused(ctx, cuda::make_moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
           got[form][lean] = test::download(*gpu, dy);
           const double e = test::nmse(got[form][lean].data(), ref.data(), ref.size());
           std::printf("moe %-15s wide %s FERN_CUDA_MOE_SB=%-5s LEAN=%d call %d  NMSE %.3e\n", c.name, wide,
@@ -290,7 +284,7 @@ TEST(CudaMoe, FusedDecodePackedScalesSameBits) {
     test::EnvGuard bad("FERN_CUDA_MOE_SB", "word");
     Tensor dx = gpu->alloc(DType::F32, {1, c.H}), dy = gpu->alloc(DType::F32, {1, c.H});
     try {
-      cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
+      cuda::moe_fused(ctx, cuda::make_moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
       ADD_FAILURE() << "FERN_CUDA_MOE_SB=word was taken";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_SB"), std::string::npos) << e.what();
@@ -311,7 +305,7 @@ TEST(CudaMoe, FusedDecodeRefusesUnknownShape) {
   for (const char* bad : {"2", "half"}) {
     test::EnvGuard g("FERN_CUDA_MOE_WIDE", bad);
     try {
-      cuda::moe_fused(ctx, moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
+      cuda::moe_fused(ctx, cuda::make_moe_qw(dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k);
       ADD_FAILURE() << "FERN_CUDA_MOE_WIDE=" << bad << " was taken";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_WIDE"), std::string::npos) << e.what();
@@ -328,7 +322,7 @@ TEST(CudaMoe, FusedDecodeRefusesOtherFormats) {
     MoeWeights dw = test::to_device(*gpu, make_moe(st, c, 5));
     const cuda::Ctx ctx = fused_ctx(*gpu);
     const cuda::MoeScratch s{};
-    EXPECT_FALSE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, nullptr, c.k)) << c.name;
+    EXPECT_FALSE(cuda::moe_fused(ctx, cuda::make_moe_qw(dw), nullptr, s, nullptr, c.k)) << c.name;
   }
 }
 
@@ -406,7 +400,7 @@ TEST(CudaMoe, FusedDecodeWithResidual) {
         const cuda::Ctx ctx = fused_ctx(*gpu);
         const cuda::MoeScratch s = fused_scratch(*gpu, c);
         const cuda::MoeNorm n = fused_norm(dr, dd, dnw, eps, &dxn);
-        ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n));
+        ASSERT_TRUE(cuda::moe_fused(ctx, cuda::make_moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n));
       } else {
         gpu->moe_residual(dr, dd, dxn, dnw, eps, dd, dw, cfg);  // the backend op the forward pass calls
       }
@@ -474,7 +468,7 @@ TEST(CudaMoe, FusedDecodeDigitsMatchCpu) {
         Tensor dr = test::upload_f32(*gpu, resid, {1, c.H}), dd = test::upload_f32(*gpu, delta, {1, c.H});
         Tensor dxn = gpu->alloc(DType::F32, {1, c.H});
         const cuda::MoeNorm n = fused_norm(dr, dd, dnw, eps, &dxn);
-        ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n));
+        ASSERT_TRUE(cuda::moe_fused(ctx, cuda::make_moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n));
         out[q8] = test::download(*gpu, dd);
         xn[q8] = test::download(*gpu, dxn);
         ids[q8].resize(size_t(c.k));
@@ -496,7 +490,7 @@ TEST(CudaMoe, FusedDecodeDigitsMatchCpu) {
     Tensor dr = gpu->alloc(DType::F32, {1, c.H}), dd = gpu->alloc(DType::F32, {1, c.H});
     const cuda::MoeNorm n = fused_norm(dr, dd, dnw, eps, nullptr);
     try {
-      cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n);
+      cuda::moe_fused(ctx, cuda::make_moe_qw(dw), nullptr, s, dd.ptr<float>(), c.k, &n);
       ADD_FAILURE() << "FERN_CUDA_MOE_Q8=yes was taken";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_Q8"), std::string::npos) << e.what();
@@ -539,7 +533,7 @@ TEST(CudaMoe, FusedDecodeRouteLateSameBits) {
       Tensor dr = test::upload_f32(*gpu, resid, {1, c.H}), dd = test::upload_f32(*gpu, delta, {1, c.H});
       Tensor dxn = gpu->alloc(DType::F32, {1, c.H});
       const cuda::MoeNorm n = fused_norm(dr, dd, dnw, eps, &dxn);
-      ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(f->dw), nullptr, s, dd.ptr<float>(), c.k, &n));
+      ASSERT_TRUE(cuda::moe_fused(ctx, cuda::make_moe_qw(f->dw), nullptr, s, dd.ptr<float>(), c.k, &n));
       out[form] = test::download(*gpu, dd);
       r[form] = test::download(*gpu, dr);
       w[form] = test::download(*gpu, Tensor(s.topk_w, DType::F32, {c.k}, Device::Cuda));
@@ -563,7 +557,7 @@ TEST(CudaMoe, FusedDecodeRouteLateSameBits) {
     Tensor dr = gpu->alloc(DType::F32, {1, c.H}), dd = gpu->alloc(DType::F32, {1, c.H});
     const cuda::MoeNorm n = fused_norm(dr, dd, dnw, eps, nullptr);
     try {
-      cuda::moe_fused(ctx, moe_qw(f->dw), nullptr, s, dd.ptr<float>(), c.k, &n);
+      cuda::moe_fused(ctx, cuda::make_moe_qw(f->dw), nullptr, s, dd.ptr<float>(), c.k, &n);
       ADD_FAILURE() << "FERN_CUDA_MOE_ROUTE=soon was taken";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("FERN_CUDA_MOE_ROUTE"), std::string::npos) << e.what();
@@ -597,7 +591,7 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
     const auto nw = norm_weights(c.H, seed + 1);
     Tensor dnw = test::upload_f32(*gpu, nw, {c.H});
     const cuda::Ctx ctx = fused_ctx(*gpu);
-    ASSERT_TRUE(cuda::moe_fused_fold_ok(ctx, moe_qw(dw), c.k));
+    ASSERT_TRUE(cuda::moe_fused_fold_ok(ctx, cuda::make_moe_qw(dw), c.k));
     const cuda::MoeScratch s = fused_scratch(*gpu, c);
     Tensor dpack = gpu->alloc(DType::U8, {int64_t(cuda::route_fold_pack_bytes(cuda::make_qw(dw.router)))});
     cuda::route_fold_pack(ctx, cuda::make_qw(dw.router), cuda::make_qw(dw.shared_expert_gate), dpack.data);
@@ -655,7 +649,7 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
       n.xn = dxn.ptr<float>();
       n.add_out = true;
       n.pre = dpre.ptr<long long>();
-      ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dout.ptr<float>(), c.k, &n));
+      ASSERT_TRUE(cuda::moe_fused(ctx, cuda::make_moe_qw(dw), nullptr, s, dout.ptr<float>(), c.k, &n));
       const auto out = test::download(*gpu, dout), r2 = test::download(*gpu, dr), xn = test::download(*gpu, dxn);
       std::vector<int32_t> ids(size_t(c.k)), ids_u(size_t(c.k));
       gpu->copy(Tensor(ids.data(), DType::I32, {c.k}, Device::Host),
@@ -673,7 +667,7 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
 
       Tensor dr_u = test::upload_f32(*gpu, resid, {1, c.H}), dd_u = test::upload_f32(*gpu, y, {1, c.H});
       const cuda::MoeNorm nu = fused_norm(dr_u, dd_u, dnw, eps, &dxn);
-      ASSERT_TRUE(cuda::moe_fused(ctx, moe_qw(dw), nullptr, s, dd_u.ptr<float>(), c.k, &nu));
+      ASSERT_TRUE(cuda::moe_fused(ctx, cuda::make_moe_qw(dw), nullptr, s, dd_u.ptr<float>(), c.k, &nu));
       gpu->copy(Tensor(ids_u.data(), DType::I32, {c.k}, Device::Host),
                 Tensor(s.topk_ids, DType::I32, {c.k}, Device::Cuda));
       EXPECT_EQ(ids, ids_u);
@@ -682,7 +676,7 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
   // An odd shape: the fold is refused (the forward pass then keeps the router in the MoE launch).
   const MoeCase odd{"fold small odd", 40, 320, 192, 64, 5, 4, 1};
   const auto f = fused_case(odd, 5);
-  EXPECT_FALSE(cuda::moe_fused_fold_ok(fused_ctx(*f->gpu), moe_qw(f->dw), odd.k));
+  EXPECT_FALSE(cuda::moe_fused_fold_ok(fused_ctx(*f->gpu), cuda::make_moe_qw(f->dw), odd.k));
 }
 
 }  // namespace
