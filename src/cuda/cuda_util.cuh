@@ -40,16 +40,33 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(r);
 }
 
+// Named hardware barrier ID (1..15; 0 is __syncthreads) of `threads` threads (a multiple of 32): only the warps that
+// take part wait, so that another warp of the block can run other work meanwhile. The ID is an immediate, so that
+// ptxas reserves only the barriers used.
+template <int ID>
+__device__ __forceinline__ void named_sync(int threads) {
+  asm volatile("bar.sync %0, %1;" ::"n"(ID), "r"(threads) : "memory");
+}
+
 // Sum of s and maximum of m (m >= 0) over all threads of a block in one exchange (the same two barriers as
-// block_sum); every thread gets both.
+// block_sum); every thread gets both. BAR > 0: over warps 1.. only, which meet at named barrier BAR (warp 0 runs
+// other work meanwhile and must not call it; its slot of red is neither written nor read).
+template <int BAR = 0>
 __device__ __forceinline__ float2 block_sum_max(float s, float m, float2* red) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  auto sync = [] {
+    if constexpr (BAR == 0) {
+      __syncthreads();
+    } else {
+      named_sync<BAR>(static_cast<int>(blockDim.x) - 32);
+    }
+  };
   s = warp_sum(s);
   m = warp_max(m);
-  __syncthreads();
+  sync();
   if (lane == 0) red[wid] = make_float2(s, m);
-  __syncthreads();
-  const float2 r = lane < nw ? red[lane] : make_float2(0.0f, 0.0f);
+  sync();
+  const float2 r = lane < nw && (BAR == 0 || lane > 0) ? red[lane] : make_float2(0.0f, 0.0f);
   return make_float2(warp_sum(r.x), warp_max(r.y));
 }
 

@@ -216,10 +216,10 @@ __device__ __forceinline__ unsigned long long global_ns() {
 template <bool TIMED>
 struct Stamps {
   unsigned long long* p;
-  // Block 0's thread 0 at this point.
-  __device__ __forceinline__ void at(int i) const {
+  // Block 0's thread `tid` at this point (0 unless that thread is elsewhere then: moe_fused_kernel's FOLD).
+  __device__ __forceinline__ void at(int i, int tid = 0) const {
     if constexpr (TIMED) {
-      if (blockIdx.x == 0 && threadIdx.x == 0) p[i] = global_ns();
+      if (blockIdx.x == 0 && threadIdx.x == tid) p[i] = global_ns();
     }
   }
   // The latest (LATEST) or earliest (!LATEST, stored inverted so that both are an atomicMax) block at this point.
@@ -376,6 +376,40 @@ struct FusedArgs {
 
 // Float4s of the input row each thread keeps in registers when the kernel computes the norm itself (H <= 2048).
 constexpr int kNormV = 2;
+// The fold form (moe_fused_kernel's FOLD): rows of this width only (the packed forms').
+constexpr int kFoldH = 2048;
+
+// Thread 0 of every block after the PDL wait: the epoch for its block (moe_fused_kernel, read after a barrier), and
+// block 0 zeroes the other parity's pair of handoff counters for the next launch (the previous one has finished).
+__device__ __forceinline__ void take_epoch(int* counters, int* epoch_s) {
+  const int ep = __ldcg(counters);
+  *epoch_s = ep;
+  if (blockIdx.x == 0) {
+    const int o = (ep + 1) & 1;
+    counters[1 + o] = 0;
+    counters[3 + o] = 0;
+  }
+}
+
+// LATE (moe_fused_kernel): warp 0 writes the expert tables from its registers (lane r < k: slot r's expert my_id;
+// no shared round trip of the ids, one barrier), and the routing weights, needed only by the down rows, come after
+// this warp's loads are issued (route_late).
+template <int B>
+__device__ __forceinline__ void late_tables(const FusedArgs& a, int k, int my_id, const ChunkMat& m_sg,
+                                            const ChunkMat& m_su, ChunkMat* mg, ChunkMat* mu, ChunkMat* md) {
+  const int lane = threadIdx.x & 31;
+  if (lane < k) {
+    mg[lane] = chunk_mat<B>(a.gate, my_id);
+    mu[lane] = chunk_mat<B>(a.up, my_id);
+    md[lane] = chunk_mat<B>(a.down, my_id);
+    if (blockIdx.x == 0) a.s.topk_ids[lane] = my_id;
+  }
+  if (lane == (k & 31)) {  // the shared slot (k <= 32: lane 0 takes it too when k = 32)
+    mg[k] = m_sg;
+    mu[k] = m_su;
+    md[k] = chunk_mat<B>(a.sdown, 0);
+  }
+}
 
 // Writes float4 f of a row into the lane-major staging layout of BITS (qdot.cuh).
 template <int BITS>
@@ -395,15 +429,21 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
 // norm-mode form with packed rows (the forward pass's).
 //
 // FOLD (MoeNorm::pre; kernels.h RouteFold): the output projection before has added delta to resid and left the
-// router's pre-logits in a.norm.pre. Phase 1 is then the shared expert's rows alone, the first handoff is gone, and
-// warp 0 requests the pre-logits right after the PDL wait, runs the top-k on them once the row is staged, and
-// scales the chosen by the norm's factor for the routing weights. Block 0 zeroes pre after the second handoff
-// (every block has read it by then) for the next projection.
+// router's pre-logits in a.norm.pre. Phase 1 is then the shared expert's rows alone and the first handoff is gone.
+// The top-k needs the pre-logits only, not the normed row, so warp 0 runs it beside the staging: it requests the
+// pre-logits right after the PDL wait, runs the top-k and writes the expert tables while warps
+// 1.. stage the row (their block reduction and barriers on named barrier 1, without warp 0) and run phase 1; all
+// meet at the tables' barrier. The chosen are scaled by the norm's factor for the routing weights. Block 0 zeroes pre
+// after the second handoff (every block has read it by then) for the next projection.
 template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8, bool LATE, bool FOLD = false>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   static_assert(!Q8 || (LEAN == 1 && SB >= 1 && B == 4), "the digit form is compiled for the lean norm mode only");
   static_assert(!FOLD || (Q8 && LATE), "the fold is compiled for the lean digit form with the late weights only");
   constexpr int kWarps = NT / 32;
+  // The threads that stage the normed row: all, or (FOLD) warps 1..; thread t holds float4s t - kSt0 + q kStN,
+  // q < kNV, so that each warp holds 32 consecutive float4s from a multiple of 32 (chunk_sum_lanes, the chunk sums).
+  constexpr int kSt0 = FOLD ? 32 : 0, kStN = NT - kSt0, kNV = FOLD ? (kFoldH / 4 + kStN - 1) / kStN : kNormV;
+  const bool stager = !FOLD || threadIdx.x >= 32;
   // The packed forms (SB >= 1) are taken only for rows of 2,048 weights and at most 256 experts (fused_args): every
   // router and expert row is one pass, and the top-k needs 8 logits per lane. Compiling only that code keeps the
   // kernel's hot path in fewer instruction-cache lines (the generic kernel is ~140 KB of code).
@@ -423,6 +463,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   __shared__ int32_t ids_s[32];
   __shared__ float wts_s[32], sg_s;
   __shared__ int epoch_s;
+  __shared__ float2 fold_f;  // FOLD: the norm's factor and the digits' factor, for warp 0 (it took no part in them)
   constexpr int FB = ChunkTraits<B>::kF4, EB = ChunkTraits<B>::kElems;
   const int H = static_cast<int>(a.router.in);
   const int E = static_cast<int>(a.router.out);
@@ -464,41 +505,26 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
       load_rows<B, 2>(shared_mat, row, 0, cpr_e, lane, sr, SB >= 1);
     }
   };
-  if (v < n_p1) load_p1(v);  // weights only: before waiting on the previous kernel
-  float4 wn[kNormV];  // the norm weight (norm mode), also a weight: requested before the wait
-  if (norm_mode) {
+  // FOLD: warp 0 takes no phase-1 row (it runs the top-k meanwhile); warps 1.. take the rows in the same order.
+  const int v1 = FOLD ? v - int(gridDim.x) : v;
+  if (v1 >= 0 && v1 < n_p1) load_p1(v1);  // weights only: before waiting on the previous kernel
+  float4 wn[kNV];  // the norm weight (norm mode), also a weight: requested before the wait
+  if (norm_mode && stager) {
 #pragma unroll
-    for (int q = 0; q < kNormV; ++q) {
-      const int f = threadIdx.x + q * NT;
+    for (int q = 0; q < kNV; ++q) {
+      const int f = threadIdx.x - kSt0 + q * kStN;
       wn[q] = f < H / 4 ? __ldg(reinterpret_cast<const float4*>(a.norm.w) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
   pdl_wait();
   st.at(kMoeStampWaited);
-  long long fold_pre[FOLD ? 8 : 1], fold_sg = 0;  // FOLD, warp 0: the pre-logits (converted after the staging)
-  if constexpr (FOLD) {
-    if (threadIdx.x < 32) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        fold_pre[i] = i * 32 + lane < E ? __ldcg(a.norm.pre + (i * 32 + lane) * a.norm.pre_stride) : 0;
-      fold_sg = __ldcg(a.norm.pre + E * a.norm.pre_stride);
-    }
-  }
   float rinv = 1.0f;  // the norm's factor (FOLD: for the routing weights)
-  if (threadIdx.x == 0) {
-    const int ep = __ldcg(a.counters);
-    epoch_s = ep;
-    if (blockIdx.x == 0) {  // the other parity's pair, for the next launch (the previous one has finished)
-      const int o = (ep + 1) & 1;
-      a.counters[1 + o] = 0;
-      a.counters[3 + o] = 0;
-    }
-  }
-  float4 rsum[kNormV];  // resid + delta (norm mode), written back by block 0 once every block has read resid
+  if (!FOLD && threadIdx.x == 0) take_epoch(a.counters, &epoch_s);  // FOLD: in warp 0's branch below
+  float4 rsum[kNV];  // resid + delta (norm mode), written back by block 0 once every block has read resid
   if (!norm_mode) {
     stage_x<RB, 32>(a.x, H, xr, xrc);
     stage_x<B, 32>(a.x, H, xe, xec);  // (ends with a barrier: epoch_s is visible)
-  } else {
+  } else if (stager) {
     // The residual add + RMSNorm that precedes the block (MODEL.md 2.0), computed by every block from L2: one
     // launch less per layer. Nobody writes resid during this launch until the first handoff.
     __shared__ float2 red[32];
@@ -506,8 +532,8 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     const float4* d4 = reinterpret_cast<const float4*>(a.norm.delta);
     float ss = 0.0f, mx = 0.0f;  // mx (Q8): the largest |resid + delta| x |w|, the normed row's largest magnitude / inv
 #pragma unroll
-    for (int q = 0; q < kNormV; ++q) {
-      const int f = threadIdx.x + q * NT;
+    for (int q = 0; q < kNV; ++q) {
+      const int f = threadIdx.x - kSt0 + q * kStN;
       rsum[q] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (f < H / 4) {
         const float4 r = __ldcg(r4 + f), d = FOLD ? make_float4(0.f, 0.f, 0.f, 0.f) : __ldcg(d4 + f);
@@ -518,23 +544,24 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
     float inv;
     if constexpr (Q8) {
-      inv = norm_inv_row_max(ss, mx, H, a.norm.eps, red, q8);
+      inv = norm_inv_row_max<FOLD ? 1 : 0>(ss, mx, H, a.norm.eps, red, q8);  // FOLD: warps 1.. at barrier 1
       xsc = q8.factor();
+      if (FOLD && threadIdx.x == kSt0) fold_f = make_float2(inv, xsc);  // for warp 0, read after the tables' barrier
     } else {
       inv = rsqrtf(block_sum(ss, reinterpret_cast<float*>(red)) / float(H) + a.norm.eps);
     }
     rinv = inv;
-    // The normed row into both layouts, its chunk sums by shuffles (thread f holds float4 f; qdot.cuh
-    // chunk_sum_lanes) instead of a second pass over shared memory behind another barrier.
+    // The normed row into both layouts (FOLD: the experts' only; no router rows), its chunk sums by shuffles (thread
+    // f holds float4 f; qdot.cuh chunk_sum_lanes) instead of a second pass over shared memory behind another barrier.
 #pragma unroll
-    for (int q = 0; q < kNormV; ++q) {
-      if (q * NT >= H / 4) break;  // the same on every thread: all lanes take part in the shuffles
-      const int f = threadIdx.x + q * NT;
+    for (int q = 0; q < kNV; ++q) {
+      if (q * kStN >= H / 4) break;  // the same on every thread: all lanes take part in the shuffles
+      const int f = threadIdx.x - kSt0 + q * kStN;
       const float4 w = wn[q];  // zero beyond the row, as rsum is
       const float4 xv =
           make_float4(rsum[q].x * inv * w.x, rsum[q].y * inv * w.y, rsum[q].z * inv * w.z, rsum[q].w * inv * w.w);
       if (f < H / 4) {
-        put_x<RB>(xr, f, xv);
+        if constexpr (!FOLD) put_x<RB>(xr, f, xv);
         if constexpr (Q8) {
           // The digits only: the chunk sums below serve both layouts (their first shuffles are shared with the
           // router layout's; Q8Sink's own sums would repeat them).
@@ -544,17 +571,22 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
         }
         if (blockIdx.x == 0 && a.norm.xn) reinterpret_cast<float4*>(a.norm.xn)[f] = xv;
       }
-      const float sr = chunk_sum_lanes<RB>(xv), se = chunk_sum_lanes<B>(xv);
-      if (f < H / 4 && f % ChunkTraits<RB>::kF4 == 0) xrc[f / ChunkTraits<RB>::kF4] = sr;
+      const float sr = FOLD ? 0.0f : chunk_sum_lanes<RB>(xv), se = chunk_sum_lanes<B>(xv);
+      if (!FOLD && f < H / 4 && f % ChunkTraits<RB>::kF4 == 0) xrc[f / ChunkTraits<RB>::kF4] = sr;
       if (f < H / 4 && f % FB == 0) xec[f / FB] = se;
     }
-    __syncthreads();  // epoch_s is visible too
+    if constexpr (FOLD) {
+      named_sync<1>(kStN);  // the row for phase 1 (warp 0 meets the others at the tables' barrier)
+    } else {
+      __syncthreads();  // epoch_s is visible too
+    }
   }
-  st.at(kMoeStampStaged);
-  pdl_trigger();
-  const int epoch = epoch_s, par = epoch & 1;
-  for (int u = v; u < n_p1; u += W) {
-    if (!kLean && u != v) load_p1(u);
+  st.at(kMoeStampStaged, kSt0);
+  if (stager) pdl_trigger();  // every thread (FOLD: warp 0 once its tables are written, below)
+  int epoch = 0;  // FOLD: read after the tables' barrier (thread 0 wrote it beside the staging)
+  if constexpr (!FOLD) epoch = epoch_s;
+  for (int u = v1; u >= 0 && u < n_p1; u += W) {
+    if (!kLean && u != v1) load_p1(u);
     if (u < n_route) {
       const int row[1] = {u < E ? u : 0};
       float d[1];
@@ -574,48 +606,56 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     if constexpr (kLean) break;
   }
   if constexpr (!FOLD)
-    grid_handoff(a.counters + 1 + par, 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
+    grid_handoff(a.counters + 1 + (epoch & 1), 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
                  kMoeStampPass1);
   if (!FOLD && norm_mode && blockIdx.x == 0) {  // every block has read resid by now
 #pragma unroll
-    for (int q = 0; q < kNormV; ++q) {
+    for (int q = 0; q < kNV; ++q) {
       const int f = threadIdx.x + q * NT;
       if (f < H / 4) reinterpret_cast<float4*>(a.norm.resid)[f] = rsum[q];
     }
   }
 
-  // ---- top-k in every block, then the expert tables ----
+  // ---- top-k in every block (FOLD: warp 0, beside the other warps' staging and phase 1), then the expert tables ----
   uint32_t my_key = 0u;  // warp 0, lane r < k: slot r's key and expert
   int my_id = 0;
   float sgl = 0.0f;
   if constexpr (FOLD) {
-    if (threadIdx.x < 32) {
+    if (!stager) {
+      // Warp 0 comes here straight from the PDL wait (no staging, no phase-1 row), so that no other registers are
+      // live beside the pre-logits. Lane l takes pre-logits l + 32 i (E <= 256) and the shared-expert gate's (E),
+      // all requested at once.
+      long long pv[9];
+      const int S = a.norm.pre_stride;
+#pragma unroll
+      for (int i = 0; i < 9; ++i) {
+        const int e = i < 8 ? i * 32 + lane : E;
+        pv[i] = e < E || i == 8 ? __ldcg(a.norm.pre + int64_t(e) * S) : 0;
+      }
+      if (threadIdx.x == 0) take_epoch(a.counters, &epoch_s);  // behind the pre-logits' requests
       uint32_t key[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) key[i] = i * 32 + lane < E ? float_key(fold_value(fold_pre[i])) : 0u;
-      sgl = fold_value(fold_sg);
+      for (int i = 0; i < 8; ++i) key[i] = i * 32 + lane < E ? float_key(fold_value(pv[i])) : 0u;
+      sgl = fold_value(pv[8]);
+      if constexpr (TIMED) {
+        if (key[0] != 1u) st.at(kMoeStampTopkKeys);  // (a use of the loaded keys: the stamp waits for them)
+      }
       topk_rounds<8>(key, k, my_key, my_id);
+      st.at(kMoeStampTopkRounds);
+      late_tables<B>(a, k, my_id, m_sg, m_su, mg, mu, md);
+      pdl_trigger();  // warp 0's (each thread executes it once; warps 1.. after their staging)
     }
   } else if (threadIdx.x < 32) {
     topk_fused<TIMED, kOne>(a.s.router_logits, a.s.sgate_logit, E, k, my_key, my_id, sgl, st);
   }
   if constexpr (LATE) {
-    // LATE: warp 0 writes the tables from its registers (no shared round trip of the ids, one barrier), and the
-    // routing weights, needed only by the down rows, come after this warp's loads are issued (route_late).
-    if (threadIdx.x < 32) {
-      if (lane < k) {
-        mg[lane] = chunk_mat<B>(a.gate, my_id);
-        mu[lane] = chunk_mat<B>(a.up, my_id);
-        md[lane] = chunk_mat<B>(a.down, my_id);
-        if (blockIdx.x == 0) a.s.topk_ids[lane] = my_id;
-      }
-      if (lane == (k & 31)) {  // the shared slot (k <= 32: lane 0 takes it too when k = 32)
-        mg[k] = m_sg;
-        mu[k] = m_su;
-        md[k] = chunk_mat<B>(a.sdown, 0);
-      }
+    if (!FOLD && threadIdx.x < 32) late_tables<B>(a, k, my_id, m_sg, m_su, mg, mu, md);
+    __syncthreads();  // FOLD: the join of warp 0 (tables) and warps 1.. (staging, phase 1)
+    if constexpr (FOLD) {
+      epoch = epoch_s;
+      rinv = fold_f.x;
+      xsc = fold_f.y;
     }
-    __syncthreads();
   } else {
     if (threadIdx.x < 32) {
       float sg;
@@ -723,7 +763,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     if constexpr (kLean) break;
   }
   if (LATE && threadIdx.x < 32 && v >= ntask) route_late();  // warp 0 had no gate/up task
-  grid_handoff(a.counters + 3 + par, epoch + 1, a.counters, true, st, kMoeStampArrive2, kMoeStampLastArrive2,
+  grid_handoff(a.counters + 3 + (epoch & 1), epoch + 1, a.counters, true, st, kMoeStampArrive2, kMoeStampLastArrive2,
                kMoeStampPass2);
   if constexpr (FOLD) {  // every block has read the pre-logits: zero for the next projection
     if (blockIdx.x == 0)
@@ -938,14 +978,17 @@ bool moe_fused_fold_ok(const Ctx& c, const MoeQW& w, int topk) {
   FusedArgs a;
   const MoeScratch none{};
   if (!fused_args(c, w, nullptr, none, nullptr, topk, nullptr, a)) return false;
-  if (w.router.bits != 8 || a.sb32 != 2 || a.router.out > 256 || env_choice("FERN_CUDA_MOE_LEAN", {"0", "1"}, 1) != 1 ||
-      !moe_q8() || !moe_route_late())
+  // The kernel's FOLD: 8 pre-logits per lane of warp 0 (E <= 256), k <= 32 slots (fused_args), rows of kFoldH
+  // (the staging's float4s per thread, kNV, are counted for it; sb32 == 2 implies it too).
+  if (w.router.bits != 8 || a.sb32 != 2 || a.router.out > 256 || a.topk > 32 || a.router.in != kFoldH ||
+      env_choice("FERN_CUDA_MOE_LEAN", {"0", "1"}, 1) != 1 || !moe_q8() || !moe_route_late())
     return false;
   const int nt = moe_wide() ? 512 : kThreads;
   const size_t smem = fused_smem<8, 4>(a.router.in, a.topk * a.gate.out + a.sgate.out);
   const int blocks = nt == 512 ? resident_blocks<8, 4, false, 512, 2, 1, true, true, true>(c, smem)
                                : resident_blocks<8, 4, false, kThreads, 2, 1, true, true, true>(c, smem);
-  return smem <= kMaxSmem && blocks > 0 && lean_fits(a, blocks * (nt / 32));
+  return smem <= kMaxSmem && blocks > 0 && lean_fits(a, blocks * (nt / 32)) &&
+         a.sgate.out <= int64_t(blocks) * (nt / 32 - 1);  // phase 1 on warps 1.. only
 }
 
 int moe_fused_packing(const Ctx& c, const MoeQW& w, int topk) {

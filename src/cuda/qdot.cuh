@@ -309,9 +309,11 @@ __device__ __forceinline__ float max_abs_prod(float m, const float4& x, const fl
 }
 
 // The RMSNorm factor of a row of n values from this thread's sum of squares ss and largest |x w| mx (one block
-// reduction for both: block_sum_max), the normed row's largest magnitude handed to the digit sink.
+// reduction for both: block_sum_max), the normed row's largest magnitude handed to the digit sink. BAR > 0: the
+// reduction over warps 1.. only, at named barrier BAR (block_sum_max).
+template <int BAR = 0>
 __device__ __forceinline__ float norm_inv_row_max(float ss, float mx, int n, float eps, float2* red, Q8Sink& sink) {
-  const float2 sm = block_sum_max(ss, mx, red);
+  const float2 sm = block_sum_max<BAR>(ss, mx, red);
   const float inv = rsqrtf(sm.x / float(n) + eps);
   sink.set_row_max(sm.y * inv);
   return inv;
