@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   };
   // FOLD: warp 0 takes no phase-1 row (it runs the top-k meanwhile); warps 1.. take the rows in the same order.
   const int v1 = FOLD ? v - int(gridDim.x) : v;
-  if (v1 >= 0 && v1 < n_p1) load_p1(v1);  // weights only: before waiting on the previous kernel
+  if ((!FOLD || v1 >= 0) && v1 < n_p1) load_p1(v1);  // weights only: before waiting on the previous kernel
   float4 wn[kNV];  // the norm weight (norm mode), also a weight: requested before the wait
   if (norm_mode && stager) {
 #pragma unroll
@@ -585,7 +585,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   if (stager) pdl_trigger();  // every thread (FOLD: warp 0 once its tables are written, below)
   int epoch = 0;  // FOLD: read after the tables' barrier (thread 0 wrote it beside the staging)
   if constexpr (!FOLD) epoch = epoch_s;
-  for (int u = v1; u >= 0 && u < n_p1; u += W) {
+  for (int u = v1; (!FOLD || u >= 0) && u < n_p1; u += W) {
     if (!kLean && u != v1) load_p1(u);
     if (u < n_route) {
       const int row[1] = {u < E ? u : 0};
