@@ -9,6 +9,8 @@
 #   gpu_cuda_test_targets  the names of all CUDA test executables
 #   gpu_run_cuda_tests     every CUDA test, one after the other (their CPU references use all cores), into
 #                          $OUT/cuda_tests.log; sets GPU_TEST_FAILS
+#   gpu_test_names SPECS...  the executables of test specs (NAME or NAME:GTEST_FILTER), for gpu_build
+#   gpu_run_test_specs SPECS...  those tests from build/, one after the other, into $OUT/tests.log (a line each)
 #   gpu_run_node_suite [SECONDS]  the Node server suite (official openai client) against build/fern, whose default
 #                          backend is CUDA where a GPU is present; into $OUT/node_suite.log (skipped without node)
 #   note TEXT / elapsed / gpu_summary
@@ -58,6 +60,18 @@ gpu_run_cuda_tests() {
   done
   note "CUDA tests: $(grep -c '^\[       OK' "$OUT/cuda_tests.log") OK, failed:${GPU_TEST_FAILS:- none} ($(elapsed))"
   grep -B3 -A8 "Failure" "$OUT/cuda_tests.log" | head -40
+}
+
+gpu_test_names() { local t; for t in "$@"; do echo "${t%%:*}"; done; }
+
+gpu_run_test_specs() {
+  local t filter
+  for t in "$@"; do
+    filter='*'
+    [ "$t" != "${t%%:*}" ] && filter=${t#*:}
+    timeout 300 "build/${t%%:*}" --gtest_filter="$filter" >>"$OUT/tests.log" 2>&1
+    note "$t rc $? ($(grep -c '^\[       OK' "$OUT/tests.log") OK so far, $(grep -c '^\[  FAILED' "$OUT/tests.log") FAILED lines)"
+  done
 }
 
 gpu_run_node_suite() {

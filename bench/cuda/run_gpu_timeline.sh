@@ -12,13 +12,9 @@ set -u
 source bench/gpu_prelude.sh
 gpu_unpack_head tl-head
 gpu_configure
-gpu_build fern bench_cuda_decode ${TL_BENCH:-} $(for t in ${TL_TESTS:-}; do echo "${t%%:*}"; done)
-for t in ${TL_TESTS:-}; do  # NAME or NAME:GTEST_FILTER
-  filter=*
-  [ "$t" != "${t%%:*}" ] && filter=${t#*:}
-  timeout 300 "build/${t%%:*}" --gtest_filter="$filter" >>"$OUT/tests.log" 2>&1
-  note "$t rc $? ($(grep -c '^\[       OK' "$OUT/tests.log") OK so far)"
-done
+# shellcheck disable=SC2046,SC2086  # lists of names
+gpu_build fern bench_cuda_decode ${TL_BENCH:-} $(gpu_test_names ${TL_TESTS:-})
+gpu_run_test_specs ${TL_TESTS:-}  # NAME or NAME:GTEST_FILTER
 for b in ${TL_BENCH:-}; do  # micro-benchmarks (build/bench/NAME), their tables in full
   timeout 300 "build/bench/$b" >"$OUT/timeline_bench_$b.md" 2>&1
   note "$b rc $? ($(elapsed))"

@@ -431,10 +431,10 @@ __device__ __forceinline__ void put_x(float4* xs, int f, float4 v) {
 // FOLD (MoeNorm::pre; kernels.h RouteFold): the output projection before has added delta to resid and left the
 // router's pre-logits in a.norm.pre. Phase 1 is then the shared expert's rows alone and the first handoff is gone.
 // The top-k needs the pre-logits only, not the normed row, so warp 0 runs it beside the staging: it requests the
-// pre-logits right after the PDL wait, runs the top-k and writes the expert tables while warps
-// 1.. stage the row (their block reduction and barriers on named barrier 1, without warp 0) and run phase 1; all
-// meet at the tables' barrier. The chosen are scaled by the norm's factor for the routing weights. Block 0 zeroes pre
-// after the second handoff (every block has read it by then) for the next projection.
+// pre-logits right after the PDL wait, runs the top-k and writes the expert tables while warps 1.. stage the row
+// (their block reduction and barriers on named barrier 1, without warp 0) and run phase 1; all meet at the tables'
+// barrier. The chosen are scaled by the norm's factor for the routing weights. Block 0 zeroes pre after the second
+// handoff (every block has read it by then) for the next projection.
 template <int RB, int B, bool TIMED, int NT, int SB, int LEAN, bool Q8, bool LATE, bool FOLD = false>
 __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   static_assert(!Q8 || (LEAN == 1 && SB >= 1 && B == 4), "the digit form is compiled for the lean norm mode only");
