@@ -590,31 +590,76 @@ void bench_decode(bool splitk, bool steps = true) {
     // FERN_BENCH_MOE_ONE_LAYER=1: every launch on layer 0's experts (one layer's pages instead of forty: a probe of
     // address translation's share in the expert rows' segment; docs/notes/cuda-decode-v15-topk.md section 5).
     const bool one_layer = std::getenv("FERN_BENCH_MOE_ONE_LAYER") != nullptr;
-    for (const char* wide : {"1", "0"}) {
-    if (!steps && wide[0] == '0') break;  // "blocks": the default block size only
+    // The fold form (as the forward pass runs it: the router in the mixer's output projection before each MoE,
+    // kernels.h RouteFold): each timed launch follows a fold projection of that layer's own output projection on a
+    // random input row, which adds to the residual and leaves the pre-logits. One packed router copy per layer.
+    std::vector<Tensor> fold_packed;
+    std::vector<cuda::RouteFold> folds;
+    Tensor fold_pre = be.alloc(DType::I64, {(E + 1) * cuda::kFoldStride});
+    FERN_CUDA_CHECK(cudaMemset(fold_pre.data, 0, fold_pre.nbytes()));
+    auto fold_proj = [&](int l) -> const LinearWeight& {
+      return cfg.is_attention_layer(l) ? w->layers[l].attn.o_proj : w->layers[l].gdn.out_proj;
+    };
+    bool fold_ok = cuda::moe_fused_fold_ok(tc, moe_qw(0), topk);
+    for (int l = 0; l < L && fold_ok; ++l) {
+      cuda::RouteFold f;
+      f.router = cuda::make_qw(mq(l).router);
+      f.sgr = cuda::make_qw(mq(l).shared_expert_gate);
+      fold_ok = cuda::route_fold_pack_ok(f.router, f.sgr) && fold_proj(l).in == qd;
+      if (!fold_ok) break;
+      fold_packed.push_back(be.alloc(DType::U8, {int64_t(cuda::route_fold_pack_bytes(f.router))}));
+      cuda::Ctx pc = kc;
+      pc.pdl = false;
+      cuda::route_fold_pack(pc, f.router, f.sgr, fold_packed.back().data);
+      f.packed = fold_packed.back().data;
+      f.norm_w = w->layers[l].post_norm.ptr<float>();
+      f.resid = h.ptr<float>();
+      f.pre = fold_pre.ptr<long long>();
+      fold_ok = cuda::route_fold_ok(cuda::make_qw(fold_proj(l)), f);
+      folds.push_back(f);
+    }
+    FERN_CUDA_CHECK(cudaStreamSynchronize(be.stream()));
+    for (const char* form : {"1", "0", "fold"}) {
+    const bool fold = form[0] == 'f';
+    const char* wide = fold ? "1" : form;
+    if (!steps && wide[0] == '0') continue;  // "blocks": the default block size only
+    if (fold && !fold_ok) {
+      std::printf("\n(fused MoE phase timing, fold form: not taken for these weights or switches)\n");
+      continue;
+    }
     setenv("FERN_CUDA_MOE_WIDE", wide, 1);
+    cuda::MoeNorm fnm = nm;
+    if (fold) {
+      fnm.delta = nullptr;
+      fnm.pre = fold_pre.ptr<long long>();
+      fnm.pre_stride = cuda::kFoldStride;
+    }
     bool timed = true;
     const double tt = time_graph(be, [&] {
       FERN_CUDA_CHECK(cudaMemsetAsync(dst, 0, sbytes, be.stream()));
       for (int r = 0; r < R && timed; ++r)
         for (int l = 0; l < L && timed; ++l) {
-          nm.w = w->layers[l].post_norm.ptr<float>();
-          timed = cuda::moe_fused_timed(tc, moe_qw(one_layer ? 0 : l), nullptr, ms, out2.ptr<float>(), topk, &nm,
+          const int lw = one_layer ? 0 : l;
+          fnm.w = w->layers[lw].post_norm.ptr<float>();
+          if (fold) cuda::linear_fold(kc, cuda::make_qw(fold_proj(lw)), aq.ptr<float>(), out.ptr<float>(), folds[lw]);
+          timed = cuda::moe_fused_timed(tc, moe_qw(lw), nullptr, ms, out2.ptr<float>(), topk, &fnm,
                                         dst + (size_t(r) * L + l) * cuda::kMoeStamps);
         }
     });
     if (!timed) {
       std::printf("\n(fused MoE phase timing: not compiled in; build with CUDAFLAGS=-DFERN_MOE_PHASE_TIMING)\n");
+      break;
     } else {
       std::vector<unsigned long long> hs(sbytes / sizeof(unsigned long long));
       FERN_CUDA_CHECK(cudaMemcpy(hs.data(), dst, sbytes, cudaMemcpyDeviceToHost));
       const int n = R * L;
       auto at = [&](int i, int k) { return hs[size_t(i) * cuda::kMoeStamps + k]; };
       auto first = [&](int i) { return ~at(i, cuda::kMoeStampFirstStart); };
-      std::printf("\n== fused MoE phases (moe_residual, %s blocks, %d launches%s, graph replay %.2f us per launch): "
-                  "us from the launch's first block start ==\n", wide[0] == '1' ? "512-thread" : "256-thread", n,
-                  one_layer ? " all on layer 0" : "", tt * 1e6 / n);
-      std::printf("%-44s %8s %8s %8s\n", "point", "mean", "min", "max");
+      std::printf("\n== fused MoE phases (moe_residual, %s blocks%s, %d launches%s, graph replay %.2f us per launch%s): "
+                  "us from the launch's first block start ==\n", wide[0] == '1' ? "512-thread" : "256-thread",
+                  fold ? ", fold form" : "", n, one_layer ? " all on layer 0" : "", tt * 1e6 / n,
+                  fold ? " with its projection" : "");
+      std::printf("%-60s %8s %8s %8s\n", "point", "mean", "min", "max");
       const struct {
         const char* name;
         int k;
@@ -622,7 +667,7 @@ void bench_decode(bool splitk, bool steps = true) {
                  {"block 0: start", cuda::kMoeStampStart},
                  {"block 0: past the PDL wait", cuda::kMoeStampWaited},
                  {"block 0: input (norm) staged", cuda::kMoeStampStaged},
-                 {"block 0: router/shared rows done (arrive 1)", cuda::kMoeStampArrive1},
+                 {"block 0: router/shared rows done (arrive 1; fold: warp 1's shared rows)", cuda::kMoeStampArrive1},
                  {"last block arrives at handoff 1", cuda::kMoeStampLastArrive1},
                  {"block 0: past handoff 1", cuda::kMoeStampPass1},
                  {"block 0: top-k keys loaded", cuda::kMoeStampTopkKeys},
@@ -635,6 +680,9 @@ void bench_decode(bool splitk, bool steps = true) {
                  {"block 0: end", cuda::kMoeStampEnd},
                  {"last block end", cuda::kMoeStampLastEnd}};
       for (const auto& pt : pts) {
+        bool stamped = false;  // (the fold form has no router handoff: its three points are never stamped)
+        for (int i = 0; i < n; ++i) stamped = stamped || at(i, pt.k) != 0;
+        if (!stamped) continue;
         double sum = 0, mn = 1e30, mx = -1e30;
         for (int i = 0; i < n; ++i) {
           const double v = (double(at(i, pt.k)) - double(first(i))) * 1e-3;
@@ -642,11 +690,12 @@ void bench_decode(bool splitk, bool steps = true) {
           mn = std::min(mn, v);
           mx = std::max(mx, v);
         }
-        std::printf("%-44s %8.2f %8.2f %8.2f\n", pt.name, sum / n, mn, mx);
+        std::printf("%-60s %8.2f %8.2f %8.2f\n", pt.name, sum / n, mn, mx);
       }
       double gap = 0;
       for (int i = 1; i < n; ++i) gap += (double(first(i)) - double(at(i - 1, cuda::kMoeStampLastEnd))) * 1e-3;
-      std::printf("%-44s %8.2f\n", "gap: previous launch's last end -> first start", gap / (n - 1));
+      std::printf("%-60s %8.2f\n", fold ? "previous MoE's last end -> first start (the projection between)"
+                                        : "gap: previous launch's last end -> first start", gap / (n - 1));
     }
     }
     unsetenv("FERN_CUDA_MOE_WIDE");

@@ -10,6 +10,8 @@
 # each), the variants in turn (base with --decode-switch DV_SWITCH when set), and a 4K timeline of each variant
 # (bench_cuda_decode timeline; the sets of DV_TL_SETS="A=1|A=2" on the base build). From the repository root with
 # carry [".carry/debs", ".carry/tl-head.tar", ".carry/tl-head.commit"] (and the DV_ALT archives); a table last.
+# DV_BLOCKS: further variants (same DV_FILES_/DV_FLAGS_ form) that are only built and run `bench_cuda_decode blocks`
+# once, after the rounds (e.g. DV_FLAGS_ph=-DFERN_MOE_PHASE_TIMING: the fused MoE's phase tables).
 set -u
 source bench/gpu_prelude.sh
 gpu_unpack_head tl-head
@@ -33,12 +35,12 @@ make_variant() {  # NAME: build_NAME = build with the variant's flags on its fil
   done
   ninja -C "$d" -j8 fern bench_cuda_decode >"$OUT/build_$v.log" 2>&1
 }
-for v in ${DV_VARIANTS:-}; do make_variant "$v" & done
+for v in ${DV_VARIANTS:-} ${DV_BLOCKS:-}; do make_variant "$v" & done
 # shellcheck disable=SC2086
 gpu_run_test_specs ${DV_TESTS:-}  # beside the variants' compiles
 grep -B3 -A8 "Failure" "$OUT/tests.log" | head -30
 wait
-for v in ${DV_VARIANTS:-}; do
+for v in ${DV_VARIANTS:-} ${DV_BLOCKS:-}; do
   alt="DV_ALT_$v"
   note "variant $v ($(flags_of "$v") on $(files_of "$v")${!alt:+ from ${!alt}}):" \
     "ninja $(grep -o '^\[[0-9]*/[0-9]*\]' "$OUT/build_$v.log" | tail -1)," \
@@ -72,6 +74,11 @@ for v in base ${DV_VARIANTS:-}; do
     grep -E "^(moe|linear|gdn|attn)" "$OUT/timeline_$tag.log" | head -12
   done
 done
-tar -C "$OUT" -czf "$OUT/dv.tar.gz" $(cd "$OUT" && ls timeline_* decode_* build_*.log 2>/dev/null) &&
-  (cd "$OUT" && rm -f timeline_* decode_* build_*.log)
+for v in ${DV_BLOCKS:-}; do
+  timeout 200 "build_$v/bench/bench_cuda_decode" blocks >"$OUT/blocks_$v.txt" 2>&1
+  note "blocks $v: rc $? ($(elapsed))"
+  awk '/^== fused MoE phases/ { on = 1 } on && NF == 0 { on = 0 } on' "$OUT/blocks_$v.txt" | cut -c1-110
+done
+tar -C "$OUT" -czf "$OUT/dv.tar.gz" $(cd "$OUT" && ls timeline_* decode_* build_*.log blocks_* 2>/dev/null) &&
+  (cd "$OUT" && rm -f timeline_* decode_* build_*.log blocks_*)
 gpu_summary

@@ -242,7 +242,7 @@ __device__ __forceinline__ void grid_handoff(int* cnt, int epoch_next, int* epoc
   if (threadIdx.x == 0) {
     st.at(s_arrive);
     st.extreme(s_last);
-    __threadfence();
+    fence_acq_rel_gpu();  // with the relaxed count below: a release of the block's writes (barrier before)
     const int old = atomicAdd(cnt, 1);
     if (advance_epoch && old == int(gridDim.x) - 1) atomicExch(epoch, epoch_next);
     while (ld_acquire(cnt) < int(gridDim.x)) {
@@ -605,6 +605,7 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
     }
     if constexpr (kLean) break;
   }
+  if constexpr (FOLD) st.at(kMoeStampArrive1, kSt0);  // warp 1's shared-expert rows done (no router handoff)
   if constexpr (!FOLD)
     grid_handoff(a.counters + 1 + (epoch & 1), 0, a.counters, false, st, kMoeStampArrive1, kMoeStampLastArrive1,
                  kMoeStampPass1);
