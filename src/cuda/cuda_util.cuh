@@ -106,19 +106,6 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// The fence of a release (before a relaxed atomic that publishes this thread's and, through a preceding barrier,
-// its block's writes) or of an acquire (after a relaxed atomic that observed another block's publication): the PTX
-// memory model's release and acquire patterns need fence.acq_rel, not the sequentially consistent fence.sc that
-// __threadfence() compiles to (MEMBAR.SC, which also orders against every other SC fence of the GPU).
-// -DFERN_FENCE_SC keeps __threadfence() (for comparisons).
-__device__ __forceinline__ void fence_acq_rel_gpu() {
-#ifdef FERN_FENCE_SC
-  __threadfence();
-#else
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
 // sin and cos of the partial-RoPE angle of pair i (< rot / 2) at position pos. Every kernel that rotates q or k

@@ -217,12 +217,12 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* __restrict__ 
   if (threadIdx.x == 0) {
     part_v[t * gridDim.x + blockIdx.x] = v;
     part_i[t * gridDim.x + blockIdx.x] = i;
-    fence_acq_rel_gpu();  // release: the partials before the count
+    __threadfence();
     last = atomicAdd(&counters[t], 1) == int(gridDim.x) - 1;
   }
   __syncthreads();
   if (!last) return;
-  fence_acq_rel_gpu();  // acquire: the other blocks' partials after their counts
+  __threadfence();
   v = -INFINITY;
   i = 0x7fffffff;
   for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x)

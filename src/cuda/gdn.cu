@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_kernel(GdnShape sh, const flo
   int arrived = 0;
   if (tid == 0) {
     // No global store of this block precedes the fence: it orders the block's conv-state reads before the count.
-    fence_acq_rel_gpu();
+    __threadfence();
     arrived = atomicAdd(&counters[kh], 1);
   }
   // l2 norms (eps inside the square root of the sum), q also scaled by Dk^-1/2.

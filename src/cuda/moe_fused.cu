@@ -242,7 +242,7 @@ __device__ __forceinline__ void grid_handoff(int* cnt, int epoch_next, int* epoc
   if (threadIdx.x == 0) {
     st.at(s_arrive);
     st.extreme(s_last);
-    fence_acq_rel_gpu();  // with the relaxed count below: a release of the block's writes (barrier before)
+    __threadfence();
     const int old = atomicAdd(cnt, 1);
     if (advance_epoch && old == int(gridDim.x) - 1) atomicExch(epoch, epoch_next);
     while (ld_acquire(cnt) < int(gridDim.x)) {
