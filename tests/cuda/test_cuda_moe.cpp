@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <memory>
 #include <stdexcept>
@@ -162,9 +163,25 @@ struct FusedCase {
   MoeWeights hw, dw;
   ModelConfig cfg;
 };
-std::unique_ptr<FusedCase> fused_case(const MoeCase& c, uint64_t seed) {
+// Router rows made equal, so that logits tie exactly (the same codes, scales and biases give the same bits on every
+// path): ties 1: row e >= E / 2 is row e - E / 2 (pairs); ties 2: row e is row e % 3 (three values, each ~E / 3
+// times, so that the top k is decided by the lower-index rule alone).
+void tie_router_rows(LinearWeight& r, int ties) {
+  if (ties == 0) return;
+  const int64_t E = r.out, H = r.in, wpr = H * r.bits / 32, gpr = H / r.group_size;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t src = ties == 1 ? (e >= E / 2 ? e - E / 2 : e) : e % 3;
+    if (src == e) continue;
+    std::copy_n(r.w.ptr<uint32_t>() + src * wpr, wpr, r.w.ptr<uint32_t>() + e * wpr);
+    std::copy_n(r.scales.ptr<uint16_t>() + src * gpr, gpr, r.scales.ptr<uint16_t>() + e * gpr);
+    std::copy_n(r.biases.ptr<uint16_t>() + src * gpr, gpr, r.biases.ptr<uint16_t>() + e * gpr);
+  }
+}
+
+std::unique_ptr<FusedCase> fused_case(const MoeCase& c, uint64_t seed, int ties = 0) {
   auto f = std::make_unique<FusedCase>();
   f->hw = make_moe(f->st, c, seed);
+  tie_router_rows(f->hw.router, ties);
   f->dw = test::to_device(*f->gpu, f->hw);
   f->cfg = moe_config(c);
   return f;
@@ -223,6 +240,60 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
       gpu->copy(Tensor(b.data(), DType::I32, {c.k}, Device::Host), ids3);
       EXPECT_EQ(a, b);
     }
+  }
+}
+
+// Exactly tied router logits (tie_router_rows): the fused launch's top-k must pick the lower expert among equal
+// logits and order the slots as the three-launch router does (topk.cuh, the CPU's rule), at the real shape (the
+// 8-keys-per-lane merge, topk_merge8) and at k = 10 over 600 experts (the selection rounds). The ties are checked
+// to be there: some chosen expert's logit equals another expert's bit for bit.
+TEST(CudaMoe, FusedDecodeTopkTies) {
+  FERN_REQUIRE_GPU();
+  const MoeCase cases[] = {{"ties real", 256, 2048, 512, 512, 8, 4, 1}, {"ties 600", 600, 256, 64, 64, 10, 4, 1}};
+  for (const char* wide : {"0", "1"})
+  for (const MoeCase& c : cases)
+  for (int ties : {1, 2}) {
+    test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
+    SCOPED_TRACE(std::string(c.name) + " ties " + std::to_string(ties) + " FERN_CUDA_MOE_WIDE=" + wide);
+    const uint64_t seed = uint64_t(c.E * 5 + ties);
+    const auto f = fused_case(c, seed, ties);
+    CudaBackend* gpu = f->gpu.get();
+    const cuda::Ctx ctx = fused_ctx(*gpu);
+    const cuda::MoeScratch s = fused_scratch(*gpu, c);
+    Tensor ids3 = gpu->alloc(DType::I32, {c.k});
+    cuda::MoeScratch s3 = s;
+    s3.topk_ids = ids3.ptr<int32_t>();
+    cuda::Ctx ctx3 = ctx;
+    ctx3.n_counters = 0;  // the three-launch router
+    auto x = test::randn(size_t(c.H), seed + 100);
+    std::vector<float> ref(size_t(c.H));
+    f->cpu->begin_forward();
+    f->cpu->moe(test::host_f32(ref, {1, c.H}), test::host_f32(x, {1, c.H}), f->hw, f->cfg);
+    Tensor dx = test::upload_f32(*gpu, x, {1, c.H});
+    Tensor dy = gpu->alloc(DType::F32, {1, c.H});
+    ASSERT_TRUE(cuda::moe_fused(ctx, cuda::make_moe_qw(f->dw), dx.ptr<float>(), s, dy.ptr<float>(), c.k));
+    std::vector<int32_t> a(size_t(c.k)), b(size_t(c.k));
+    gpu->copy(Tensor(a.data(), DType::I32, {c.k}, Device::Host), Tensor(s.topk_ids, DType::I32, {c.k}, Device::Cuda));
+    const auto logits = test::download(*gpu, Tensor(s.router_logits, DType::F32, {c.E}, Device::Cuda));
+    const auto got = test::download(*gpu, dy);
+    cuda::moe_route(ctx3, cuda::make_qw(f->dw.router), cuda::make_qw(f->dw.shared_expert_gate), dx.ptr<float>(), s3, 1,
+                    c.k);
+    gpu->copy(Tensor(b.data(), DType::I32, {c.k}, Device::Host), ids3);
+    EXPECT_EQ(a, b);
+    int tied = 0;  // chosen experts whose logit another expert has too
+    for (int32_t id : a) {
+      ASSERT_TRUE(id >= 0 && id < c.E);
+      for (int64_t e = 0; e < c.E; ++e)
+        if (e != id && std::bit_cast<uint32_t>(logits[size_t(e)]) == std::bit_cast<uint32_t>(logits[size_t(id)])) {
+          ++tied;
+          break;
+        }
+    }
+    EXPECT_GT(tied, 1) << "the router rows should tie";
+    const double e = test::nmse(got.data(), ref.data(), got.size());
+    std::printf("moe %-10s ties %d wide %s  ids %d..%d (%d tied)  NMSE %.3e\n", c.name, ties, wide, a.front(),
+                a.back(), tied, e);
+    EXPECT_LT(e, kNmse);
   }
 }
 
@@ -578,11 +649,12 @@ TEST(CudaMoe, FusedDecodeFoldMatchesCpu) {
   FERN_REQUIRE_GPU();
   const MoeCase c{"fold real", 256, 2048, 512, 512, 8, 4, 1};
   constexpr int64_t K = 4096;  // the projection's width (GDN value dim; attention heads x head dim)
+  for (int ties : {0, 1})  // 1: exactly tied pre-logits (tie_router_rows), the fold's top-k as the unfolded launch's
   for (const char* wide : {"0", "1"}) {
     test::EnvGuard g("FERN_CUDA_MOE_WIDE", wide);
-    SCOPED_TRACE(std::string("FERN_CUDA_MOE_WIDE=") + wide);
+    SCOPED_TRACE(std::string("FERN_CUDA_MOE_WIDE=") + wide + " ties " + std::to_string(ties));
     const uint64_t seed = 977;
-    const auto f = fused_case(c, seed);
+    const auto f = fused_case(c, seed, ties);
     CudaBackend* gpu = f->gpu.get();
     const MoeWeights &hw = f->hw, &dw = f->dw;
     const LinearWeight ho = test::raw_affine(f->st, "o_proj", 0, c.H, K, 4, 64, seed + 50, 0.01f, 0.02f);
