@@ -448,6 +448,12 @@ constexpr int kNormV = 2;
 // The fold form (moe_fused_kernel's FOLD): rows of this width only (the packed forms').
 constexpr int kFoldH = 2048;
 
+// The down rows against h as 8-bit digits with a scale per chunk (Q8ChunkSink, chunk_dot_q8) in the lean digit form
+// with packed down rows, instead of fp32 h (chunk_dot); -DFERN_MOE_DOWN_Q8=0 keeps fp32 h (a comparison build).
+#ifndef FERN_MOE_DOWN_Q8
+#define FERN_MOE_DOWN_Q8 1
+#endif
+
 // Thread 0 of every block after the PDL wait: the epoch for its block (moe_fused_kernel, read after a barrier), and
 // block 0 zeroes the other parity's pair of handoff counters for the next launch (the previous one has finished).
 __device__ __forceinline__ void take_epoch(int* counters, int* epoch_s) {
@@ -844,7 +850,14 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
   // The residual of this warp's first row is requested before staging h, so that both L2 round trips overlap.
   const bool resid_early = norm_mode && a.norm.add_out;
   const float resid_v = resid_early && lane == 0 && v < H ? __ldcg(a.norm.resid + v) : 0.0f;
-  stage_x<B, 32>(a.s.h, nx, xh, xhc);
+  constexpr bool kDownQ8 = FERN_MOE_DOWN_Q8 && Q8 && SB == 2 && kLean;
+  uint4* xqh = reinterpret_cast<uint4*>(xh);  // kDownQ8: h's digits in xh's place, the chunks' factors after them
+  float* xhf = reinterpret_cast<float*>(xqh + q8_slots(nx));
+  if constexpr (kDownQ8) {
+    stage_rows(a.s.h, nx, Q8ChunkSink{xqh, xhc, xhf});
+  } else {
+    stage_x<B, 32>(a.s.h, nx, xh, xhc);
+  }
   st.at(kMoeStampHStaged);
   for (int n = v; n < H; n += W) {
     float acc = 0.0f;
@@ -863,9 +876,15 @@ __global__ void __launch_bounds__(NT, 512 / NT) moe_fused_kernel(FusedArgs a) {
         }
         if (j < items) {
           const uint4 w1[1] = {dw[q]};
-          float d[1];
-          chunk_dot<B, 32, 1>(w1, xh + (j >> 5) * (FB * 32) + (j & 31), d);
-          acc = fmaf(fac[item_slot(j)], apply_group<B>(d[0], sc, bi, xhc[j]), acc);
+          if constexpr (kDownQ8) {
+            int t[1], a2[1];
+            chunk_dot_q8<1>(w1, xqh + (j >> 5) * (kQ8Slots * 32) + (j & 31), t, a2);
+            acc = fmaf(fac[item_slot(j)], q8_apply_group(0.0f, t[0], a2[0], sc, bi, xhc[j], xhf[j]), acc);
+          } else {
+            float d[1];
+            chunk_dot<B, 32, 1>(w1, xh + (j >> 5) * (FB * 32) + (j & 31), d);
+            acc = fmaf(fac[item_slot(j)], apply_group<B>(d[0], sc, bi, xhc[j]), acc);
+          }
         }
       }
       if constexpr (kLean) break;

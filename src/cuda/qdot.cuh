@@ -302,6 +302,29 @@ struct Q8Sink {
   }
 };
 
+// Where a staged float4 goes in the digit form with a scale per chunk instead of per row (stage_rows' sink, 4-bit
+// rows of 32 lanes), for rows with no block reduction of their own (the fused MoE's h): the chunk's largest magnitude
+// by shuffles over its 8 lanes (as its sum), its digits in units of that chunk's sx / 65536 into xq (Q8Sink's formulas
+// per chunk), the exact fp32 chunk sum into xc and the chunk's factor for q8_apply_group into xf.
+struct Q8ChunkSink {
+  uint4* xq;
+  float* xc;
+  float* xf;
+  __device__ __forceinline__ void operator()(int f, bool ok, const float4& v) const {
+    constexpr int F4 = ChunkTraits<4>::kF4;
+    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < F4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float unit = m > 0.0f ? (127.0f / m) * 65536.0f : 0.0f;
+    if (ok) q8_put(xq, f, make_float4(v.x * unit, v.y * unit, v.z * unit, v.w * unit));
+    const float cs = chunk_sum_lanes<4>(v);
+    if (ok && f % F4 == 0) {
+      xc[f / F4] = cs;
+      xf[f / F4] = m / (127.0f * 65536.0f);
+    }
+  }
+};
+
 // m and the largest |x w| of a float4 (the normed row's largest magnitude is that over the row times the norm's
 // factor: Q8Sink's row maximum).
 __device__ __forceinline__ float max_abs_prod(float m, const float4& x, const float4& w) {
