@@ -292,78 +292,9 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
   st.at(kMoeStampTopkRounds);
 }
 
-// a, b := max, min (a 64-bit compare and exchange of topk_merge8's networks).
-__device__ __forceinline__ void cx_desc(unsigned long long& a, unsigned long long& b) {
-  const unsigned long long hi = a > b ? a : b, lo = a > b ? b : a;
-  a = hi;
-  b = lo;
-}
-
-// The top k <= 8 of 256 keys (lane l holds experts l + 32 i, i < 8) by sorting networks instead of k selection
-// rounds: each key becomes the 64-bit (key, ~expert), so that a larger value ranks first and, among equal keys, the
-// lower expert (the rounds' order: the same experts in the same slots). Each lane sorts its 8 (bitonic sort, 24
-// compare-exchanges), then five butterfly levels merge lists of partner lanes: max(a_i, b_{7-i}) over two descending
-// lists is the top 8 of both as a bitonic sequence, which three layers of compare-exchanges sort; after the last
-// level every lane holds the warp's top 8. Why: the eight rounds (two warp reductions and a serial rescan of the
-// owner's keys each) took 1.17 us on warp 0 of the fold form, the longest piece of the chain before the expert rows
-// (docs/notes/cuda-decode-v33-topk-merge.md); the networks are independent instructions a warp issues back to back.
-__device__ __forceinline__ void topk_merge8(const uint32_t (&key)[8], int k, uint32_t& my_key, int& my_id) {
-  const int lane = threadIdx.x & 31;
-  unsigned long long c[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-    c[i] = static_cast<unsigned long long>(key[i]) << 32 | static_cast<uint32_t>(~static_cast<uint32_t>(i * 32 + lane));
-#pragma unroll
-  for (int s = 2; s <= 8; s <<= 1) {  // bitonic sort, descending at the last stage
-#pragma unroll
-    for (int j = s >> 1; j > 0; j >>= 1) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int l = i ^ j;
-        if (l > i) {
-          if ((i & s) == 0) {
-            cx_desc(c[i], c[l]);
-          } else {
-            cx_desc(c[l], c[i]);
-          }
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    unsigned long long m[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const unsigned long long b = __shfl_xor_sync(0xffffffffu, c[7 - i], d);
-      m[i] = c[i] > b ? c[i] : b;
-    }
-#pragma unroll
-    for (int j = 4; j > 0; j >>= 1) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int l = i ^ j;
-        if (l > i) cx_desc(m[i], m[l]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) c[i] = m[i];
-  }
-  unsigned long long mine = c[0];
-#pragma unroll
-  for (int i = 1; i < 8; ++i)
-    if (lane == i) mine = c[i];
-  my_key = lane < k ? static_cast<uint32_t>(mine >> 32) : 0u;
-  my_id = lane < k ? static_cast<int>(~static_cast<uint32_t>(mine)) : 0;
-}
-
-// topk_keys' rounds on keys already in registers (lane l holds experts l, l + 32, ...); with 8 keys per lane and
-// k <= 8 (the model: 256 experts, top 8) topk_merge8 instead.
+// topk_keys' rounds on keys already in registers (lane l holds experts l, l + 32, ...).
 template <int NPL>
 __device__ __forceinline__ void topk_rounds(uint32_t (&key)[NPL], int k, uint32_t& my_key, int& my_id) {
-  if constexpr (NPL == 8) {
-    if (k <= 8) return topk_merge8(key, k, my_key, my_id);
-  }
   const int lane = threadIdx.x & 31;
   uint32_t bk;
   int bi;

@@ -315,12 +315,14 @@ struct Q8ChunkSink {
     float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 1; o < F4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float unit = m > 0.0f ? (127.0f / m) * 65536.0f : 0.0f;
+    // The fast reciprocal (2 ulp) instead of two IEEE divisions per float4: unit and the factor agree to ~1e-7
+    // relative, far below the digits' own 2^-17 of the chunk's maximum.
+    const float unit = m > 0.0f ? __fdividef(127.0f * 65536.0f, m) : 0.0f;
     if (ok) q8_put(xq, f, make_float4(v.x * unit, v.y * unit, v.z * unit, v.w * unit));
     const float cs = chunk_sum_lanes<4>(v);
     if (ok && f % F4 == 0) {
       xc[f / F4] = cs;
-      xf[f / F4] = m / (127.0f * 65536.0f);
+      xf[f / F4] = m * (1.0f / (127.0f * 65536.0f));
     }
   }
 };
