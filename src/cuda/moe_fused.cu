@@ -31,6 +31,8 @@
 // routing weights after the loads are requested (17.14 us). Version 31 (docs/notes/cuda-decode-v31-fold.md) takes
 // the router out of the launch where the mixer's output projection ran it (FOLD, kernels.h RouteFold): no router
 // rows, no first handoff, the top-k as soon as the row is staged (17.18 -> 14.76 us; the projections +1.1 us each).
+// Version 33 (docs/notes/cuda-decode-v33-down-digits.md) runs the down rows on 8-bit digits of h with a scale per
+// chunk (kDownQ8, qdot.cuh Q8ChunkSink): 13.57 -> 13.28 us.
 //
 // Handoff counters (ctx.counters[0, kMoeFusedCounters)): [0] an epoch, [1..2] arrivals at the router handoff, [3..4]
 // arrivals at the h handoff, one of each pair per epoch parity. A launch reads the epoch after its PDL wait (the
