@@ -244,8 +244,8 @@ TEST(CudaMoe, FusedDecodeMatchesCpu) {
 }
 
 // Exactly tied router logits (tie_router_rows): the fused launch's top-k must pick the lower expert among equal
-// logits and order the slots as the three-launch router does (topk.cuh, the CPU's rule), at the real shape (the
-// 8-keys-per-lane merge, topk_merge8) and at k = 10 over 600 experts (the selection rounds). The ties are checked
+// logits and order the slots as the three-launch router does (topk.cuh, the CPU's rule), at the real shape (8 keys
+// per lane, the lean form's rounds) and at k = 10 over 600 experts (the generic rounds). The ties are checked
 // to be there: some chosen expert's logit equals another expert's bit for bit.
 TEST(CudaMoe, FusedDecodeTopkTies) {
   FERN_REQUIRE_GPU();
