@@ -483,6 +483,70 @@ TEST(CudaMoePrefill, TailRowsInTheLastTile) {
   }
 }
 
+// h as the down GEMM's exact-code rows straight from the gate/up epilogue (FERN_MOE_H_ROWS=epilogue, the default;
+// moe_prefill.h MoeHRows) against fp32 h and its conversion pass (=pass), on both hi/lo forms of the loop (q4b, the
+// default, and q4), at 32-, 64- (the adaptive tile at these T) and 128-row tiles (the 144-token tail passes), the
+// real shape and one whose intermediate widths are 3 and 2 groups of 64 (bsum padding). The hi/lo values are the
+// same bits in both forms; only the 64-wide sums are added in another order (eight chunk sums instead of eight
+// per-lane runs), a difference of ~1 ulp in a term of each promotion: 1e-12 against the pass form catches a
+// missing, doubled or misplaced column, row or sum (NMSE ~1e-2 or more), and both forms must meet kNmse against
+// the CPU. q4h keeps fp32 h (the switch does not apply: same bits). An unknown value is an error.
+TEST(CudaMoePrefill, HRowsFromTheGateUpEpilogue) {
+  FERN_REQUIRE_GPU();
+  if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no wgmma on this GPU/build";
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  for (const Shape& s : {kReal, Shape{"I 192, Is 128", 16, 320, 192, 128, 4, 4, 64}}) {
+    auto m = make_model(*gpu, s, 21, false);
+    for (int T : {2, 17, 300, 2048}) {
+      auto x = inputs(*m, T, 70 + T, 0.0f);
+      const auto ref = run_cpu(*cpu, *m, x, T);
+      bool any_differs = false;
+      for (const char* pipe : {"q4b", "q4"})
+        for (const char* tile : {"32", "adaptive", "128"}) {
+          test::EnvGuard p("FERN_GEMM_WG_PIPE", pipe);
+          test::EnvGuard t("FERN_MOE_TILE", tile);
+          std::vector<float> epi, pass;
+          {
+            test::EnvGuard h("FERN_MOE_H_ROWS", "epilogue");
+            epi = run_gpu(*gpu, *m, x, T);
+          }
+          {
+            test::EnvGuard h("FERN_MOE_H_ROWS", "pass");
+            pass = run_gpu(*gpu, *m, x, T);
+          }
+          const double d = test::nmse(epi.data(), pass.data(), pass.size());
+          const double e = test::nmse(epi.data(), ref.data(), ref.size());
+          std::printf("moe prefill %s, %s, tile %s, T=%d: h rows by the epilogue vs the pass NMSE %.3e (%s), vs CPU "
+                      "%.3e\n", s.name, pipe, tile, T, d, epi == pass ? "same bits" : "bits differ", e);
+          EXPECT_LT(d, 1e-12) << s.name << " " << pipe << " tile " << tile << " T=" << T;
+          EXPECT_LT(e, kNmse) << s.name << " " << pipe << " tile " << tile << " T=" << T;
+          EXPECT_LT(test::nmse(pass.data(), ref.data(), ref.size()), kNmse) << s.name << " pass T=" << T;
+          any_differs = any_differs || epi != pass;
+        }
+      // Thousands of sums in another order: some differ in their last bit, so equal outputs would mean that the
+      // epilogue form did not run.
+      if (T >= 300) {
+        EXPECT_TRUE(any_differs) << s.name << " T=" << T << ": FERN_MOE_H_ROWS=epilogue gave the pass's bits";
+      }
+    }
+  }
+  auto m = make_model(*gpu, kReal, 22, false);
+  auto x = inputs(*m, 300, 9, 0.0f);
+  {
+    test::EnvGuard p("FERN_GEMM_WG_PIPE", "q4h");
+    std::vector<float> epi;
+    {
+      test::EnvGuard h("FERN_MOE_H_ROWS", "epilogue");
+      epi = run_gpu(*gpu, *m, x, 300);
+    }
+    test::EnvGuard h("FERN_MOE_H_ROWS", "pass");
+    EXPECT_EQ(epi, run_gpu(*gpu, *m, x, 300)) << "q4h took the hi/lo rows";
+  }
+  test::EnvGuard bad("FERN_MOE_H_ROWS", "fused");
+  EXPECT_THROW(run_gpu(*gpu, *m, x, 300), Error);
+}
+
 // Expert 0 gets every row (a hot expert spanning many tiles), expert E-1 none. The CPU routing confirms the bias
 // did what it should, so the test cannot pass without exercising both.
 TEST(CudaMoePrefill, HotAndEmptyExperts) {
