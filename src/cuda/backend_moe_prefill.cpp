@@ -236,8 +236,10 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
       cuda::MoeHRows hr;
       hr.routed = carve(int64_t(T) * k, I);
       hr.shared = carve(T, Is);
-      hr.parts_routed = scratch(DType::F32, {int64_t(T) * k, I / 64 * cuda::kXbfSumParts}).ptr<float>();
-      hr.parts_shared = scratch(DType::F32, {T, Is / 64 * cuda::kXbfSumParts}).ptr<float>();
+      hr.rows_routed = int64_t(T) * k;
+      hr.rows_shared = T;
+      hr.parts_routed = scratch(DType::F32, {I / 64 * cuda::kXbfSumParts, hr.rows_routed}).ptr<float>();
+      hr.parts_shared = scratch(DType::F32, {Is / 64 * cuda::kXbfSumParts, hr.rows_shared}).ptr<float>();
       cuda::moe_grouped_gate_up_wg(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei, bm, nullptr, nullptr, &hr);
       cuda::xbf_q4_sums(ctx(), hr.parts_routed, int64_t(T) * k, I, hr.routed);
       cuda::xbf_q4_sums(ctx(), hr.parts_shared, T, Is, hr.shared);

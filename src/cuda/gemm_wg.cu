@@ -111,8 +111,9 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, 
   }
 }
 
-// One thread per entry of a row's bsum (q4b rows) or per group (q4 rows): the group's sum from its parts, in part
-// order (deterministic), and for bsum its bf16 hi or lo piece, zero in the padding (the layout of to_xbf_q4_kernel).
+// One thread per entry of a row's bsum (q4b rows) or per group (q4 rows), rows innermost (the parts' order): the
+// group's sum from its parts, in part order (deterministic), and for bsum its bf16 hi or lo piece, zero in the
+// padding (the layout of to_xbf_q4_kernel).
 __global__ void __launch_bounds__(256) xbf_q4_sums_kernel(const float* parts, int64_t rows, int ks,
                                                           float* __restrict__ sums, uint16_t* __restrict__ bsum,
                                                           int bk) {
@@ -121,15 +122,14 @@ __global__ void __launch_bounds__(256) xbf_q4_sums_kernel(const float* parts, in
   const int per_row = bsum != nullptr ? bk : ks;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * per_row) return;
-  const int64_t row = i / per_row;
-  const int e = static_cast<int>(i - row * per_row);
+  const int e = static_cast<int>(i / rows);
+  const int64_t row = i - int64_t(e) * rows;
   const int g = bsum != nullptr ? (e / 32) * 16 + e % 16 : e;  // bsum: [hi of 16 groups | lo of the same] blocks
   float s = 0.0f;
   if (g < ks) {
-    const float4* p = reinterpret_cast<const float4*>(parts + (row * ks + g) * kXbfSumParts);
-    static_assert(kXbfSumParts == 8, "two float4 per group");
-    const float4 a = p[0], b = p[1];
-    s = ((((((a.x + a.y) + a.z) + a.w) + b.x) + b.y) + b.z) + b.w;
+    const float* p = parts + int64_t(g) * kXbfSumParts * rows + row;
+#pragma unroll
+    for (int w = 0; w < kXbfSumParts; ++w) s += p[w * rows];
   }
   if (bsum == nullptr) {
     sums[row * ks + g] = s;

@@ -70,7 +70,7 @@ inline int64_t q4b_sum_width(int64_t K) {
 void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 // The 64-wide sums of exact-code rows whose hi/lo a kernel wrote itself (the MoE gate/up epilogue: moe_prefill.h
-// MoeHRows), from parts [rows, K / 64, kXbfSumParts]: the sums of each group's eight 8-wide chunks of hi + lo. Fills
+// MoeHRows), from parts [K / 64, kXbfSumParts, rows]: the sums of each group's eight 8-wide chunks of hi + lo. Fills
 // out.sums (their sum in part order) and, for q4b rows, out.bsum as to_xbf_q4 does (pieces and padding). Not for
 // q4h rows (their sums are of fp16 values).
 constexpr int kXbfSumParts = 8;

@@ -93,34 +93,45 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
       // 8 j + 2 (lane % 4) + i: the 8 lanes with one lane % 4 hold one row's chunk. Lanes c and c ^ 4 (lane ^ 16)
       // swap their (hi, lo) pairs; lanes c < 4 then store the hi pair of columns (c, c + 4), the rows' K order
       // position 2 c, and lanes c >= 4 the lo pair of (c - 4, c) there: one 4-byte store per lane. The chunk's
-      // sum of hi + lo by shuffles within those 8 lanes; lane c = 0 stores it as part w of group cb0 + item.
+      // sum of hi + lo by shuffles within those 8 lanes; lane c = 0 stores it as part w of group cb0 + item (the
+      // parts by row innermost: lanes 0..3 store four rows of one 32-byte sector).
       const int c = lane >> 2;
       const int64_t row0 = opaque(sh ? ti.row0 : ti.base);
       uint16_t* const hi = sh ? hrows.shared.x : hrows.routed.x;
       uint16_t* const lo = sh ? hrows.shared.lo : hrows.routed.lo;
       float* const parts = sh ? hrows.parts_shared : hrows.parts_routed;
-      const int ks = width / 64;
+      const int64_t n_rows = sh ? hrows.rows_shared : hrows.rows_routed;  // the parts' row stride
       const int col = 8 * (n >> 3) + 2 * (c & 3);  // the pair's position in the row
       uint16_t* const dst = c < 4 ? hi : lo;
+      // Two passes: first every value's pair and chunk sum (no branch between the values, so that their shuffle
+      // chains overlap), then the stores of the rows the tile holds.
+      uint32_t pair[W / 4];
+      float sum[W / 4];
 #pragma unroll
-      for (int j = 0; j < W / 8; ++j) {
+      for (int q = 0; q < W / 4; ++q) {
+        const int j = q / 2, i = q % 2;
+        const float v = silu(acc[4 * j + i]) * acc[4 * j + 2 + i];
+        const __nv_bfloat16 vh = __float2bfloat16_rn(v);
+        const __nv_bfloat16 vl = __float2bfloat16_rn(v - __bfloat162float(vh));
+        const uint32_t own = uint32_t(*reinterpret_cast<const uint16_t*>(&vh)) |
+                             uint32_t(*reinterpret_cast<const uint16_t*>(&vl)) << 16;
+        const uint32_t other = __shfl_xor_sync(0xffffffffu, own, 16);
+        pair[q] = c < 4 ? (own & 0xffffu) | (other << 16) : (other >> 16) | (own & 0xffff0000u);
+        sum[q] = __bfloat162float(vh) + __bfloat162float(vl);
+      }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int r = 8 * j + 2 * (lane & 3) + i;
-          const float v = silu(acc[4 * j + i]) * acc[4 * j + 2 + i];
-          const __nv_bfloat16 vh = __float2bfloat16_rn(v);
-          const __nv_bfloat16 vl = __float2bfloat16_rn(v - __bfloat162float(vh));
-          const uint32_t own = uint32_t(*reinterpret_cast<const uint16_t*>(&vh)) |
-                               uint32_t(*reinterpret_cast<const uint16_t*>(&vl)) << 16;
-          const uint32_t other = __shfl_xor_sync(0xffffffffu, own, 16);
-          const uint32_t pair = c < 4 ? (own & 0xffffu) | (other << 16) : (other >> 16) | (own & 0xffff0000u);
-          float sum = __bfloat162float(vh) + __bfloat162float(vl);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 8);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-          if (r >= ti.rows || n >= width) continue;
-          *reinterpret_cast<uint32_t*>(dst + (row0 + r) * width + col) = pair;
-          if (c == 0) parts[((row0 + r) * ks + (cb0 + item)) * kXbfSumParts + (tid >> 5)] = sum;
+      for (int q = 0; q < W / 4; ++q) sum[q] += __shfl_xor_sync(0xffffffffu, sum[q], 4);
+#pragma unroll
+      for (int q = 0; q < W / 4; ++q) sum[q] += __shfl_xor_sync(0xffffffffu, sum[q], 8);
+#pragma unroll
+      for (int q = 0; q < W / 4; ++q) sum[q] += __shfl_xor_sync(0xffffffffu, sum[q], 16);
+      if (n < width) {
+#pragma unroll
+        for (int q = 0; q < W / 4; ++q) {
+          const int r = 8 * (q / 2) + 2 * (lane & 3) + q % 2;
+          if (r >= ti.rows) continue;
+          *reinterpret_cast<uint32_t*>(dst + (row0 + r) * width + col) = pair[q];
+          if (c == 0) parts[(int64_t(cb0 + item) * kXbfSumParts + (tid >> 5)) * n_rows + row0 + r] = sum[q];
         }
       }
       return;
@@ -391,7 +402,8 @@ void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW
       return r.q4 && !r.q4h() && r.x != nullptr && r.ks == K / 64 && K % 64 == 0 && n >= 0;
     };
     FERN_CU_CHECK(ok(hr.routed, int64_t(T) * k, gate.out) && ok(hr.shared, T, sgate.out) &&
-                      hr.parts_routed != nullptr && hr.parts_shared != nullptr,
+                      hr.parts_routed != nullptr && hr.parts_shared != nullptr && hr.rows_routed == int64_t(T) * k &&
+                      hr.rows_shared == T,
                   "moe gate/up wg: h rows carved for the exact-code hi/lo form, widths multiples of 64, with parts");
   }
   if (gate.bits == 4)

@@ -488,9 +488,12 @@ TEST(CudaMoePrefill, TailRowsInTheLastTile) {
 // default, and q4), at 32-, 64- (the adaptive tile at these T) and 128-row tiles (the 144-token tail passes), the
 // real shape and one whose intermediate widths are 3 and 2 groups of 64 (bsum padding). The hi/lo values are the
 // same bits in both forms; only the 64-wide sums are added in another order (eight chunk sums instead of eight
-// per-lane runs), a difference of ~1 ulp in a term of each promotion: 1e-12 against the pass form catches a
-// missing, doubled or misplaced column, row or sum (NMSE ~1e-2 or more), and both forms must meet kNmse against
-// the CPU. q4h keeps fp32 h (the switch does not apply: same bits). An unknown value is an error.
+// per-lane runs), a difference of ~1 ulp in the bias term of each promotion. Measured on the H200 against the pass
+// form: q4b (the bias term on the tensor cores, from the sums' bf16 pieces) 7.9e-22 .. 2.5e-14, q4 (the bias term
+// (b - 128 s) xs by FMAs on the fp32 sums, large terms that cancel against s P) 9.1e-13 .. 2.5e-12. Bounds 1e-12
+// and 1e-11 (4x over q4's largest): a missing, doubled or misplaced column, row or sum gives NMSE ~1e-2 or more;
+// both forms must also meet kNmse against the CPU. q4h keeps fp32 h (the switch does not apply: same bits). An
+// unknown value is an error.
 TEST(CudaMoePrefill, HRowsFromTheGateUpEpilogue) {
   FERN_REQUIRE_GPU();
   if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no wgmma on this GPU/build";
@@ -519,7 +522,8 @@ TEST(CudaMoePrefill, HRowsFromTheGateUpEpilogue) {
           const double e = test::nmse(epi.data(), ref.data(), ref.size());
           std::printf("moe prefill %s, %s, tile %s, T=%d: h rows by the epilogue vs the pass NMSE %.3e (%s), vs CPU "
                       "%.3e\n", s.name, pipe, tile, T, d, epi == pass ? "same bits" : "bits differ", e);
-          EXPECT_LT(d, 1e-12) << s.name << " " << pipe << " tile " << tile << " T=" << T;
+          EXPECT_LT(d, std::string(pipe) == "q4" ? 1e-11 : 1e-12) << s.name << " " << pipe << " tile " << tile
+                                                                      << " T=" << T;
           EXPECT_LT(e, kNmse) << s.name << " " << pipe << " tile " << tile << " T=" << T;
           EXPECT_LT(test::nmse(pass.data(), ref.data(), ref.size()), kNmse) << s.name << " pass T=" << T;
           any_differs = any_differs || epi != pass;
