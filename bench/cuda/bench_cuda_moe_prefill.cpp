@@ -77,7 +77,6 @@ int main() {
     const char* gemm = nullptr;
     const char* wg_stages = nullptr;  // FERN_GEMM_WG_STAGES
     const char* wg_pipe = nullptr;    // FERN_GEMM_WG_PIPE
-    const char* h_rows = nullptr;     // FERN_MOE_H_ROWS
   };
   // The default tile loop is wg where the GPU and build run it (gemm_wg.h), else split.
   const Variant variants[] = {
@@ -99,8 +98,6 @@ int main() {
        nullptr, nullptr, "2", "sync"},
       {"grouped, wg sync, FERN_GEMM_WG_STAGES=4 (deep pipeline)", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
        nullptr, "4", "sync"},
-      {"grouped, default, FERN_MOE_H_ROWS=pass (fp32 h, then its conversion pass)", nullptr, nullptr, nullptr,
-       nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "pass"},
       {"grouped, default, FERN_MOE_TILE=16", nullptr, nullptr, "16", nullptr, nullptr},
       {"grouped, default, FERN_MOE_TILE=32", nullptr, nullptr, "32", nullptr, nullptr},
       {"grouped, default, FERN_MOE_TILE=fixed (64)", nullptr, nullptr, "fixed", nullptr, nullptr},
@@ -143,7 +140,6 @@ int main() {
       set_env("FERN_GEMM", v.gemm);
       set_env("FERN_GEMM_WG_STAGES", v.wg_stages);
       set_env("FERN_GEMM_WG_PIPE", v.wg_pipe);
-      set_env("FERN_MOE_H_ROWS", v.h_rows);
       const double ms = median_ms(be.stream(), [&] {
         be.begin_forward();
         be.moe(yt, xt, w, cfg);

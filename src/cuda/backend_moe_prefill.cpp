@@ -199,16 +199,11 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
     for (cuda::QW* q : {&gate, &up, &down, &sgate, &sup, &sdown}) to_bf16(*q);
   }
 
+  float* h_routed = scratch(DType::F32, {int64_t(T) * k, I}).ptr<float>();
+  float* h_shared = scratch(DType::F32, {T, Is}).ptr<float>();
   float* y_pair = scratch(DType::F32, {int64_t(T) * k, H}).ptr<float>();
   const bool f16 = !wg && cuda::gemm_f16_format_ok(gate) && !prefetch &&
                    (mode == cuda::GemmMode::Fp16 || mode == cuda::GemmMode::Fp16x2);
-  // FERN_MOE_H_ROWS=epilogue (the default where it applies): the gate/up epilogue writes h as the down GEMM's
-  // exact-code hi/lo rows (moe_prefill.h MoeHRows), without the fp32 h and its conversion pass; pass: fp32 h, then
-  // to_xbf_q4. Both GEMMs on the exact-code loop with hi/lo rows (not q4h) only. Read at every call, for comparisons.
-  const bool h_rows = env_choice("FERN_MOE_H_ROWS", {"epilogue", "pass"}, 0) == 0 && q4_gate_up && q4_down &&
-                      pipe != cuda::WgPipe::Q4h;
-  float* h_routed = h_rows ? nullptr : scratch(DType::F32, {int64_t(T) * k, I}).ptr<float>();
-  float* h_shared = h_rows ? nullptr : scratch(DType::F32, {T, Is}).ptr<float>();
   if (wg || f16) {
     // x converted once (bf16 hi/lo rows for wg, gemm_wg.h; fp16 rows for fp16/fp16x2, gemm_f16.h), gate/up, h
     // converted once the same way, down (docs/notes/cuda-prefill-v3-gemm.md, cuda-prefill-v4-wg.md).
@@ -228,30 +223,8 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
       return r;
     };
     const cuda::X16 xs = rows(xp, T, H, q4_gate_up);
-    if (h_rows) {
-      auto carve = [&](int64_t n, int64_t K) {
-        void* ws = scratch(DType::F32, {int64_t((cuda::xbf_bytes(n, K) + 3) / 4)}).data;
-        return cuda::xbf_carve(ws, n, K, true, false, pipe == cuda::WgPipe::Q4b);
-      };
-      cuda::MoeHRows hr;
-      hr.routed = carve(int64_t(T) * k, I);
-      hr.shared = carve(T, Is);
-      hr.rows_routed = int64_t(T) * k;
-      hr.rows_shared = T;
-      hr.parts_routed = scratch(DType::F32, {I / 64 * cuda::kXbfSumParts, hr.rows_routed}).ptr<float>();
-      hr.parts_shared = scratch(DType::F32, {Is / 64 * cuda::kXbfSumParts, hr.rows_shared}).ptr<float>();
-      cuda::moe_grouped_gate_up_wg(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei, bm, nullptr, nullptr, &hr);
-      cuda::xbf_q4_sums(ctx(), hr.parts_routed, int64_t(T) * k, I, hr.routed);
-      cuda::xbf_q4_sums(ctx(), hr.parts_shared, T, Is, hr.shared);
-      cuda::moe_grouped_down_wg(ctx(), down, sdown, hr.routed, hr.shared, g, s.topk_w, s.sgate, T, k, Ei, bm, y_pair,
-                                op);
-      cuda::moe_combine(ctx(), y_pair, op, T, k, H);
-      return;
-    }
-    if (wg)
-      cuda::moe_grouped_gate_up_wg(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei, bm, h_routed, h_shared);
-    else
-      cuda::moe_grouped_gate_up_f16(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei, bm, h_routed, h_shared);
+    (wg ? cuda::moe_grouped_gate_up_wg : cuda::moe_grouped_gate_up_f16)(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei,
+                                                                        bm, h_routed, h_shared);
     const cuda::X16 hrs = rows(h_routed, int64_t(T) * k, I, q4_down), hss = rows(h_shared, T, Is, q4_down);
     (wg ? cuda::moe_grouped_down_wg : cuda::moe_grouped_down_f16)(ctx(), down, sdown, hrs, hss, g, s.topk_w, s.sgate,
                                                                   T, k, Ei, bm, y_pair, op);

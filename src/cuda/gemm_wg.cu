@@ -111,38 +111,6 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, 
   }
 }
 
-// One thread per entry of a row's bsum (q4b rows) or per group (q4 rows), rows innermost (the parts' order): the
-// group's sum from its parts, in part order (deterministic), and for bsum its bf16 hi or lo piece, zero in the
-// padding (the layout of to_xbf_q4_kernel).
-__global__ void __launch_bounds__(256) xbf_q4_sums_kernel(const float* parts, int64_t rows, int ks,
-                                                          float* __restrict__ sums, uint16_t* __restrict__ bsum,
-                                                          int bk) {
-  pdl_wait();
-  pdl_trigger();
-  const int per_row = bsum != nullptr ? bk : ks;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * per_row) return;
-  const int e = static_cast<int>(i / rows);
-  const int64_t row = i - int64_t(e) * rows;
-  const int g = bsum != nullptr ? (e / 32) * 16 + e % 16 : e;  // bsum: [hi of 16 groups | lo of the same] blocks
-  float s = 0.0f;
-  if (g < ks) {
-    const float* p = parts + int64_t(g) * kXbfSumParts * rows + row;
-#pragma unroll
-    for (int w = 0; w < kXbfSumParts; ++w) s += p[w * rows];
-  }
-  if (bsum == nullptr) {
-    sums[row * ks + g] = s;
-    return;
-  }
-  const bool lo = e % 32 >= 16;
-  if (g < ks && !lo) sums[row * ks + g] = s;
-  const __nv_bfloat16 h = __float2bfloat16_rn(s);
-  const __nv_bfloat16 l = __float2bfloat16_rn(s - __bfloat162float(h));
-  const __nv_bfloat16 v = g >= ks ? __float2bfloat16_rn(0.0f) : lo ? l : h;
-  bsum[row * bk + e] = *reinterpret_cast<const uint16_t*>(&v);
-}
-
 // Writes 1 where the code was compiled with the wgmma instructions (sm_90a), 0 elsewhere.
 __global__ void wg_probe_kernel(int* out) { *out = FERN_HAS_WGMMA; }
 
@@ -243,18 +211,6 @@ void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16&
   launch(c, "to_xbf_q4_kernel", out.q4h() ? to_xbf_q4_kernel<true> : to_xbf_q4_kernel<false>,
          static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows, static_cast<int>(K), out.x, out.lo, out.sums,
          out.bsum, static_cast<int>(out.bk));
-}
-
-void xbf_q4_sums(const Ctx& c, const float* parts, int64_t rows, int64_t K, const X16& out) {
-  FERN_CU_CHECK(K > 0 && K % 64 == 0 && K < (int64_t(1) << 30) && out.q4 && !out.q4h() && out.sums != nullptr &&
-                    out.ks == K / 64 && (!out.q4b() || out.bk == q4b_sum_width(K)),
-                "xbf_q4_sums: rows carved for the exact-code loop's hi/lo form of width K, a multiple of 64");
-  if (rows <= 0) return;
-  const int64_t n = rows * (out.q4b() ? out.bk : out.ks);
-  const int64_t blocks = (n + 255) / 256;
-  FERN_CU_CHECK(blocks < (int64_t(1) << 31), "xbf_q4_sums: too many rows");
-  launch(c, "xbf_q4_sums_kernel", xbf_q4_sums_kernel, static_cast<unsigned>(blocks), 256, 0, parts, rows,
-         static_cast<int>(out.ks), out.sums, out.bsum, static_cast<int>(out.bk));
 }
 
 }  // namespace fern::cuda

@@ -69,12 +69,6 @@ inline int64_t q4b_sum_width(int64_t K) {
 }
 void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
 void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out);
-// The 64-wide sums of exact-code rows whose hi/lo a kernel wrote itself (the MoE gate/up epilogue: moe_prefill.h
-// MoeHRows), from parts [K / 64, kXbfSumParts, rows]: the sums of each group's eight 8-wide chunks of hi + lo. Fills
-// out.sums (their sum in part order) and, for q4b rows, out.bsum as to_xbf_q4 does (pieces and padding). Not for
-// q4h rows (their sums are of fp16 values).
-constexpr int kXbfSumParts = 8;
-void xbf_q4_sums(const Ctx& c, const float* parts, int64_t rows, int64_t K, const X16& out);
 
 // Dense ys[i] [T, ws[i].out] = x W_i^T on the wgmma loop from the split rows of x (to_xbf, or to_xbf_q4 for the
 // exact-code loop: the loop follows x.q4), for 1 <= n <= 4 matrices of one width and format in one launch.

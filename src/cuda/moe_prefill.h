@@ -104,21 +104,9 @@ bool moe_grouped_q4_ok(const QW& a, const QW& b, const QW& c, const QW& d);
 // Token rows per tile the wgmma kernels take: those of moe_tile_rows_ok, and 96 and 128 on the exact-code loop (q4
 // rows; the backend's adaptive rule takes 128 from 128 rows per expert: docs/notes/cuda-prefill-v15-moe-tile128.md).
 bool moe_tile_rows_wg_ok(int bm, bool q4);
-// h straight into the down GEMM's exact-code rows (FERN_MOE_H_ROWS=epilogue, backend_moe_prefill.cpp): the gate/up
-// epilogue writes the bf16 hi/lo of SiLU(g) u in the rows' K order (gemm_wg.h to_xbf_q4) and, per 64-wide group, the
-// sums of its eight 8-wide chunks to parts [I / 64, kXbfSumParts, rows]; xbf_q4_sums then fills the rows' sums. It
-// saves the fp32 h's write, read and conversion pass. routed / shared: carved by xbf_carve(..., q4 = true, half =
-// false) for [T k, I] / [T, Is], widths multiples of 64.
-struct MoeHRows {
-  X16 routed, shared;
-  float* parts_routed = nullptr;
-  float* parts_shared = nullptr;
-  int64_t rows_routed = 0, rows_shared = 0;  // T k and T: the parts' row counts
-};
-// With rows (hi/lo rows: not q4h), h goes there and h_routed / h_shared are not written.
 void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup,
                             const X16& x, const MoeGroups& g, int T, int k, int E, int bm, float* h_routed,
-                            float* h_shared, const MoeHRows* rows = nullptr);
+                            float* h_shared);
 void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& h_routed, const X16& h_shared,
                          const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
                          float* y_pair, float* out);

@@ -62,7 +62,7 @@ constexpr int kStagesAt = W == NTOK ? S : wgloop::kQ4Stages<W>;
 template <int BITS, int NTOK, int S, int P>
 __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
     gate_up_wg_kernel(QW G, QW U, QW SG, QW SU, X16 x, MoeGroups gr, int E, int topk, int ncb, int narrow,
-                      float* __restrict__ h_routed, float* __restrict__ h_shared, MoeHRows hrows) {
+                      float* __restrict__ h_routed, float* __restrict__ h_shared) {
   extern __shared__ unsigned char gu_wg_smem[];
   pdl_wait();
   pdl_trigger();
@@ -88,54 +88,6 @@ __global__ void __launch_bounds__(wgloop::kThreads<P>, 1)
   auto epilogue = [&](int item, const auto& acc) {  // acc: float[W / 2] for the loop's width W
     constexpr int W = 2 * int(sizeof(acc) / sizeof(float));
     const int n = (cb0 + item) * kGateUpCols + 8 * (tid >> 5) + (lane >> 2);
-    if (hrows.routed.x != nullptr) {  // the down GEMM's exact-code rows (MoeHRows; block-uniform)
-      // Warp w holds the 8-wide chunk (cb0 + item) * 8 + w of the rows, column c = lane / 4 of it, token row
-      // 8 j + 2 (lane % 4) + i: the 8 lanes with one lane % 4 hold one row's chunk. Lanes c and c ^ 4 (lane ^ 16)
-      // swap their (hi, lo) pairs; lanes c < 4 then store the hi pair of columns (c, c + 4), the rows' K order
-      // position 2 c, and lanes c >= 4 the lo pair of (c - 4, c) there: one 4-byte store per lane. The chunk's
-      // sum of hi + lo by shuffles within those 8 lanes; lane c = 0 stores it as part w of group cb0 + item (the
-      // parts by row innermost: lanes 0..3 store four rows of one 32-byte sector).
-      const int c = lane >> 2;
-      const int64_t row0 = opaque(sh ? ti.row0 : ti.base);
-      uint16_t* const hi = sh ? hrows.shared.x : hrows.routed.x;
-      uint16_t* const lo = sh ? hrows.shared.lo : hrows.routed.lo;
-      float* const parts = sh ? hrows.parts_shared : hrows.parts_routed;
-      const int64_t n_rows = sh ? hrows.rows_shared : hrows.rows_routed;  // the parts' row stride
-      const int col = 8 * (n >> 3) + 2 * (c & 3);  // the pair's position in the row
-      uint16_t* const dst = c < 4 ? hi : lo;
-      // Two passes: first every value's pair and chunk sum (no branch between the values, so that their shuffle
-      // chains overlap), then the stores of the rows the tile holds.
-      uint32_t pair[W / 4];
-      float sum[W / 4];
-#pragma unroll
-      for (int q = 0; q < W / 4; ++q) {
-        const int j = q / 2, i = q % 2;
-        const float v = silu(acc[4 * j + i]) * acc[4 * j + 2 + i];
-        const __nv_bfloat16 vh = __float2bfloat16_rn(v);
-        const __nv_bfloat16 vl = __float2bfloat16_rn(v - __bfloat162float(vh));
-        const uint32_t own = uint32_t(*reinterpret_cast<const uint16_t*>(&vh)) |
-                             uint32_t(*reinterpret_cast<const uint16_t*>(&vl)) << 16;
-        const uint32_t other = __shfl_xor_sync(0xffffffffu, own, 16);
-        pair[q] = c < 4 ? (own & 0xffffu) | (other << 16) : (other >> 16) | (own & 0xffff0000u);
-        sum[q] = __bfloat162float(vh) + __bfloat162float(vl);
-      }
-#pragma unroll
-      for (int q = 0; q < W / 4; ++q) sum[q] += __shfl_xor_sync(0xffffffffu, sum[q], 4);
-#pragma unroll
-      for (int q = 0; q < W / 4; ++q) sum[q] += __shfl_xor_sync(0xffffffffu, sum[q], 8);
-#pragma unroll
-      for (int q = 0; q < W / 4; ++q) sum[q] += __shfl_xor_sync(0xffffffffu, sum[q], 16);
-      if (n < width) {
-#pragma unroll
-        for (int q = 0; q < W / 4; ++q) {
-          const int r = 8 * (q / 2) + 2 * (lane & 3) + q % 2;
-          if (r >= ti.rows) continue;
-          *reinterpret_cast<uint32_t*>(dst + (row0 + r) * width + col) = pair[q];
-          if (c == 0) parts[(int64_t(cb0 + item) * kXbfSumParts + (tid >> 5)) * n_rows + row0 + r] = sum[q];
-        }
-      }
-      return;
-    }
     if (n >= width) return;
     const int row0 = opaque(sh ? ti.row0 : ti.base);
     float* const base = sh ? h_shared : h_routed;
@@ -244,7 +196,7 @@ constexpr bool kNarrowFits = !wgloop::is_q4(P) || NTOK <= 64 ||
 
 template <int BITS, int NTOK, int S, int P>
 void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
-                const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared, const MoeHRows& hrows) {
+                const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
   constexpr size_t smem = kLaunchSmem<BITS, NTOK, S, P>;
   auto kernel = gate_up_wg_kernel<BITS, NTOK, S, P>;
   allow_dynamic_smem<gate_up_wg_kernel<BITS, NTOK, S, P>>(smem);
@@ -253,7 +205,7 @@ void gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, con
   const dim3 grid = moe_tile_grid_cols_first(T, k, E, NTOK, std::max(gate.out, sgate.out), int64_t(kGateUpCols) * ncb);
   static_assert(kNarrowFits<NTOK, S, P>);
   launch(c, "moe gate_up_wg_kernel", kernel, grid, wgloop::kThreads<P>, smem, gate, up, sgate, sup, x, g, E, k, ncb,
-         narrow_tiles() ? 1 : 0, h_routed, h_shared, hrows);
+         narrow_tiles() ? 1 : 0, h_routed, h_shared);
 }
 
 template <int BITS, int NTOK, int S, int P>
@@ -288,10 +240,9 @@ constexpr int kWsStages = NTOK >= 64 ? 4 : 5;
 // The exact-code loop at NTOK-token tiles (4-bit codes, to_xbf_q4 rows: hi/lo or fp16, wgloop::with_q4_loop).
 template <int NTOK>
 void gate_up_q4(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
-                const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared, const MoeHRows& hrows) {
+                const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
   wgloop::with_q4_loop(x, [&](auto p) {
-    gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, p()>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared,
-                                                      hrows);
+    gate_up_wg<4, NTOK, wgloop::kQ4Stages<NTOK>, p()>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
   });
 }
 template <int NTOK>
@@ -304,21 +255,20 @@ void down_q4(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, const
 
 template <int BITS, int NTOK>
 void gate_up_wg_n(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
-                  const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared, const MoeHRows& hrows) {
+                  const MoeGroups& g, int T, int k, int E, float* h_routed, float* h_shared) {
   if constexpr (BITS == 4) {
     if (x.q4) {
-      gate_up_q4<NTOK>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared, hrows);
+      gate_up_q4<NTOK>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
       return;
     }
   }
   if (gemm_wg_pipe() == WgPipe::Ws)
-    gate_up_wg<BITS, NTOK, kWsStages<NTOK>, wgloop::kWs>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared,
-                                                         hrows);
+    gate_up_wg<BITS, NTOK, kWsStages<NTOK>, wgloop::kWs>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
   else if (two_stages(T))
-    gate_up_wg<BITS, NTOK, 2, wgloop::kSync>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared, hrows);
+    gate_up_wg<BITS, NTOK, 2, wgloop::kSync>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
   else
     gate_up_wg<BITS, NTOK, NTOK >= 64 ? 4 : 3, wgloop::kSync>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed,
-                                                              h_shared, hrows);
+                                                              h_shared);
 }
 
 template <int BITS, int NTOK>
@@ -341,17 +291,16 @@ void down_wg_n(const Ctx& c, const QW& down, const QW& sdown, const X16& hr, con
 
 template <int BITS>
 void gate_up_wg_bits(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup, const X16& x,
-                     const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared,
-                     const MoeHRows& hr) {
+                     const MoeGroups& g, int T, int k, int E, int bm, float* h_routed, float* h_shared) {
   if constexpr (BITS == 4) {
     // tall tiles: the exact-code loop only (moe_tile_rows_wg_ok)
-    if (bm == 96) return gate_up_q4<96>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared, hr);
-    if (bm == 128) return gate_up_q4<128>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared, hr);
+    if (bm == 96) return gate_up_q4<96>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
+    if (bm == 128) return gate_up_q4<128>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared);
   }
   switch (bm) {
-    case 16: gate_up_wg_n<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared, hr); break;
-    case 32: gate_up_wg_n<BITS, 32>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared, hr); break;
-    default: gate_up_wg_n<BITS, 64>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared, hr); break;
+    case 16: gate_up_wg_n<BITS, 16>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    case 32: gate_up_wg_n<BITS, 32>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
+    default: gate_up_wg_n<BITS, 64>(c, gate, up, sgate, sup, x, g, T, k, E, h_routed, h_shared); break;
   }
 }
 
@@ -390,26 +339,16 @@ bool moe_grouped_wg_ok(const QW& gate, const QW& down, const QW& sdown) {
 
 void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW& sgate, const QW& sup,
                             const X16& x, const MoeGroups& g, int T, int k, int E, int bm, float* h_routed,
-                            float* h_shared, const MoeHRows* rows) {
+                            float* h_shared) {
   FERN_CU_CHECK(moe_tile_rows_wg_ok(bm, x.q4) && (gate.bits == 4 || gate.bits == 8) && gate.in % wgtile::kBK == 0,
                 "moe gate/up wg: tile rows, format or width");
   FERN_CU_CHECK(!x.q4 || moe_grouped_q4_ok(gate, up, sgate, sup), "moe gate/up wg: exact-code rows, other weights");
   FERN_CU_CHECK(g.extra == 0 || (g.extra == kMoeTailRows && bm == 128 && x.q4b() && gate.bits == 4),
                 "moe gate/up wg: tiles past 128 rows are taken by the q4b loop at 128-row tiles only");
-  const MoeHRows hr = rows != nullptr ? *rows : MoeHRows{};
-  if (rows != nullptr) {
-    auto ok = [](const X16& r, int64_t n, int64_t K) {
-      return r.q4 && !r.q4h() && r.x != nullptr && r.ks == K / 64 && K % 64 == 0 && n >= 0;
-    };
-    FERN_CU_CHECK(ok(hr.routed, int64_t(T) * k, gate.out) && ok(hr.shared, T, sgate.out) &&
-                      hr.parts_routed != nullptr && hr.parts_shared != nullptr && hr.rows_routed == int64_t(T) * k &&
-                      hr.rows_shared == T,
-                  "moe gate/up wg: h rows carved for the exact-code hi/lo form, widths multiples of 64, with parts");
-  }
   if (gate.bits == 4)
-    gate_up_wg_bits<4>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared, hr);
+    gate_up_wg_bits<4>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared);
   else
-    gate_up_wg_bits<8>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared, hr);
+    gate_up_wg_bits<8>(c, gate, up, sgate, sup, x, g, T, k, E, bm, h_routed, h_shared);
 }
 
 void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& h_routed, const X16& h_shared,
