@@ -163,6 +163,21 @@ void CudaBackend::moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor nor
     n.add_out = true;
     if (moe_fused_(out.reshape({1, H}), nullptr, w, cfg, &n)) return;
   }
+  // Several rows: the residual add after the block in the MoE's combine pass (FERN_MOE_RESID=combine, the default;
+  // add: its own launch, as before). The same sums in the same order: the same bits. Read at every call.
+  const int64_t T = resid.dim(0);
+  const bool in_combine = env_choice("FERN_MOE_RESID", {"combine", "add"}, 0) == 0;
+  if (T > 1 && in_combine && resid.dtype == DType::F32 && out.dtype == DType::F32 && resid.numel() == T * H &&
+      out.numel() == T * H && xn.numel() == T * H && out.data != resid.data && out.data != xn.data) {
+    add_rmsnorm(resid, delta, xn, norm_w, eps);
+    join_side();
+    moe_checks_(w, cfg);
+    const cuda::ScratchArena::Mark m = arena_->mark();  // as moe(): the block's scratch is free again after it
+    const bool added = moe_prefill_(out, xn, w, cfg, f32(resid, "moe_residual resid"));
+    arena_->release(m);
+    if (!added) add(resid, resid, out);
+    return;
+  }
   Backend::moe_residual(resid, delta, xn, norm_w, eps, out, w, cfg);
 }
 

@@ -120,7 +120,7 @@ void group_on_host(cudaStream_t stream, const int32_t* d_ids, int T, int k, int 
 
 }  // namespace
 
-void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
+bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg, float* resid) {
   const int T = static_cast<int>(x.dim(0));
   const int k = cfg.num_experts_per_tok;
   const int64_t E = w.router.out, H = w.gate.in, I = w.gate.out, Is = w.shared_gate.out;
@@ -142,7 +142,7 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
                     cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
     cuda::moe_gate_up(ctx(), gate, up, sgate, sup, xp, s, T, k);
     cuda::moe_down(ctx(), down, sdown, s, op, T, k);
-    return;
+    return false;
   }
 
   s.h = nullptr;  // the grouped path keeps its intermediates in expert order (below)
@@ -228,13 +228,14 @@ void CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
     const cuda::X16 hrs = rows(h_routed, int64_t(T) * k, I, q4_down), hss = rows(h_shared, T, Is, q4_down);
     (wg ? cuda::moe_grouped_down_wg : cuda::moe_grouped_down_f16)(ctx(), down, sdown, hrs, hss, g, s.topk_w, s.sgate,
                                                                   T, k, Ei, bm, y_pair, op);
-    cuda::moe_combine(ctx(), y_pair, op, T, k, H);
-    return;
+    cuda::moe_combine(ctx(), y_pair, op, T, k, H, resid);
+    return resid != nullptr;
   }
   cuda::moe_grouped_gate_up(ctx(), gate, up, sgate, sup, xp, g, T, k, Ei, bm, prefetch, h_routed, h_shared);
   cuda::moe_grouped_down(ctx(), down, sdown, h_routed, h_shared, g, s.topk_w, s.sgate, T, k, Ei, bm, prefetch, y_pair,
                          op);
-  cuda::moe_combine(ctx(), y_pair, op, T, k, H);
+  cuda::moe_combine(ctx(), y_pair, op, T, k, H, resid);
+  return resid != nullptr;
 }
 
 }  // namespace fern

@@ -419,13 +419,17 @@ void CudaBackend::attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnW
     with_released_scratch([&] { attn_prefill_(o, qg, k, v, w, cfg, state, layer); });
 }
 
-void CudaBackend::moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
-  join_side();
+void CudaBackend::moe_checks_(const MoeWeights& w, const ModelConfig& cfg) const {
   const int64_t E = w.router.out;
   FERN_CHECK(w.gate.experts == E && w.up.experts == E && w.down.experts == E, "moe: {} experts in the router, {} in {}",
              E, w.gate.experts, w.gate.name);
   const int k = cfg.num_experts_per_tok;
   FERN_CHECK(k >= 1 && k <= E && k <= 64, "moe: top-{} of {} experts", k, E);
+}
+
+void CudaBackend::moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) {
+  join_side();
+  moe_checks_(w, cfg);
   if (x.dim(0) == 1)
     moe_decode_(out, x, w, cfg);
   else

@@ -143,7 +143,10 @@ class CudaBackend : public Backend {
   void attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
                      SequenceState& state, int layer);
   void moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg);
-  void moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg);
+  // resid (or nullptr): resid += out in the combine's pass (moe_residual); returns whether it was added (the
+  // row-by-row path has no combine and leaves it to the caller).
+  bool moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg, float* resid = nullptr);
+  void moe_checks_(const MoeWeights& w, const ModelConfig& cfg) const;
   // The one-launch MoE of one token (backend_moe_decode.cpp); with `norm` it also computes its input. False: not
   // taken (formats, shapes, FERN_CUDA_MOE_FUSED=0), nothing launched.
   bool moe_fused_(Tensor out, const float* x, const MoeWeights& w, const ModelConfig& cfg, const cuda::MoeNorm* norm);

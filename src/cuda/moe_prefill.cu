@@ -257,7 +257,9 @@ __global__ void __launch_bounds__(gemm::kThreads, kMinBlocks<MT * WM, PF>)
   }
 }
 
-__global__ void combine_kernel(const float* __restrict__ y_pair, float* __restrict__ out, int T, int k, int64_t H) {
+// resid (or nullptr): resid += out as well, the residual add after the block (moe_residual), the add kernel's sum.
+__global__ void combine_kernel(const float* __restrict__ y_pair, float* __restrict__ out, int T, int k, int64_t H,
+                               float* __restrict__ resid) {
   pdl_wait();
   pdl_trigger();
   const int64_t n = int64_t(T) * H;
@@ -267,6 +269,7 @@ __global__ void combine_kernel(const float* __restrict__ y_pair, float* __restri
     const float* y = y_pair + t * k * H + col;
     for (int s = 0; s < k; ++s) acc += y[s * H];
     out[i] = acc;
+    if (resid != nullptr) resid[i] = resid[i] + acc;
   }
 }
 
@@ -433,11 +436,11 @@ void moe_grouped_down(const Ctx& c, const QW& down, const QW& sdown, const float
   }
 }
 
-void moe_combine(const Ctx& c, const float* y_pair, float* out, int T, int k, int64_t H) {
+void moe_combine(const Ctx& c, const float* y_pair, float* out, int T, int k, int64_t H, float* resid) {
   const int64_t n = int64_t(T) * H;
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, int64_t(c.sms) * 16);
   launch(c, "moe combine_kernel", combine_kernel, static_cast<unsigned>(std::max<int64_t>(blocks, 1)), 256, 0, y_pair,
-         out, T, k, H);
+         out, T, k, H, resid);
 }
 
 void moe_dequant_bf16(const Ctx& c, const QW& w, uint16_t* dst) {

@@ -110,8 +110,9 @@ void moe_grouped_gate_up_wg(const Ctx& c, const QW& gate, const QW& up, const QW
 void moe_grouped_down_wg(const Ctx& c, const QW& down, const QW& sdown, const X16& h_routed, const X16& h_shared,
                          const MoeGroups& g, const float* topk_w, const float* sgate, int T, int k, int E, int bm,
                          float* y_pair, float* out);
-// out[t] += y_pair[t k] + ... + y_pair[t k + k - 1], in slot order (deterministic: no atomics).
-void moe_combine(const Ctx& c, const float* y_pair, float* out, int T, int k, int64_t H);
+// out[t] += y_pair[t k] + ... + y_pair[t k + k - 1], in slot order (deterministic: no atomics); with resid, then
+// resid[t] += out[t] as well (the residual add after the block, in the same pass).
+void moe_combine(const Ctx& c, const float* y_pair, float* out, int T, int k, int64_t H, float* resid = nullptr);
 
 // Ablation (FERN_MOE_DEQUANT=separate): dst [experts, out, in] = bf16(s q + b) of an affine weight, the layout of
 // a dense bf16 weight, so that the grouped GEMMs can run on it as on bf16 weights.

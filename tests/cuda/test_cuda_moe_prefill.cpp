@@ -483,6 +483,60 @@ TEST(CudaMoePrefill, TailRowsInTheLastTile) {
   }
 }
 
+// moe_residual over several rows (resid += delta; xn = rmsnorm(resid); out = moe(xn); resid += out) with the last add
+// in the combine's pass (FERN_MOE_RESID=combine, the default) and as its own launch (=add): the same sums in the same
+// order, so the same bits for resid and out; both against the CPU backend (kNmse, as the block alone). The
+// row-by-row path (FERN_MOE_PATH=rows, no combine) adds by its own launch under either value. An unknown value is an
+// error.
+TEST(CudaMoePrefill, ResidualAddInTheCombine) {
+  FERN_REQUIRE_GPU();
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  auto m = make_model(*gpu, kReal, 23, false);
+  const int64_t H = m->cfg.hidden_size;
+  const float eps = 1e-6f;
+  for (int T : {17, 300}) {
+    auto resid0 = test::randn(size_t(T * H), 80 + T), delta = test::randn(size_t(T * H), 81 + T);
+    auto norm_w = test::randn(size_t(H), 82 + T);
+    for (float& v : norm_w) v = 1.0f + 0.1f * v;
+    std::vector<float> cpu_resid = resid0, cpu_out(size_t(T * H)), cpu_xn(size_t(T * H)), cpu_delta = delta;
+    cpu->begin_forward();
+    cpu->moe_residual(test::host_f32(cpu_resid, {T, H}), test::host_f32(cpu_delta, {T, H}),
+                      test::host_f32(cpu_xn, {T, H}), test::host_f32(norm_w, {H}), eps,
+                      test::host_f32(cpu_out, {T, H}), m->host, m->cfg);
+    // out_is_delta: out given as delta's tensor, as the forward pass does.
+    auto run = [&](const char* where, const char* path, bool out_is_delta) {
+      test::EnvGuard r("FERN_MOE_RESID", where);
+      test::EnvGuard p("FERN_MOE_PATH", path);
+      gpu->begin_forward();
+      Tensor dr = test::upload_f32(*gpu, resid0, {T, H}), dd = test::upload_f32(*gpu, delta, {T, H});
+      Tensor dn = test::upload_f32(*gpu, norm_w, {H});
+      Tensor dx = gpu->alloc(DType::F32, {T, H});
+      Tensor dout = out_is_delta ? dd : gpu->alloc(DType::F32, {T, H});
+      gpu->moe_residual(dr, dd, dx, dn, eps, dout, m->dev, m->cfg);
+      return std::pair{test::download(*gpu, dr), test::download(*gpu, dout)};
+    };
+    for (const auto& [path, out_is_delta] : {std::pair{"grouped", true}, {"grouped", false}, {"rows", true}}) {
+      const auto [r_comb, o_comb] = run("combine", path, out_is_delta);
+      const auto [r_add, o_add] = run("add", path, out_is_delta);
+      EXPECT_EQ(r_comb, r_add) << "resid, T=" << T << " " << path;
+      EXPECT_EQ(o_comb, o_add) << "out, T=" << T << " " << path;
+      const double er = test::nmse(r_comb.data(), cpu_resid.data(), cpu_resid.size());
+      const double eo = test::nmse(o_comb.data(), cpu_out.data(), cpu_out.size());
+      std::printf("moe_residual %s, T=%d: resid NMSE %.3e, out NMSE %.3e against the CPU\n", path, T, er, eo);
+      EXPECT_LT(er, kNmse) << path << " T=" << T;
+      EXPECT_LT(eo, kNmse) << path << " T=" << T;
+    }
+  }
+  test::EnvGuard bad("FERN_MOE_RESID", "fused");
+  auto x = test::randn(size_t(64 * H), 5);
+  gpu->begin_forward();
+  Tensor dr = test::upload_f32(*gpu, x, {64, H}), dd = test::upload_f32(*gpu, x, {64, H});
+  Tensor dn = test::upload_f32(*gpu, std::vector<float>(size_t(H), 1.0f), {H});
+  Tensor dx = gpu->alloc(DType::F32, {64, H}), dout = gpu->alloc(DType::F32, {64, H});
+  EXPECT_THROW(gpu->moe_residual(dr, dd, dx, dn, eps, dout, m->dev, m->cfg), Error);
+}
+
 // Expert 0 gets every row (a hot expert spanning many tiles), expert E-1 none. The CPU routing confirms the bias
 // did what it should, so the test cannot pass without exercising both.
 TEST(CudaMoePrefill, HotAndEmptyExperts) {
