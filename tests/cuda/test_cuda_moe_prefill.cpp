@@ -487,7 +487,8 @@ TEST(CudaMoePrefill, TailRowsInTheLastTile) {
 // in the combine's pass (FERN_MOE_RESID=combine, the default) and as its own launch (=add): the same sums in the same
 // order, so the same bits for resid and out; both against the CPU backend (kNmse, as the block alone). The
 // row-by-row path (FERN_MOE_PATH=rows, no combine) adds by its own launch under either value. An unknown value is an
-// error.
+// error. (Equal bits cannot tell whether the combine form ran; the prefill timeline does: no add_kernel under
+// combine, docs/notes/cuda-prefill-v29-resid-combine.md.)
 TEST(CudaMoePrefill, ResidualAddInTheCombine) {
   FERN_REQUIRE_GPU();
   auto gpu = test::make_gpu();
