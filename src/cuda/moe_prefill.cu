@@ -14,6 +14,7 @@
 // products are near fp32 like the dense prefill linear.
 #include <algorithm>
 
+#include "core/env.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemm_tile.cuh"
 #include "cuda/launch.cuh"
@@ -141,13 +142,50 @@ __global__ void __launch_bounds__(gemm::kThreads, 4) router_kernel(QW R, const f
 // Softmax, top-k, renormalisation and sigmoid of the shared gate: one warp per token (topk.cuh, the same code as
 // the decode router's tail).
 constexpr int kTopkWarps = 4;
+
+// The shared-expert gate's logit for one row of x, by one warp: the gate's one weight row (4- or 8-bit, groups a
+// multiple of 8, K a multiple of 8) against x's row, lane l taking the 8-wide chunks l, l + 32, ...; each weight
+// dequantized as s q + b (dequant_kernel's unpacking) times x in fp32, summed per lane, then across the warp.
+template <int BITS>
+__device__ __forceinline__ float gate_row_dot(const QW& g, const float* x, int K, int lane) {
+  const gemm::RowSrc src = gemm::row_src<BITS>(g, 0, 0);
+  float acc = 0.0f;
+  for (int k = 8 * lane; k < K; k += 256) {
+    const float4 a = *reinterpret_cast<const float4*>(x + k), c = *reinterpret_cast<const float4*>(x + k + 4);
+    const float xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+    const float s = bf16_at(src.s, k / g.gs), b = bf16_at(src.b, k / g.gs);
+    uint32_t q[8];
+    if constexpr (BITS == 4) {
+      const uint32_t w = static_cast<const uint32_t*>(src.w)[k / 8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = (w >> (4 * j)) & 0xf;
+    } else {
+      const uint32_t* w = static_cast<const uint32_t*>(src.w) + k / 4;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = (w[j / 4] >> (8 * (j % 4))) & 0xff;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc = fmaf(s * float(q[j]) + b, xv[j], acc);
+  }
+  return warp_sum(acc);
+}
+
+// One warp per token row: the top-k of its router logits and the shared-expert gate. SG_BITS 4 or 8: the gate's
+// logit computed here from x (gate_row_dot) and stored to sg_logit first; 0: sg_logit given (linear_gemv).
+template <int SG_BITS>
 __global__ void __launch_bounds__(32 * kTopkWarps)
-    topk_rows_kernel(const float* __restrict__ logits, const float* __restrict__ sg_logit, int E, int k, int T,
-                     int32_t* __restrict__ ids, float* __restrict__ wts, float* __restrict__ sgate) {
+    topk_rows_kernel(const float* __restrict__ logits, float* sg_logit, int E, int k, int T,
+                     int32_t* __restrict__ ids, float* __restrict__ wts, float* __restrict__ sgate, QW sg,
+                     const float* x) {
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.x * kTopkWarps + (threadIdx.x >> 5);
   if (t >= T) return;
+  if constexpr (SG_BITS != 0) {
+    const int K = static_cast<int>(sg.in);
+    const float v = gate_row_dot<SG_BITS>(sg, x + int64_t(t) * K, K, threadIdx.x & 31);
+    if ((threadIdx.x & 31) == 0) sg_logit[t] = v;  // topk_warp's lane 0 reads it back
+  }
   topk_warp(logits + int64_t(t) * E, sg_logit + t, E, k, ids + int64_t(t) * k, wts + int64_t(t) * k, sgate + t);
 }
 
@@ -356,11 +394,28 @@ bool moe_route_topk_ok(int64_t E, int k) { return k >= 1 && k <= 32 && E >= k &&
 
 void moe_route_topk(const Ctx& c, const QW& shared_gate, const float* x, const MoeScratch& s, int E, int T, int k) {
   if (T <= 0) return;
-  // The shared-expert gate is one weight row: the GEMV (one block per token) rather than a 128-row tile of the
-  // tensor-core loop with one real row (measured on the H200: +0.6% whole prefill at 32K, +0.3% at 128K).
-  linear_gemv(c, shared_gate, x, s.sgate_logit, T);
-  launch(c, "moe topk_rows_kernel", topk_rows_kernel, (T + kTopkWarps - 1) / kTopkWarps, 32 * kTopkWarps, 0,
-         s.router_logits, s.sgate_logit, E, k, T, s.topk_ids, s.topk_w, s.sgate);
+  // The shared-expert gate is one weight row. FERN_MOE_SGATE=topk (the default where the format allows: 4/8-bit,
+  // groups and width multiples of 8): its logit by the top-k kernel's warp per token, which reads x's row once more
+  // (docs/notes/cuda-prefill-v30-sgate.md); gemv: the GEMV (one block per token) as its own launch, which was
+  // measured faster than a 128-row tile of the tensor-core loop with one real row (+0.6% whole prefill at 32K, +0.3%
+  // at 128K). Read at every call.
+  const bool in_topk = env_choice("FERN_MOE_SGATE", {"topk", "gemv"}, 0) == 0 && shared_gate.experts == 0 &&
+                       shared_gate.out == 1 && (shared_gate.bits == 4 || shared_gate.bits == 8) &&
+                       shared_gate.gs >= 8 && shared_gate.gs % 8 == 0 && shared_gate.in % 8 == 0 &&
+                       shared_gate.in % shared_gate.gs == 0;
+  const unsigned blocks = static_cast<unsigned>((T + kTopkWarps - 1) / kTopkWarps);
+  auto run = [&](auto kernel) {
+    launch(c, "moe topk_rows_kernel", kernel, blocks, 32 * kTopkWarps, 0, s.router_logits, s.sgate_logit, E, k, T,
+           s.topk_ids, s.topk_w, s.sgate, shared_gate, x);
+  };
+  if (!in_topk) {
+    linear_gemv(c, shared_gate, x, s.sgate_logit, T);
+    run(topk_rows_kernel<0>);
+  } else if (shared_gate.bits == 4) {
+    run(topk_rows_kernel<4>);
+  } else {
+    run(topk_rows_kernel<8>);
+  }
 }
 
 bool moe_route_gemm(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, const MoeScratch& s,

@@ -538,6 +538,51 @@ TEST(CudaMoePrefill, ResidualAddInTheCombine) {
   EXPECT_THROW(gpu->moe_residual(dr, dd, dx, dn, eps, dout, m->dev, m->cfg), Error);
 }
 
+// The shared-expert gate's logit in the top-k kernel (FERN_MOE_SGATE=topk, the default for 4/8-bit gates) against
+// the GEMV launch (=gemv): both against the CPU (kNmse), at the real shape (8-bit gate; T = 17 on the 16-row router
+// tiles, 2,048 on the dense GEMM router) and the awkward ones (8-bit groups of 32, I 96 with groups of 32; bf16
+// experts have a bf16 gate, which keeps the GEMV under either value: same bits). The two forms add the gate's
+// products in another order (~1 ulp in the logit, ~1e-7 relative in the shared expert's factor): 1e-12 against each
+// other still catches a wrong row, group or scale (NMSE ~1e-3 or more). An unknown value is an error.
+TEST(CudaMoePrefill, SharedGateInTheTopkKernel) {
+  FERN_REQUIRE_GPU();
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  const Shape shapes[] = {kReal, {"8-bit group 32", 12, 256, 64, 96, 3, 8, 32},
+                          {"top-2 of 6, I 96, group 32", 6, 192, 96, 64, 2, 4, 32},
+                          {"bf16 experts", 32, 512, 128, 128, 8, 16, 0}};
+  for (const Shape& sh : shapes) {
+    auto m = make_model(*gpu, sh, 24, false);
+    for (int T : {17, 2048}) {
+      auto x = inputs(*m, T, 90 + T, 0.0f);
+      const auto ref = run_cpu(*cpu, *m, x, T);
+      std::vector<float> in_topk, by_gemv;
+      {
+        test::EnvGuard g("FERN_MOE_SGATE", "topk");
+        in_topk = run_gpu(*gpu, *m, x, T);
+      }
+      {
+        test::EnvGuard g("FERN_MOE_SGATE", "gemv");
+        by_gemv = run_gpu(*gpu, *m, x, T);
+      }
+      const double d = test::nmse(in_topk.data(), by_gemv.data(), by_gemv.size());
+      const double e = test::nmse(in_topk.data(), ref.data(), ref.size());
+      std::printf("moe prefill %s, T=%d: shared gate in the top-k kernel vs GEMV NMSE %.3e (%s), vs CPU %.3e\n",
+                  sh.name, T, d, in_topk == by_gemv ? "same bits" : "bits differ", e);
+      EXPECT_LT(d, 1e-12) << sh.name << " T=" << T;
+      EXPECT_LT(e, kNmse) << sh.name << " T=" << T;
+      EXPECT_LT(test::nmse(by_gemv.data(), ref.data(), ref.size()), kNmse) << sh.name << " gemv T=" << T;
+      if (sh.bits == 16) {
+        EXPECT_EQ(in_topk, by_gemv) << "a bf16 gate took the top-k kernel's form";
+      }
+    }
+  }
+  auto m = make_model(*gpu, kReal, 25, false);
+  auto x = inputs(*m, 64, 5, 0.0f);
+  test::EnvGuard bad("FERN_MOE_SGATE", "fused");
+  EXPECT_THROW(run_gpu(*gpu, *m, x, 64), Error);
+}
+
 // Expert 0 gets every row (a hot expert spanning many tiles), expert E-1 none. The CPU routing confirms the bias
 // did what it should, so the test cannot pass without exercising both.
 TEST(CudaMoePrefill, HotAndEmptyExperts) {
