@@ -143,9 +143,23 @@ __global__ void __launch_bounds__(gemm::kThreads, 4) router_kernel(QW R, const f
 // the decode router's tail).
 constexpr int kTopkWarps = 4;
 
+// Codes k .. k + 7 of a 4- or 8-bit weight row (the MLX packing: code j of a 32-bit word in its bits BITS j ..).
+template <int BITS>
+__device__ __forceinline__ void unpack8(const void* row, int k, uint32_t (&q)[8]) {
+  if constexpr (BITS == 4) {
+    const uint32_t w = static_cast<const uint32_t*>(row)[k / 8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j] = (w >> (4 * j)) & 0xf;
+  } else {
+    const uint32_t* w = static_cast<const uint32_t*>(row) + k / 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j] = (w[j / 4] >> (8 * (j % 4))) & 0xff;
+  }
+}
+
 // The shared-expert gate's logit for one row of x, by one warp: the gate's one weight row (4- or 8-bit, groups a
 // multiple of 8, K a multiple of 8) against x's row, lane l taking the 8-wide chunks l, l + 32, ...; each weight
-// dequantized as s q + b (dequant_kernel's unpacking) times x in fp32, summed per lane, then across the warp.
+// dequantized as s q + b (unpack8) times x in fp32, summed per lane, then across the warp.
 template <int BITS>
 __device__ __forceinline__ float gate_row_dot(const QW& g, const float* x, int K, int lane) {
   const gemm::RowSrc src = gemm::row_src<BITS>(g, 0, 0);
@@ -155,15 +169,7 @@ __device__ __forceinline__ float gate_row_dot(const QW& g, const float* x, int K
     const float xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
     const float s = bf16_at(src.s, k / g.gs), b = bf16_at(src.b, k / g.gs);
     uint32_t q[8];
-    if constexpr (BITS == 4) {
-      const uint32_t w = static_cast<const uint32_t*>(src.w)[k / 8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) q[j] = (w >> (4 * j)) & 0xf;
-    } else {
-      const uint32_t* w = static_cast<const uint32_t*>(src.w) + k / 4;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) q[j] = (w[j / 4] >> (8 * (j % 4))) & 0xff;
-    }
+    unpack8<BITS>(src.w, k, q);
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc = fmaf(s * float(q[j]) + b, xv[j], acc);
   }
@@ -321,15 +327,7 @@ __global__ void dequant_kernel(QW W, uint16_t* __restrict__ dst, int64_t n8) {
     const gemm::RowSrc src = gemm::row_src<BITS>(W, e, row - e * W.out);
     const float s = bf16_at(src.s, k / W.gs), b = bf16_at(src.b, k / W.gs);
     uint32_t q[8];
-    if constexpr (BITS == 4) {
-      const uint32_t w = static_cast<const uint32_t*>(src.w)[k / 8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) q[j] = (w >> (4 * j)) & 0xf;
-    } else {
-      const uint32_t* w = static_cast<const uint32_t*>(src.w) + k / 4;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) q[j] = (w[j / 4] >> (8 * (j % 4))) & 0xff;
-    }
+    unpack8<BITS>(src.w, k, q);
     uint32_t o[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) o[j] = gemm::pack_bf16(s * float(q[2 * j]) + b, s * float(q[2 * j + 1]) + b);

@@ -97,6 +97,13 @@ std::vector<float> run_gpu(CudaBackend& gpu, const Model& m, const std::vector<f
   return test::download(gpu, dy);
 }
 
+// run_gpu with the environment switch `name` set to `value` for the run.
+std::vector<float> run_gpu_under(CudaBackend& gpu, const Model& m, const std::vector<float>& x, int T, const char* name,
+                                 const char* value) {
+  test::EnvGuard g(name, value);
+  return run_gpu(gpu, m, x, T);
+}
+
 // Same experts chosen on both sides (fp32 router logits agree to ~1e-6, far below the gaps between the top-k and
 // the rest on random inputs), then near-fp32 products (bf16 hi/lo split of the activations, exact codes, fp32
 // accumulation) in another order than the CPU's. Measured on the H200 (docs/notes/cuda-prefill-v2-moe.md): 6.3e-12
@@ -346,15 +353,8 @@ TEST(CudaMoePrefill, NarrowTilesByFill) {
     if (T <= 2048) ref = run_cpu(*cpu, *m, x, T);
     for (const char* tile : {"96", "128"}) {
       test::EnvGuard t("FERN_MOE_TILE", tile);
-      std::vector<float> one, split;
-      {
-        test::EnvGuard n("FERN_MOE_NARROW", "0");
-        one = run_gpu(*gpu, *m, x, T);
-      }
-      {
-        test::EnvGuard n("FERN_MOE_NARROW", "1");
-        split = run_gpu(*gpu, *m, x, T);
-      }
+      const auto one = run_gpu_under(*gpu, *m, x, T, "FERN_MOE_NARROW", "0");
+      const auto split = run_gpu_under(*gpu, *m, x, T, "FERN_MOE_NARROW", "1");
       const double d = test::nmse(split.data(), one.data(), one.size());
       std::printf("moe prefill, tile %s, T=%d: launches by fill vs one launch NMSE %.3e (%s)\n", tile, T, d,
                   split == one ? "same bits" : "bits differ");
@@ -461,15 +461,8 @@ TEST(CudaMoePrefill, TailRowsInTheLastTile) {
     auto m = make_model(*gpu, kReal, 19, hot);
     const int T = hot ? 270 : 4100;
     auto x = inputs(*m, T, 60 + T, hot ? 0.5f : 0.0f);
-    std::vector<float> with, without;
-    {
-      test::EnvGuard on("FERN_MOE_TAIL", "1");
-      with = run_gpu(*gpu, *m, x, T);
-    }
-    {
-      test::EnvGuard off("FERN_MOE_TAIL", "0");
-      without = run_gpu(*gpu, *m, x, T);
-    }
+    const auto with = run_gpu_under(*gpu, *m, x, T, "FERN_MOE_TAIL", "1");
+    const auto without = run_gpu_under(*gpu, *m, x, T, "FERN_MOE_TAIL", "0");
     const double d = test::nmse(with.data(), without.data(), with.size());
     std::printf("moe prefill, tile 128, T=%d: 144-token tail passes vs none NMSE %.3e (%s)\n", T, d,
                 with == without ? "same bits" : "bits differ");
@@ -556,15 +549,8 @@ TEST(CudaMoePrefill, SharedGateInTheTopkKernel) {
     for (int T : {17, 2048}) {
       auto x = inputs(*m, T, 90 + T, 0.0f);
       const auto ref = run_cpu(*cpu, *m, x, T);
-      std::vector<float> in_topk, by_gemv;
-      {
-        test::EnvGuard g("FERN_MOE_SGATE", "topk");
-        in_topk = run_gpu(*gpu, *m, x, T);
-      }
-      {
-        test::EnvGuard g("FERN_MOE_SGATE", "gemv");
-        by_gemv = run_gpu(*gpu, *m, x, T);
-      }
+      const auto in_topk = run_gpu_under(*gpu, *m, x, T, "FERN_MOE_SGATE", "topk");
+      const auto by_gemv = run_gpu_under(*gpu, *m, x, T, "FERN_MOE_SGATE", "gemv");
       const double d = test::nmse(in_topk.data(), by_gemv.data(), by_gemv.size());
       const double e = test::nmse(in_topk.data(), ref.data(), ref.size());
       std::printf("moe prefill %s, T=%d: shared gate in the top-k kernel vs GEMV NMSE %.3e (%s), vs CPU %.3e\n",
