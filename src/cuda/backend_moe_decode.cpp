@@ -174,9 +174,8 @@ void CudaBackend::moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor nor
     add_rmsnorm(resid, delta, xn, norm_w, eps);
     join_side();
     moe_checks_(w, cfg);
-    const cuda::ScratchArena::Mark m = arena_->mark();  // as moe(): the block's scratch is free again after it
-    const bool added = moe_prefill_(out, xn, w, cfg, f32(resid, "moe_residual resid"));
-    arena_->release(m);
+    bool added = false;
+    with_released_scratch([&] { added = moe_prefill_(out, xn, w, cfg, f32(resid, "moe_residual resid")); });
     if (!added) add(resid, resid, out);
     return;
   }

@@ -380,14 +380,6 @@ void CudaBackend::linear_multi(std::span<const Tensor> outs, Tensor x, std::span
   });
 }
 
-// Runs a multi-row block op and releases the scratch it took (cuda_backend_impl.h says why that is safe).
-template <class F>
-void CudaBackend::with_released_scratch(F&& op) {
-  const cuda::ScratchArena::Mark m = arena_->mark();
-  op();
-  arena_->release(m);
-}
-
 void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
                            const ModelConfig& cfg, SequenceState& state, int layer) {
   join_side();

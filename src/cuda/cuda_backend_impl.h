@@ -124,9 +124,14 @@ class CudaBackend : public Backend {
   // The temporaries of one multi-row block op (the MoE's per-pair buffers, the GDN pre-pass, attention partials) are
   // released (a return to an arena mark) when the op has been enqueued, so that a prefill chunk's scratch is one
   // layer's worth, not forty. Safe because every later kernel on the stream runs after the op's kernels (stream
-  // order; with PDL each kernel waits for its predecessor before touching memory).
+  // order; with PDL each kernel waits for its predecessor before touching memory). Defined here: the block ops'
+  // files (cuda_backend.cpp, backend_moe_decode.cpp) call it.
   template <class F>
-  void with_released_scratch(F&& op);
+  void with_released_scratch(F&& op) {
+    const cuda::ScratchArena::Mark m = arena_->mark();
+    op();
+    arena_->release(m);
+  }
   // Runs op with c.gemm_ws set to a scratch workspace for the fp16 input of the prefill GEMM of q (cuda_backend.cpp).
   template <class F>
   void with_gemm_ws(cuda::Ctx& c, const cuda::QW& q, int T, F&& op);
