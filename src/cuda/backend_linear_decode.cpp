@@ -1,7 +1,8 @@
 // A layer's input RMSNorm folded into its mixer projections for one token (decode): every block of the multi-matrix
 // GEMV normalises the row while staging it (linear.cu, linear_multi_norm), so the norm needs no launch of its own.
-// Other cases (several rows, mixed formats) run rmsnorm, then linear_multi; one matrix (the final norm and lm_head)
-// runs rmsnorm, then linear, unless FERN_CUDA_HEAD_NORM picks another form for comparison.
+// Several rows on the exact-code GEMM (prefill): the norm computed straight into that GEMM's input rows
+// (rmsnorm_xbf_q4). Other cases (mixed formats, other GEMM forms) run rmsnorm, then linear_multi; one matrix (the
+// final norm and lm_head) runs rmsnorm, then linear, unless FERN_CUDA_HEAD_NORM picks another form for comparison.
 #include "core/env.h"
 #include "cuda/backend_internal.h"
 
@@ -25,6 +26,8 @@ void CudaBackend::rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, T
   // measured fastest), or multi, fold, fold-multi (below). Read at every call; an unknown value names the switch.
   const int head_form =
       ws.size() == 1 ? env_choice("FERN_CUDA_HEAD_NORM", {"launch", "multi", "fold", "fold-multi"}, 0) : 0;
+  // Several rows (prefill): the norm computed straight into the exact-code GEMM's rows where that GEMM takes them.
+  if (x.numel() > D && norm_rows_(outs, x, norm_w, eps, ws)) return;
   if (ws.size() == 1 && (!fold || head_form == 0)) {
     rmsnorm(xn, x, norm_w, eps);
     linear(outs[0], xn, *ws[0]);

@@ -171,11 +171,14 @@ void CudaBackend::moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor nor
   const bool in_combine = env_choice("FERN_MOE_RESID", {"combine", "add"}, 0) == 0;
   if (T > 1 && in_combine && resid.dtype == DType::F32 && out.dtype == DType::F32 && resid.numel() == T * H &&
       out.numel() == T * H && xn.numel() == T * H && out.data != resid.data && out.data != xn.data) {
-    add_rmsnorm(resid, delta, xn, norm_w, eps);
+    FERN_CHECK(delta.numel() == T * H && norm_w.numel() == H, "moe_residual: delta {} norm {} for {} rows of {}",
+               delta.shape_str(), norm_w.shape_str(), T, H);
     join_side();
     moe_checks_(w, cfg);
+    const MoeInNorm nm{f32(resid, "moe_residual resid"), f32(delta, "moe_residual delta"),
+                       f32(norm_w, "moe_residual norm"), eps};
     bool added = false;
-    with_released_scratch([&] { added = moe_prefill_(out, xn, w, cfg, f32(resid, "moe_residual resid")); });
+    with_released_scratch([&] { added = moe_prefill_(out, xn, w, cfg, nm.resid, &nm); });
     if (!added) add(resid, resid, out);
     return;
   }

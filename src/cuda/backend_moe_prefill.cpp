@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,7 +121,8 @@ void group_on_host(cudaStream_t stream, const int32_t* d_ids, int T, int k, int 
 
 }  // namespace
 
-bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg, float* resid) {
+bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg, float* resid,
+                               const MoeInNorm* norm) {
   const int T = static_cast<int>(x.dim(0));
   const int k = cfg.num_experts_per_tok;
   const int64_t E = w.router.out, H = w.gate.in, I = w.gate.out, Is = w.shared_gate.out;
@@ -135,7 +137,36 @@ bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   const float* xp = f32(x, "moe x");
   float* op = f32(out, "moe out");
 
-  if (env_choice("FERN_MOE_PATH", {"grouped", "rows"}, 0) == 1 || !cuda::moe_grouped_ok(gate, up, down, sgate, sup, sdown)) {
+  const bool grouped =
+      env_choice("FERN_MOE_PATH", {"grouped", "rows"}, 0) == 0 && cuda::moe_grouped_ok(gate, up, down, sgate, sup, sdown);
+  const bool prefetch = env_choice("FERN_MOE_PREFETCH", {"0", "1"}, 0) == 1;
+  const cuda::GemmMode mode = cuda::gemm_mode();
+  const bool separate = env_choice("FERN_MOE_DEQUANT", {"fused", "separate"}, 0) == 1 && gate.bits != 16;
+  // The wgmma loops (FERN_MOE_DEQUANT=separate and FERN_MOE_PREFETCH=1 take split); the exact-code one is decided
+  // per GEMM (its own row layout for x and h), and both GEMMs on it allow the tile heights it alone takes.
+  const bool wg = mode == cuda::GemmMode::Wg && !prefetch && !separate && cuda::moe_grouped_wg_ok(gate, down, sdown);
+  const cuda::WgPipe pipe = cuda::gemm_wg_pipe();
+  const bool q4_pipe = wg && cuda::gemm_pipe_q4(pipe);
+  const bool q4_gate_up = q4_pipe && cuda::moe_grouped_q4_ok(gate, up, sgate, sup);
+  const bool q4_down = q4_pipe && cuda::moe_grouped_q4_ok(down, sdown, down, sdown);
+
+  // The input from the residual (moe_residual): resid += delta, x = rmsnorm(resid), straight into gate/up's
+  // exact-code rows as well where that loop takes them (FERN_CUDA_NORM_ROWS=fused, the default; the fp32 rows are
+  // still written: the router and the shared gate read them), else add_rmsnorm. Same bits either way.
+  std::optional<cuda::X16> x_rows;
+  if (norm != nullptr) {
+    float* xw = f32(x, "moe x");
+    if (grouped && q4_gate_up && cuda::rmsnorm_xbf_q4_ok(H) &&
+        env_choice("FERN_CUDA_NORM_ROWS", {"fused", "separate"}, 0) == 0) {
+      void* ws = scratch(DType::F32, {int64_t((cuda::xbf_bytes(T, H) + 3) / 4)}).data;
+      x_rows = cuda::xbf_carve(ws, T, H, true, pipe == cuda::WgPipe::Q4h, pipe == cuda::WgPipe::Q4b);
+      cuda::rmsnorm_xbf_q4(ctx(), nullptr, norm->resid, norm->delta, norm->w, norm->eps, xw, T, H, *x_rows);
+    } else {
+      cuda::add_rmsnorm(ctx(), norm->resid, norm->delta, xw, norm->w, T, static_cast<int>(H), norm->eps);
+    }
+  }
+
+  if (!grouped) {
     // The decode kernels over the T rows (each row re-reads its experts' weights).
     s.h = scratch(DType::F32, {T, k * I + Is}).ptr<float>();
     cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router),
@@ -159,16 +190,6 @@ bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
     cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);
   }
 
-  const bool prefetch = env_choice("FERN_MOE_PREFETCH", {"0", "1"}, 0) == 1;
-  const cuda::GemmMode mode = cuda::gemm_mode();
-  const bool separate = env_choice("FERN_MOE_DEQUANT", {"fused", "separate"}, 0) == 1 && gate.bits != 16;
-  // The wgmma loops (FERN_MOE_DEQUANT=separate and FERN_MOE_PREFETCH=1 take split); the exact-code one is decided
-  // per GEMM (its own row layout for x and h), and both GEMMs on it allow the tile heights it alone takes.
-  const bool wg = mode == cuda::GemmMode::Wg && !prefetch && !separate && cuda::moe_grouped_wg_ok(gate, down, sdown);
-  const cuda::WgPipe pipe = cuda::gemm_wg_pipe();
-  const bool q4_pipe = wg && cuda::gemm_pipe_q4(pipe);
-  const bool q4_gate_up = q4_pipe && cuda::moe_grouped_q4_ok(gate, up, sgate, sup);
-  const bool q4_down = q4_pipe && cuda::moe_grouped_q4_ok(down, sdown, down, sdown);
   const int Ei = static_cast<int>(E);
   const int bm = tile_rows(T, k, Ei, q4_gate_up && q4_down);
   cuda::MoeGroups g;
@@ -222,7 +243,7 @@ bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
         cuda::to_x16(ctx(), src, n, K, r);
       return r;
     };
-    const cuda::X16 xs = rows(xp, T, H, q4_gate_up);
+    const cuda::X16 xs = x_rows ? *x_rows : rows(xp, T, H, q4_gate_up);
     (wg ? cuda::moe_grouped_gate_up_wg : cuda::moe_grouped_gate_up_f16)(ctx(), gate, up, sgate, sup, xs, g, T, k, Ei,
                                                                         bm, h_routed, h_shared);
     const cuda::X16 hrs = rows(h_routed, int64_t(T) * k, I, q4_down), hss = rows(h_shared, T, Is, q4_down);

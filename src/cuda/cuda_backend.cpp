@@ -380,6 +380,39 @@ void CudaBackend::linear_multi(std::span<const Tensor> outs, Tensor x, std::span
   });
 }
 
+// Several rows of rmsnorm_linear_multi (prefill): the norm computed straight into the exact-code GEMM's input rows
+// (FERN_CUDA_NORM_ROWS=fused, the default; separate: rmsnorm, then linear_multi, as before; read at every call). The
+// same bits either way; the fp32 normed rows are not written (xn is left as it was). Measured on the H200:
+// docs/notes/cuda-prefill-v31-norm-rows.md. False: not taken, nothing launched.
+bool CudaBackend::norm_rows_(std::span<const Tensor> outs, Tensor x, Tensor norm_w, float eps,
+                             std::span<const LinearWeight* const> ws) {
+  const int64_t D = x.dim(-1), T = x.numel() / D;
+  std::vector<cuda::QW> q;
+  for (const LinearWeight* w : ws) q.push_back(cuda::make_qw(*w));
+  if (T < 2 || x.dtype != DType::F32 || norm_w.numel() != D || ws.empty() || ws[0]->in != D ||
+      env_choice("FERN_CUDA_NORM_ROWS", {"fused", "separate"}, 0) != 0 ||
+      !cuda::linear_multi_ok(q.data(), static_cast<int>(q.size())))
+    return false;
+  std::vector<float*> ys;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const LinearWeight& w = *ws[i];
+    FERN_CHECK(outs[i].dim(-1) == w.out && outs[i].numel() == T * w.out,
+               "rmsnorm_linear_multi {}: out {} for {} rows of [{}, {}]", w.name, outs[i].shape_str(), T, w.out, w.in);
+    ys.push_back(f32(outs[i], "rmsnorm_linear_multi out"));
+  }
+  join_side();
+  cuda::Ctx c = ctx();
+  size_t wi = 0;  // a matrix that takes the tensor-core kernel, if any (as linear_multi picks it)
+  while (wi + 1 < q.size() && !cuda::linear_gemm_wins(q[wi], static_cast<int>(T))) ++wi;
+  bool done = false;
+  with_gemm_ws(c, q[wi], static_cast<int>(T), [&] {
+    done = cuda::linear_gemm_multi_norm(c, q.data(), f32(x, "rmsnorm_linear_multi x"),
+                                        f32(norm_w, "rmsnorm_linear_multi norm"), eps, ys.data(),
+                                        static_cast<int>(q.size()), static_cast<int>(T));
+  });
+  return done;
+}
+
 void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
                            const ModelConfig& cfg, SequenceState& state, int layer) {
   join_side();

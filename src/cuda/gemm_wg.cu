@@ -19,6 +19,7 @@ namespace fern::cuda {
 namespace {
 
 constexpr int kWarps = 8;
+constexpr int kNormThreads = 256;  // rmsnorm_xbf_q4_kernel: elementwise.cu's rmsnorm block, for the same sums
 
 // x is a plain pointer (written by the previous kernel: a const __restrict__ load could move above the PDL wait).
 __global__ void __launch_bounds__(32 * kWarps) to_xbf_kernel(const float* x, int64_t rows, int K,
@@ -49,11 +50,67 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_kernel(const float* x, int
 // values (what the MMA multiplies), lo untouched.
 // bsum (q4b, else nullptr): each sum also as bf16 hi + lo at [(g / 16) 32 + g % 16] and 16 further (X16::bsum),
 // zeros in the rest of the bk-wide row.
+struct Q4Rows {
+  uint16_t* hi;
+  uint16_t* lo;
+  float* sums;
+  uint16_t* bsum;
+  int bk;
+};
+
+// Chunk c of row `row` from its 8 values v (valid: c < chunks; the whole warp calls it, for the shuffles).
 template <bool H>
-__global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, int64_t rows, int K,
-                                                                uint16_t* __restrict__ hi, uint16_t* __restrict__ lo,
-                                                                float* __restrict__ sums, uint16_t* __restrict__ bsum,
-                                                                int bk) {
+__device__ __forceinline__ void q4_chunk(const float (&v)[8], bool valid, int64_t row, int K, int c,
+                                         const Q4Rows& o) {
+  float sum = 0.0f;
+  if (valid) {
+    uint32_t h[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // pair j: elements j and j + 4
+      if constexpr (H) {
+        asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(h[j]) : "f"(v[j + 4]), "f"(v[j]));  // j in the low half
+        const float2 hf = __half22float2(*reinterpret_cast<const __half2*>(&h[j]));
+        sum += hf.x + hf.y;
+      } else {
+        const __nv_bfloat162 hp = __floats2bfloat162_rn(v[j], v[j + 4]);
+        const float2 hf = __bfloat1622float2(hp);
+        const __nv_bfloat162 lp = __floats2bfloat162_rn(v[j] - hf.x, v[j + 4] - hf.y);
+        const float2 lf = __bfloat1622float2(lp);
+        sum += (hf.x + lf.x) + (hf.y + lf.y);
+        h[j] = *reinterpret_cast<const uint32_t*>(&hp);
+        l[j] = *reinterpret_cast<const uint32_t*>(&lp);
+      }
+    }
+    reinterpret_cast<uint4*>(o.hi + row * K)[c] = make_uint4(h[0], h[1], h[2], h[3]);
+    if constexpr (!H) reinterpret_cast<uint4*>(o.lo + row * K)[c] = make_uint4(l[0], l[1], l[2], l[3]);
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+  if (valid && (threadIdx.x & 7) == 0) {
+    const int g = c / 8;
+    o.sums[row * (K / 64) + g] = sum;
+    if (o.bsum != nullptr) {
+      const __nv_bfloat16 hs = __float2bfloat16_rn(sum);
+      const __nv_bfloat16 ls = __float2bfloat16_rn(sum - __bfloat162float(hs));
+      uint16_t* d = o.bsum + row * o.bk + (g / 16) * 32 + g % 16;
+      d[0] = *reinterpret_cast<const uint16_t*>(&hs);
+      d[16] = *reinterpret_cast<const uint16_t*>(&ls);
+    }
+  }
+}
+
+// The bsum row's padding: groups past the last one in their 16-group block, and whole blocks past it (i from
+// `first`, step `step`).
+__device__ __forceinline__ void q4_bsum_pad(int64_t row, int K, const Q4Rows& o, int first, int step) {
+  if (o.bsum == nullptr) return;
+  const int groups = K / 64;
+  for (int i = first; i < o.bk; i += step)
+    if ((i / 32) * 16 + i % 16 >= groups) o.bsum[row * o.bk + i] = 0;
+}
+
+template <bool H>
+__global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, int64_t rows, int K, Q4Rows o) {
   pdl_wait();
   pdl_trigger();
   const int lane = threadIdx.x & 31;
@@ -61,54 +118,83 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, 
   if (row >= rows) return;
   const int chunks = K / 8;
   const float4* src = reinterpret_cast<const float4*>(x + row * K);
-  uint4* dh = reinterpret_cast<uint4*>(hi + row * K);
-  uint4* dl = reinterpret_cast<uint4*>(lo + row * K);
   for (int c0 = 0; c0 < chunks; c0 += 32) {
     const int c = c0 + lane;
-    float sum = 0.0f;
+    float v[8] = {};
     if (c < chunks) {
       const float4 a = src[2 * c], b = src[2 * c + 1];
-      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      uint32_t h[4], l[4];
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+    q4_chunk<H>(v, c < chunks, row, K, c, o);
+  }
+  q4_bsum_pad(row, K, o, lane, 32);
+}
+
+// rmsnorm (optionally of resid + delta, written back to resid) straight into the exact-code loop's rows: one block
+// per row. The norm runs exactly as rmsnorm_vec_kernel<VPT> (elementwise.cu: the same float4 per thread, the same
+// sum of squares and block reduction, out = x * inv * w), the normed row goes through shared memory to the chunk
+// layout, and each chunk is converted as to_xbf_q4 converts it: the same bits as rmsnorm, then to_xbf_q4, without
+// the fp32 row's write and re-read and one launch. xn (may be null) receives the normed row as well.
+template <bool H, int VPT>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_xbf_q4_kernel(const float* x, float* resid,
+                                                                      const float* delta,
+                                                                      const float* __restrict__ w, float eps,
+                                                                      float* xn, int K, Q4Rows o) {
+  __shared__ float red[32];
+  __shared__ __align__(16) float row_s[4 * kNormThreads * VPT];
+  const int n4 = K / 4;
+  const int64_t r = blockIdx.x;
+  float4 wv[VPT], xv[VPT];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {  // pair j: elements j and j + 4
-        if constexpr (H) {
-          asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(h[j]) : "f"(v[j + 4]), "f"(v[j]));  // j in the low half
-          const float2 hf = __half22float2(*reinterpret_cast<const __half2*>(&h[j]));
-          sum += hf.x + hf.y;
-        } else {
-          const __nv_bfloat162 hp = __floats2bfloat162_rn(v[j], v[j + 4]);
-          const float2 hf = __bfloat1622float2(hp);
-          const __nv_bfloat162 lp = __floats2bfloat162_rn(v[j] - hf.x, v[j + 4] - hf.y);
-          const float2 lf = __bfloat1622float2(lp);
-          sum += (hf.x + lf.x) + (hf.y + lf.y);
-          h[j] = *reinterpret_cast<const uint32_t*>(&hp);
-          l[j] = *reinterpret_cast<const uint32_t*>(&lp);
-        }
+  for (int v = 0; v < VPT; ++v) {
+    const int i = threadIdx.x + v * kNormThreads;
+    wv[v] = i < n4 ? __ldg(reinterpret_cast<const float4*>(w) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  pdl_wait();
+  pdl_trigger();
+  float ss = 0.0f;
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int i = threadIdx.x + v * kNormThreads;
+    if (i < n4) {
+      float4 a;
+      if (resid) {
+        float4* rr = reinterpret_cast<float4*>(resid + r * K);
+        const float4 b = reinterpret_cast<const float4*>(delta + r * K)[i];
+        a = rr[i];
+        a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        rr[i] = a;
+      } else {
+        a = reinterpret_cast<const float4*>(x + r * K)[i];
       }
-      dh[c] = make_uint4(h[0], h[1], h[2], h[3]);
-      if constexpr (!H) dl[c] = make_uint4(l[0], l[1], l[2], l[3]);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-    if (c < chunks && (lane & 7) == 0) {
-      const int g = c / 8;
-      sums[row * (K / 64) + g] = sum;
-      if (bsum != nullptr) {
-        const __nv_bfloat16 h = __float2bfloat16_rn(sum);
-        const __nv_bfloat16 l = __float2bfloat16_rn(sum - __bfloat162float(h));
-        uint16_t* d = bsum + row * bk + (g / 16) * 32 + g % 16;
-        d[0] = *reinterpret_cast<const uint16_t*>(&h);
-        d[16] = *reinterpret_cast<const uint16_t*>(&l);
-      }
+      xv[v] = a;
+      ss += (a.x * a.x + a.y * a.y) + (a.z * a.z + a.w * a.w);
     }
   }
-  if (bsum != nullptr) {  // the padding: groups past the last one in their 16-group block, and whole blocks past it
-    const int groups = K / 64;
-    for (int i = lane; i < bk; i += 32)
-      if ((i / 32) * 16 + i % 16 >= groups) bsum[row * bk + i] = 0;
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(K) + eps);
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int i = threadIdx.x + v * kNormThreads;
+    if (i < n4) {
+      const float4 ov = make_float4(xv[v].x * inv * wv[v].x, xv[v].y * inv * wv[v].y, xv[v].z * inv * wv[v].z,
+                                    xv[v].w * inv * wv[v].w);
+      reinterpret_cast<float4*>(row_s)[i] = ov;
+      if (xn != nullptr) reinterpret_cast<float4*>(xn + r * K)[i] = ov;
+    }
   }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, chunks = K / 8;
+  for (int c0 = (threadIdx.x >> 5) * 32; c0 < chunks; c0 += kNormThreads) {  // warp-uniform bound: whole groups
+    const int c = c0 + lane;
+    float v[8] = {};
+    if (c < chunks) {
+      const float4 a = reinterpret_cast<const float4*>(row_s)[2 * c], b = reinterpret_cast<const float4*>(row_s)[2 * c + 1];
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+    q4_chunk<H>(v, c < chunks, r, K, c, o);
+  }
+  q4_bsum_pad(r, K, o, threadIdx.x, kNormThreads);
 }
 
 // Writes 1 where the code was compiled with the wgmma instructions (sm_90a), 0 elsewhere.
@@ -201,16 +287,51 @@ void to_xbf(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& ou
          static_cast<int>(K), out.x, out.lo);
 }
 
-void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out) {
+namespace {
+Q4Rows q4_rows(const X16& out) { return Q4Rows{out.x, out.lo, out.sums, out.bsum, static_cast<int>(out.bk)}; }
+void check_q4_rows(int64_t K, const X16& out, const char* who) {
   FERN_CU_CHECK(K > 0 && K % 64 == 0 && K < (int64_t(1) << 30) && out.q4 && out.sums != nullptr && out.ks == K / 64,
-                "to_xbf_q4: width must be a positive multiple of 64, rows carved for the exact-code loop");
+                std::string(who) + ": width must be a positive multiple of 64, rows carved for the exact-code loop");
+  FERN_CU_CHECK(!out.q4b() || out.bk == q4b_sum_width(K),
+                std::string(who) + ": the sums' pieces carved for another width");
+}
+}  // namespace
+
+void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16& out) {
+  check_q4_rows(K, out, "to_xbf_q4");
   if (rows <= 0) return;
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   FERN_CU_CHECK(blocks < (int64_t(1) << 31), "to_xbf_q4: too many rows");
-  FERN_CU_CHECK(!out.q4b() || out.bk == q4b_sum_width(K), "to_xbf_q4: the sums' pieces carved for another width");
   launch(c, "to_xbf_q4_kernel", out.q4h() ? to_xbf_q4_kernel<true> : to_xbf_q4_kernel<false>,
-         static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows, static_cast<int>(K), out.x, out.lo, out.sums,
-         out.bsum, static_cast<int>(out.bk));
+         static_cast<unsigned>(blocks), 32 * kWarps, 0, x, rows, static_cast<int>(K), q4_rows(out));
+}
+
+bool rmsnorm_xbf_q4_ok(int64_t K) { return K > 0 && K % 64 == 0 && K <= 16 * kNormThreads; }
+
+void rmsnorm_xbf_q4(const Ctx& c, const float* x, float* resid, const float* delta, const float* w, float eps,
+                    float* xn, int64_t rows, int64_t K, const X16& out) {
+  check_q4_rows(K, out, "rmsnorm_xbf_q4");
+  FERN_CU_CHECK(rmsnorm_xbf_q4_ok(K), "rmsnorm_xbf_q4: width past 4,096");
+  FERN_CU_CHECK(rows < (int64_t(1) << 31), "rmsnorm_xbf_q4: too many rows");
+  FERN_CU_CHECK((resid == nullptr) == (x != nullptr) && (resid == nullptr || delta != nullptr) && w != nullptr,
+                "rmsnorm_xbf_q4: give x, or resid and delta");
+  FERN_CU_CHECK(aligned16(x) && aligned16(resid) && aligned16(delta) && aligned16(w) && aligned16(xn),
+                "rmsnorm_xbf_q4: rows not 16-byte aligned");
+  if (rows <= 0) return;
+  const int n4 = static_cast<int>(K / 4);
+  const bool h = out.q4h();
+  const unsigned grid = static_cast<unsigned>(rows);
+  const int k = static_cast<int>(K);
+  // The float4s per thread as rmsnorm_vec_kernel's launcher picks them (elementwise.cu launch_norm).
+  if (n4 <= kNormThreads)
+    launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, 1> : rmsnorm_xbf_q4_kernel<false, 1>, grid,
+           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out));
+  else if (n4 <= 2 * kNormThreads)
+    launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, 2> : rmsnorm_xbf_q4_kernel<false, 2>, grid,
+           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out));
+  else
+    launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, 4> : rmsnorm_xbf_q4_kernel<false, 4>, grid,
+           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out));
 }
 
 }  // namespace fern::cuda

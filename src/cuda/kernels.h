@@ -112,6 +112,11 @@ void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T);
 // converted once: when the context has that loop and its workspace (c.gemm_wg, c.gemm_ws for x), T >= kGemmMinRows
 // and every matrix suits it. Returns false (and launches nothing) otherwise.
 bool linear_gemm_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T);
+// The same after the rows' RMSNorm (weight norm_w), computed straight into the exact-code loop's rows
+// (rmsnorm_xbf_q4: the fp32 normed rows are never written). Only where that loop takes the matrices (the
+// FERN_GEMM_WG_PIPE forms q4, q4b, q4h); false (nothing launched) otherwise.
+bool linear_gemm_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps,
+                            float* const* ys, int n, int T);
 // The GEMV for any T (every row re-reads the weights; linear() uses it unless linear_gemm_wins). For benchmarks.
 void linear_gemv(const Ctx& c, const QW& w, const float* x, float* y, int T);
 

@@ -216,13 +216,33 @@ void linear_gemm(const Ctx& c, const QW& w, const float* x, float* y, int T) {
   }
 }
 
-bool linear_gemm_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T) {
+namespace {
+// Whether one launch of the wgmma loop takes all n matrices (one width and format, each on that loop).
+bool wg_multi_ok(const Ctx& c, const QW* ws, int n, int T) {
   if (n < 1 || T < kGemmMinRows) return false;
   for (int i = 0; i < n; ++i)
     if (!linear_gemm_ok(ws[i]) || !wg_path(c, ws[i], T) || ws[i].bits != ws[0].bits || ws[i].in != ws[0].in ||
         ws[i].gs != ws[0].gs)
       return false;
+  return true;
+}
+}  // namespace
+
+bool linear_gemm_multi(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T) {
+  if (!wg_multi_ok(c, ws, n, T)) return false;
   wg_convert_and_launch(c, ws, x, ys, n, T);
+  return true;
+}
+
+bool linear_gemm_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps,
+                            float* const* ys, int n, int T) {
+  const WgPipe pipe = gemm_wg_pipe();
+  if (!wg_multi_ok(c, ws, n, T) || !gemm_pipe_q4(pipe) || !gemm_q4_ok(ws[0]) || !rmsnorm_xbf_q4_ok(ws[0].in) ||
+      !aligned16(x) || !aligned16(norm_w))
+    return false;
+  const X16 xs = xbf_carve(c.gemm_ws, T, ws[0].in, true, pipe == WgPipe::Q4h, pipe == WgPipe::Q4b);
+  rmsnorm_xbf_q4(c, x, nullptr, nullptr, norm_w, eps, nullptr, T, ws[0].in, xs);
+  linear_gemm_wg_multi(c, ws, ys, n, xs, T);
   return true;
 }
 

@@ -89,7 +89,8 @@ class Backend {
     for (size_t i = 0; i < ws.size(); ++i) linear(outs[i], x, *ws[i]);
   }
   // A layer's input norm and its mixer projections: xn = rmsnorm(x, norm_w, eps), then linear_multi(outs, xn, ws).
-  // A backend may compute the norm inside the projection kernel; by default, one op after the other.
+  // A backend may compute the norm inside the projection kernel; by default, one op after the other. xn is scratch
+  // for the normed rows: a backend that never materialises them may leave it unwritten (the CUDA prefill does).
   virtual void rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, Tensor norm_w, float eps, Tensor xn,
                                     std::span<const LinearWeight* const> ws) {
     rmsnorm(xn, x, norm_w, eps);

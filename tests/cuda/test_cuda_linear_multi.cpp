@@ -437,6 +437,32 @@ void run_gemm_table(const char* name, const std::vector<Mat>& mats, int64_t in, 
   expect_table(*cpu, *gpu, name, mats, hw, x, outs, in, T);
 }
 
+// The prefill form with the layer's input norm through the backend (CudaBackend::rmsnorm_linear_multi, T > 1): the
+// norm computed straight into the exact-code loop's rows (FERN_CUDA_NORM_ROWS=fused, the default) against the CPU's
+// rmsnorm then linear (kNmse), and bit for bit against rmsnorm then linear_multi (separate): the same rows, the same
+// GEMM.
+void run_gemm_norm_table(const char* name, const std::vector<Mat>& mats, int64_t in, int T) {
+  SCOPED_TRACE(name);
+  GpuTable tb(name, mats, in, 64, T, {4000, 19, 3}, 93 + uint64_t(in) + uint64_t(T));
+  auto& [gpu, cpu, st, hw, dw, x, dx, outs, ws, q, ys] = tb;
+  auto nw = test::randn(size_t(in), 58 + uint64_t(in), 0.3f);
+  for (float& v : nw) v += 1.0f;
+  const float eps = 1e-6f;
+  std::vector<float> xn_ref(size_t(T * in));
+  cpu->rmsnorm(test::host_f32(xn_ref, {T, in}), test::host_f32(x, {T, in}), test::host_f32(nw, {in}), eps);
+  Tensor dnw = test::upload_f32(*gpu, nw, {in});
+  Tensor dxn = gpu->alloc(DType::F32, {T, in});
+  std::vector<std::vector<float>> got[2];
+  for (int fused = 1; fused >= 0; --fused) {
+    test::EnvGuard sw("FERN_CUDA_NORM_ROWS", fused ? "fused" : "separate");
+    for (size_t i = 0; i < outs.size(); ++i) outs[i] = test::nan_filled(*gpu, T, mats[i].out);
+    gpu->rmsnorm_linear_multi(outs, dx, dnw, eps, dxn, ws);
+    expect_table(*cpu, *gpu, fused ? "norm rows fused" : "norm rows separate", mats, hw, xn_ref, outs, in, T);
+    for (const Tensor& o : outs) got[fused].push_back(test::download(*gpu, o));
+  }
+  for (size_t i = 0; i < outs.size(); ++i) EXPECT_TRUE(test::same_bits(got[0][i], got[1][i])) << "matrix " << i;
+}
+
 TEST(CudaLinearMulti, PrefillOneLaunch) {
   FERN_REQUIRE_GPU();
   if (!cuda::gemm_wg_supported()) GTEST_SKIP() << "no sm_90a build or compute capability 9.0 device";
@@ -445,6 +471,13 @@ TEST(CudaLinearMulti, PrefillOneLaunch) {
   run_gemm_table("gemm odd rows g128 T=70", {{129, 4}, {17, 4}, {1, 4}}, 640, 128, 70, false);
   run_gemm_table("gemm 8-bit T=200", {{256, 8}, {1, 8}}, 2048, 64, 200, false);
   run_gemm_table("backend gdn T=300", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 300, true);
+  run_gemm_norm_table("backend norm gdn T=300", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 300);
+  run_gemm_norm_table("backend norm attn T=17", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 17);
+  run_gemm_norm_table("backend norm narrow T=2000", {{129, 4}, {64, 4}}, 192, 2000);
+  {
+    test::EnvGuard bad("FERN_CUDA_NORM_ROWS", "both");
+    EXPECT_THROW(run_gemm_norm_table("norm rows refused", {{64, 4}}, 2048, 300), std::exception);
+  }
   {
     test::EnvGuard off("FERN_GEMM_MULTI", "0");  // one launch per matrix, as before
     run_gemm_table("backend gdn T=300, FERN_GEMM_MULTI=0", {{8192, 4}, {4096, 4}, {32, 4}, {32, 4}}, 2048, 64, 300,

@@ -481,7 +481,8 @@ TEST(CudaMoePrefill, TailRowsInTheLastTile) {
 // order, so the same bits for resid and out; both against the CPU backend (kNmse, as the block alone). The
 // row-by-row path (FERN_MOE_PATH=rows, no combine) adds by its own launch under either value. An unknown value is an
 // error. (Equal bits cannot tell whether the combine form ran; the prefill timeline does: no add_kernel under
-// combine, docs/notes/cuda-prefill-v29-resid-combine.md.)
+// combine, docs/notes/cuda-prefill-v29-resid-combine.md.) The input norm computed straight into gate/up's rows
+// (FERN_CUDA_NORM_ROWS=fused) gives the same bits as add_rmsnorm and the separate conversion.
 TEST(CudaMoePrefill, ResidualAddInTheCombine) {
   FERN_REQUIRE_GPU();
   auto gpu = test::make_gpu();
@@ -499,8 +500,9 @@ TEST(CudaMoePrefill, ResidualAddInTheCombine) {
                       test::host_f32(cpu_xn, {T, H}), test::host_f32(norm_w, {H}), eps,
                       test::host_f32(cpu_out, {T, H}), m->host, m->cfg);
     // out_is_delta: out given as delta's tensor, as the forward pass does.
-    auto run = [&](const char* where, const char* path, bool out_is_delta) {
+    auto run = [&](const char* where, const char* path, bool out_is_delta, const char* norm_rows = "fused") {
       test::EnvGuard r("FERN_MOE_RESID", where);
+      test::EnvGuard nr("FERN_CUDA_NORM_ROWS", norm_rows);
       test::EnvGuard p("FERN_MOE_PATH", path);
       gpu->begin_forward();
       Tensor dr = test::upload_f32(*gpu, resid0, {T, H}), dd = test::upload_f32(*gpu, delta, {T, H});
@@ -515,6 +517,11 @@ TEST(CudaMoePrefill, ResidualAddInTheCombine) {
       const auto [r_add, o_add] = run("add", path, out_is_delta);
       EXPECT_EQ(r_comb, r_add) << "resid, T=" << T << " " << path;
       EXPECT_EQ(o_comb, o_add) << "out, T=" << T << " " << path;
+      // The input norm straight into gate/up's rows (FERN_CUDA_NORM_ROWS=fused, the default above) against
+      // add_rmsnorm, then the conversion (separate): the same bits.
+      const auto [r_sep, o_sep] = run("combine", path, out_is_delta, "separate");
+      EXPECT_EQ(r_comb, r_sep) << "resid, norm rows, T=" << T << " " << path;
+      EXPECT_EQ(o_comb, o_sep) << "out, norm rows, T=" << T << " " << path;
       const double er = test::nmse(r_comb.data(), cpu_resid.data(), cpu_resid.size());
       const double eo = test::nmse(o_comb.data(), cpu_out.data(), cpu_out.size());
       std::printf("moe_residual %s, T=%d: resid NMSE %.3e, out NMSE %.3e against the CPU\n", path, T, er, eo);

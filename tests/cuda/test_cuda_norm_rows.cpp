@@ -1,0 +1,189 @@
+// rmsnorm_xbf_q4 (gemm_wg.h: the RMSNorm computed straight into the exact-code GEMM's input rows) against the two
+// launches it replaces, rmsnorm (or add_rmsnorm) then to_xbf_q4: every byte of the rows' workspace (hi, lo, the
+// 64-wide sums, the q4b sums' bf16 pieces and their padding), the normed fp32 rows and the residual, bit for bit,
+// in each row form (q4, q4b, q4h), at the model's width and at awkward ones. Also the rows against the CPU's
+// rmsnorm, so that a bug shared by both GPU paths (e.g. in the conversion they share) still fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "cuda/gemm_wg.h"
+#include "cuda/kernels.h"
+#include "cuda_test_util.h"
+
+namespace fern {
+namespace {
+
+// One row form of the exact-code loop (xbf_carve's flags).
+struct Form {
+  const char* name;
+  bool half, bias_mma;
+};
+constexpr Form kForms[] = {{"q4", false, false}, {"q4b", false, true}, {"q4h", true, false}};
+
+// hi + lo rebuilt from the rows (K order 0 4 1 5 2 6 3 7 within each 8-wide chunk) against the CPU's normed rows:
+// bf16 hi + lo keeps ~2^-17 of each value (NMSE ~1e-11), one fp16 row ~2^-12 (NMSE ~1e-8); a wrong weight, row or
+// chunk order gives NMSE ~1.
+constexpr double kNmsePair = 1e-9, kNmseHalf = 1e-6;
+
+std::vector<uint8_t> download_bytes(CudaBackend& be, const Tensor& t) {
+  std::vector<uint8_t> v(t.nbytes());
+  be.copy(Tensor(v.data(), DType::U8, {int64_t(v.size())}), t.reshape({int64_t(v.size())}));
+  return v;
+}
+
+float bf16_bits_to_f32(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float f16_bits_to_f32(uint16_t b) {
+  const uint32_t sign = uint32_t(b >> 15) << 31, exp = (b >> 10) & 31, man = b & 1023;
+  uint32_t u;
+  if (exp == 0) {  // zero or subnormal
+    const float f = std::ldexp(float(man), -24);
+    return sign ? -f : f;
+  }
+  if (exp == 31) u = sign | 0x7f800000u | (man << 13);
+  else u = sign | ((exp + 112) << 23) | (man << 13);
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void run_case(int64_t rows, int64_t K, const Form& form, bool with_resid) {
+  const std::string name = std::string(form.name) + (with_resid ? " resid" : " x") + " K=" + std::to_string(K) +
+                           " rows=" + std::to_string(rows);
+  SCOPED_TRACE(name);
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  cuda::Ctx c;
+  c.stream = gpu->stream();
+  c.sms = gpu->sm_count();
+  c.pdl = gpu->pdl();
+
+  // Rows of different scales (1e-3 .. 1e2), so that a wrong per-row factor shows; norm weights around 1.
+  std::vector<float> x = test::randn(size_t(rows * K), 900 + uint64_t(K) + uint64_t(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < K; ++k) x[size_t(r * K + k)] *= std::pow(10.0f, float(r % 6) - 3.0f);
+  std::vector<float> delta = test::randn(size_t(rows * K), 1900 + uint64_t(K), 0.5f);
+  auto nw = test::randn(size_t(K), 57 + uint64_t(K), 0.3f);
+  for (float& v : nw) v += 1.0f;
+  const float eps = 1e-6f;
+
+  const size_t bytes = cuda::xbf_bytes(rows, K);
+  Tensor dw = test::upload_f32(*gpu, nw, {K});
+  Tensor ws[2], xn[2], resid[2];
+  Tensor dx = test::upload_f32(*gpu, x, {rows, K}), dd = test::upload_f32(*gpu, delta, {rows, K});
+  const std::vector<uint8_t> fill(bytes, 0x5a);  // bytes no path writes stay equal (and equal to this)
+  for (int i = 0; i < 2; ++i) {
+    ws[i] = gpu->alloc(DType::U8, {int64_t(bytes)});
+    gpu->copy(ws[i], Tensor(const_cast<uint8_t*>(fill.data()), DType::U8, {int64_t(bytes)}));
+    xn[i] = test::nan_filled(*gpu, rows, K);
+    resid[i] = test::upload_f32(*gpu, x, {rows, K});
+  }
+  cuda::X16 out[2];
+  for (int i = 0; i < 2; ++i) out[i] = cuda::xbf_carve(ws[i].data, rows, K, true, form.half, form.bias_mma);
+  const int R = static_cast<int>(rows), D = static_cast<int>(K);
+  // Path 0: the two launches. Path 1: the fused one.
+  if (with_resid) {
+    cuda::add_rmsnorm(c, resid[0].ptr<float>(), dd.ptr<float>(), xn[0].ptr<float>(), dw.ptr<float>(), R, D, eps);
+    cuda::rmsnorm_xbf_q4(c, nullptr, resid[1].ptr<float>(), dd.ptr<float>(), dw.ptr<float>(), eps,
+                         xn[1].ptr<float>(), rows, K, out[1]);
+  } else {
+    cuda::rmsnorm(c, xn[0].ptr<float>(), dx.ptr<float>(), dw.ptr<float>(), R, D, eps);
+    cuda::rmsnorm_xbf_q4(c, dx.ptr<float>(), nullptr, nullptr, dw.ptr<float>(), eps, xn[1].ptr<float>(), rows, K,
+                         out[1]);
+  }
+  cuda::to_xbf_q4(c, xn[0].ptr<float>(), rows, K, out[0]);
+  ASSERT_EQ(cudaStreamSynchronize(c.stream), cudaSuccess);
+
+  const auto b0 = download_bytes(*gpu, ws[0]), b1 = download_bytes(*gpu, ws[1]);
+  size_t diff = 0;
+  for (size_t i = 0; i < bytes; ++i) diff += b0[i] != b1[i];
+  EXPECT_EQ(diff, 0u) << "bytes of the rows' workspace differ from rmsnorm + to_xbf_q4";
+  const auto xn0 = test::download(*gpu, xn[0]), xn1 = test::download(*gpu, xn[1]);
+  EXPECT_TRUE(test::same_bits(xn0, xn1)) << "normed rows";
+  if (with_resid) {
+    EXPECT_TRUE(test::same_bits(test::download(*gpu, resid[0]), test::download(*gpu, resid[1]))) << "residual";
+  }
+
+  // Against the CPU: the normed rows of x (or x + delta), then the rows' values and the 64-wide sums.
+  std::vector<float> src = x;
+  if (with_resid)
+    for (size_t i = 0; i < src.size(); ++i) src[i] += delta[i];
+  std::vector<float> ref(src.size());
+  cpu->rmsnorm(test::host_f32(ref, {rows, K}), test::host_f32(src, {rows, K}), test::host_f32(nw, {K}), eps);
+  const auto base = reinterpret_cast<uintptr_t>(ws[1].data);
+  auto at = [&](const void* p) { return size_t(reinterpret_cast<uintptr_t>(p) - base); };
+  const uint16_t* hi = reinterpret_cast<const uint16_t*>(b1.data() + at(out[1].x));
+  const uint16_t* lo = form.half ? nullptr : reinterpret_cast<const uint16_t*>(b1.data() + at(out[1].lo));
+  const float* sums = reinterpret_cast<const float*>(b1.data() + at(out[1].sums));
+  std::vector<float> got(src.size());
+  double sum_err = 0.0, sum_sq = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < K; ++k) {
+      // Element k of an 8-wide chunk sits at position 2 (k % 4) + (k % 8) / 4 of the chunk.
+      const int64_t pos = r * K + (k / 8) * 8 + 2 * (k % 4) + (k % 8) / 4;
+      got[size_t(r * K + k)] = form.half ? f16_bits_to_f32(hi[pos])
+                                         : bf16_bits_to_f32(hi[pos]) + bf16_bits_to_f32(lo[pos]);
+    }
+    for (int64_t g = 0; g < K / 64; ++g) {
+      double s = 0.0;
+      for (int64_t k = 0; k < 64; ++k) s += ref[size_t(r * K + 64 * g + k)];
+      const double e = double(sums[r * (K / 64) + g]) - s;
+      sum_err += e * e;
+      for (int64_t k = 0; k < 64; ++k) sum_sq += double(ref[size_t(r * K + 64 * g + k)]) * ref[size_t(r * K + 64 * g + k)];
+    }
+  }
+  double e_rows = 0.0;
+  for (int64_t r = 0; r < rows; ++r)  // per row: the rows' scales differ by 1e5
+    e_rows = std::max(e_rows, test::nmse(got.data() + r * K, ref.data() + r * K, size_t(K)));
+  // The sums: errors of 64 terms each against the terms' squares (~64x a value's error at worst).
+  const double e_sums = sum_err / sum_sq;
+  std::printf("norm rows %-28s rows NMSE (worst row) %.3e  sums %.3e  differing bytes %zu\n", name.c_str(), e_rows,
+              e_sums, diff);
+  EXPECT_LT(e_rows, form.half ? kNmseHalf : kNmsePair);
+  EXPECT_LT(e_sums, 64 * (form.half ? kNmseHalf : kNmsePair));
+}
+
+TEST(CudaNormRows, MatchNormThenConvert) {
+  FERN_REQUIRE_GPU();
+  struct Shape {
+    int64_t rows, K;
+  };
+  // The model's width (prefill chunk rows and one row), the narrowest, odd group counts (3, 17: a partial 16-group
+  // block of q4b sums), one float4 per thread exactly (1,024), and the widest the norm's register row takes.
+  for (const Shape s : {Shape{300, 2048}, Shape{1, 2048}, Shape{37, 64}, Shape{3, 192}, Shape{17, 1088},
+                        Shape{5, 1024}, Shape{7, 4096}})
+    for (const Form& f : kForms)
+      for (bool resid : {false, true}) run_case(s.rows, s.K, f, resid);
+}
+
+TEST(CudaNormRows, Refusals) {
+  FERN_REQUIRE_GPU();
+  EXPECT_TRUE(cuda::rmsnorm_xbf_q4_ok(2048));
+  EXPECT_FALSE(cuda::rmsnorm_xbf_q4_ok(4160)) << "past the register row";
+  EXPECT_FALSE(cuda::rmsnorm_xbf_q4_ok(96)) << "not whole groups of 64";
+  auto gpu = test::make_gpu();
+  cuda::Ctx c;
+  c.stream = gpu->stream();
+  Tensor buf = gpu->alloc(DType::U8, {int64_t(cuda::xbf_bytes(4, 128))});
+  Tensor f = gpu->alloc(DType::F32, {4, 128});
+  const cuda::X16 rows = cuda::xbf_carve(buf.data, 4, 128, true);
+  float* p = f.ptr<float>();
+  EXPECT_THROW(cuda::rmsnorm_xbf_q4(c, p, p, p, p, 1e-6f, nullptr, 4, 128, rows), std::exception) << "x and resid";
+  EXPECT_THROW(cuda::rmsnorm_xbf_q4(c, p + 1, nullptr, nullptr, p, 1e-6f, nullptr, 4, 128, rows), std::exception)
+      << "unaligned";
+  const cuda::X16 plain = cuda::xbf_carve(buf.data, 4, 128, false);
+  EXPECT_THROW(cuda::rmsnorm_xbf_q4(c, p, nullptr, nullptr, p, 1e-6f, nullptr, 4, 128, plain), std::exception)
+      << "rows not carved for the exact-code loop";
+}
+
+}  // namespace
+}  // namespace fern
