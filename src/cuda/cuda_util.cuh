@@ -28,6 +28,11 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// a.x^2 + a.y^2 + a.z^2 + a.w^2 with the multiply-adds written out, so that every norm kernel that sums its squares
+// this way gets the same bits (rmsnorm_vec_kernel and rmsnorm_xbf_q4_kernel must): left to the compiler, a*a + b*b
+// contracts into fma(a, a, b*b) or fma(b, b, a*a), chosen per kernel (measured: rare last-bit differences).
+__device__ __forceinline__ float sum_sq4(float4 a) { return fmaf(a.x, a.x, a.y * a.y) + fmaf(a.z, a.z, a.w * a.w); }
+
 // Sum over all threads of a block (blockDim.x a multiple of 32, at most 1024). `red` holds 32 floats of shared
 // memory; every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* red) {

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_vec_kernel(float* __restrict
         a = reinterpret_cast<const float4*>(x + r * D)[i];
       }
       xv[v] = a;
-      ss += (a.x * a.x + a.y * a.y) + (a.z * a.z + a.w * a.w);
+      ss += sum_sq4(a);
     }
   }
   ss = block_sum(ss, red);

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_xbf_q4_kernel(const floa
         a = reinterpret_cast<const float4*>(x + r * K)[i];
       }
       xv[v] = a;
-      ss += (a.x * a.x + a.y * a.y) + (a.z * a.z + a.w * a.w);
+      ss += sum_sq4(a);
     }
   }
   ss = block_sum(ss, red);

@@ -475,8 +475,11 @@ TEST(CudaLinearMulti, PrefillOneLaunch) {
   run_gemm_norm_table("backend norm attn T=17", {{8192, 4}, {512, 4}, {512, 4}}, 2048, 17);
   run_gemm_norm_table("backend norm narrow T=2000", {{129, 4}, {64, 4}}, 192, 2000);
   {
+    GpuTable tb("norm rows refused", {{64, 4}}, 2048, 64, 300, {4000, 19, 3}, 94);
+    Tensor dnw = test::upload_f32(*tb.gpu, test::randn(2048, 59), {2048});
+    Tensor dxn = tb.gpu->alloc(DType::F32, {300, 2048});
     test::EnvGuard bad("FERN_CUDA_NORM_ROWS", "both");
-    EXPECT_THROW(run_gemm_norm_table("norm rows refused", {{64, 4}}, 2048, 300), std::exception);
+    EXPECT_THROW(tb.gpu->rmsnorm_linear_multi(tb.outs, tb.dx, dnw, 1e-6f, dxn, tb.ws), std::exception);
   }
   {
     test::EnvGuard off("FERN_GEMM_MULTI", "0");  // one launch per matrix, as before
