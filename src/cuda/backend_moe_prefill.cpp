@@ -153,14 +153,24 @@ bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   // The input from the residual (moe_residual): resid += delta, x = rmsnorm(resid), straight into gate/up's
   // exact-code rows as well where that loop takes them (FERN_CUDA_NORM_ROWS=fused, the default; the fp32 rows are
   // still written: the router and the shared gate read them), else add_rmsnorm. Same bits either way.
-  std::optional<cuda::X16> x_rows;
+  // The router's GEMM on its plain bf16 hi/lo rows (an 8-bit router on the wgmma loop): written by the same pass
+  // (FERN_CUDA_NORM_ROWS=fused) instead of by to_xbf after it.
+  const cuda::QW router = cuda::make_qw(w.router), seg = cuda::make_qw(w.shared_expert_gate);
+  const RouterForm rf = router_form(T);
+  const bool router_gemm = rf == RouterForm::Gemm && router.experts == 0 && cuda::moe_route_topk_ok(router.out, k);
+  std::optional<cuda::X16> x_rows, router_rows;
   if (norm != nullptr) {
     float* xw = f32(x, "moe x");
     if (grouped && q4_gate_up && cuda::rmsnorm_xbf_q4_ok(H) &&
         env_choice("FERN_CUDA_NORM_ROWS", {"fused", "separate"}, 0) == 0) {
       void* ws = scratch(DType::F32, {int64_t((cuda::xbf_bytes(T, H) + 3) / 4)}).data;
       x_rows = cuda::xbf_carve(ws, T, H, true, pipe == cuda::WgPipe::Q4h, pipe == cuda::WgPipe::Q4b);
-      cuda::rmsnorm_xbf_q4(ctx(), nullptr, norm->resid, norm->delta, norm->w, norm->eps, xw, T, H, *x_rows);
+      if (router_gemm && cuda::linear_gemm_takes_plain_rows(router, T)) {
+        void* rws = scratch(DType::F32, {int64_t((cuda::xbf_bytes(T, H) + 3) / 4)}).data;
+        router_rows = cuda::xbf_carve(rws, T, H);
+      }
+      cuda::rmsnorm_xbf_q4(ctx(), nullptr, norm->resid, norm->delta, norm->w, norm->eps, xw, T, H, *x_rows,
+                           router_rows ? &*router_rows : nullptr);
     } else {
       cuda::add_rmsnorm(ctx(), norm->resid, norm->delta, xw, norm->w, T, static_cast<int>(H), norm->eps);
     }
@@ -169,22 +179,22 @@ bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   if (!grouped) {
     // The decode kernels over the T rows (each row re-reads its experts' weights).
     s.h = scratch(DType::F32, {T, k * I + Is}).ptr<float>();
-    cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), cuda::make_qw(w.router),
-                    cuda::make_qw(w.shared_expert_gate), xp, s, T, k);
+    cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);
     cuda::moe_gate_up(ctx(), gate, up, sgate, sup, xp, s, T, k);
     cuda::moe_down(ctx(), down, sdown, s, op, T, k);
     return false;
   }
 
   s.h = nullptr;  // the grouped path keeps its intermediates in expert order (below)
-  const cuda::QW router = cuda::make_qw(w.router), seg = cuda::make_qw(w.shared_expert_gate);
   // The tensor-core router measured 0.064 vs 0.166 ms at T = 512 and 0.088 vs 0.636 ms at 2048 (the GEMV re-reads
   // the router for every row). From kRouterGemmMinRows the logits take the dense linear's path instead (the wgmma
   // tile loop on bf16 hi/lo rows where it runs: 128-row token tiles, where the router kernel's 16-row tiles
   // dequantize the router once per 16 rows).
-  const RouterForm rf = router_form(T);
-  if (rf == RouterForm::Gemm && router.experts == 0 && cuda::moe_route_topk_ok(router.out, k)) {
-    linear_rows(ctx(), router, xp, s.router_logits, T);
+  if (router_gemm) {
+    if (router_rows)
+      cuda::linear_gemm_wg_multi(ctx(), &router, &s.router_logits, 1, *router_rows, T);
+    else
+      linear_rows(ctx(), router, xp, s.router_logits, T);
     cuda::moe_route_topk(ctx(), seg, xp, s, static_cast<int>(E), T, k);
   } else if (rf == RouterForm::Fused || !cuda::moe_route_gemm(ctx(), router, seg, xp, s, T, k)) {
     cuda::moe_route(ctx(kMoeCounterBase, kCounters - kMoeCounterBase), router, seg, xp, s, T, k);

@@ -21,6 +21,16 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kNormThreads = 256;  // rmsnorm_xbf_q4_kernel: elementwise.cu's rmsnorm block, for the same sums
 
+// Four values as bf16 hi (round to nearest) and lo = bf16(v - hi), in their order (to_xbf's rows).
+__device__ __forceinline__ void plain_split(float4 v, __nv_bfloat162* dh, __nv_bfloat162* dl) {
+  const __nv_bfloat162 h0 = __floats2bfloat162_rn(v.x, v.y), h1 = __floats2bfloat162_rn(v.z, v.w);
+  const float2 f0 = __bfloat1622float2(h0), f1 = __bfloat1622float2(h1);
+  dh[0] = h0;
+  dh[1] = h1;
+  dl[0] = __floats2bfloat162_rn(v.x - f0.x, v.y - f0.y);
+  dl[1] = __floats2bfloat162_rn(v.z - f1.x, v.w - f1.y);
+}
+
 // x is a plain pointer (written by the previous kernel: a const __restrict__ load could move above the PDL wait).
 __global__ void __launch_bounds__(32 * kWarps) to_xbf_kernel(const float* x, int64_t rows, int K,
                                                              uint16_t* __restrict__ hi, uint16_t* __restrict__ lo) {
@@ -32,15 +42,7 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_kernel(const float* x, int
   const float4* src = reinterpret_cast<const float4*>(x + row * K);
   __nv_bfloat162* dh = reinterpret_cast<__nv_bfloat162*>(hi + row * K);
   __nv_bfloat162* dl = reinterpret_cast<__nv_bfloat162*>(lo + row * K);
-  for (int i = lane; i < K / 4; i += 32) {
-    const float4 v = src[i];
-    const __nv_bfloat162 h0 = __floats2bfloat162_rn(v.x, v.y), h1 = __floats2bfloat162_rn(v.z, v.w);
-    const float2 f0 = __bfloat1622float2(h0), f1 = __bfloat1622float2(h1);
-    dh[2 * i] = h0;
-    dh[2 * i + 1] = h1;
-    dl[2 * i] = __floats2bfloat162_rn(v.x - f0.x, v.y - f0.y);
-    dl[2 * i + 1] = __floats2bfloat162_rn(v.z - f1.x, v.w - f1.y);
-  }
+  for (int i = lane; i < K / 4; i += 32) plain_split(src[i], dh + 2 * i, dl + 2 * i);
 }
 
 // The exact-code loop's rows (gemm_tile_q4.cuh): hi and lo of each 8-wide chunk stored in the K order 0 4 1 5 2 6 3 7
@@ -134,12 +136,14 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, 
 // per row. The norm runs exactly as rmsnorm_vec_kernel<VPT> (elementwise.cu: the same float4 per thread, the same
 // sum of squares and block reduction, out = x * inv * w), the normed row goes through shared memory to the chunk
 // layout, and each chunk is converted as to_xbf_q4 converts it: the same bits as rmsnorm, then to_xbf_q4, without
-// the fp32 row's write and re-read and one launch. xn (may be null) receives the normed row as well.
+// the fp32 row's write and re-read and one launch. xn (may be null) receives the normed row as well, and phi / plo
+// (may be null) its plain bf16 hi / lo rows (as to_xbf writes them, for a GEMM on the other loops).
 template <bool H, int VPT>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_xbf_q4_kernel(const float* x, float* resid,
                                                                       const float* delta,
                                                                       const float* __restrict__ w, float eps,
-                                                                      float* xn, int K, Q4Rows o) {
+                                                                      float* xn, int K, Q4Rows o, uint16_t* phi,
+                                                                      uint16_t* plo) {
   __shared__ float red[32];
   __shared__ __align__(16) float row_s[4 * kNormThreads * VPT];
   const int n4 = K / 4;
@@ -181,6 +185,9 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_xbf_q4_kernel(const floa
                                     xv[v].w * inv * wv[v].w);
       reinterpret_cast<float4*>(row_s)[i] = ov;
       if (xn != nullptr) reinterpret_cast<float4*>(xn + r * K)[i] = ov;
+      if (phi != nullptr)
+        plain_split(ov, reinterpret_cast<__nv_bfloat162*>(phi + r * K) + 2 * i,
+                    reinterpret_cast<__nv_bfloat162*>(plo + r * K) + 2 * i);
     }
   }
   __syncthreads();
@@ -309,8 +316,12 @@ void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16&
 bool rmsnorm_xbf_q4_ok(int64_t K) { return K > 0 && K % 64 == 0 && K <= 16 * kNormThreads; }
 
 void rmsnorm_xbf_q4(const Ctx& c, const float* x, float* resid, const float* delta, const float* w, float eps,
-                    float* xn, int64_t rows, int64_t K, const X16& out) {
+                    float* xn, int64_t rows, int64_t K, const X16& out, const X16* plain) {
   check_q4_rows(K, out, "rmsnorm_xbf_q4");
+  FERN_CU_CHECK(plain == nullptr || (!plain->q4 && plain->x != nullptr && plain->lo != nullptr),
+                "rmsnorm_xbf_q4: plain rows carved for the exact-code loop");
+  uint16_t* phi = plain ? plain->x : nullptr;
+  uint16_t* plo = plain ? plain->lo : nullptr;
   FERN_CU_CHECK(rmsnorm_xbf_q4_ok(K), "rmsnorm_xbf_q4: width past 4,096");
   FERN_CU_CHECK(rows < (int64_t(1) << 31), "rmsnorm_xbf_q4: too many rows");
   FERN_CU_CHECK((resid == nullptr) == (x != nullptr) && (resid == nullptr || delta != nullptr) && w != nullptr,
@@ -325,13 +336,13 @@ void rmsnorm_xbf_q4(const Ctx& c, const float* x, float* resid, const float* del
   // The float4s per thread as rmsnorm_vec_kernel's launcher picks them (elementwise.cu launch_norm).
   if (n4 <= kNormThreads)
     launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, 1> : rmsnorm_xbf_q4_kernel<false, 1>, grid,
-           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out));
+           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out), phi, plo);
   else if (n4 <= 2 * kNormThreads)
     launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, 2> : rmsnorm_xbf_q4_kernel<false, 2>, grid,
-           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out));
+           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out), phi, plo);
   else
     launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, 4> : rmsnorm_xbf_q4_kernel<false, 4>, grid,
-           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out));
+           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out), phi, plo);
 }
 
 }  // namespace fern::cuda

@@ -72,10 +72,14 @@ void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16&
 // rmsnorm, then to_xbf_q4, in one launch with the same bits (one block per row; docs/notes/cuda-prefill-v31-norm-rows.md):
 // out = the exact-code rows of rmsnorm(x) with weight w, or, with x == nullptr, of rmsnorm(resid + delta) after
 // writing resid += delta (as add_rmsnorm). xn (may be null) receives the fp32 normed rows too. rmsnorm_xbf_q4_ok: K
-// a multiple of 64, at most 4,096 (the norm's register row); the pointers 16-byte aligned.
+// a multiple of 64, at most 4,096 (the norm's register row); the pointers 16-byte aligned. plain (may be null):
+// rows carved without q4 that receive to_xbf's bf16 hi/lo of the normed rows as well (another GEMM's input).
 bool rmsnorm_xbf_q4_ok(int64_t K);
 void rmsnorm_xbf_q4(const Ctx& c, const float* x, float* resid, const float* delta, const float* w, float eps,
-                    float* xn, int64_t rows, int64_t K, const X16& out);
+                    float* xn, int64_t rows, int64_t K, const X16& out, const X16* plain = nullptr);
+// Whether linear() of T rows of w, with the GEMM workspace of a context on the wgmma loop, converts x to to_xbf's
+// plain rows and runs linear_gemm_wg_multi on them (so that rows converted elsewhere can be handed over instead).
+bool linear_gemm_takes_plain_rows(const QW& w, int T);
 
 // Dense ys[i] [T, ws[i].out] = x W_i^T on the wgmma loop from the split rows of x (to_xbf, or to_xbf_q4 for the
 // exact-code loop: the loop follows x.q4), for 1 <= n <= 4 matrices of one width and format in one launch.

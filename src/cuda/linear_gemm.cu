@@ -234,6 +234,11 @@ bool linear_gemm_multi(const Ctx& c, const QW* ws, const float* x, float* const*
   return true;
 }
 
+bool linear_gemm_takes_plain_rows(const QW& w, int T) {
+  return gemm_mode() == GemmMode::Wg && gemm_wg_supported() && linear_gemm_wins(w, T) && gemm_f16_format_ok(w) &&
+         linear_gemm_wg_ok(w) && !(gemm_pipe_q4(gemm_wg_pipe()) && gemm_q4_ok(w));
+}
+
 bool linear_gemm_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps,
                             float* const* ys, int n, int T) {
   const WgPipe pipe = gemm_wg_pipe();

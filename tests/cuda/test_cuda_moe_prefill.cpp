@@ -500,9 +500,11 @@ TEST(CudaMoePrefill, ResidualAddInTheCombine) {
                       test::host_f32(cpu_xn, {T, H}), test::host_f32(norm_w, {H}), eps,
                       test::host_f32(cpu_out, {T, H}), m->host, m->cfg);
     // out_is_delta: out given as delta's tensor, as the forward pass does.
-    auto run = [&](const char* where, const char* path, bool out_is_delta, const char* norm_rows = "fused") {
+    auto run = [&](const char* where, const char* path, bool out_is_delta, const char* norm_rows = "fused",
+                   const char* router = nullptr) {
       test::EnvGuard r("FERN_MOE_RESID", where);
       test::EnvGuard nr("FERN_CUDA_NORM_ROWS", norm_rows);
+      test::EnvGuard rf("FERN_MOE_ROUTER", router);
       test::EnvGuard p("FERN_MOE_PATH", path);
       gpu->begin_forward();
       Tensor dr = test::upload_f32(*gpu, resid0, {T, H}), dd = test::upload_f32(*gpu, delta, {T, H});
@@ -522,6 +524,12 @@ TEST(CudaMoePrefill, ResidualAddInTheCombine) {
       const auto [r_sep, o_sep] = run("combine", path, out_is_delta, "separate");
       EXPECT_EQ(r_comb, r_sep) << "resid, norm rows, T=" << T << " " << path;
       EXPECT_EQ(o_comb, o_sep) << "out, norm rows, T=" << T << " " << path;
+      // The router on the wgmma loop (its form from 2,048 rows, forced here): its plain bf16 rows from the same pass.
+      const auto [r_rg, o_rg] = run("combine", path, out_is_delta, "fused", "gemm");
+      const auto [r_rgs, o_rgs] = run("combine", path, out_is_delta, "separate", "gemm");
+      EXPECT_EQ(r_rg, r_rgs) << "resid, norm rows, router gemm, T=" << T << " " << path;
+      EXPECT_EQ(o_rg, o_rgs) << "out, norm rows, router gemm, T=" << T << " " << path;
+      EXPECT_LT(test::nmse(o_rg.data(), cpu_out.data(), cpu_out.size()), kNmse) << path << " router gemm T=" << T;
       const double er = test::nmse(r_comb.data(), cpu_resid.data(), cpu_resid.size());
       const double eo = test::nmse(o_comb.data(), cpu_out.data(), cpu_out.size());
       std::printf("moe_residual %s, T=%d: resid NMSE %.3e, out NMSE %.3e against the CPU\n", path, T, er, eo);

@@ -1,7 +1,8 @@
 // rmsnorm_xbf_q4 (gemm_wg.h: the RMSNorm computed straight into the exact-code GEMM's input rows) against the two
 // launches it replaces, rmsnorm (or add_rmsnorm) then to_xbf_q4: every byte of the rows' workspace (hi, lo, the
-// 64-wide sums, the q4b sums' bf16 pieces and their padding), the normed fp32 rows and the residual, bit for bit,
-// in each row form (q4, q4b, q4h), at the model's width and at awkward ones. Also the rows against the CPU's
+// 64-wide sums, the q4b sums' bf16 pieces and their padding), the plain bf16 hi/lo rows against to_xbf's, the
+// normed fp32 rows and the residual, bit for bit, in each row form (q4, q4b, q4h), at the model's width and at
+// awkward ones. Also the rows against the CPU's
 // rmsnorm, so that a bug shared by both GPU paths (e.g. in the conversion they share) still fails.
 #include <gtest/gtest.h>
 
@@ -87,26 +88,35 @@ void run_case(int64_t rows, int64_t K, const Form& form, bool with_resid) {
     xn[i] = test::nan_filled(*gpu, rows, K);
     resid[i] = test::upload_f32(*gpu, x, {rows, K});
   }
-  cuda::X16 out[2];
-  for (int i = 0; i < 2; ++i) out[i] = cuda::xbf_carve(ws[i].data, rows, K, true, form.half, form.bias_mma);
+  cuda::X16 out[2], plain[2];
+  Tensor pws[2];
+  for (int i = 0; i < 2; ++i) {
+    out[i] = cuda::xbf_carve(ws[i].data, rows, K, true, form.half, form.bias_mma);
+    pws[i] = gpu->alloc(DType::U8, {int64_t(bytes)});
+    gpu->copy(pws[i], Tensor(const_cast<uint8_t*>(fill.data()), DType::U8, {int64_t(bytes)}));
+    plain[i] = cuda::xbf_carve(pws[i].data, rows, K);  // to_xbf's plain bf16 hi/lo rows (another GEMM's input)
+  }
   const int R = static_cast<int>(rows), D = static_cast<int>(K);
   // Path 0: the two launches. Path 1: the fused one.
   if (with_resid) {
     cuda::add_rmsnorm(c, resid[0].ptr<float>(), dd.ptr<float>(), xn[0].ptr<float>(), dw.ptr<float>(), R, D, eps);
     cuda::rmsnorm_xbf_q4(c, nullptr, resid[1].ptr<float>(), dd.ptr<float>(), dw.ptr<float>(), eps,
-                         xn[1].ptr<float>(), rows, K, out[1]);
+                         xn[1].ptr<float>(), rows, K, out[1], &plain[1]);
   } else {
     cuda::rmsnorm(c, xn[0].ptr<float>(), dx.ptr<float>(), dw.ptr<float>(), R, D, eps);
     cuda::rmsnorm_xbf_q4(c, dx.ptr<float>(), nullptr, nullptr, dw.ptr<float>(), eps, xn[1].ptr<float>(), rows, K,
-                         out[1]);
+                         out[1], &plain[1]);
   }
   cuda::to_xbf_q4(c, xn[0].ptr<float>(), rows, K, out[0]);
+  cuda::to_xbf(c, xn[0].ptr<float>(), rows, K, plain[0]);
   ASSERT_EQ(cudaStreamSynchronize(c.stream), cudaSuccess);
 
   const auto b0 = download_bytes(*gpu, ws[0]), b1 = download_bytes(*gpu, ws[1]);
   size_t diff = 0;
   for (size_t i = 0; i < bytes; ++i) diff += b0[i] != b1[i];
   EXPECT_EQ(diff, 0u) << "bytes of the rows' workspace differ from rmsnorm + to_xbf_q4";
+  const auto p0 = download_bytes(*gpu, pws[0]), p1 = download_bytes(*gpu, pws[1]);
+  EXPECT_TRUE(p0 == p1) << "plain rows differ from to_xbf's";
   const auto xn0 = test::download(*gpu, xn[0]), xn1 = test::download(*gpu, xn[1]);
   EXPECT_TRUE(test::same_bits(xn0, xn1)) << "normed rows";
   if (with_resid) {
@@ -183,6 +193,8 @@ TEST(CudaNormRows, Refusals) {
   const cuda::X16 plain = cuda::xbf_carve(buf.data, 4, 128, false);
   EXPECT_THROW(cuda::rmsnorm_xbf_q4(c, p, nullptr, nullptr, p, 1e-6f, nullptr, 4, 128, plain), std::exception)
       << "rows not carved for the exact-code loop";
+  EXPECT_THROW(cuda::rmsnorm_xbf_q4(c, p, nullptr, nullptr, p, 1e-6f, nullptr, 4, 128, rows, &rows), std::exception)
+      << "plain rows carved for the exact-code loop";
 }
 
 }  // namespace
