@@ -45,6 +45,53 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(r);
 }
 
+// The norm weights of an RMSNorm block's threads (the layout of norm_row_load; zeros past the row): constant weights,
+// so they may be requested before the PDL wait.
+template <int VPT, int NT>
+__device__ __forceinline__ void norm_weights_load(const float* __restrict__ w, int D, float4 (&wv)[VPT]) {
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int i = threadIdx.x + v * NT;
+    wv[v] = i < D / 4 ? __ldg(reinterpret_cast<const float4*>(w) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+// One float4 of a normed row: x inv w, in that order.
+__device__ __forceinline__ float4 norm_apply(float4 x, float inv, float4 w) {
+  return make_float4(x.x * inv * w.x, x.y * inv * w.y, x.z * inv * w.z, x.w * inv * w.w);
+}
+
+// The row of an RMSNorm block (NT threads per row, VPT float4s per thread, D / 4 of them in all, 16-byte aligned):
+// x's row r, or resid + delta written back to resid (x unused), into xv (threads past the row keep theirs unset);
+// returns 1 / rms(row) with eps. Shared by the norm kernels (elementwise.cu rmsnorm_vec_kernel, gemm_wg.cu
+// rmsnorm_xbf_q4_kernel), whose rows must have the same bits. Reads the row: call it after the PDL wait.
+template <int VPT, int NT>
+__device__ __forceinline__ float norm_row_load(const float* x, float* resid, const float* delta, int64_t r, int D,
+                                               float eps, float4 (&xv)[VPT], float* red) {
+  const int n4 = D / 4;
+  float ss = 0.0f;
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int i = threadIdx.x + v * NT;
+    if (i < n4) {
+      float4 a;
+      if (resid) {
+        float4* rr = reinterpret_cast<float4*>(resid + r * D);
+        const float4 b = reinterpret_cast<const float4*>(delta + r * D)[i];
+        a = rr[i];
+        a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        rr[i] = a;
+      } else {
+        a = reinterpret_cast<const float4*>(x + r * D)[i];
+      }
+      xv[v] = a;
+      ss += sum_sq4(a);
+    }
+  }
+  ss = block_sum(ss, red);
+  return rsqrtf(ss / float(D) + eps);
+}
+
 // Named hardware barrier ID (1..15; 0 is __syncthreads) of `threads` threads (a multiple of 32): only the warps that
 // take part wait, so that another warp of the block can run other work meanwhile. The ID is an immediate, so that
 // ptxas reserves only the barriers used.

@@ -86,41 +86,15 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_vec_kernel(float* __restrict
   const int n4 = D / 4;
   const int64_t r = blockIdx.x;
   float4 wv[VPT], xv[VPT];
-#pragma unroll
-  for (int v = 0; v < VPT; ++v) {
-    const int i = threadIdx.x + v * kThreads;
-    wv[v] = i < n4 ? __ldg(reinterpret_cast<const float4*>(w) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  norm_weights_load<VPT, kThreads>(w, D, wv);
   pdl_wait();
   pdl_trigger();
-  float ss = 0.0f;
-#pragma unroll
-  for (int v = 0; v < VPT; ++v) {
-    const int i = threadIdx.x + v * kThreads;
-    if (i < n4) {
-      float4 a;
-      if (resid) {
-        float4* rr = reinterpret_cast<float4*>(resid + r * D);
-        const float4 b = reinterpret_cast<const float4*>(delta + r * D)[i];
-        a = rr[i];
-        a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        rr[i] = a;
-      } else {
-        a = reinterpret_cast<const float4*>(x + r * D)[i];
-      }
-      xv[v] = a;
-      ss += sum_sq4(a);
-    }
-  }
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / float(D) + eps);
+  const float inv = norm_row_load<VPT, kThreads>(x, resid, delta, r, D, eps, xv, red);
   float4* o = reinterpret_cast<float4*>(out + r * D);
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
     const int i = threadIdx.x + v * kThreads;
-    if (i < n4)
-      o[i] = make_float4(xv[v].x * inv * wv[v].x, xv[v].y * inv * wv[v].y, xv[v].z * inv * wv[v].z,
-                         xv[v].w * inv * wv[v].w);
+    if (i < n4) o[i] = norm_apply(xv[v], inv, wv[v]);
   }
 }
 

@@ -133,8 +133,8 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, 
 }
 
 // rmsnorm (optionally of resid + delta, written back to resid) straight into the exact-code loop's rows: one block
-// per row. The norm runs exactly as rmsnorm_vec_kernel<VPT> (elementwise.cu: the same float4 per thread, the same
-// sum of squares and block reduction, out = x * inv * w), the normed row goes through shared memory to the chunk
+// per row. The norm runs exactly as rmsnorm_vec_kernel<VPT> (elementwise.cu; both through cuda_util.cuh's
+// norm_weights_load, norm_row_load and norm_apply), the normed row goes through shared memory to the chunk
 // layout, and each chunk is converted as to_xbf_q4 converts it: the same bits as rmsnorm, then to_xbf_q4, without
 // the fp32 row's write and re-read and one launch. xn (may be null) receives the normed row as well, and phi / plo
 // (may be null) its plain bf16 hi / lo rows (as to_xbf writes them, for a GEMM on the other loops).
@@ -149,40 +149,15 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_xbf_q4_kernel(const floa
   const int n4 = K / 4;
   const int64_t r = blockIdx.x;
   float4 wv[VPT], xv[VPT];
-#pragma unroll
-  for (int v = 0; v < VPT; ++v) {
-    const int i = threadIdx.x + v * kNormThreads;
-    wv[v] = i < n4 ? __ldg(reinterpret_cast<const float4*>(w) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  norm_weights_load<VPT, kNormThreads>(w, K, wv);
   pdl_wait();
   pdl_trigger();
-  float ss = 0.0f;
+  const float inv = norm_row_load<VPT, kNormThreads>(x, resid, delta, r, K, eps, xv, red);
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
     const int i = threadIdx.x + v * kNormThreads;
     if (i < n4) {
-      float4 a;
-      if (resid) {
-        float4* rr = reinterpret_cast<float4*>(resid + r * K);
-        const float4 b = reinterpret_cast<const float4*>(delta + r * K)[i];
-        a = rr[i];
-        a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        rr[i] = a;
-      } else {
-        a = reinterpret_cast<const float4*>(x + r * K)[i];
-      }
-      xv[v] = a;
-      ss += sum_sq4(a);
-    }
-  }
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / float(K) + eps);
-#pragma unroll
-  for (int v = 0; v < VPT; ++v) {
-    const int i = threadIdx.x + v * kNormThreads;
-    if (i < n4) {
-      const float4 ov = make_float4(xv[v].x * inv * wv[v].x, xv[v].y * inv * wv[v].y, xv[v].z * inv * wv[v].z,
-                                    xv[v].w * inv * wv[v].w);
+      const float4 ov = norm_apply(xv[v], inv, wv[v]);
       reinterpret_cast<float4*>(row_s)[i] = ov;
       if (xn != nullptr) reinterpret_cast<float4*>(xn + r * K)[i] = ov;
       if (phi != nullptr)

@@ -306,6 +306,24 @@ TEST(CudaLinearMulti, ContiguousTable) {
   EXPECT_THROW(run_table("contig refused", {{8192, 4}, {4096, 4}}, 2048, 64, 1, {true, false}), std::exception);
 }
 
+// A table's input norm: weights around 1 (as trained RMSNorm weights are; seed), the CPU's normed rows of x, and the
+// device copies (weights; room for the normed rows).
+struct NormSetup {
+  std::vector<float> nw, xn_ref;
+  Tensor dnw, dxn;
+  float eps = 1e-6f;
+};
+NormSetup norm_setup(GpuTable& tb, int64_t in, int T, uint64_t seed) {
+  NormSetup n;
+  n.nw = test::randn(size_t(in), seed, 0.3f);
+  for (float& v : n.nw) v += 1.0f;
+  n.xn_ref.resize(size_t(T * in));
+  tb.cpu->rmsnorm(test::host_f32(n.xn_ref, {T, in}), test::host_f32(tb.x, {T, in}), test::host_f32(n.nw, {in}), n.eps);
+  n.dnw = test::upload_f32(*tb.gpu, n.nw, {in});
+  n.dxn = tb.gpu->alloc(DType::F32, {T, in});
+  return n;
+}
+
 // The input projections' GEMV against the normed row as three 8-bit digits per value (FERN_CUDA_GEMV_Q8=1; qdot.cuh
 // chunk_dot_q8: the digits' error is below 2^-17 of the row's scale max |x| / 127, an NMSE ~1e-13 expected against
 // kNmse's 1e-9; a wrong digit, layout or scale gives > 1e-3) on the real tables in one region, through the kernel and
@@ -320,13 +338,7 @@ void run_digits(const char* name, const std::vector<Mat>& mats, int T, bool via_
   ASSERT_TRUE(cuda::linear_multi_contiguous(q.data(), static_cast<int>(q.size())));
   x[5] *= outlier;
   dx = test::upload_f32(*gpu, x, {T, in});
-  auto nw = test::randn(size_t(in), 57, 0.3f);
-  for (float& v : nw) v += 1.0f;
-  const float eps = 1e-6f;
-  std::vector<float> xn_ref(size_t(T * in));
-  cpu->rmsnorm(test::host_f32(xn_ref, {T, in}), test::host_f32(x, {T, in}), test::host_f32(nw, {in}), eps);
-  Tensor dnw = test::upload_f32(*gpu, nw, {in});
-  Tensor dxn = gpu->alloc(DType::F32, {T, in});
+  auto [nw, xn_ref, dnw, dxn, eps] = norm_setup(tb, in, T, 57);
   std::vector<std::vector<float>> got[2];
   std::vector<float> xn[2];
   for (int q8 = 0; q8 < 2; ++q8) {
@@ -445,13 +457,7 @@ void run_gemm_norm_table(const char* name, const std::vector<Mat>& mats, int64_t
   SCOPED_TRACE(name);
   GpuTable tb(name, mats, in, 64, T, {4000, 19, 3}, 93 + uint64_t(in) + uint64_t(T));
   auto& [gpu, cpu, st, hw, dw, x, dx, outs, ws, q, ys] = tb;
-  auto nw = test::randn(size_t(in), 58 + uint64_t(in), 0.3f);
-  for (float& v : nw) v += 1.0f;
-  const float eps = 1e-6f;
-  std::vector<float> xn_ref(size_t(T * in));
-  cpu->rmsnorm(test::host_f32(xn_ref, {T, in}), test::host_f32(x, {T, in}), test::host_f32(nw, {in}), eps);
-  Tensor dnw = test::upload_f32(*gpu, nw, {in});
-  Tensor dxn = gpu->alloc(DType::F32, {T, in});
+  auto [nw, xn_ref, dnw, dxn, eps] = norm_setup(tb, in, T, 58 + uint64_t(in));
   std::vector<std::vector<float>> got[2];
   for (int fused = 1; fused >= 0; --fused) {
     test::EnvGuard sw("FERN_CUDA_NORM_ROWS", fused ? "fused" : "separate");
