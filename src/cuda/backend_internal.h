@@ -1,6 +1,9 @@
 // Helpers shared by the files that implement CudaBackend's ops (cuda_backend.cpp and the backend_*_decode.cpp /
 // backend_*_prefill.cpp files, which keep the one-token and the multi-row paths of each block apart).
 #pragma once
+#include <span>
+#include <vector>
+
 #include "core/error.h"
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/qweight.h"
@@ -24,6 +27,20 @@ inline float* f32(const Tensor& t, const char* what) {
   FERN_CHECK(t.dtype == DType::F32 && t.device == Device::Cuda, "{}: expected an F32 tensor on the GPU, got {} on {}",
              what, dtype_name(t.dtype), t.device == Device::Cuda ? "GPU" : "host");
   return t.ptr<float>();
+}
+
+// The outputs of a multi-matrix op as the kernels take them: output i [T, ws[i].out], F32 on the GPU (checked; `op`
+// names the op in the errors).
+inline std::vector<float*> out_rows(std::span<const Tensor> outs, std::span<const LinearWeight* const> ws, int64_t T,
+                                    const char* op) {
+  std::vector<float*> ys;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const LinearWeight& w = *ws[i];
+    FERN_CHECK(outs[i].dim(-1) == w.out && outs[i].numel() == T * w.out, "{} {}: out {} for {} rows of [{}, {}]", op,
+               w.name, outs[i].shape_str(), T, w.out, w.in);
+    ys.push_back(f32(outs[i], op));
+  }
+  return ys;
 }
 
 inline CudaState& cuda_state(SequenceState& s) {

@@ -27,7 +27,7 @@ void CudaBackend::rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, T
   const int head_form =
       ws.size() == 1 ? env_choice("FERN_CUDA_HEAD_NORM", {"launch", "multi", "fold", "fold-multi"}, 0) : 0;
   // Several rows (prefill): the norm computed straight into the exact-code GEMM's rows where that GEMM takes them.
-  if (x.numel() > D && norm_rows_(outs, x, norm_w, eps, ws)) return;
+  if (x.numel() > D && norm_rows_(outs, x, norm_w, eps, ws, q)) return;
   if (ws.size() == 1 && (!fold || head_form == 0)) {
     rmsnorm(xn, x, norm_w, eps);
     linear(outs[0], xn, *ws[0]);
@@ -37,13 +37,7 @@ void CudaBackend::rmsnorm_linear_multi(std::span<const Tensor> outs, Tensor x, T
     Backend::rmsnorm_linear_multi(outs, x, norm_w, eps, xn, ws);
     return;
   }
-  std::vector<float*> ys;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const LinearWeight& w = *ws[i];
-    FERN_CHECK(outs[i].dim(-1) == w.out && outs[i].numel() == w.out, "rmsnorm_linear_multi {}: out {} for [{}, {}]",
-               w.name, outs[i].shape_str(), w.out, w.in);
-    ys.push_back(f32(outs[i], "rmsnorm_linear_multi out"));
-  }
+  const std::vector<float*> ys = out_rows(outs, ws, 1, "rmsnorm_linear_multi");
   join_side();
   // One matrix (the final norm and lm_head) under another FERN_CUDA_HEAD_NORM form, for comparisons
   // (docs/notes/cuda-decode-v25-lm-head-split.md): multi (rmsnorm, then the multi-matrix kernel), fold (the norm

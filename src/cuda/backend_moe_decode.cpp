@@ -178,7 +178,7 @@ void CudaBackend::moe_residual(Tensor resid, Tensor delta, Tensor xn, Tensor nor
     const MoeInNorm nm{f32(resid, "moe_residual resid"), f32(delta, "moe_residual delta"),
                        f32(norm_w, "moe_residual norm"), eps};
     bool added = false;
-    with_released_scratch([&] { added = moe_prefill_(out, xn, w, cfg, nm.resid, &nm); });
+    with_released_scratch([&] { added = moe_prefill_(out, xn, w, cfg, &nm); });
     if (!added) add(resid, resid, out);
     return;
   }

@@ -121,7 +121,7 @@ void group_on_host(cudaStream_t stream, const int32_t* d_ids, int T, int k, int 
 
 }  // namespace
 
-bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg, float* resid,
+bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg,
                                const MoeInNorm* norm) {
   const int T = static_cast<int>(x.dim(0));
   const int k = cfg.num_experts_per_tok;
@@ -134,8 +134,9 @@ bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   s.topk_ids = scratch(DType::I32, {T, k}).ptr<int32_t>();
   s.topk_w = scratch(DType::F32, {T, k}).ptr<float>();
   s.sgate = scratch(DType::F32, {T}).ptr<float>();
-  const float* xp = f32(x, "moe x");
+  float* const xp = f32(x, "moe x");  // written here too when the block computes its input (norm)
   float* op = f32(out, "moe out");
+  float* const resid = norm != nullptr ? norm->resid : nullptr;  // resid += out in the combine's pass
 
   const bool grouped =
       env_choice("FERN_MOE_PATH", {"grouped", "rows"}, 0) == 0 && cuda::moe_grouped_ok(gate, up, down, sgate, sup, sdown);
@@ -158,21 +159,21 @@ bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
   const cuda::QW router = cuda::make_qw(w.router), seg = cuda::make_qw(w.shared_expert_gate);
   const RouterForm rf = router_form(T);
   const bool router_gemm = rf == RouterForm::Gemm && router.experts == 0 && cuda::moe_route_topk_ok(router.out, k);
+  // Rows of n x K for the wgmma loops in scratch: the exact-code loop's (q4, in the pipe's form) or plain bf16 hi/lo.
+  auto xbf_rows = [&](int64_t n, int64_t K, bool q4) {
+    void* ws = scratch(DType::F32, {int64_t((cuda::xbf_bytes(n, K) + 3) / 4)}).data;
+    return cuda::xbf_carve(ws, n, K, q4, pipe == cuda::WgPipe::Q4h, pipe == cuda::WgPipe::Q4b);
+  };
   std::optional<cuda::X16> x_rows, router_rows;
   if (norm != nullptr) {
-    float* xw = f32(x, "moe x");
     if (grouped && q4_gate_up && cuda::rmsnorm_xbf_q4_ok(H) &&
         env_choice("FERN_CUDA_NORM_ROWS", {"fused", "separate"}, 0) == 0) {
-      void* ws = scratch(DType::F32, {int64_t((cuda::xbf_bytes(T, H) + 3) / 4)}).data;
-      x_rows = cuda::xbf_carve(ws, T, H, true, pipe == cuda::WgPipe::Q4h, pipe == cuda::WgPipe::Q4b);
-      if (router_gemm && cuda::linear_gemm_takes_plain_rows(router, T)) {
-        void* rws = scratch(DType::F32, {int64_t((cuda::xbf_bytes(T, H) + 3) / 4)}).data;
-        router_rows = cuda::xbf_carve(rws, T, H);
-      }
-      cuda::rmsnorm_xbf_q4(ctx(), nullptr, norm->resid, norm->delta, norm->w, norm->eps, xw, T, H, *x_rows,
+      x_rows = xbf_rows(T, H, true);
+      if (router_gemm && cuda::linear_gemm_takes_plain_rows(router, T)) router_rows = xbf_rows(T, H, false);
+      cuda::rmsnorm_xbf_q4(ctx(), nullptr, norm->resid, norm->delta, norm->w, norm->eps, xp, T, H, *x_rows,
                            router_rows ? &*router_rows : nullptr);
     } else {
-      cuda::add_rmsnorm(ctx(), norm->resid, norm->delta, xw, norm->w, T, static_cast<int>(H), norm->eps);
+      cuda::add_rmsnorm(ctx(), norm->resid, norm->delta, xp, norm->w, T, static_cast<int>(H), norm->eps);
     }
   }
 
@@ -240,11 +241,11 @@ bool CudaBackend::moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const 
     // converted once the same way, down (docs/notes/cuda-prefill-v3-gemm.md, cuda-prefill-v4-wg.md).
     const bool precise = mode == cuda::GemmMode::Fp16x2;
     auto rows = [&](const float* src, int64_t n, int64_t K, bool q4) {
-      const size_t bytes = wg ? cuda::xbf_bytes(n, K) : cuda::x16_bytes(n, K, precise);
-      void* ws = scratch(DType::F32, {int64_t((bytes + 3) / 4)}).data;
-      const cuda::X16 r =
-          wg ? cuda::xbf_carve(ws, n, K, q4, pipe == cuda::WgPipe::Q4h, pipe == cuda::WgPipe::Q4b)
-             : cuda::x16_carve(ws, n, K, precise);
+      cuda::X16 r;
+      if (wg)
+        r = xbf_rows(n, K, q4);
+      else
+        r = cuda::x16_carve(scratch(DType::F32, {int64_t((cuda::x16_bytes(n, K, precise) + 3) / 4)}).data, n, K, precise);
       if (q4)
         cuda::to_xbf_q4(ctx(), src, n, K, r);
       else if (wg)

@@ -352,6 +352,16 @@ void CudaBackend::with_gemm_ws(cuda::Ctx& c, const cuda::QW& q, int T, F&& op) {
   if (!branches_) arena_->release(m);
 }
 
+namespace {
+// The matrix of a multi-matrix op whose GEMM workspace the op takes: the first that takes the tensor-core kernel at T
+// rows, else the last (they share the input width).
+size_t gemm_matrix(const std::vector<cuda::QW>& q, int T) {
+  size_t wi = 0;
+  while (wi + 1 < q.size() && !cuda::linear_gemm_wins(q[wi], T)) ++wi;
+  return wi;
+}
+}  // namespace
+
 // One launch over the concatenated rows when the weights share a format and width (the GDN input projections,
 // q/k/v); otherwise one linear() after another.
 void CudaBackend::linear_multi(std::span<const Tensor> outs, Tensor x, std::span<const LinearWeight* const> ws) {
@@ -362,19 +372,14 @@ void CudaBackend::linear_multi(std::span<const Tensor> outs, Tensor x, std::span
     Backend::linear_multi(outs, x, ws);
     return;
   }
+  // linear_multi_ok: the matrices share their width.
+  FERN_CHECK(x.dim(-1) == ws[0]->in, "linear_multi {}: x {} for [{}, {}]", ws[0]->name, x.shape_str(), ws[0]->out,
+             ws[0]->in);
   const int64_t T = x.numel() / ws[0]->in;
-  std::vector<float*> ys;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const LinearWeight& w = *ws[i];
-    FERN_CHECK(x.dim(-1) == w.in && outs[i].dim(-1) == w.out && outs[i].numel() / w.out == T,
-               "linear_multi {}: x {} out {} for [{}, {}]", w.name, x.shape_str(), outs[i].shape_str(), w.out, w.in);
-    ys.push_back(f32(outs[i], "linear_multi out"));
-  }
+  const std::vector<float*> ys = out_rows(outs, ws, T, "linear_multi");
   join_side();
   cuda::Ctx c = ctx();
-  size_t wi = 0;  // a matrix that takes the tensor-core kernel, if any (they share the input width)
-  while (wi + 1 < q.size() && !cuda::linear_gemm_wins(q[wi], static_cast<int>(T))) ++wi;
-  with_gemm_ws(c, q[wi], static_cast<int>(T), [&] {
+  with_gemm_ws(c, q[gemm_matrix(q, static_cast<int>(T))], static_cast<int>(T), [&] {
     cuda::linear_multi(c, q.data(), f32(x, "linear_multi x"), ys.data(), static_cast<int>(q.size()),
                        static_cast<int>(T));
   });
@@ -385,27 +390,17 @@ void CudaBackend::linear_multi(std::span<const Tensor> outs, Tensor x, std::span
 // same bits either way; the fp32 normed rows are not written (xn is left as it was). Measured on the H200:
 // docs/notes/cuda-prefill-v31-norm-rows.md. False: not taken, nothing launched.
 bool CudaBackend::norm_rows_(std::span<const Tensor> outs, Tensor x, Tensor norm_w, float eps,
-                             std::span<const LinearWeight* const> ws) {
+                             std::span<const LinearWeight* const> ws, const std::vector<cuda::QW>& q) {
   const int64_t D = x.dim(-1), T = x.numel() / D;
-  std::vector<cuda::QW> q;
-  for (const LinearWeight* w : ws) q.push_back(cuda::make_qw(*w));
   if (T < 2 || x.dtype != DType::F32 || norm_w.numel() != D || ws.empty() || ws[0]->in != D ||
       env_choice("FERN_CUDA_NORM_ROWS", {"fused", "separate"}, 0) != 0 ||
       !cuda::linear_multi_ok(q.data(), static_cast<int>(q.size())))
     return false;
-  std::vector<float*> ys;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const LinearWeight& w = *ws[i];
-    FERN_CHECK(outs[i].dim(-1) == w.out && outs[i].numel() == T * w.out,
-               "rmsnorm_linear_multi {}: out {} for {} rows of [{}, {}]", w.name, outs[i].shape_str(), T, w.out, w.in);
-    ys.push_back(f32(outs[i], "rmsnorm_linear_multi out"));
-  }
+  const std::vector<float*> ys = out_rows(outs, ws, T, "rmsnorm_linear_multi");
   join_side();
   cuda::Ctx c = ctx();
-  size_t wi = 0;  // a matrix that takes the tensor-core kernel, if any (as linear_multi picks it)
-  while (wi + 1 < q.size() && !cuda::linear_gemm_wins(q[wi], static_cast<int>(T))) ++wi;
   bool done = false;
-  with_gemm_ws(c, q[wi], static_cast<int>(T), [&] {
+  with_gemm_ws(c, q[gemm_matrix(q, static_cast<int>(T))], static_cast<int>(T), [&] {
     done = cuda::linear_gemm_multi_norm(c, q.data(), f32(x, "rmsnorm_linear_multi x"),
                                         f32(norm_w, "rmsnorm_linear_multi norm"), eps, ys.data(),
                                         static_cast<int>(q.size()), static_cast<int>(T));

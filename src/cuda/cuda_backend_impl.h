@@ -138,7 +138,7 @@ class CudaBackend : public Backend {
   // Several rows of rmsnorm_linear_multi with the norm inside the GEMM's input conversion (cuda_backend.cpp);
   // false: not taken, nothing launched.
   bool norm_rows_(std::span<const Tensor> outs, Tensor x, Tensor norm_w, float eps,
-                  std::span<const LinearWeight* const> ws);
+                  std::span<const LinearWeight* const> ws, const std::vector<cuda::QW>& q);
   // y [T, q.out] = x q^T on this context's stream by cuda::linear, with the prefill GEMM's workspace (with_gemm_ws).
   void linear_rows(cuda::Ctx c, const cuda::QW& q, const float* x, float* y, int T);
   // The one-token (decode, T == 1) and multi-row (prefill) paths of the blocks, each in its own file
@@ -152,18 +152,17 @@ class CudaBackend : public Backend {
   void attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
                      SequenceState& state, int layer);
   void moe_decode_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg);
-  // resid (or nullptr): resid += out in the combine's pass (moe_residual); returns whether it was added (the
-  // row-by-row path has no combine and leaves it to the caller).
-  // norm (or nullptr): the input from the residual, resid += delta and x = rmsnorm(resid) * w (written to x), computed
-  // by moe_prefill_ itself (where it can, straight into the GEMM's input rows too: cuda::rmsnorm_xbf_q4).
+  // norm (or nullptr; moe_residual): the block on the residual stream. Its input, resid += delta and x =
+  // rmsnorm(resid) * w (written to x), computed by moe_prefill_ itself (where it can, straight into the GEMM's input
+  // rows too: cuda::rmsnorm_xbf_q4), and resid += out in the combine's pass. Returns whether that last add was done
+  // (the row-by-row path has no combine and leaves it to the caller).
   struct MoeInNorm {
     float* resid;
     const float* delta;
     const float* w;
     float eps;
   };
-  bool moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg, float* resid = nullptr,
-                    const MoeInNorm* norm = nullptr);
+  bool moe_prefill_(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg, const MoeInNorm* norm = nullptr);
   void moe_checks_(const MoeWeights& w, const ModelConfig& cfg) const;
   // The one-launch MoE of one token (backend_moe_decode.cpp); with `norm` it also computes its input. False: not
   // taken (formats, shapes, FERN_CUDA_MOE_FUSED=0), nothing launched.

@@ -177,12 +177,21 @@ bool wg_path(const Ctx& c, const QW& w, int T) {
   return c.gemm_wg && linear_gemm_wg_ok(w) && c.gemm_ws != nullptr && c.gemm_ws_bytes >= xbf_bytes(T, w.in);
 }
 
+// Whether the wgmma loop runs w on the exact-code loop's rows (the pipe and the format take it), else on plain bf16
+// hi/lo rows.
+bool takes_q4_rows(const QW& w) { return gemm_pipe_q4(gemm_wg_pipe()) && gemm_q4_ok(w); }
+
+// T rows of width K in the context's workspace: the exact-code loop's (q4, in the pipe's form) or plain.
+X16 workspace_rows(const Ctx& c, int T, int64_t K, bool q4) {
+  const WgPipe pipe = gemm_wg_pipe();
+  return xbf_carve(c.gemm_ws, T, K, q4, pipe == WgPipe::Q4h, pipe == WgPipe::Q4b);
+}
+
 // x converted once into the workspace (the exact-code loop's rows where the pipe and format take it, else bf16
 // hi/lo rows), then one launch of the wgmma loop over the n matrices (one width and format).
 void wg_convert_and_launch(const Ctx& c, const QW* ws, const float* x, float* const* ys, int n, int T) {
-  const WgPipe pipe = gemm_wg_pipe();
-  const bool q4 = gemm_pipe_q4(pipe) && gemm_q4_ok(ws[0]);
-  const X16 xs = xbf_carve(c.gemm_ws, T, ws[0].in, q4, pipe == WgPipe::Q4h, pipe == WgPipe::Q4b);
+  const bool q4 = takes_q4_rows(ws[0]);
+  const X16 xs = workspace_rows(c, T, ws[0].in, q4);
   (q4 ? to_xbf_q4 : to_xbf)(c, x, T, ws[0].in, xs);
   linear_gemm_wg_multi(c, ws, ys, n, xs, T);
 }
@@ -235,17 +244,18 @@ bool linear_gemm_multi(const Ctx& c, const QW* ws, const float* x, float* const*
 }
 
 bool linear_gemm_takes_plain_rows(const QW& w, int T) {
-  return gemm_mode() == GemmMode::Wg && gemm_wg_supported() && linear_gemm_wins(w, T) && gemm_f16_format_ok(w) &&
-         linear_gemm_wg_ok(w) && !(gemm_pipe_q4(gemm_wg_pipe()) && gemm_q4_ok(w));
+  // with_gemm_ws's workspace for the wgmma loop (gemm_mode() is Wg only where that loop runs), linear()'s GEMM, and
+  // wg_convert_and_launch's plain rows.
+  return gemm_mode() == GemmMode::Wg && linear_gemm_wins(w, T) && gemm_f16_format_ok(w) && linear_gemm_wg_ok(w) &&
+         !takes_q4_rows(w);
 }
 
 bool linear_gemm_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps,
                             float* const* ys, int n, int T) {
-  const WgPipe pipe = gemm_wg_pipe();
-  if (!wg_multi_ok(c, ws, n, T) || !gemm_pipe_q4(pipe) || !gemm_q4_ok(ws[0]) || !rmsnorm_xbf_q4_ok(ws[0].in) ||
-      !aligned16(x) || !aligned16(norm_w))
+  if (!wg_multi_ok(c, ws, n, T) || !takes_q4_rows(ws[0]) || !rmsnorm_xbf_q4_ok(ws[0].in) || !aligned16(x) ||
+      !aligned16(norm_w))
     return false;
-  const X16 xs = xbf_carve(c.gemm_ws, T, ws[0].in, true, pipe == WgPipe::Q4h, pipe == WgPipe::Q4b);
+  const X16 xs = workspace_rows(c, T, ws[0].in, true);
   rmsnorm_xbf_q4(c, x, nullptr, nullptr, norm_w, eps, nullptr, T, ws[0].in, xs);
   linear_gemm_wg_multi(c, ws, ys, n, xs, T);
   return true;
