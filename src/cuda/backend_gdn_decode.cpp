@@ -1,7 +1,8 @@
 // Gated DeltaNet core for one token (decode). gdn_decode_ (through gdn_core, whose shapes it has checked): the step
 // kernel, then the gated norm kernel (gdn.cu). gdn_core_linear, the path of the forward pass: the step kernel writes
 // the raw delta-rule output and the out_proj GEMV applies the gated norm while staging it (linear.cu,
-// linear_gated_norm), so the norm costs no launch and no round trip at the end of the step kernel.
+// linear_gated_norm), so the norm costs no launch and no round trip at the end of the step kernel. For prompt rows
+// gdn_prefill_linear_ (cuda_backend.cpp) computes the norm straight into out_proj's GEMM rows instead.
 #include "cuda/backend_internal.h"
 
 namespace fern {
@@ -29,6 +30,7 @@ void CudaBackend::gdn_core_linear(Tensor out, Tensor y, Tensor mixed, Tensor z, 
   const bool fused = mixed.dim(0) == 1 && cuda::gdn_step_ok(sh) && cuda::linear_gated_norm_ok(wo, sh.Dv) &&
                      w.out_proj.in == V && w.norm_w.numel() == sh.Dv;
   if (!fused) {
+    if (mixed.dim(0) > 1 && gdn_prefill_linear_(out, y, mixed, z, b, a, w, cfg, state, layer)) return;
     Backend::gdn_core_linear(out, y, mixed, z, b, a, w, cfg, state, layer);  // gdn_core's checks, then linear
     return;
   }

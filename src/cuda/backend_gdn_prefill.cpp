@@ -32,7 +32,7 @@ Choice forced_choice() {
 }  // namespace
 
 void CudaBackend::gdn_prefill_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
-                               const ModelConfig& cfg, SequenceState& state, int layer) {
+                               const ModelConfig& cfg, SequenceState& state, int layer, bool norm) {
   CudaState& st = cuda_state(state);
   const int T = static_cast<int>(mixed.dim(0));
   const cuda::GdnShape sh = gdn_shape(cfg);
@@ -46,7 +46,8 @@ void CudaBackend::gdn_prefill_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tenso
     Tensor xc = scratch(DType::F32, {cuda::gdn_prefill_scratch_floats(sh, T, form)});
     cuda::gdn_prefill(ctx(0), sh, T, f32(mixed, "gdn mixed"), f32(z, "gdn z"), f32(b, "gdn b"), f32(a, "gdn a"),
                       f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"),
-                      f32(w.norm_w, "norm_w"), conv, rec, f32(y, "gdn y"), f32(xc, "gdn scratch"), form);
+                      norm ? f32(w.norm_w, "norm_w") : nullptr, conv, rec, f32(y, "gdn y"), f32(xc, "gdn scratch"),
+                      form);
   } else {
     const bool early = last_gdn_state_ != rec;
     // Rows are sequential through the state: one decode-step launch per row, then the gated norm of all rows.
@@ -54,7 +55,7 @@ void CudaBackend::gdn_prefill_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tenso
       cuda::gdn_step_raw(ctx(0), sh, t, f32(mixed, "gdn mixed"), f32(b, "gdn b"), f32(a, "gdn a"),
                          f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"), conv, rec,
                          f32(y, "gdn y"), early);
-    cuda::gdn_gated_norm(ctx(0), sh, T, f32(z, "gdn z"), f32(w.norm_w, "norm_w"), f32(y, "gdn y"));
+    if (norm) cuda::gdn_gated_norm(ctx(0), sh, T, f32(z, "gdn z"), f32(w.norm_w, "norm_w"), f32(y, "gdn y"));
   }
   last_gdn_state_ = rec;
 }

@@ -408,8 +408,43 @@ bool CudaBackend::norm_rows_(std::span<const Tensor> outs, Tensor x, Tensor norm
   return done;
 }
 
+// Several rows of gdn_core_linear: the gated norm computed straight into out_proj's exact-code rows
+// (FERN_CUDA_GATED_NORM_ROWS=fused, the default; separate: gdn_core, then linear, as before; read at every call), as
+// norm_rows_ does for the input norms. The same bits either way; y keeps the raw delta-rule outputs (its contents
+// afterwards are unspecified, ops/backend.h). False: not taken, nothing launched.
+bool CudaBackend::gdn_prefill_linear_(Tensor out, Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a,
+                                      const GdnWeights& w, const ModelConfig& cfg, SequenceState& state, int layer) {
+  const cuda::GdnShape sh = gdn_shape(cfg);
+  const int64_t T = mixed.dim(0), V = cfg.gdn_value_dim();
+  if (T < 2 || env_choice("FERN_CUDA_GATED_NORM_ROWS", {"fused", "separate"}, 0) != 0 ||
+      !cuda::gated_norm_xbf_q4_ok(sh.Hv, sh.Dv) || w.out_proj.in != V || w.norm_w.numel() != sh.Dv ||
+      z.dtype != DType::F32 || y.dtype != DType::F32 || out.dtype != DType::F32)
+    return false;
+  FERN_CHECK(out.dim(-1) == w.out_proj.out && out.numel() == T * w.out_proj.out && z.numel() == T * V,
+             "gdn_core_linear: out {} z {} for {} rows and out_proj [{}, {}]", out.shape_str(), z.shape_str(), T,
+             w.out_proj.out, w.out_proj.in);
+  gdn_core_(y, mixed, z, b, a, w, cfg, state, layer, /*norm=*/false);  // its checks, and the side stream joined
+  const cuda::QW wo = cuda::make_qw(w.out_proj);
+  cuda::Ctx c = ctx();
+  bool done = false;
+  with_gemm_ws(c, wo, static_cast<int>(T), [&] {
+    done = cuda::linear_gemm_gated_norm(c, wo, f32(y, "gdn y"), f32(z, "gdn z"), f32(w.norm_w, "norm_w"), sh.eps,
+                                        sh.Hv, sh.Dv, f32(out, "gdn out"), static_cast<int>(T));
+  });
+  if (!done) {  // out_proj not on the exact-code loop: the norm in place, then linear() as gdn_core_linear would
+    cuda::gdn_gated_norm(ctx(0), sh, static_cast<int>(T), f32(z, "gdn z"), f32(w.norm_w, "norm_w"), f32(y, "gdn y"));
+    linear(out, y, w.out_proj);
+  }
+  return true;
+}
+
 void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
                            const ModelConfig& cfg, SequenceState& state, int layer) {
+  gdn_core_(y, mixed, z, b, a, w, cfg, state, layer, /*norm=*/true);
+}
+
+void CudaBackend::gdn_core_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
+                            const ModelConfig& cfg, SequenceState& state, int layer, bool norm) {
   join_side();
   const cuda::GdnShape sh = gdn_shape(cfg);
   FERN_CHECK(mixed.dim(-1) == sh.conv_dim && z.dim(-1) == cfg.gdn_value_dim() && b.dim(-1) == sh.Hv &&
@@ -417,10 +452,12 @@ void CudaBackend::gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a,
              "gdn_core: shapes mixed {} z {} b {} a {} y {}", mixed.shape_str(), z.shape_str(), b.shape_str(),
              a.shape_str(), y.shape_str());
   FERN_CHECK(sh.Hk + sh.Hv <= kArgmaxCounterBase, "gdn_core: too many heads");
-  if (mixed.dim(0) == 1)
+  if (mixed.dim(0) == 1) {
+    FERN_CHECK(norm, "gdn_core: the one-token path always applies the gated norm");
     gdn_decode_(y, mixed, z, b, a, w, cfg, state, layer);
-  else
-    with_released_scratch([&] { gdn_prefill_(y, mixed, z, b, a, w, cfg, state, layer); });
+  } else {
+    with_released_scratch([&] { gdn_prefill_(y, mixed, z, b, a, w, cfg, state, layer, norm); });
+  }
 }
 
 void CudaBackend::attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,

@@ -146,7 +146,13 @@ class CudaBackend : public Backend {
   void gdn_decode_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
                    SequenceState& state, int layer);
   void gdn_prefill_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
-                    SequenceState& state, int layer);
+                    SequenceState& state, int layer, bool norm = true);
+  // gdn_core's checks and dispatch; norm false leaves y with the raw delta-rule outputs (a caller that applies the
+  // gated norm itself: gdn_prefill_linear_).
+  void gdn_core_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
+                 SequenceState& state, int layer, bool norm);
+  bool gdn_prefill_linear_(Tensor out, Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
+                           const ModelConfig& cfg, SequenceState& state, int layer);
   void attn_decode_(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
                     SequenceState& state, int layer);
   void attn_prefill_(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,

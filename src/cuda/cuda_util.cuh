@@ -160,6 +160,30 @@ __device__ __forceinline__ void pdl_trigger() {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
+// The gated RMSNorm of one value head of the GDN core's output (MODEL.md 2.4 step 9: rmsnorm(y) w silu(z)), by one
+// warp: o[m] receives element lane + 32 m (m < PER, Dv <= 32 PER; zero past Dv). Shared by gdn_gated_norm_kernel
+// (gdn.cu) and gated_norm_xbf_q4_kernel (gemm_wg.cu), whose rows must have the same bits. Reads y and z (plain
+// pointers: written by the previous kernel): call it after the PDL wait.
+template <int PER>
+__device__ __forceinline__ void gated_norm_head(const float* yr, const float* zr, const float* __restrict__ w, int Dv,
+                                                float eps, int lane, float (&o)[PER]) {
+  float zv[PER];
+  float ss = 0.0f;
+#pragma unroll
+  for (int m = 0; m < PER; ++m) {
+    const int c = lane + 32 * m;
+    o[m] = c < Dv ? yr[c] : 0.0f;
+    zv[m] = c < Dv ? zr[c] : 0.0f;
+    ss = fmaf(o[m], o[m], ss);
+  }
+  const float inv = rsqrtf(warp_sum(ss) / float(Dv) + eps);
+#pragma unroll
+  for (int m = 0; m < PER; ++m) {
+    const int c = lane + 32 * m;
+    if (c < Dv) o[m] = o[m] * inv * __ldg(w + c) * silu(zv[m]);
+  }
+}
+
 // sin and cos of the partial-RoPE angle of pair i (< rot / 2) at position pos. Every kernel that rotates q or k
 // (the prefill and decode preps, attn.cu; the fused decode prep, attn_decode_tc.cu) takes it from here, so that a
 // row rotated by any of them carries the same bits into the cache.

@@ -234,21 +234,12 @@ __global__ void __launch_bounds__(kNormWarps * 32) gdn_gated_norm_kernel(GdnShap
   if (hd >= heads) return;  // whole warps
   const int lane = threadIdx.x & 31, Dv = sh.Dv;
   float* yr = y + hd * Dv;
-  const float* zr = z + hd * Dv;
-  float o[kMaxDvPerLane], zv[kMaxDvPerLane];
-  float ss = 0.0f;
+  float o[kMaxDvPerLane];
+  gated_norm_head(yr, z + hd * Dv, norm_w, Dv, sh.eps, lane, o);
 #pragma unroll
   for (int m = 0; m < kMaxDvPerLane; ++m) {
     const int c = lane + 32 * m;
-    o[m] = c < Dv ? yr[c] : 0.0f;
-    zv[m] = c < Dv ? zr[c] : 0.0f;
-    ss = fmaf(o[m], o[m], ss);
-  }
-  const float inv = rsqrtf(warp_sum(ss) / float(Dv) + sh.eps);
-#pragma unroll
-  for (int m = 0; m < kMaxDvPerLane; ++m) {
-    const int c = lane + 32 * m;
-    if (c < Dv) yr[c] = o[m] * inv * __ldg(norm_w + c) * silu(zv[m]);
+    if (c < Dv) yr[c] = o[m];
   }
 }
 

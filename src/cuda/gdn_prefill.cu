@@ -396,7 +396,7 @@ void gdn_prefill(const Ctx& c, const GdnShape& sh, int T, const float* mixed, co
   } else {
     gdn_prefill_scan(c, sh, T, xc, b, a, A_log, dt_bias, state, y);
   }
-  gdn_prefill_norm(c, sh, T, z, norm_w, y);
+  if (norm_w != nullptr) gdn_prefill_norm(c, sh, T, z, norm_w, y);
 }
 
 }  // namespace fern::cuda

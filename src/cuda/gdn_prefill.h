@@ -24,7 +24,8 @@ int64_t gdn_prefill_scratch_floats(const GdnShape& sh, int T, GdnForm form = Gdn
 
 // Rows 0..T-1 of mixed [T, conv_dim], z [T, Hv*Dv], b and a [T, Hv]: conv with conv_state [kernel-1, conv_dim]
 // (F32, oldest first; updated to the chunk's last kernel-1 inputs), the delta rule on state [Hv, Dk, Dv] (F32,
-// updated once at the end), gated RMSNorm with z -> y [T, Hv*Dv]. xc: gdn_prefill_scratch_floats(sh, T, form)
+// updated once at the end), gated RMSNorm with z -> y [T, Hv*Dv] (norm_w null: y holds the raw delta-rule outputs,
+// for a caller that applies the gated norm itself, gemm_wg.h gated_norm_xbf_q4). xc: gdn_prefill_scratch_floats(sh, T, form)
 // floats, 16-byte aligned. Uses no counters. Launches are asynchronous on c.stream.
 void gdn_prefill(const Ctx& c, const GdnShape& sh, int T, const float* mixed, const float* z, const float* b,
                  const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,

@@ -179,6 +179,45 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_xbf_q4_kernel(const floa
   q4_bsum_pad(r, K, o, threadIdx.x, kNormThreads);
 }
 
+// The GDN core's gated norm (gdn_gated_norm_kernel's arithmetic, through cuda_util.cuh's gated_norm_head: the same
+// bits) straight into the exact-code loop's rows of the output projection's input, as rmsnorm_xbf_q4_kernel does for
+// the input norms: block (row, heads h0 .. h0 + kGnHeads - 1) normalises one head per warp into shared memory, then
+// converts its stretch of the row chunk by chunk as to_xbf_q4 would (Dv a multiple of 64: a stretch is whole groups).
+// The fp32 normed rows are never written nor read back.
+constexpr int kGnHeads = 8;
+constexpr int kGnPer = 8;  // elements per lane and head: Dv <= 256, as gdn_gated_norm_kernel
+template <bool H>
+__global__ void __launch_bounds__(32 * kGnHeads) gated_norm_xbf_q4_kernel(const float* y, const float* z,
+                                                                          const float* __restrict__ w, float eps,
+                                                                          int Hv, int Dv, Q4Rows o) {
+  __shared__ __align__(16) float row_s[kGnHeads * 32 * kGnPer];
+  pdl_wait();
+  pdl_trigger();
+  const int64_t r = blockIdx.x;
+  const int h0 = blockIdx.y * kGnHeads, nh = min(kGnHeads, Hv - h0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = Hv * Dv;
+  if (warp < nh) {
+    const int64_t off = r * K + int64_t(h0 + warp) * Dv;
+    float v[kGnPer];
+    gated_norm_head(y + off, z + off, w, Dv, eps, lane, v);
+#pragma unroll
+    for (int m = 0; m < kGnPer; ++m)
+      if (lane + 32 * m < Dv) row_s[warp * Dv + lane + 32 * m] = v[m];
+  }
+  __syncthreads();
+  const int first = h0 * Dv / 8, chunks = nh * Dv / 8;  // this block's chunks of the row
+  for (int c0 = warp * 32; c0 < chunks; c0 += 32 * kGnHeads) {  // warp-uniform bound: whole groups
+    const int c = c0 + lane;
+    float v[8] = {};
+    if (c < chunks) {
+      const float4 a = reinterpret_cast<const float4*>(row_s)[2 * c], b = reinterpret_cast<const float4*>(row_s)[2 * c + 1];
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+    q4_chunk<H>(v, c < chunks, r, K, first + c, o);
+  }
+  if (blockIdx.y == 0) q4_bsum_pad(r, K, o, threadIdx.x, 32 * kGnHeads);
+}
+
 // Writes 1 where the code was compiled with the wgmma instructions (sm_90a), 0 elsewhere.
 __global__ void wg_probe_kernel(int* out) { *out = FERN_HAS_WGMMA; }
 
@@ -318,6 +357,21 @@ void rmsnorm_xbf_q4(const Ctx& c, const float* x, float* resid, const float* del
   else
     launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, 4> : rmsnorm_xbf_q4_kernel<false, 4>, grid,
            kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out), phi, plo);
+}
+
+bool gated_norm_xbf_q4_ok(int Hv, int Dv) { return Hv > 0 && Dv > 0 && Dv % 64 == 0 && Dv <= 32 * kGnPer; }
+
+void gated_norm_xbf_q4(const Ctx& c, const float* y, const float* z, const float* w, float eps, int Hv, int Dv,
+                       int64_t rows, const X16& out) {
+  FERN_CU_CHECK(gated_norm_xbf_q4_ok(Hv, Dv), "gated_norm_xbf_q4: head width not a multiple of 64 up to 256");
+  const int64_t K = int64_t(Hv) * Dv;
+  check_q4_rows(K, out, "gated_norm_xbf_q4");
+  FERN_CU_CHECK(y != nullptr && z != nullptr && w != nullptr, "gated_norm_xbf_q4: no rows or no norm weight");
+  FERN_CU_CHECK(rows < (int64_t(1) << 31), "gated_norm_xbf_q4: too many rows");
+  if (rows <= 0) return;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((Hv + kGnHeads - 1) / kGnHeads));
+  launch(c, "gated_norm_xbf_q4_kernel", out.q4h() ? gated_norm_xbf_q4_kernel<true> : gated_norm_xbf_q4_kernel<false>,
+         grid, 32 * kGnHeads, 0, y, z, w, eps, Hv, Dv, q4_rows(out));
 }
 
 }  // namespace fern::cuda

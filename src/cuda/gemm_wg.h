@@ -77,6 +77,12 @@ void to_xbf_q4(const Ctx& c, const float* x, int64_t rows, int64_t K, const X16&
 bool rmsnorm_xbf_q4_ok(int64_t K);
 void rmsnorm_xbf_q4(const Ctx& c, const float* x, float* resid, const float* delta, const float* w, float eps,
                     float* xn, int64_t rows, int64_t K, const X16& out, const X16* plain = nullptr);
+// The GDN core's gated norm (gdn_gated_norm: y = rmsnorm(y) norm_w silu(z) per value head of width Dv, Hv heads per
+// row), then to_xbf_q4 of the normed rows, in one launch with the same bits; y is left as it was.
+// gated_norm_xbf_q4_ok: Dv a multiple of 64, at most 256.
+bool gated_norm_xbf_q4_ok(int Hv, int Dv);
+void gated_norm_xbf_q4(const Ctx& c, const float* y, const float* z, const float* w, float eps, int Hv, int Dv,
+                       int64_t rows, const X16& out);
 // Whether linear() of T rows of w, with the GEMM workspace of a context on the wgmma loop, converts x to to_xbf's
 // plain rows and runs linear_gemm_wg_multi on them (so that rows converted elsewhere can be handed over instead).
 bool linear_gemm_takes_plain_rows(const QW& w, int T);

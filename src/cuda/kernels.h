@@ -117,6 +117,11 @@ bool linear_gemm_multi(const Ctx& c, const QW* ws, const float* x, float* const*
 // FERN_GEMM_WG_PIPE forms q4, q4b, q4h); false (nothing launched) otherwise.
 bool linear_gemm_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps,
                             float* const* ys, int n, int T);
+// y = out_proj of the GDN core's raw outputs y after their gated norm (Hv heads of width Dv per row, norm weight
+// norm_w, gate z), the norm computed straight into the exact-code loop's rows (gated_norm_xbf_q4: y is left as it
+// was). Where that loop takes w as linear_gemm_multi would; false (nothing launched) otherwise.
+bool linear_gemm_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z, const float* norm_w, float eps,
+                            int Hv, int Dv, float* out, int T);
 // The GEMV for any T (every row re-reads the weights; linear() uses it unless linear_gemm_wins). For benchmarks.
 void linear_gemv(const Ctx& c, const QW& w, const float* x, float* y, int T);
 

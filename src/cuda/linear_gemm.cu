@@ -261,4 +261,14 @@ bool linear_gemm_multi_norm(const Ctx& c, const QW* ws, const float* x, const fl
   return true;
 }
 
+bool linear_gemm_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z, const float* norm_w, float eps,
+                            int Hv, int Dv, float* out, int T) {
+  if (!wg_multi_ok(c, &w, 1, T) || !takes_q4_rows(w) || !gated_norm_xbf_q4_ok(Hv, Dv) || w.in != int64_t(Hv) * Dv)
+    return false;
+  const X16 xs = workspace_rows(c, T, w.in, true);
+  gated_norm_xbf_q4(c, y, z, norm_w, eps, Hv, Dv, T, xs);
+  linear_gemm_wg_multi(c, &w, &out, 1, xs, T);
+  return true;
+}
+
 }  // namespace fern::cuda

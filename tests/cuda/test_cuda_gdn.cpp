@@ -2,7 +2,8 @@
 // conv kernel 4) over a sequence of decode steps and multi-row calls, checking every output and the carried
 // conv and recurrent states; plus a smaller head count. The same sequence through gdn_core_linear (the forward
 // pass's op: the core with out_proj; on the GPU for one row the step kernel's raw output normalised inside the
-// out_proj GEMV, linear_gated_norm) against the CPU's gdn_core followed by linear().
+// out_proj GEMV, linear_gated_norm; for prompt rows the norm computed into the GEMM's rows, gated_norm_xbf_q4)
+// against the CPU's gdn_core followed by linear().
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -21,7 +22,9 @@ constexpr double kNmse = 1e-8;
 // Their error is the core's (above) plus the GEMV's (NMSE 1.6e-12..3.9e-12 at 4 bits, test_cuda_linear.cpp); the
 // same bound. A norm skipped or applied twice gives NMSE ~1.
 // Returns every call's output and the final recurrent and conv states, concatenated (for the bit-for-bit test).
-std::vector<float> run(int Hk, int Hv, uint64_t seed, bool with_out_proj = false) {
+// calls: the rows of each call in turn (decode steps and multi-row calls).
+std::vector<float> run(int Hk, int Hv, uint64_t seed, bool with_out_proj = false,
+                       const std::vector<int>& calls = {1, 1, 1, 1, 1, 1, 5, 1, 3, 1, 1, 1, 1, 1, 1}) {
   std::vector<float> all;
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
@@ -51,10 +54,12 @@ std::vector<float> run(int Hk, int Hv, uint64_t seed, bool with_out_proj = false
   dw.A_log = gpu->to_device(hw.A_log);
   dw.dt_bias = gpu->to_device(hw.dt_bias);
   dw.norm_w = gpu->to_device(hw.norm_w);
-  auto cs = cpu->new_state(cfg, 64);
-  auto gs = gpu->new_state(cfg, 64);
+  int total = 0;
+  for (int T : calls) total += T;
+  auto cs = cpu->new_state(cfg, total);
+  auto gs = gpu->new_state(cfg, total);
   int step = 0;
-  for (int T : {1, 1, 1, 1, 1, 1, 5, 1, 3, 1, 1, 1, 1, 1, 1}) {
+  for (int T : calls) {
     ++step;
     auto mixed = test::randn(size_t(T * C), seed + 10 * step);
     auto z = test::randn(size_t(T * V), seed + 10 * step + 1);
@@ -85,7 +90,7 @@ std::vector<float> run(int Hk, int Hv, uint64_t seed, bool with_out_proj = false
     all.insert(all.end(), got.begin(), got.end());
     const double e = test::nmse(got.data(), ref.data(), got.size());
     EXPECT_LT(e, kNmse) << "step " << step << " T=" << T;
-    if (step == 15)
+    if (step == static_cast<int>(calls.size()))
       std::printf("gdn%s Hk=%d Hv=%d after %d calls: output NMSE %.3e\n", with_out_proj ? " + out_proj" : "", Hk, Hv,
                   step, e);
   }
@@ -136,6 +141,22 @@ TEST(CudaGdn, WithOutProjRealShapes) {
 TEST(CudaGdn, WithOutProjFewHeads) {
   FERN_REQUIRE_GPU();
   run(2, 4, 11, true);
+}
+
+// Prompt-sized calls through gdn_core_linear, whose out_proj then runs on the prefill GEMM: the gated norm computed
+// straight into the GEMM's rows (FERN_CUDA_GATED_NORM_ROWS=fused, the default) and the norm then the conversion
+// (separate) both against the CPU, and against each other bit for bit (outputs and states). 400 rows take the
+// chunked delta rule, 40 and 17 the scan, 2 a GEMV for out_proj (the fused path's fallback: norm in place, linear).
+TEST(CudaGdn, WithOutProjPrefillNormRows) {
+  FERN_REQUIRE_GPU();
+  std::vector<float> got[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    test::EnvGuard g("FERN_CUDA_GATED_NORM_ROWS", fused ? "fused" : "separate");
+    got[fused] = run(16, 32, 31, true, {1, 400, 1, 40, 17, 2, 1});
+  }
+  EXPECT_TRUE(test::same_bits(got[0], got[1]));
+  test::EnvGuard bad("FERN_CUDA_GATED_NORM_ROWS", "both");
+  EXPECT_THROW(run(16, 32, 31, true, {1, 40}), std::exception) << "an unknown value of the switch";
 }
 
 // The multi-row fallback of an unsupported prefill shape (one step launch per row, then the gated norm of all
