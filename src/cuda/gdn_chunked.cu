@@ -102,8 +102,20 @@ __device__ __forceinline__ void mma3(float (&d)[4], float (&e)[4], const FragA& 
 }
 
 // ---- A. per (chunk, value head): gates, decays, A, P, U and W ----
-// Dynamic shared memory: K and Q rows of the chunk [C][Dk + 4] each.
-size_t prep_smem_bytes(int Dk) { return size_t(2) * kC * (Dk + 4) * sizeof(float); }
+// Dynamic shared memory: the Q rows of the chunk [C][Dk + 4], whose room then takes A [C][kPs] (Q is read only by
+// the Q K^T products, before A is written); the K rows [C][Dk + 4]; the V rows [C][Dv] (requested with K and Q, so
+// that their latency passes under the products instead of stalling the substitution's first reads).
+__host__ __device__ inline int prep_qa_floats(int Dk) { return kC * (Dk + 4) > kC * kPs ? kC * (Dk + 4) : kC * kPs; }
+size_t prep_smem_bytes(int Dk, int Dv) {
+  return (size_t(prep_qa_floats(Dk)) + size_t(kC) * (Dk + 4) + size_t(kC) * Dv) * sizeof(float);
+}
+
+// The lower-triangle 16 x 8 tiles of G = K K^T and Q K^T (tiles wholly above the diagonal are zero in both masked
+// matrices): row tile mt has 2 mt + 2 of them, 20 in all. Warp w takes row tile mt(w), n-tiles nt0(w) ..
+// nt0(w) + cnt(w) - 1: at most 3 per warp. (A warp per half row tile took 0 to 4 of them, and the slowest set the
+// barrier after the products: Nsight Compute found 8% of the kernel's stall samples at it.) Nibble w of each word.
+constexpr uint32_t kTileMt = 0x33322110u, kTileNt0 = 0x63030200u, kTileCnt = 0x23333222u;
+constexpr int kMaxTiles = 3;
 
 __global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, int T, const float* __restrict__ xc,
                                                                   const float* __restrict__ bgate,
@@ -112,12 +124,13 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, i
                                                                   const float* __restrict__ dt_bias,
                                                                   float* __restrict__ ws) {
   extern __shared__ __align__(16) float dyn[];
-  __shared__ __align__(16) float As[kC][kPs];  // strictly lower part used; static so that row reads vectorise
   __shared__ double gam[kC];
   __shared__ float beta[kC], egam[kC];
   const int Dk = sh.Dk, Dv = sh.Dv, Hv = sh.Hv, ldk = Dk + 4;
-  float* Ks = dyn;
-  float* Qs = dyn + kC * ldk;
+  float* Qs = dyn;
+  float(*As)[kPs] = reinterpret_cast<float(*)[kPs]>(dyn);  // over Q once the products are done; strictly lower part
+  float* Ks = dyn + prep_qa_floats(Dk);
+  float* Vs = Ks + kC * ldk;
   const int chunk = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int t0 = chunk * kC, rows = min(kC, T - t0);
@@ -137,6 +150,12 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, i
     const int64_t off = int64_t(ok ? t0 + r : 0) * C + 4 * c4;
     ptx::cp_async16(Ks + r * ldk + 4 * c4, ksrc + off, ok);
     ptx::cp_async16(Qs + r * ldk + 4 * c4, qsrc + off, ok);
+  }
+  const int FV = Dv / 4;
+  for (int idx = tid; idx < kC * FV; idx += kThreads) {
+    const int r = idx / FV, c4 = idx % FV;
+    const bool ok = r < rows;
+    ptx::cp_async16(Vs + r * Dv + 4 * c4, vsrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
   }
   ptx::cp_commit();
   if (warp == 0) {
@@ -181,28 +200,30 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, i
     gk[tid] = static_cast<float>(exp(gam[kC - 1] - gam[tid]));  // padded rows have g = 0: Gamma_last is the last real row's
   }
 
-  // G = K K^T and Q K^T: warp -> rows m0 .. m0 + 15, columns (warp & 1) * 32 .. + 31 (four n-tiles). Tiles wholly
-  // above the diagonal are zero in both masked matrices and skipped.
+  // G = K K^T and Q K^T, this warp's tiles (kTileMt above).
   {
-    const int m0 = (warp >> 1) * 16, nb = (warp & 1) * 4;
-    float dG[4][4] = {}, eG[4][4] = {}, dP[4][4] = {}, eP[4][4] = {};
+    const int mt = (kTileMt >> (4 * warp)) & 15, nt0 = (kTileNt0 >> (4 * warp)) & 15;
+    const int cnt = (kTileCnt >> (4 * warp)) & 15, m0 = 16 * mt;
+    float dG[kMaxTiles][4] = {}, eG[kMaxTiles][4] = {}, dP[kMaxTiles][4] = {}, eP[kMaxTiles][4] = {};
     for (int k0 = 0; k0 < Dk; k0 += 8) {
       const FragA ak = frag_a(Ks + m0 * ldk + k0, ldk, g, t);
       const FragA aq = frag_a(Qs + m0 * ldk + k0, ldk, g, t);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int n0 = (nb + j) * 8;
-        if (n0 > m0 + 15) continue;  // warp-uniform
+      for (int j = 0; j < kMaxTiles; ++j) {
+        if (j >= cnt) continue;  // warp-uniform
+        const int n0 = (nt0 + j) * 8;
         const FragB bk = frag_b_t(Ks + n0 * ldk + k0, ldk, g, t);
         mma3(dG[j], eG[j], ak, bk);
         mma3(dP[j], eP[j], aq, bk);
       }
     }
+    __syncthreads();  // every warp is done with Q: A goes into its room
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kMaxTiles; ++j) {
+      if (j >= cnt) continue;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int r = m0 + g + 8 * hr, s = (nb + j) * 8 + 2 * t;
+        const int r = m0 + g + 8 * hr, s = (nt0 + j) * 8 + 2 * t;
         float pv[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -215,6 +236,11 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, i
         *reinterpret_cast<float2*>(P + r * kC + s) = make_float2(pv[0], pv[1]);
       }
     }
+    // P's tiles above the diagonal: zeros (the state kernel multiplies the whole of P).
+    for (int idx = tid; idx < kC * kC / 4; idx += kThreads) {
+      const int r = idx / (kC / 4), s = 4 * (idx % (kC / 4));
+      if (s >= 16 * (r / 16) + 16) *reinterpret_cast<float4*>(P + r * kC + s) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
   __syncthreads();
 
@@ -224,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, i
     float x[kC];
     if (col < Dv) {
 #pragma unroll
-      for (int r = 0; r < kC; ++r) x[r] = r < rows ? beta[r] * vsrc[int64_t(t0 + r) * C + col] : 0.0f;
+      for (int r = 0; r < kC; ++r) x[r] = beta[r] * Vs[r * Dv + col];  // padded rows: beta 0, V zero-filled
     } else {
       const int i = col - Dv;
 #pragma unroll
@@ -441,8 +467,8 @@ void gdn_chunked_prep(const Ctx& c, const GdnShape& sh, int T, const float* xc, 
                       const float* A_log, const float* dt_bias, float* ws) {
   FERN_CU_CHECK(gdn_chunked_ok(sh), "gdn_chunked: unsupported head shape");
   FERN_CU_CHECK(T >= 1 && aligned16(xc) && aligned16(ws), "gdn_chunked: no rows or unaligned scratch");
-  const size_t smem = prep_smem_bytes(sh.Dk);
-  allow_dynamic_smem<gdn_chunk_prep_kernel>(prep_smem_bytes(128));  // the largest Dk the kernel takes
+  const size_t smem = prep_smem_bytes(sh.Dk, sh.Dv);
+  allow_dynamic_smem<gdn_chunk_prep_kernel>(prep_smem_bytes(128, 256));  // the largest Dk and Dv the kernel takes
   launch(c, "gdn_chunk_prep_kernel", gdn_chunk_prep_kernel, dim3((T + kC - 1) / kC, sh.Hv), kThreads, smem, sh, T, xc,
          b, a, A_log, dt_bias, ws);
   FERN_CUDA_LAUNCH_CHECK("gdn_chunk_prep_kernel");
