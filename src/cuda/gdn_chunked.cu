@@ -116,6 +116,7 @@ size_t prep_smem_bytes(int Dk, int Dv) {
 // barrier after the products: Nsight Compute found 8% of the kernel's stall samples at it.) Nibble w of each word.
 constexpr uint32_t kTileMt = 0x33322110u, kTileNt0 = 0x63030200u, kTileCnt = 0x23333222u;
 constexpr int kMaxTiles = 3;
+static_assert(kC == 64 && kThreads == 256, "the tile tables cover 64-row chunks with 8 warps");
 
 __global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, int T, const float* __restrict__ xc,
                                                                   const float* __restrict__ bgate,
