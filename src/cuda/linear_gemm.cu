@@ -250,25 +250,33 @@ bool linear_gemm_takes_plain_rows(const QW& w, int T) {
          !takes_q4_rows(w);
 }
 
-bool linear_gemm_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps,
-                            float* const* ys, int n, int T) {
-  if (!wg_multi_ok(c, ws, n, T) || !takes_q4_rows(ws[0]) || !rmsnorm_xbf_q4_ok(ws[0].in) || !aligned16(x) ||
-      !aligned16(norm_w))
-    return false;
+namespace {
+// One launch of the wgmma loop over the n matrices on exact-code rows that fill(rows) writes into the workspace (a
+// norm's own pass instead of to_xbf_q4); false, nothing launched, where that loop does not take the matrices.
+template <class Fill>
+bool launch_on_filled_rows(const Ctx& c, const QW* ws, float* const* ys, int n, int T, Fill fill) {
+  if (!wg_multi_ok(c, ws, n, T) || !takes_q4_rows(ws[0])) return false;
   const X16 xs = workspace_rows(c, T, ws[0].in, true);
-  rmsnorm_xbf_q4(c, x, nullptr, nullptr, norm_w, eps, nullptr, T, ws[0].in, xs);
+  fill(xs);
   linear_gemm_wg_multi(c, ws, ys, n, xs, T);
   return true;
+}
+}  // namespace
+
+bool linear_gemm_multi_norm(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps,
+                            float* const* ys, int n, int T) {
+  return n >= 1 && rmsnorm_xbf_q4_ok(ws[0].in) && aligned16(x) && aligned16(norm_w) &&
+         launch_on_filled_rows(c, ws, ys, n, T, [&](const X16& xs) {
+           rmsnorm_xbf_q4(c, x, nullptr, nullptr, norm_w, eps, nullptr, T, ws[0].in, xs);
+         });
 }
 
 bool linear_gemm_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z, const float* norm_w, float eps,
                             int Hv, int Dv, float* out, int T) {
-  if (!wg_multi_ok(c, &w, 1, T) || !takes_q4_rows(w) || !gated_norm_xbf_q4_ok(Hv, Dv) || w.in != int64_t(Hv) * Dv)
-    return false;
-  const X16 xs = workspace_rows(c, T, w.in, true);
-  gated_norm_xbf_q4(c, y, z, norm_w, eps, Hv, Dv, T, xs);
-  linear_gemm_wg_multi(c, &w, &out, 1, xs, T);
-  return true;
+  return gated_norm_xbf_q4_ok(Hv, Dv) && w.in == int64_t(Hv) * Dv &&
+         launch_on_filled_rows(c, &w, &out, 1, T, [&](const X16& xs) {
+           gated_norm_xbf_q4(c, y, z, norm_w, eps, Hv, Dv, T, xs);
+         });
 }
 
 }  // namespace fern::cuda

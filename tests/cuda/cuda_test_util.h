@@ -18,6 +18,16 @@ namespace fern::test {
 
 inline std::unique_ptr<CudaBackend> make_gpu() { return std::make_unique<CudaBackend>(0); }
 
+// A kernel launch context on the backend's stream, with its SM count and PDL setting (for tests that call the
+// cuda:: launchers directly).
+inline cuda::Ctx gpu_ctx(CudaBackend& gpu) {
+  cuda::Ctx c;
+  c.stream = gpu.stream();
+  c.sms = gpu.sm_count();
+  c.pdl = gpu.pdl();
+  return c;
+}
+
 // Two sets of logits rows [rows, V] (row-major, rows = size / V): NMSE over all values, the fraction of rows with
 // the same argmax, and whether every value of `got` is finite; also the rows' own NMSEs (the worst row and the
 // median), which tell one outlying row (a near-tied routing choice that flips at one position) from an error

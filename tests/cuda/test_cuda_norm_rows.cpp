@@ -101,10 +101,7 @@ void run_case(int64_t rows, int64_t K, const Form& form, bool with_resid) {
   SCOPED_TRACE(name);
   auto gpu = test::make_gpu();
   auto cpu = make_cpu_backend();
-  cuda::Ctx c;
-  c.stream = gpu->stream();
-  c.sms = gpu->sm_count();
-  c.pdl = gpu->pdl();
+  const cuda::Ctx c = test::gpu_ctx(*gpu);
 
   // Rows of different scales (1e-3 .. 1e2), so that a wrong per-row factor shows; norm weights around 1.
   std::vector<float> x = test::randn(size_t(rows * K), 900 + uint64_t(K) + uint64_t(rows));
@@ -178,10 +175,7 @@ void run_gated_case(int64_t rows, int Hv, int Dv, const Form& form) {
                            std::to_string(Dv) + " rows=" + std::to_string(rows);
   SCOPED_TRACE(name);
   auto gpu = test::make_gpu();
-  cuda::Ctx c;
-  c.stream = gpu->stream();
-  c.sms = gpu->sm_count();
-  c.pdl = gpu->pdl();
+  const cuda::Ctx c = test::gpu_ctx(*gpu);
   // Heads of different scales (1e-3 .. 1e2: the norm must take each head's own), gates of both signs.
   std::vector<float> y = test::randn(size_t(rows * K), 700 + uint64_t(K) + uint64_t(rows));
   for (int64_t r = 0; r < rows; ++r)
