@@ -144,36 +144,6 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, i
   pdl_wait();
   pdl_trigger();
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The K, Q and V rows by bulk copies from warp 1 (one row a copy; warp 0 computes the gates meanwhile), rows past
-  // T zero-filled with plain stores; elsewhere 16-byte cp.async from every thread.
-  __shared__ uint64_t bar_rows;
-  if (tid == 0) {
-    ptx::mbar_init(&bar_rows, 1);
-    ptx::mbar_init_fence();
-  }
-  __syncthreads();
-  if (warp == 1) {
-    if (lane == 0) ptx::mbar_expect_tx(&bar_rows, uint32_t(rows * (2 * Dk + Dv)) * sizeof(float));
-    __syncwarp();
-    for (int r = lane; r < rows; r += 32) {
-      const int64_t off = int64_t(t0 + r) * C;
-      ptx::bulk_copy_g2s(Ks + r * ldk, ksrc + off, Dk * sizeof(float), &bar_rows);
-      ptx::bulk_copy_g2s(Qs + r * ldk, qsrc + off, Dk * sizeof(float), &bar_rows);
-      ptx::bulk_copy_g2s(Vs + r * Dv, vsrc + off, Dv * sizeof(float), &bar_rows);
-    }
-  }
-  if (rows < kC) {
-    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int idx = rows * (Dk / 4) + tid; idx < kC * (Dk / 4); idx += kThreads) {
-      const int r = idx / (Dk / 4), c = 4 * (idx % (Dk / 4));
-      *reinterpret_cast<float4*>(Ks + r * ldk + c) = z;
-      *reinterpret_cast<float4*>(Qs + r * ldk + c) = z;
-    }
-    for (int idx = rows * (Dv / 4) + tid; idx < kC * (Dv / 4); idx += kThreads)
-      *reinterpret_cast<float4*>(Vs + 4 * idx) = z;
-  }
-#else
   const int F = Dk / 4;
   for (int idx = tid; idx < kC * F; idx += kThreads) {
     const int r = idx / F, c4 = idx % F;
@@ -188,7 +158,6 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, i
     const bool ok = r < rows;
     ptx::cp_async16(Vs + r * Dv + 4 * c4, vsrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
   }
-#endif
   ptx::cp_commit();
   if (warp == 0) {
     // Gates of rows 2 lane and 2 lane + 1 (padded rows: g = 0, beta = 0), then Gamma by a shuffle scan in double.
@@ -216,11 +185,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, i
     gam[2 * lane] = excl + gl[0];
     gam[2 * lane + 1] = excl + gl[0] + gl[1];
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  ptx::mbar_wait(&bar_rows, 0);
-#else
   ptx::cp_wait<0>();
-#endif
   __syncthreads();
 
   float* wsb = ws + (int64_t(chunk) * Hv + h) * block_floats(Dk, Dv);
