@@ -312,65 +312,21 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, 
   pdl_wait();
   pdl_trigger();
 
-  // The chunk's operands arrive by bulk copies on sm_90 (one per row, issued by one warp; completion counted in
-  // bytes on bar_wq / bar_kp[buf]), by cp.async elsewhere (every thread, 16 bytes a copy). With cp.async the eight
-  // warps spent ~30 copies and their address arithmetic per thread and chunk on these loads (a probe that skipped
-  // them took 21% off the kernel: notes cuda-prefill-v33-gdn-bulk.md).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kBulk = true;
-#else
-  constexpr bool kBulk = false;
-#endif
-  __shared__ uint64_t bar_wq, bar_kp[2];
-  if constexpr (kBulk) {
-    if (tid == 0) {
-      ptx::mbar_init(&bar_wq, 1);
-      ptx::mbar_init(&bar_kp[0], 1);
-      ptx::mbar_init(&bar_kp[1], 1);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      ptx::mbar_init_fence();
-#endif
-    }
-    __syncthreads();
-  }
-  // Rows of a chunk past T: zeros in K (phase 3 multiplies them by V' rows that are zero) and Q (their O rows are
-  // not written), so that no stale or uninitialised bits reach an MMA. Plain stores, published by the next barrier.
-  auto zero_rows = [&](float* dst, int rows) {
-    for (int idx = rows * (DK / 4) + tid; idx < kC * (DK / 4); idx += kThreads)
-      *reinterpret_cast<float4*>(dst + (idx / (DK / 4)) * LD + 4 * (idx % (DK / 4))) = make_float4(0.f, 0.f, 0.f, 0.f);
-  };
   // W, Q, U, exp(Gamma) of chunk ch (the single-buffered set: read only by phase 1).
   auto load_wq = [&](int ch) {
     const float* wsb = ws + (int64_t(ch) * Hv + h) * BS;
     const int t0 = ch * kC, rows = min(kC, T - t0);
-    if constexpr (kBulk) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      if (warp == 0) {
-        if (lane == 0)
-          ptx::mbar_expect_tx(&bar_wq, uint32_t((kC + rows) * DK + kC * kCols + kC) * sizeof(float));
-        __syncwarp();
-        for (int r = lane; r < kC; r += 32) {
-          ptx::bulk_copy_g2s(Ws + r * LD, wsb + r * DK, DK * sizeof(float), &bar_wq);
-          ptx::bulk_copy_g2s(Us + r * kVs, wsb + kC * DK + r * Dv + col0, kCols * sizeof(float), &bar_wq);
-          if (r < rows) ptx::bulk_copy_g2s(Qs + r * LD, qsrc + int64_t(t0 + r) * C, DK * sizeof(float), &bar_wq);
-        }
-        if (lane == 0) ptx::bulk_copy_g2s(gqs, wsb + kC * (DK + Dv + kC), kC * sizeof(float), &bar_wq);
-      }
-#endif
-      if (rows < kC) zero_rows(Qs, rows);
-    } else {
-      for (int idx = tid; idx < kC * (DK / 4); idx += kThreads) {
-        const int r = idx / (DK / 4), c4 = idx % (DK / 4);
-        ptx::cp_async16(Ws + r * LD + 4 * c4, wsb + r * DK + 4 * c4);
-        const bool ok = r < rows;
-        ptx::cp_async16(Qs + r * LD + 4 * c4, qsrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
-      }
-      for (int idx = tid; idx < kC * (kCols / 4); idx += kThreads) {
-        const int r = idx / (kCols / 4), c4 = idx % (kCols / 4);
-        ptx::cp_async16(Us + r * kVs + 4 * c4, wsb + kC * DK + r * Dv + col0 + 4 * c4);
-      }
-      if (tid < kC / 4) ptx::cp_async16(gqs + 4 * tid, wsb + kC * (DK + Dv + kC) + 4 * tid);
+    for (int idx = tid; idx < kC * (DK / 4); idx += kThreads) {
+      const int r = idx / (DK / 4), c4 = idx % (DK / 4);
+      ptx::cp_async16(Ws + r * LD + 4 * c4, wsb + r * DK + 4 * c4);
+      const bool ok = r < rows;
+      ptx::cp_async16(Qs + r * LD + 4 * c4, qsrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
     }
+    for (int idx = tid; idx < kC * (kCols / 4); idx += kThreads) {
+      const int r = idx / (kCols / 4), c4 = idx % (kCols / 4);
+      ptx::cp_async16(Us + r * kVs + 4 * c4, wsb + kC * DK + r * Dv + col0 + 4 * c4);
+    }
+    if (tid < kC / 4) ptx::cp_async16(gqs + 4 * tid, wsb + kC * (DK + Dv + kC) + 4 * tid);
   };
   // K, P, exp(Gamma_L - Gamma) of chunk ch into buffer buf (read by phases 2 and 3).
   auto load_kp = [&](int ch, int buf) {
@@ -378,32 +334,16 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, 
     const int t0 = ch * kC, rows = min(kC, T - t0);
     float* kd = Ks + buf * kC * LD;
     float* pd = Ps + buf * kC * kPs;
-    if constexpr (kBulk) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      if (warp == 1) {  // another warp than load_wq's: the two sets are requested at different points of a chunk
-        if (lane == 0) ptx::mbar_expect_tx(&bar_kp[buf], uint32_t(rows * DK + kC * kC + kC) * sizeof(float));
-        __syncwarp();
-        for (int r = lane; r < kC; r += 32) {
-          if (r < rows) ptx::bulk_copy_g2s(kd + r * LD, ksrc + int64_t(t0 + r) * C, DK * sizeof(float), &bar_kp[buf]);
-          ptx::bulk_copy_g2s(pd + r * kPs, wsb + kC * (DK + Dv) + r * kC, kC * sizeof(float), &bar_kp[buf]);
-        }
-        if (lane == 0)
-          ptx::bulk_copy_g2s(gks + buf * kC, wsb + kC * (DK + Dv + kC + 1), kC * sizeof(float), &bar_kp[buf]);
-      }
-#endif
-      if (rows < kC) zero_rows(kd, rows);
-    } else {
-      for (int idx = tid; idx < kC * (DK / 4); idx += kThreads) {
-        const int r = idx / (DK / 4), c4 = idx % (DK / 4);
-        const bool ok = r < rows;
-        ptx::cp_async16(kd + r * LD + 4 * c4, ksrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
-      }
-      for (int idx = tid; idx < kC * (kC / 4); idx += kThreads) {
-        const int r = idx / (kC / 4), c4 = idx % (kC / 4);
-        ptx::cp_async16(pd + r * kPs + 4 * c4, wsb + kC * (DK + Dv) + r * kC + 4 * c4);
-      }
-      if (tid < kC / 4) ptx::cp_async16(gks + buf * kC + 4 * tid, wsb + kC * (DK + Dv + kC + 1) + 4 * tid);
+    for (int idx = tid; idx < kC * (DK / 4); idx += kThreads) {
+      const int r = idx / (DK / 4), c4 = idx % (DK / 4);
+      const bool ok = r < rows;
+      ptx::cp_async16(kd + r * LD + 4 * c4, ksrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
     }
+    for (int idx = tid; idx < kC * (kC / 4); idx += kThreads) {
+      const int r = idx / (kC / 4), c4 = idx % (kC / 4);
+      ptx::cp_async16(pd + r * kPs + 4 * c4, wsb + kC * (DK + Dv) + r * kC + 4 * c4);
+    }
+    if (tid < kC / 4) ptx::cp_async16(gks + buf * kC + 4 * tid, wsb + kC * (DK + Dv + kC + 1) + 4 * tid);
   };
 
   float* S = state + int64_t(h) * DK * Dv + col0;
@@ -419,12 +359,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, 
   const int i0 = (warp % MT3) * 16, n3 = (warp / MT3) * NT3 * 8;  // phase 3: key rows i0.., columns n3..
   for (int ch = 0; ch < nch; ++ch) {
     const int buf = ch & 1, t0 = ch * kC, rows = min(kC, T - t0);
-    if constexpr (kBulk) {  // this chunk's two sets: bar_wq completes once per chunk, bar_kp[buf] every other one
-      ptx::mbar_wait(&bar_wq, ch & 1);
-      ptx::mbar_wait(&bar_kp[buf], (ch >> 1) & 1);
-    } else {
-      ptx::cp_wait<0>();
-    }
+    ptx::cp_wait<0>();
     __syncthreads();
     if (ch + 1 < nch) load_kp(ch + 1, buf ^ 1);
     ptx::cp_commit();

@@ -124,25 +124,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
-// Bulk copies (the TMA's one-dimensional form, sm_90+): `bytes` (a multiple of 16, both addresses 16-byte aligned)
-// from global to shared memory, their completion counted in bytes on an mbarrier whose expected count the issuing
-// side raised first (mbar_expect_tx, which is also that phase's one arrival). One thread issues a whole row; the
-// other threads neither compute addresses nor issue copies. The own block's shared::cta address is valid as the
-// shared::cluster one.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-// After mbar_init and before a barrier that publishes it: the initialised mbarrier made visible to the bulk copies.
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-#endif
-
 // The register budget of the calling warpgroup (setmaxnreg, sm_90a; all its warps call it together): a
 // warp-specialized kernel's data-moving warpgroup gives registers back (dec) so that its MMA warpgroups can hold more
 // (inc) than the block's even share. No-ops where the instruction does not exist.
