@@ -19,7 +19,6 @@
 // state every chunk. The cross terms accumulate into a second register set (two independent mma chains per tile).
 #include <algorithm>
 
-#include "core/env.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
 #include "cuda/launch.cuh"
@@ -122,9 +121,7 @@ size_t device_smem_optin() {
 }
 // Two buffers where they fit (the real shape, Dk = Dv = 128: 2 x 100 KB), so that each block prefetches its next
 // item's rows while it computes the current one; else one (the rows of each item loaded at its start).
-// FERN_GDN_PREP_BUFFERS=1 forces one (a test compares the two forms bit for bit; "auto", the default, picks).
 int prep_buffers(int Dk, int Dv, size_t smem_max) {
-  if (env_choice("FERN_GDN_PREP_BUFFERS", {"auto", "1"}, 0) == 1) return 1;
   return 2 * size_t(prep_buf_floats(Dk, Dv)) * sizeof(float) <= smem_max ? 2 : 1;
 }
 
