@@ -108,7 +108,7 @@ __device__ __forceinline__ void mma3(float (&d)[4], float (&e)[4], const FragA& 
 // (Q is read only by the Q K^T products, before A is written); the K rows [C][Dk + 4]; the V rows [C][Dv].
 __host__ __device__ inline int prep_qa_floats(int Dk) { return kC * (Dk + 4) > kC * kPs ? kC * (Dk + 4) : kC * kPs; }
 __host__ __device__ inline int prep_buf_floats(int Dk, int Dv) { return prep_qa_floats(Dk) + kC * (Dk + 4) + kC * Dv; }
-constexpr size_t kPrepStaticSmem = kC * (sizeof(double) + 2 * sizeof(float));  // gam, beta, egam
+constexpr size_t kMaxPrepSmem = 227 * 1024;  // the most dynamic shared memory a block may have (sm_90; sm_80: 163 KB)
 // The device's per-block shared memory limit (opt-in), asked once per process (one device, as allow_dynamic_smem).
 size_t device_smem_optin() {
   static const size_t bytes = [] {
@@ -516,7 +516,7 @@ void gdn_chunked_prep(const Ctx& c, const GdnShape& sh, int T, const float* xc, 
                       const float* A_log, const float* dt_bias, float* ws) {
   FERN_CU_CHECK(gdn_chunked_ok(sh), "gdn_chunked: unsupported head shape");
   FERN_CU_CHECK(T >= 1 && aligned16(xc) && aligned16(ws), "gdn_chunked: no rows or unaligned scratch");
-  const size_t smem_max = device_smem_optin() - kPrepStaticSmem;  // dynamic: the block's limit less the static arrays
+  const size_t smem_max = std::min(device_smem_optin(), kMaxPrepSmem);
   const int nbuf = prep_buffers(sh.Dk, sh.Dv, smem_max);
   const size_t smem = size_t(nbuf) * prep_buf_floats(sh.Dk, sh.Dv) * sizeof(float);
   FERN_CU_CHECK(smem <= smem_max, "gdn_chunked: the head shape needs more shared memory than the device has");
