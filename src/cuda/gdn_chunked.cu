@@ -17,8 +17,6 @@
 // remainder, and hi*hi + hi*lo + lo*hi is accumulated in fp32 (the dropped lo*lo term is ~2^-22 relative), so the
 // result stays at fp32-like accuracy; one tf32 product (10-bit mantissa) would put ~1e-3 relative error into the
 // state every chunk. The cross terms accumulate into a second register set (two independent mma chains per tile).
-#include <algorithm>
-
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
 #include "cuda/launch.cuh"
@@ -104,25 +102,12 @@ __device__ __forceinline__ void mma3(float (&d)[4], float (&e)[4], const FragA& 
 }
 
 // ---- A. per (chunk, value head): gates, decays, A, P, U and W ----
-// One buffer of dynamic shared memory per item: the Q rows of the chunk [C][Dk + 4], whose room then takes A [C][kPs]
-// (Q is read only by the Q K^T products, before A is written); the K rows [C][Dk + 4]; the V rows [C][Dv].
+// Dynamic shared memory: the Q rows of the chunk [C][Dk + 4], whose room then takes A [C][kPs] (Q is read only by
+// the Q K^T products, before A is written); the K rows [C][Dk + 4]; the V rows [C][Dv] (requested with K and Q, so
+// that their latency passes under the products instead of stalling the substitution's first reads).
 __host__ __device__ inline int prep_qa_floats(int Dk) { return kC * (Dk + 4) > kC * kPs ? kC * (Dk + 4) : kC * kPs; }
-__host__ __device__ inline int prep_buf_floats(int Dk, int Dv) { return prep_qa_floats(Dk) + kC * (Dk + 4) + kC * Dv; }
-constexpr size_t kMaxPrepSmem = 227 * 1024;  // the most dynamic shared memory a block may have (sm_90; sm_80: 163 KB)
-// The device's per-block shared memory limit (opt-in), asked once per process (one device, as allow_dynamic_smem).
-size_t device_smem_optin() {
-  static const size_t bytes = [] {
-    int dev = 0, v = 0;
-    FERN_CUDA_CHECK(cudaGetDevice(&dev));
-    FERN_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return size_t(v);
-  }();
-  return bytes;
-}
-// Two buffers where they fit (the real shape, Dk = Dv = 128: 2 x 100 KB), so that each block prefetches its next
-// item's rows while it computes the current one; else one (the rows of each item loaded at its start).
-int prep_buffers(int Dk, int Dv, size_t smem_max) {
-  return 2 * size_t(prep_buf_floats(Dk, Dv)) * sizeof(float) <= smem_max ? 2 : 1;
+size_t prep_smem_bytes(int Dk, int Dv) {
+  return (size_t(prep_qa_floats(Dk)) + size_t(kC) * (Dk + 4) + size_t(kC) * Dv) * sizeof(float);
 }
 
 // The lower-triangle 16 x 8 tiles of G = K K^T and Q K^T (tiles wholly above the diagonal are zero in both masked
@@ -133,192 +118,159 @@ constexpr uint32_t kTileMt = 0x33322110u, kTileNt0 = 0x63030200u, kTileCnt = 0x2
 constexpr int kMaxTiles = 3;
 static_assert(kC == 64 && kThreads == 256, "the tile tables cover 64-row chunks with 8 warps");
 
-// Items (chunk, value head), item = chunk * Hv + head, taken by the blocks in turn (item blockIdx.x, then
-// blockIdx.x + gridDim.x, ...). With two buffers a block requests its next item's K, Q and V rows before it computes
-// the current one: each item reads ~96 KB and writes ~80 KB, and a probe of the one-item-per-block form found its
-// memory time and its compute (products, substitution) adding up rather than overlapping (0.114 + 0.115 ms of 0.229
-// at T = 4,096: notes cuda-prefill-v33-gdn-probes.md).
-__global__ void __launch_bounds__(kThreads, 1) gdn_chunk_prep_kernel(GdnShape sh, int T, const float* __restrict__ xc,
-                                                                     const float* __restrict__ bgate,
-                                                                     const float* __restrict__ agate,
-                                                                     const float* __restrict__ A_log,
-                                                                     const float* __restrict__ dt_bias,
-                                                                     float* __restrict__ ws, int nbuf) {
+__global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, int T, const float* __restrict__ xc,
+                                                                  const float* __restrict__ bgate,
+                                                                  const float* __restrict__ agate,
+                                                                  const float* __restrict__ A_log,
+                                                                  const float* __restrict__ dt_bias,
+                                                                  float* __restrict__ ws) {
   extern __shared__ __align__(16) float dyn[];
   __shared__ double gam[kC];
   __shared__ float beta[kC], egam[kC];
   const int Dk = sh.Dk, Dv = sh.Dv, Hv = sh.Hv, ldk = Dk + 4;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float* Qs = dyn;
+  float(*As)[kPs] = reinterpret_cast<float(*)[kPs]>(dyn);  // over Q once the products are done; strictly lower part
+  float* Ks = dyn + prep_qa_floats(Dk);
+  float* Vs = Ks + kC * ldk;
+  const int chunk = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int nch = (T + kC - 1) / kC, n_items = nch * Hv, buf_floats = prep_buf_floats(Dk, Dv);
+  const int t0 = chunk * kC, rows = min(kC, T - t0);
   const int64_t C = sh.conv_dim, key_dim = int64_t(sh.Hk) * Dk;
+  const int kh = h / (Hv / sh.Hk);
+  const float* qsrc = xc + int64_t(kh) * Dk;
+  const float* ksrc = xc + key_dim + int64_t(kh) * Dk;
+  const float* vsrc = xc + 2 * key_dim + int64_t(h) * Dv;
+  const float neg_A = -expf(A_log[h]), dtb = dt_bias[h];  // weights: may be read before the PDL wait
   pdl_wait();
   pdl_trigger();
 
-  // The K, Q and V rows of item `it` into buffer b (rows past T: zeros); the caller commits the group.
-  auto load_rows = [&](int it, int b) {
-    const int chunk = it / Hv, h = it - chunk * Hv;
-    const int t0 = chunk * kC, rows = min(kC, T - t0);
-    const int kh = h / (Hv / sh.Hk);
-    const float* qsrc = xc + int64_t(kh) * Dk;
-    const float* ksrc = xc + key_dim + int64_t(kh) * Dk;
-    const float* vsrc = xc + 2 * key_dim + int64_t(h) * Dv;
-    float* Qs = dyn + b * buf_floats;
-    float* Ks = Qs + prep_qa_floats(Dk);
-    float* Vs = Ks + kC * ldk;
-    const int F = Dk / 4;
-    for (int idx = tid; idx < kC * F; idx += kThreads) {
-      const int r = idx / F, c4 = idx % F;
-      const bool ok = r < rows;  // padded rows: zeros
-      const int64_t off = int64_t(ok ? t0 + r : 0) * C + 4 * c4;
-      ptx::cp_async16(Ks + r * ldk + 4 * c4, ksrc + off, ok);
-      ptx::cp_async16(Qs + r * ldk + 4 * c4, qsrc + off, ok);
-    }
-    const int FV = Dv / 4;
-    for (int idx = tid; idx < kC * FV; idx += kThreads) {
-      const int r = idx / FV, c4 = idx % FV;
-      const bool ok = r < rows;
-      ptx::cp_async16(Vs + r * Dv + 4 * c4, vsrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
-    }
-  };
-
-  int it = blockIdx.x;
-  if (nbuf == 2 && it < n_items) load_rows(it, 0);
+  const int F = Dk / 4;
+  for (int idx = tid; idx < kC * F; idx += kThreads) {
+    const int r = idx / F, c4 = idx % F;
+    const bool ok = r < rows;  // padded rows: zeros
+    const int64_t off = int64_t(ok ? t0 + r : 0) * C + 4 * c4;
+    ptx::cp_async16(Ks + r * ldk + 4 * c4, ksrc + off, ok);
+    ptx::cp_async16(Qs + r * ldk + 4 * c4, qsrc + off, ok);
+  }
+  const int FV = Dv / 4;
+  for (int idx = tid; idx < kC * FV; idx += kThreads) {
+    const int r = idx / FV, c4 = idx % FV;
+    const bool ok = r < rows;
+    ptx::cp_async16(Vs + r * Dv + 4 * c4, vsrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
+  }
   ptx::cp_commit();
-  for (int k = 0; it < n_items; it += gridDim.x, ++k) {
-    const int b = nbuf == 2 ? (k & 1) : 0;
-    // Buffer b ^ 1 (two buffers) or b (one) was released by the previous item's last barrier.
-    if (nbuf == 2) {
-      if (it + int(gridDim.x) < n_items) load_rows(it + gridDim.x, b ^ 1);
-    } else {
-      load_rows(it, 0);
-    }
-    ptx::cp_commit();
-    const int chunk = it / Hv, h = it - chunk * Hv;
-    const int t0 = chunk * kC, rows = min(kC, T - t0);
-    float* Qs = dyn + b * buf_floats;
-    float(*As)[kPs] = reinterpret_cast<float(*)[kPs]>(Qs);  // over Q once the products are done; strictly lower part
-    float* Ks = Qs + prep_qa_floats(Dk);
-    float* Vs = Ks + kC * ldk;
-    const float neg_A = -expf(A_log[h]), dtb = dt_bias[h];
-    if (warp == 0) {
-      // Gates of rows 2 lane and 2 lane + 1 (padded rows: g = 0, beta = 0), then Gamma by a shuffle scan in double.
-      float gl[2];
+  if (warp == 0) {
+    // Gates of rows 2 lane and 2 lane + 1 (padded rows: g = 0, beta = 0), then Gamma by a shuffle scan in double.
+    float gl[2];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int r = 2 * lane + e;
-        float gv = 0.0f, bv = 0.0f;
-        if (r < rows) {
-          const int64_t i = int64_t(t0 + r) * Hv + h;
-          bv = 1.0f / (1.0f + expf(-bgate[i]));
-          gv = neg_A * softplus(agate[i] + dtb);
-        }
-        gl[e] = gv;
-        beta[r] = bv;
+    for (int e = 0; e < 2; ++e) {
+      const int r = 2 * lane + e;
+      float gv = 0.0f, bv = 0.0f;
+      if (r < rows) {
+        const int64_t i = int64_t(t0 + r) * Hv + h;
+        bv = 1.0f / (1.0f + expf(-bgate[i]));
+        gv = neg_A * softplus(agate[i] + dtb);
       }
-      double incl = double(gl[0]) + double(gl[1]);
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const double n = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += n;
-      }
-      double excl = __shfl_up_sync(0xffffffffu, incl, 1);
-      if (lane == 0) excl = 0.0;
-      gam[2 * lane] = excl + gl[0];
-      gam[2 * lane + 1] = excl + gl[0] + gl[1];
+      gl[e] = gv;
+      beta[r] = bv;
     }
-    // This item's rows (the group committed before the one just committed; with one buffer, that one).
-    if (nbuf == 2)
-      ptx::cp_wait<1>();
-    else
-      ptx::cp_wait<0>();
-    __syncthreads();
+    double incl = double(gl[0]) + double(gl[1]);
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double n = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += n;
+    }
+    double excl = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) excl = 0.0;
+    gam[2 * lane] = excl + gl[0];
+    gam[2 * lane + 1] = excl + gl[0] + gl[1];
+  }
+  ptx::cp_wait<0>();
+  __syncthreads();
 
-    float* wsb = ws + (int64_t(chunk) * Hv + h) * block_floats(Dk, Dv);
-    float* W = wsb;
-    float* U = W + kC * Dk;
-    float* P = U + kC * Dv;
-    float* gq = P + kC * kC;
-    float* gk = gq + kC;
-    if (tid < kC) {
-      const float e = static_cast<float>(exp(gam[tid]));
-      egam[tid] = e;
-      gq[tid] = e;
-      gk[tid] = static_cast<float>(exp(gam[kC - 1] - gam[tid]));  // padded rows have g = 0: Gamma_last is the last real row's
-    }
+  float* wsb = ws + (int64_t(chunk) * Hv + h) * block_floats(Dk, Dv);
+  float* W = wsb;
+  float* U = W + kC * Dk;
+  float* P = U + kC * Dv;
+  float* gq = P + kC * kC;
+  float* gk = gq + kC;
+  if (tid < kC) {
+    const float e = static_cast<float>(exp(gam[tid]));
+    egam[tid] = e;
+    gq[tid] = e;
+    gk[tid] = static_cast<float>(exp(gam[kC - 1] - gam[tid]));  // padded rows have g = 0: Gamma_last is the last real row's
+  }
 
-    // G = K K^T and Q K^T, this warp's tiles (kTileMt above).
-    {
-      const int mt = (kTileMt >> (4 * warp)) & 15, nt0 = (kTileNt0 >> (4 * warp)) & 15;
-      const int cnt = (kTileCnt >> (4 * warp)) & 15, m0 = 16 * mt;
-      float dG[kMaxTiles][4] = {}, eG[kMaxTiles][4] = {}, dP[kMaxTiles][4] = {}, eP[kMaxTiles][4] = {};
-      for (int k0 = 0; k0 < Dk; k0 += 8) {
-        const FragA ak = frag_a(Ks + m0 * ldk + k0, ldk, g, t);
-        const FragA aq = frag_a(Qs + m0 * ldk + k0, ldk, g, t);
-#pragma unroll
-        for (int j = 0; j < kMaxTiles; ++j) {
-          if (j >= cnt) continue;  // warp-uniform
-          const int n0 = (nt0 + j) * 8;
-          const FragB bk = frag_b_t(Ks + n0 * ldk + k0, ldk, g, t);
-          mma3(dG[j], eG[j], ak, bk);
-          mma3(dP[j], eP[j], aq, bk);
-        }
-      }
-      __syncthreads();  // every warp is done with Q: A goes into its room
+  // G = K K^T and Q K^T, this warp's tiles (kTileMt above).
+  {
+    const int mt = (kTileMt >> (4 * warp)) & 15, nt0 = (kTileNt0 >> (4 * warp)) & 15;
+    const int cnt = (kTileCnt >> (4 * warp)) & 15, m0 = 16 * mt;
+    float dG[kMaxTiles][4] = {}, eG[kMaxTiles][4] = {}, dP[kMaxTiles][4] = {}, eP[kMaxTiles][4] = {};
+    for (int k0 = 0; k0 < Dk; k0 += 8) {
+      const FragA ak = frag_a(Ks + m0 * ldk + k0, ldk, g, t);
+      const FragA aq = frag_a(Qs + m0 * ldk + k0, ldk, g, t);
 #pragma unroll
       for (int j = 0; j < kMaxTiles; ++j) {
-        if (j >= cnt) continue;
+        if (j >= cnt) continue;  // warp-uniform
+        const int n0 = (nt0 + j) * 8;
+        const FragB bk = frag_b_t(Ks + n0 * ldk + k0, ldk, g, t);
+        mma3(dG[j], eG[j], ak, bk);
+        mma3(dP[j], eP[j], aq, bk);
+      }
+    }
+    __syncthreads();  // every warp is done with Q: A goes into its room
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = m0 + g + 8 * hr, s = (nt0 + j) * 8 + 2 * t;
-          float pv[2];
+    for (int j = 0; j < kMaxTiles; ++j) {
+      if (j >= cnt) continue;
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int ss = s + e;
-            const float kk = dG[j][2 * hr + e] + eG[j][2 * hr + e], qk = dP[j][2 * hr + e] + eP[j][2 * hr + e];
-            const float dec = ss <= r ? static_cast<float>(exp(gam[r] - gam[ss])) : 0.0f;  // exponent <= 0
-            As[r][ss] = ss < r ? beta[r] * kk * dec : 0.0f;
-            pv[e] = qk * dec;
-          }
-          *reinterpret_cast<float2*>(P + r * kC + s) = make_float2(pv[0], pv[1]);
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = m0 + g + 8 * hr, s = (nt0 + j) * 8 + 2 * t;
+        float pv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int ss = s + e;
+          const float kk = dG[j][2 * hr + e] + eG[j][2 * hr + e], qk = dP[j][2 * hr + e] + eP[j][2 * hr + e];
+          const float dec = ss <= r ? static_cast<float>(exp(gam[r] - gam[ss])) : 0.0f;  // exponent <= 0
+          As[r][ss] = ss < r ? beta[r] * kk * dec : 0.0f;
+          pv[e] = qk * dec;
         }
-      }
-      // P's tiles above the diagonal: zeros (the state kernel multiplies the whole of P).
-      for (int idx = tid; idx < kC * kC / 4; idx += kThreads) {
-        const int r = idx / (kC / 4), s = 4 * (idx % (kC / 4));
-        if (s >= 16 * (r / 16) + 16) *reinterpret_cast<float4*>(P + r * kC + s) = make_float4(0.f, 0.f, 0.f, 0.f);
+        *reinterpret_cast<float2*>(P + r * kC + s) = make_float2(pv[0], pv[1]);
       }
     }
-    __syncthreads();
+    // P's tiles above the diagonal: zeros (the state kernel multiplies the whole of P).
+    for (int idx = tid; idx < kC * kC / 4; idx += kThreads) {
+      const int r = idx / (kC / 4), s = 4 * (idx % (kC / 4));
+      if (s >= 16 * (r / 16) + 16) *reinterpret_cast<float4*>(P + r * kC + s) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  __syncthreads();
 
-    // Forward substitution, one column per thread: x_r = b_r - sum_{s<r} A[r, s] x_s, with b = beta v (U) or
-    // beta exp(Gamma) k (W). Rows past T have b = 0 and A = 0, so x = 0 there.
-    for (int col = tid; col < Dv + Dk; col += kThreads) {
-      float x[kC];
-      if (col < Dv) {
+  // Forward substitution, one column per thread: x_r = b_r - sum_{s<r} A[r, s] x_s, with b = beta v (U) or
+  // beta exp(Gamma) k (W). Rows past T have b = 0 and A = 0, so x = 0 there.
+  for (int col = tid; col < Dv + Dk; col += kThreads) {
+    float x[kC];
+    if (col < Dv) {
 #pragma unroll
-        for (int r = 0; r < kC; ++r) x[r] = beta[r] * Vs[r * Dv + col];  // padded rows: beta 0, V zero-filled
-      } else {
-        const int i = col - Dv;
+      for (int r = 0; r < kC; ++r) x[r] = beta[r] * Vs[r * Dv + col];  // padded rows: beta 0, V zero-filled
+    } else {
+      const int i = col - Dv;
 #pragma unroll
-        for (int r = 0; r < kC; ++r) x[r] = (beta[r] * egam[r]) * Ks[r * ldk + i];
-      }
-#pragma unroll
-      for (int r = 1; r < kC; ++r) {
-        float acc = x[r];
-#pragma unroll
-        for (int s = 0; s < r; ++s) acc = fmaf(-As[r][s], x[s], acc);
-        x[r] = acc;
-      }
-      if (col < Dv) {
-#pragma unroll
-        for (int r = 0; r < kC; ++r) U[r * Dv + col] = x[r];
-      } else {
-#pragma unroll
-        for (int r = 0; r < kC; ++r) W[r * Dk + (col - Dv)] = x[r];
-      }
+      for (int r = 0; r < kC; ++r) x[r] = (beta[r] * egam[r]) * Ks[r * ldk + i];
     }
-    __syncthreads();  // buffer b, gam, beta and egam are free for the next item
+#pragma unroll
+    for (int r = 1; r < kC; ++r) {
+      float acc = x[r];
+#pragma unroll
+      for (int s = 0; s < r; ++s) acc = fmaf(-As[r][s], x[s], acc);
+      x[r] = acc;
+    }
+    if (col < Dv) {
+#pragma unroll
+      for (int r = 0; r < kC; ++r) U[r * Dv + col] = x[r];
+    } else {
+#pragma unroll
+      for (int r = 0; r < kC; ++r) W[r * Dk + (col - Dv)] = x[r];
+    }
   }
 }
 
@@ -516,16 +468,10 @@ void gdn_chunked_prep(const Ctx& c, const GdnShape& sh, int T, const float* xc, 
                       const float* A_log, const float* dt_bias, float* ws) {
   FERN_CU_CHECK(gdn_chunked_ok(sh), "gdn_chunked: unsupported head shape");
   FERN_CU_CHECK(T >= 1 && aligned16(xc) && aligned16(ws), "gdn_chunked: no rows or unaligned scratch");
-  const size_t smem_max = std::min(device_smem_optin(), kMaxPrepSmem);
-  const int nbuf = prep_buffers(sh.Dk, sh.Dv, smem_max);
-  const size_t smem = size_t(nbuf) * prep_buf_floats(sh.Dk, sh.Dv) * sizeof(float);
-  FERN_CU_CHECK(smem <= smem_max, "gdn_chunked: the head shape needs more shared memory than the device has");
-  allow_dynamic_smem<gdn_chunk_prep_kernel>(smem_max);  // once per process: the most any launch takes
-  // Each block takes items in turn: one block per SM with two buffers (all the shared memory), two otherwise.
-  const int64_t items = int64_t((T + kC - 1) / kC) * sh.Hv;
-  const int grid = int(std::min<int64_t>(items, int64_t(c.sms) * (nbuf == 2 ? 1 : 2)));
-  launch(c, "gdn_chunk_prep_kernel", gdn_chunk_prep_kernel, dim3(grid), kThreads, smem, sh, T, xc, b, a, A_log, dt_bias,
-         ws, nbuf);
+  const size_t smem = prep_smem_bytes(sh.Dk, sh.Dv);
+  allow_dynamic_smem<gdn_chunk_prep_kernel>(prep_smem_bytes(128, 256));  // the largest Dk and Dv the kernel takes
+  launch(c, "gdn_chunk_prep_kernel", gdn_chunk_prep_kernel, dim3((T + kC - 1) / kC, sh.Hv), kThreads, smem, sh, T, xc,
+         b, a, A_log, dt_bias, ws);
   FERN_CUDA_LAUNCH_CHECK("gdn_chunk_prep_kernel");
 }
 
