@@ -17,9 +17,6 @@
 // remainder, and hi*hi + hi*lo + lo*hi is accumulated in fp32 (the dropped lo*lo term is ~2^-22 relative), so the
 // result stays at fp32-like accuracy; one tf32 product (10-bit mantissa) would put ~1e-3 relative error into the
 // state every chunk. The cross terms accumulate into a second register set (two independent mma chains per tile).
-#include <algorithm>
-
-#include "core/env.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
 #include "cuda/launch.cuh"
@@ -105,61 +102,50 @@ __device__ __forceinline__ void mma3(float (&d)[4], float (&e)[4], const FragA& 
 }
 
 // ---- A. per (chunk, value head): gates, decays, A, P, U and W ----
-// A block takes NH value heads of one key head (NH = 2 where the heads per key head are even: the real model's
-// 32 value heads over 16 key heads), so that the K and Q rows are read and G = K K^T, Q K^T computed once for both
-// (the two heads differ only in their gates: A and P are the products masked with each head's decays).
-// Dynamic shared memory: the Q rows of the chunk [C][Dk + 4], whose room then takes each head's A [C][kPs] (Q is
-// read only by the Q K^T products, before A is written); the K rows [C][Dk + 4]; each head's V rows [C][Dv]
-// (requested with K and Q, so that their latency passes under the products instead of stalling the substitution's
-// first reads).
-__host__ __device__ inline int prep_qa_floats(int Dk, int NH) {
-  return kC * (Dk + 4) > NH * kC * kPs ? kC * (Dk + 4) : NH * kC * kPs;
-}
-size_t prep_smem_bytes(int Dk, int Dv, int NH) {
-  return (size_t(prep_qa_floats(Dk, NH)) + size_t(kC) * (Dk + 4) + size_t(NH) * kC * Dv) * sizeof(float);
+// Dynamic shared memory: the Q rows of the chunk [C][Dk + 4], whose room then takes A [C][kPs] (Q is read only by
+// the Q K^T products, before A is written); the K rows [C][Dk + 4]; the V rows [C][Dv] (requested with K and Q, so
+// that their latency passes under the products instead of stalling the substitution's first reads).
+__host__ __device__ inline int prep_qa_floats(int Dk) { return kC * (Dk + 4) > kC * kPs ? kC * (Dk + 4) : kC * kPs; }
+size_t prep_smem_bytes(int Dk, int Dv) {
+  return (size_t(prep_qa_floats(Dk)) + size_t(kC) * (Dk + 4) + size_t(kC) * Dv) * sizeof(float);
 }
 
 // The lower-triangle 16 x 8 tiles of G = K K^T and Q K^T (tiles wholly above the diagonal are zero in both masked
-// matrices): row tile mt has 2 mt + 2 of them, 20 in all. Warp w (of 8) takes row tile mt(w), n-tiles nt0(w) ..
+// matrices): row tile mt has 2 mt + 2 of them, 20 in all. Warp w takes row tile mt(w), n-tiles nt0(w) ..
 // nt0(w) + cnt(w) - 1: at most 3 per warp. (A warp per half row tile took 0 to 4 of them, and the slowest set the
 // barrier after the products: Nsight Compute found 8% of the kernel's stall samples at it.) Nibble w of each word.
-// With two heads (16 warps) warps 0-7 compute the G tiles and warps 8-15 the Q K^T tiles of the same table.
 constexpr uint32_t kTileMt = 0x33322110u, kTileNt0 = 0x63030200u, kTileCnt = 0x23333222u;
 constexpr int kMaxTiles = 3;
 static_assert(kC == 64 && kThreads == 256, "the tile tables cover 64-row chunks with 8 warps");
 
-template <int NH>
-__global__ void __launch_bounds__(NH * kThreads) gdn_chunk_prep_kernel(GdnShape sh, int T, const float* __restrict__ xc,
-                                                                       const float* __restrict__ bgate,
-                                                                       const float* __restrict__ agate,
-                                                                       const float* __restrict__ A_log,
-                                                                       const float* __restrict__ dt_bias,
-                                                                       float* __restrict__ ws) {
-  static_assert(NH == 1 || NH == 2);
-  constexpr int kBlock = NH * kThreads;
+__global__ void __launch_bounds__(kThreads) gdn_chunk_prep_kernel(GdnShape sh, int T, const float* __restrict__ xc,
+                                                                  const float* __restrict__ bgate,
+                                                                  const float* __restrict__ agate,
+                                                                  const float* __restrict__ A_log,
+                                                                  const float* __restrict__ dt_bias,
+                                                                  float* __restrict__ ws) {
   extern __shared__ __align__(16) float dyn[];
-  __shared__ double gam[NH][kC];
-  __shared__ float beta[NH][kC], egam[NH][kC];
+  __shared__ double gam[kC];
+  __shared__ float beta[kC], egam[kC];
   const int Dk = sh.Dk, Dv = sh.Dv, Hv = sh.Hv, ldk = Dk + 4;
   float* Qs = dyn;
-  float* Ab = dyn;  // head j's A [C][kPs] at Ab + j C kPs, over Q once the products are done; strictly lower part
-  float* Ks = dyn + prep_qa_floats(Dk, NH);
-  float* Vs = Ks + kC * ldk;  // head j's V rows at Vs + j C Dv
-  const int chunk = blockIdx.x, h0 = blockIdx.y * NH, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float(*As)[kPs] = reinterpret_cast<float(*)[kPs]>(dyn);  // over Q once the products are done; strictly lower part
+  float* Ks = dyn + prep_qa_floats(Dk);
+  float* Vs = Ks + kC * ldk;
+  const int chunk = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int t0 = chunk * kC, rows = min(kC, T - t0);
   const int64_t C = sh.conv_dim, key_dim = int64_t(sh.Hk) * Dk;
-  const int kh = h0 / (Hv / sh.Hk);  // the same for the NH heads (the host checks that they share it)
+  const int kh = h / (Hv / sh.Hk);
   const float* qsrc = xc + int64_t(kh) * Dk;
   const float* ksrc = xc + key_dim + int64_t(kh) * Dk;
-  const float* vsrc = xc + 2 * key_dim + int64_t(h0) * Dv;
-  float neg_A = 0.0f, dtb = 0.0f;  // warp j < NH: head h0 + j's (weights: may be read before the PDL wait)
-  if (warp < NH) neg_A = -expf(A_log[h0 + warp]), dtb = dt_bias[h0 + warp];
+  const float* vsrc = xc + 2 * key_dim + int64_t(h) * Dv;
+  const float neg_A = -expf(A_log[h]), dtb = dt_bias[h];  // weights: may be read before the PDL wait
   pdl_wait();
   pdl_trigger();
 
   const int F = Dk / 4;
-  for (int idx = tid; idx < kC * F; idx += kBlock) {
+  for (int idx = tid; idx < kC * F; idx += kThreads) {
     const int r = idx / F, c4 = idx % F;
     const bool ok = r < rows;  // padded rows: zeros
     const int64_t off = int64_t(ok ? t0 + r : 0) * C + 4 * c4;
@@ -167,16 +153,14 @@ __global__ void __launch_bounds__(NH * kThreads) gdn_chunk_prep_kernel(GdnShape 
     ptx::cp_async16(Qs + r * ldk + 4 * c4, qsrc + off, ok);
   }
   const int FV = Dv / 4;
-  for (int idx = tid; idx < NH * kC * FV; idx += kBlock) {
-    const int j = idx / (kC * FV), rc = idx - j * (kC * FV), r = rc / FV, c4 = rc % FV;
+  for (int idx = tid; idx < kC * FV; idx += kThreads) {
+    const int r = idx / FV, c4 = idx % FV;
     const bool ok = r < rows;
-    ptx::cp_async16(Vs + (j * kC + r) * Dv + 4 * c4, vsrc + j * Dv + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
+    ptx::cp_async16(Vs + r * Dv + 4 * c4, vsrc + int64_t(ok ? t0 + r : 0) * C + 4 * c4, ok);
   }
   ptx::cp_commit();
-  if (warp < NH) {
-    // Head h0 + warp: gates of rows 2 lane and 2 lane + 1 (padded rows: g = 0, beta = 0), then Gamma by a shuffle
-    // scan in double.
-    const int h = h0 + warp;
+  if (warp == 0) {
+    // Gates of rows 2 lane and 2 lane + 1 (padded rows: g = 0, beta = 0), then Gamma by a shuffle scan in double.
     float gl[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -188,7 +172,7 @@ __global__ void __launch_bounds__(NH * kThreads) gdn_chunk_prep_kernel(GdnShape 
         gv = neg_A * softplus(agate[i] + dtb);
       }
       gl[e] = gv;
-      beta[warp][r] = bv;
+      beta[r] = bv;
     }
     double incl = double(gl[0]) + double(gl[1]);
 #pragma unroll
@@ -198,131 +182,80 @@ __global__ void __launch_bounds__(NH * kThreads) gdn_chunk_prep_kernel(GdnShape 
     }
     double excl = __shfl_up_sync(0xffffffffu, incl, 1);
     if (lane == 0) excl = 0.0;
-    gam[warp][2 * lane] = excl + gl[0];
-    gam[warp][2 * lane + 1] = excl + gl[0] + gl[1];
+    gam[2 * lane] = excl + gl[0];
+    gam[2 * lane + 1] = excl + gl[0] + gl[1];
   }
   ptx::cp_wait<0>();
   __syncthreads();
 
-  // Head j's workspace block: W [C][Dk], U [C][Dv], P [C][C], exp(Gamma) [C], exp(Gamma_L - Gamma) [C].
-  const int64_t BS = block_floats(Dk, Dv);
-  float* const ws0 = ws + (int64_t(chunk) * Hv + h0) * BS;
-  if (tid < NH * kC) {
-    const int j = tid / kC, r = tid % kC;
-    float* gq = ws0 + j * BS + kC * (Dk + Dv + kC);
-    const float e = static_cast<float>(exp(gam[j][r]));
-    egam[j][r] = e;
-    gq[r] = e;
-    gq[kC + r] = static_cast<float>(exp(gam[j][kC - 1] - gam[j][r]));  // padded rows have g = 0: Gamma_last is the last real row's
+  float* wsb = ws + (int64_t(chunk) * Hv + h) * block_floats(Dk, Dv);
+  float* W = wsb;
+  float* U = W + kC * Dk;
+  float* P = U + kC * Dv;
+  float* gq = P + kC * kC;
+  float* gk = gq + kC;
+  if (tid < kC) {
+    const float e = static_cast<float>(exp(gam[tid]));
+    egam[tid] = e;
+    gq[tid] = e;
+    gk[tid] = static_cast<float>(exp(gam[kC - 1] - gam[tid]));  // padded rows have g = 0: Gamma_last is the last real row's
   }
 
-  // G = K K^T and Q K^T, this warp's tiles (kTileMt above): both for one head, one of them for two (warps 0-7 G,
-  // 8-15 Q K^T: one accumulator set per warp).
+  // G = K K^T and Q K^T, this warp's tiles (kTileMt above).
   {
-    const int pw = warp & 7;
-    const int mt = (kTileMt >> (4 * pw)) & 15, nt0 = (kTileNt0 >> (4 * pw)) & 15;
-    const int cnt = (kTileCnt >> (4 * pw)) & 15, m0 = 16 * mt;
-    // Head hh's entries (r, ss), ss = s, s + 1, of a G tile (kk: K K^T) and a Q K^T tile (qk) into A and P.
-    auto put_a = [&](int hh, int r, int s, const float (&kk)[2]) {
-      float(*As)[kPs] = reinterpret_cast<float(*)[kPs]>(Ab + hh * kC * kPs);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int ss = s + e;
-        const float dec = ss <= r ? static_cast<float>(exp(gam[hh][r] - gam[hh][ss])) : 0.0f;  // exponent <= 0
-        As[r][ss] = ss < r ? beta[hh][r] * kk[e] * dec : 0.0f;
-      }
-    };
-    auto put_p = [&](int hh, int r, int s, const float (&qk)[2]) {
-      float pv[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int ss = s + e;
-        const float dec = ss <= r ? static_cast<float>(exp(gam[hh][r] - gam[hh][ss])) : 0.0f;
-        pv[e] = qk[e] * dec;
-      }
-      *reinterpret_cast<float2*>(ws0 + hh * BS + kC * (Dk + Dv) + r * kC + s) = make_float2(pv[0], pv[1]);
-    };
-    if constexpr (NH == 1) {
-      float dG[kMaxTiles][4] = {}, eG[kMaxTiles][4] = {}, dP[kMaxTiles][4] = {}, eP[kMaxTiles][4] = {};
-      for (int k0 = 0; k0 < Dk; k0 += 8) {
-        const FragA ak = frag_a(Ks + m0 * ldk + k0, ldk, g, t);
-        const FragA aq = frag_a(Qs + m0 * ldk + k0, ldk, g, t);
-#pragma unroll
-        for (int j = 0; j < kMaxTiles; ++j) {
-          if (j >= cnt) continue;  // warp-uniform
-          const FragB bk = frag_b_t(Ks + (nt0 + j) * 8 * ldk + k0, ldk, g, t);
-          mma3(dG[j], eG[j], ak, bk);
-          mma3(dP[j], eP[j], aq, bk);
-        }
-      }
-      __syncthreads();  // every warp is done with Q: A goes into its room
+    const int mt = (kTileMt >> (4 * warp)) & 15, nt0 = (kTileNt0 >> (4 * warp)) & 15;
+    const int cnt = (kTileCnt >> (4 * warp)) & 15, m0 = 16 * mt;
+    float dG[kMaxTiles][4] = {}, eG[kMaxTiles][4] = {}, dP[kMaxTiles][4] = {}, eP[kMaxTiles][4] = {};
+    for (int k0 = 0; k0 < Dk; k0 += 8) {
+      const FragA ak = frag_a(Ks + m0 * ldk + k0, ldk, g, t);
+      const FragA aq = frag_a(Qs + m0 * ldk + k0, ldk, g, t);
 #pragma unroll
       for (int j = 0; j < kMaxTiles; ++j) {
-        if (j >= cnt) continue;
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = m0 + g + 8 * hr, s = (nt0 + j) * 8 + 2 * t;
-          const float kk[2] = {dG[j][2 * hr] + eG[j][2 * hr], dG[j][2 * hr + 1] + eG[j][2 * hr + 1]};
-          const float qk[2] = {dP[j][2 * hr] + eP[j][2 * hr], dP[j][2 * hr + 1] + eP[j][2 * hr + 1]};
-          put_a(0, r, s, kk);
-          put_p(0, r, s, qk);
-        }
+        if (j >= cnt) continue;  // warp-uniform
+        const int n0 = (nt0 + j) * 8;
+        const FragB bk = frag_b_t(Ks + n0 * ldk + k0, ldk, g, t);
+        mma3(dG[j], eG[j], ak, bk);
+        mma3(dP[j], eP[j], aq, bk);
       }
-    } else {
-      const bool is_g = warp < 8;  // warp-uniform
-      const float* arow = (is_g ? Ks : Qs) + m0 * ldk;
-      float d[kMaxTiles][4] = {}, e[kMaxTiles][4] = {};
-      for (int k0 = 0; k0 < Dk; k0 += 8) {
-        const FragA af = frag_a(arow + k0, ldk, g, t);
+    }
+    __syncthreads();  // every warp is done with Q: A goes into its room
 #pragma unroll
-        for (int j = 0; j < kMaxTiles; ++j) {
-          if (j >= cnt) continue;  // warp-uniform
-          mma3(d[j], e[j], af, frag_b_t(Ks + (nt0 + j) * 8 * ldk + k0, ldk, g, t));
+    for (int j = 0; j < kMaxTiles; ++j) {
+      if (j >= cnt) continue;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = m0 + g + 8 * hr, s = (nt0 + j) * 8 + 2 * t;
+        float pv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int ss = s + e;
+          const float kk = dG[j][2 * hr + e] + eG[j][2 * hr + e], qk = dP[j][2 * hr + e] + eP[j][2 * hr + e];
+          const float dec = ss <= r ? static_cast<float>(exp(gam[r] - gam[ss])) : 0.0f;  // exponent <= 0
+          As[r][ss] = ss < r ? beta[r] * kk * dec : 0.0f;
+          pv[e] = qk * dec;
         }
-      }
-      __syncthreads();  // every warp is done with Q: A goes into its room
-#pragma unroll
-      for (int j = 0; j < kMaxTiles; ++j) {
-        if (j >= cnt) continue;
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = m0 + g + 8 * hr, s = (nt0 + j) * 8 + 2 * t;
-          const float v[2] = {d[j][2 * hr] + e[j][2 * hr], d[j][2 * hr + 1] + e[j][2 * hr + 1]};
-#pragma unroll
-          for (int hh = 0; hh < NH; ++hh) {
-            if (is_g)
-              put_a(hh, r, s, v);
-            else
-              put_p(hh, r, s, v);
-          }
-        }
+        *reinterpret_cast<float2*>(P + r * kC + s) = make_float2(pv[0], pv[1]);
       }
     }
     // P's tiles above the diagonal: zeros (the state kernel multiplies the whole of P).
-    for (int idx = tid; idx < NH * kC * kC / 4; idx += kBlock) {
-      const int hh = idx / (kC * kC / 4), ri = idx - hh * (kC * kC / 4), r = ri / (kC / 4), s = 4 * (ri % (kC / 4));
-      if (s >= 16 * (r / 16) + 16)
-        *reinterpret_cast<float4*>(ws0 + hh * BS + kC * (Dk + Dv) + r * kC + s) = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int idx = tid; idx < kC * kC / 4; idx += kThreads) {
+      const int r = idx / (kC / 4), s = 4 * (idx % (kC / 4));
+      if (s >= 16 * (r / 16) + 16) *reinterpret_cast<float4*>(P + r * kC + s) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
   __syncthreads();
 
   // Forward substitution, one column per thread: x_r = b_r - sum_{s<r} A[r, s] x_s, with b = beta v (U) or
-  // beta exp(Gamma) k (W). Rows past T have b = 0 and A = 0, so x = 0 there. Columns of head hh: Dv of U, then Dk of W.
-  for (int cc = tid; cc < NH * (Dv + Dk); cc += kBlock) {
-    const int hh = cc / (Dv + Dk), col = cc - hh * (Dv + Dk);
-    const float(*As)[kPs] = reinterpret_cast<const float(*)[kPs]>(Ab + hh * kC * kPs);
-    float* const W = ws0 + hh * BS;
-    float* const U = W + kC * Dk;
+  // beta exp(Gamma) k (W). Rows past T have b = 0 and A = 0, so x = 0 there.
+  for (int col = tid; col < Dv + Dk; col += kThreads) {
     float x[kC];
     if (col < Dv) {
-      const float* V = Vs + hh * kC * Dv;
 #pragma unroll
-      for (int r = 0; r < kC; ++r) x[r] = beta[hh][r] * V[r * Dv + col];  // padded rows: beta 0, V zero-filled
+      for (int r = 0; r < kC; ++r) x[r] = beta[r] * Vs[r * Dv + col];  // padded rows: beta 0, V zero-filled
     } else {
       const int i = col - Dv;
 #pragma unroll
-      for (int r = 0; r < kC; ++r) x[r] = (beta[hh][r] * egam[hh][r]) * Ks[r * ldk + i];
+      for (int r = 0; r < kC; ++r) x[r] = (beta[r] * egam[r]) * Ks[r * ldk + i];
     }
 #pragma unroll
     for (int r = 1; r < kC; ++r) {
@@ -531,46 +464,15 @@ int64_t gdn_chunked_ws_floats(const GdnShape& sh, int T) {
   return int64_t((T + kC - 1) / kC) * sh.Hv * block_floats(sh.Dk, sh.Dv);
 }
 
-namespace {
-// The device's per-block shared memory limit (opt-in) less the prep kernel's static arrays, asked once per process
-// (one device, as allow_dynamic_smem).
-size_t prep_dynamic_smem_limit(int NH) {
-  static const size_t optin = [] {
-    int dev = 0, v = 0;
-    FERN_CUDA_CHECK(cudaGetDevice(&dev));
-    FERN_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return size_t(v);
-  }();
-  return optin - size_t(NH) * kC * (sizeof(double) + 2 * sizeof(float));  // gam, beta, egam
-}
-
-template <int NH>
-void launch_prep(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
-                 const float* A_log, const float* dt_bias, float* ws) {
-  // The largest Dk and Dv the kernel takes (128, 256), or the device's limit where that is less: set once.
-  allow_dynamic_smem<gdn_chunk_prep_kernel<NH>>(std::min(prep_smem_bytes(128, 256, NH), prep_dynamic_smem_limit(NH)));
-  launch(c, "gdn_chunk_prep_kernel", gdn_chunk_prep_kernel<NH>, dim3((T + kC - 1) / kC, sh.Hv / NH), NH * kThreads,
-         prep_smem_bytes(sh.Dk, sh.Dv, NH), sh, T, xc, b, a, A_log, dt_bias, ws);
-  FERN_CUDA_LAUNCH_CHECK("gdn_chunk_prep_kernel");
-}
-}  // namespace
-
-// Two value heads per block where two consecutive heads share a key head and their rows fit in shared memory;
-// FERN_GDN_PREP_HEADS=1 keeps one (a test compares the two forms bit for bit; "auto", the default, picks).
-int gdn_chunked_prep_heads(const GdnShape& sh) {
-  if (env_choice("FERN_GDN_PREP_HEADS", {"auto", "1"}, 0) == 1) return 1;
-  const bool pair = (sh.Hv / sh.Hk) % 2 == 0 && prep_smem_bytes(sh.Dk, sh.Dv, 2) <= prep_dynamic_smem_limit(2);
-  return pair ? 2 : 1;
-}
-
 void gdn_chunked_prep(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
                       const float* A_log, const float* dt_bias, float* ws) {
   FERN_CU_CHECK(gdn_chunked_ok(sh), "gdn_chunked: unsupported head shape");
   FERN_CU_CHECK(T >= 1 && aligned16(xc) && aligned16(ws), "gdn_chunked: no rows or unaligned scratch");
-  if (gdn_chunked_prep_heads(sh) == 2)
-    launch_prep<2>(c, sh, T, xc, b, a, A_log, dt_bias, ws);
-  else
-    launch_prep<1>(c, sh, T, xc, b, a, A_log, dt_bias, ws);
+  const size_t smem = prep_smem_bytes(sh.Dk, sh.Dv);
+  allow_dynamic_smem<gdn_chunk_prep_kernel>(prep_smem_bytes(128, 256));  // the largest Dk and Dv the kernel takes
+  launch(c, "gdn_chunk_prep_kernel", gdn_chunk_prep_kernel, dim3((T + kC - 1) / kC, sh.Hv), kThreads, smem, sh, T, xc,
+         b, a, A_log, dt_bias, ws);
+  FERN_CUDA_LAUNCH_CHECK("gdn_chunk_prep_kernel");
 }
 
 void gdn_chunked_state(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* ws, float* state,

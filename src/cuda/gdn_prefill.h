@@ -57,9 +57,6 @@ int64_t gdn_chunked_ws_floats(const GdnShape& sh, int T);
 // the parallel per-chunk part (gdn_chunked_prep) and the recurrence over the chunks (gdn_chunked_state).
 void gdn_prefill_chunked(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
                          const float* A_log, const float* dt_bias, float* state, float* y, float* ws);
-// Value heads per block of the chunk prep kernel for this shape (2 where two consecutive heads share a key head and
-// fit in shared memory, else 1; FERN_GDN_PREP_HEADS=1 forces 1).
-int gdn_chunked_prep_heads(const GdnShape& sh);
 void gdn_chunked_prep(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* b, const float* a,
                       const float* A_log, const float* dt_bias, float* ws);
 void gdn_chunked_state(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* ws, float* state,
