@@ -13,6 +13,10 @@
 #   gpu_run_test_specs SPECS...  those tests from build/, one after the other, into $OUT/tests.log (a line each)
 #   gpu_run_node_suite [SECONDS]  the Node server suite (official openai client) against build/fern, whose default
 #                          backend is CUDA where a GPU is present; into $OUT/node_suite.log (skipped without node)
+#   gpu_build_tree NAME DIR JOBS FLAGS TARGETS...  the archive .carry/var/NAME.tar (and its NAME.commit) unpacked into
+#                          DIR and TARGETS built there (CMAKE_CUDA_FLAGS=FLAGS, ninja -jJOBS), logs $OUT/cmake_NAME.log and
+#                          $OUT/build_NAME.log; several run in parallel (&, wait) to compare commits side by side;
+#                          GPU_TREE_OVERLAY: files (paths from the root) of the running tree copied over the archive's
 #   note TEXT / elapsed / gpu_summary
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -79,4 +83,15 @@ gpu_run_node_suite() {
   FERN_BIN=$PWD/build/fern timeout "${1:-300}" node --test tests/server/*.test.mjs >"$OUT/node_suite.log" 2>&1
   note "Node server suite (rc $?): $(grep -E '^# (tests|pass|fail)' "$OUT/node_suite.log" | tr '\n' ' ') ($(elapsed))"
   grep -B2 -A12 "^not ok" "$OUT/node_suite.log" | head -40
+}
+
+gpu_build_tree() {
+  local name=$1 dir=$2 jobs=$3 flags=$4 root=$PWD
+  shift 4
+  rm -rf "$dir" && mkdir -p "$dir" && tar -C "$dir" -xf ".carry/var/$name.tar" || return 1
+  local f
+  for f in ${GPU_TREE_OVERLAY:-}; do cp "$f" "$dir/$f" || return 1; done  # this tree's files over the archive's
+  (cd "$dir" && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real \
+    -DCMAKE_CUDA_FLAGS="$flags" -DFERN_GIT_COMMIT="$(cat "$root/.carry/var/$name.commit")" >"$OUT/cmake_$name.log" 2>&1 &&
+    ninja -C build -k 0 -j"$jobs" "$@" >"$OUT/build_$name.log" 2>&1)
 }

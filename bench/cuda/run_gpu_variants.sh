@@ -15,22 +15,19 @@ set -u
 source bench/gpu_prelude.sh
 VARIANTS=${VARIANTS:-base v1 v2}
 FULL=${FULL:-${VARIANTS##* }}
-ROOT=$PWD
 source tools/gpu-env.sh
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); variants: $VARIANTS (full: $FULL)"
 for v in $VARIANTS; do fv="VFLAGS_$v"; [ -n "${!fv:-}" ] && note "$v: CMAKE_CUDA_FLAGS=${!fv}"; done
 TESTS="cuda_test_cuda_linear_gemm cuda_test_cuda_moe_prefill"
 build_variant() {
   local v=$1 d=/tmp/v_$1 targets="bench_cuda_prefill_linear bench_cuda_moe_prefill"
-  rm -rf "$d" && mkdir -p "$d" && tar -C "$d" -xf ".carry/var/$v.tar" || return 1
-  cp bench/cuda/bench_cuda_prefill_linear.cpp bench/cuda/bench_cuda_moe_prefill.cpp bench/cuda/bench_timing.h "$d/bench/cuda/"
   [ "$v" = "$FULL" ] && targets="$targets $TESTS cuda_test_cuda_forward"
   [ "${FULL_BENCH:-0}" = 1 ] && targets="$targets fern"
   local flags_var="VFLAGS_$v"
-  (cd "$d" && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERN_CUDA_ARCHS=90a-real \
-      -DCMAKE_CUDA_FLAGS="${!flags_var:-}" -DFERN_GIT_COMMIT="$(cat "$ROOT/.carry/var/$v.commit")" \
-      >"$OUT/cmake_$v.log" 2>&1 &&
-    ninja -C build -k 0 -j8 $targets >"$OUT/build_$v.log" 2>&1)
+  # This tree's two GEMM benchmarks (their FERN_BENCH_DEFAULT_ONLY mode) into the variant's sources, then its build.
+  # shellcheck disable=SC2086  # targets: several words
+  GPU_TREE_OVERLAY="bench/cuda/bench_cuda_prefill_linear.cpp bench/cuda/bench_cuda_moe_prefill.cpp bench/cuda/bench_timing.h" \
+    gpu_build_tree "$v" "$d" 8 "${!flags_var:-}" $targets
 }
 vsrc() { local s="VSRC_$1"; echo "${!s:-}"; }  # the variant whose build a runtime variant runs (empty: its own)
 bindir() { local s; s=$(vsrc "$1"); echo "/tmp/v_${s:-$1}"; }
