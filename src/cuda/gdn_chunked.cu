@@ -104,7 +104,7 @@ __device__ __forceinline__ void mma3(float (&d)[4], float (&e)[4], const FragA& 
 
 // mma3 with the two cross terms in separate accumulators where CH == 3 (two independent dependency chains instead
 // of one chain of two MMAs per step: the state kernel is latency-bound with two warps per scheduler, notes v33);
-// CH == 2 is mma3 itself. cross() is what the accumulators hold in all: d + e, or d + (e + f).
+// CH == 2 is mma3 itself. total() is what the accumulators hold in all: d + e, or d + (e + f).
 template <int CH>
 __device__ __forceinline__ void mma3c(float (&d)[4], float (&e)[4], float (&f)[4], const FragA& a, const FragB& b) {
   mma_tf32(d, a.hi, b.hi[0], b.hi[1]);
