@@ -107,12 +107,13 @@ __device__ __forceinline__ void mma3(float (&d)[4], float (&e)[4], const FragA& 
 // CH == 2 is mma3 itself. total() is what the accumulators hold in all: d + e, or d + (e + f).
 template <int CH>
 __device__ __forceinline__ void mma3c(float (&d)[4], float (&e)[4], float (&f)[4], const FragA& a, const FragB& b) {
-  mma_tf32(d, a.hi, b.hi[0], b.hi[1]);
-  mma_tf32(e, a.hi, b.lo[0], b.lo[1]);
-  if constexpr (CH == 3)
+  if constexpr (CH == 3) {
+    mma_tf32(d, a.hi, b.hi[0], b.hi[1]);
+    mma_tf32(e, a.hi, b.lo[0], b.lo[1]);
     mma_tf32(f, a.lo, b.hi[0], b.hi[1]);
-  else
-    mma_tf32(e, a.lo, b.hi[0], b.hi[1]);
+  } else {
+    mma3(d, e, a, b);
+  }
 }
 template <int CH>
 __device__ __forceinline__ float total(float d, float e, float f) {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/env.h"
@@ -102,6 +103,19 @@ __device__ __forceinline__ void q4_chunk(const float (&v)[8], bool valid, int64_
   }
 }
 
+// Chunk c (< chunks, else only the warp's shuffles) of 8 values at src[2 c], src[2 c + 1], converted by q4_chunk as
+// chunk `dst` of row `row` (the whole warp calls it).
+template <bool H>
+__device__ __forceinline__ void q4_chunk_from(const float4* src, int c, int chunks, int64_t row, int K, int dst,
+                                              const Q4Rows& o) {
+  float v[8] = {};
+  if (c < chunks) {
+    const float4 a = src[2 * c], b = src[2 * c + 1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+  q4_chunk<H>(v, c < chunks, row, K, dst, o);
+}
+
 // The bsum row's padding: groups past the last one in their 16-group block, and whole blocks past it (i from
 // `first`, step `step`).
 __device__ __forceinline__ void q4_bsum_pad(int64_t row, int K, const Q4Rows& o, int first, int step) {
@@ -120,15 +134,7 @@ __global__ void __launch_bounds__(32 * kWarps) to_xbf_q4_kernel(const float* x, 
   if (row >= rows) return;
   const int chunks = K / 8;
   const float4* src = reinterpret_cast<const float4*>(x + row * K);
-  for (int c0 = 0; c0 < chunks; c0 += 32) {
-    const int c = c0 + lane;
-    float v[8] = {};
-    if (c < chunks) {
-      const float4 a = src[2 * c], b = src[2 * c + 1];
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    }
-    q4_chunk<H>(v, c < chunks, row, K, c, o);
-  }
+  for (int c0 = 0; c0 < chunks; c0 += 32) q4_chunk_from<H>(src, c0 + lane, chunks, row, K, c0 + lane, o);
   q4_bsum_pad(row, K, o, lane, 32);
 }
 
@@ -167,15 +173,8 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_xbf_q4_kernel(const floa
   }
   __syncthreads();
   const int lane = threadIdx.x & 31, chunks = K / 8;
-  for (int c0 = (threadIdx.x >> 5) * 32; c0 < chunks; c0 += kNormThreads) {  // warp-uniform bound: whole groups
-    const int c = c0 + lane;
-    float v[8] = {};
-    if (c < chunks) {
-      const float4 a = reinterpret_cast<const float4*>(row_s)[2 * c], b = reinterpret_cast<const float4*>(row_s)[2 * c + 1];
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    }
-    q4_chunk<H>(v, c < chunks, r, K, c, o);
-  }
+  for (int c0 = (threadIdx.x >> 5) * 32; c0 < chunks; c0 += kNormThreads)  // warp-uniform bound: whole groups
+    q4_chunk_from<H>(reinterpret_cast<const float4*>(row_s), c0 + lane, chunks, r, K, c0 + lane, o);
   q4_bsum_pad(r, K, o, threadIdx.x, kNormThreads);
 }
 
@@ -206,15 +205,8 @@ __global__ void __launch_bounds__(32 * kGnHeads) gated_norm_xbf_q4_kernel(const 
   }
   __syncthreads();
   const int first = h0 * Dv / 8, chunks = nh * Dv / 8;  // this block's chunks of the row
-  for (int c0 = warp * 32; c0 < chunks; c0 += 32 * kGnHeads) {  // warp-uniform bound: whole groups
-    const int c = c0 + lane;
-    float v[8] = {};
-    if (c < chunks) {
-      const float4 a = reinterpret_cast<const float4*>(row_s)[2 * c], b = reinterpret_cast<const float4*>(row_s)[2 * c + 1];
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    }
-    q4_chunk<H>(v, c < chunks, r, K, first + c, o);
-  }
+  for (int c0 = warp * 32; c0 < chunks; c0 += 32 * kGnHeads)  // warp-uniform bound: whole groups
+    q4_chunk_from<H>(reinterpret_cast<const float4*>(row_s), c0 + lane, chunks, r, K, first + c0 + lane, o);
   if (blockIdx.y == 0) q4_bsum_pad(r, K, o, threadIdx.x, 32 * kGnHeads);
 }
 
@@ -348,15 +340,17 @@ void rmsnorm_xbf_q4(const Ctx& c, const float* x, float* resid, const float* del
   const unsigned grid = static_cast<unsigned>(rows);
   const int k = static_cast<int>(K);
   // The float4s per thread as rmsnorm_vec_kernel's launcher picks them (elementwise.cu launch_norm).
+  auto run = [&](auto vpt) {
+    constexpr int V = decltype(vpt)::value;
+    launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, V> : rmsnorm_xbf_q4_kernel<false, V>, grid,
+           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out), phi, plo);
+  };
   if (n4 <= kNormThreads)
-    launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, 1> : rmsnorm_xbf_q4_kernel<false, 1>, grid,
-           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out), phi, plo);
+    run(std::integral_constant<int, 1>{});
   else if (n4 <= 2 * kNormThreads)
-    launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, 2> : rmsnorm_xbf_q4_kernel<false, 2>, grid,
-           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out), phi, plo);
+    run(std::integral_constant<int, 2>{});
   else
-    launch(c, "rmsnorm_xbf_q4_kernel", h ? rmsnorm_xbf_q4_kernel<true, 4> : rmsnorm_xbf_q4_kernel<false, 4>, grid,
-           kNormThreads, 0, x, resid, delta, w, eps, xn, k, q4_rows(out), phi, plo);
+    run(std::integral_constant<int, 4>{});
 }
 
 bool gated_norm_xbf_q4_ok(int Hv, int Dv) { return Hv > 0 && Dv > 0 && Dv % 64 == 0 && Dv <= 32 * kGnPer; }
