@@ -37,6 +37,21 @@ std::vector<uint8_t> download_bytes(CudaBackend& be, const Tensor& t) {
   return v;
 }
 
+// A workspace of `bytes` on the device, every byte 0x5a: bytes that no path writes stay equal (and equal to this).
+Tensor filled_workspace(CudaBackend& be, size_t bytes) {
+  std::vector<uint8_t> fill(bytes, 0x5a);
+  Tensor t = be.alloc(DType::U8, {int64_t(bytes)});
+  be.copy(t, Tensor(fill.data(), DType::U8, {int64_t(bytes)}));
+  return t;
+}
+
+// Bytes that differ between two downloads of workspaces of one size.
+size_t differing_bytes(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
 float bf16_bits_to_f32(uint16_t b) {
   const uint32_t u = uint32_t(b) << 16;
   float f;
@@ -116,10 +131,8 @@ void run_case(int64_t rows, int64_t K, const Form& form, bool with_resid) {
   Tensor dw = test::upload_f32(*gpu, nw, {K});
   Tensor ws[2], xn[2], resid[2];
   Tensor dx = test::upload_f32(*gpu, x, {rows, K}), dd = test::upload_f32(*gpu, delta, {rows, K});
-  const std::vector<uint8_t> fill(bytes, 0x5a);  // bytes no path writes stay equal (and equal to this)
   for (int i = 0; i < 2; ++i) {
-    ws[i] = gpu->alloc(DType::U8, {int64_t(bytes)});
-    gpu->copy(ws[i], Tensor(const_cast<uint8_t*>(fill.data()), DType::U8, {int64_t(bytes)}));
+    ws[i] = filled_workspace(*gpu, bytes);
     xn[i] = test::nan_filled(*gpu, rows, K);
     resid[i] = test::upload_f32(*gpu, x, {rows, K});
   }
@@ -127,8 +140,7 @@ void run_case(int64_t rows, int64_t K, const Form& form, bool with_resid) {
   Tensor pws[2];
   for (int i = 0; i < 2; ++i) {
     out[i] = cuda::xbf_carve(ws[i].data, rows, K, true, form.half, form.bias_mma);
-    pws[i] = gpu->alloc(DType::U8, {int64_t(bytes)});
-    gpu->copy(pws[i], Tensor(const_cast<uint8_t*>(fill.data()), DType::U8, {int64_t(bytes)}));
+    pws[i] = filled_workspace(*gpu, bytes);
     plain[i] = cuda::xbf_carve(pws[i].data, rows, K);  // to_xbf's plain bf16 hi/lo rows (another GEMM's input)
   }
   const int R = static_cast<int>(rows), D = static_cast<int>(K);
@@ -147,8 +159,7 @@ void run_case(int64_t rows, int64_t K, const Form& form, bool with_resid) {
   ASSERT_EQ(cudaStreamSynchronize(c.stream), cudaSuccess);
 
   const auto b0 = download_bytes(*gpu, ws[0]), b1 = download_bytes(*gpu, ws[1]);
-  size_t diff = 0;
-  for (size_t i = 0; i < bytes; ++i) diff += b0[i] != b1[i];
+  const size_t diff = differing_bytes(b0, b1);
   EXPECT_EQ(diff, 0u) << "bytes of the rows' workspace differ from rmsnorm + to_xbf_q4";
   const auto p0 = download_bytes(*gpu, pws[0]), p1 = download_bytes(*gpu, pws[1]);
   EXPECT_TRUE(p0 == p1) << "plain rows differ from to_xbf's";
@@ -187,12 +198,10 @@ void run_gated_case(int64_t rows, int Hv, int Dv, const Form& form) {
   const cuda::GdnShape sh{1, Hv, 64, Dv, 0, 4, eps};  // what the gated norm reads: Hv, Dv, eps
 
   const size_t bytes = cuda::xbf_bytes(rows, K);
-  const std::vector<uint8_t> fill(bytes, 0x5a);
   Tensor ws[2], dy[2];
   cuda::X16 out[2];
   for (int i = 0; i < 2; ++i) {
-    ws[i] = gpu->alloc(DType::U8, {int64_t(bytes)});
-    gpu->copy(ws[i], Tensor(const_cast<uint8_t*>(fill.data()), DType::U8, {int64_t(bytes)}));
+    ws[i] = filled_workspace(*gpu, bytes);
     out[i] = cuda::xbf_carve(ws[i].data, rows, K, true, form.half, form.bias_mma);
     dy[i] = test::upload_f32(*gpu, y, {rows, K});
   }
@@ -204,8 +213,7 @@ void run_gated_case(int64_t rows, int Hv, int Dv, const Form& form) {
   ASSERT_EQ(cudaStreamSynchronize(c.stream), cudaSuccess);
 
   const auto b0 = download_bytes(*gpu, ws[0]), b1 = download_bytes(*gpu, ws[1]);
-  size_t diff = 0;
-  for (size_t i = 0; i < bytes; ++i) diff += b0[i] != b1[i];
+  const size_t diff = differing_bytes(b0, b1);
   EXPECT_EQ(diff, 0u) << "bytes of the rows' workspace differ from gdn_gated_norm + to_xbf_q4";
   EXPECT_TRUE(test::same_bits(test::download(*gpu, dy[1]), y)) << "the fused path wrote y";
 
