@@ -17,7 +17,6 @@
 // remainder, and hi*hi + hi*lo + lo*hi is accumulated in fp32 (the dropped lo*lo term is ~2^-22 relative), so the
 // result stays at fp32-like accuracy; one tf32 product (10-bit mantissa) would put ~1e-3 relative error into the
 // state every chunk. The cross terms accumulate into a second register set (two independent mma chains per tile).
-#include "core/env.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gdn_prefill.h"
 #include "cuda/launch.cuh"
@@ -100,25 +99,6 @@ __device__ __forceinline__ void mma3(float (&d)[4], float (&e)[4], const FragA& 
   mma_tf32(d, a.hi, b.hi[0], b.hi[1]);
   mma_tf32(e, a.hi, b.lo[0], b.lo[1]);
   mma_tf32(e, a.lo, b.hi[0], b.hi[1]);
-}
-
-// mma3 with the two cross terms in separate accumulators where CH == 3 (two independent dependency chains instead
-// of one chain of two MMAs per step: the state kernel is latency-bound with two warps per scheduler, notes v33);
-// CH == 2 is mma3 itself. total() is what the accumulators hold in all: d + e, or d + (e + f).
-template <int CH>
-__device__ __forceinline__ void mma3c(float (&d)[4], float (&e)[4], float (&f)[4], const FragA& a, const FragB& b) {
-  if constexpr (CH == 3) {
-    mma_tf32(d, a.hi, b.hi[0], b.hi[1]);
-    mma_tf32(e, a.hi, b.lo[0], b.lo[1]);
-    mma_tf32(f, a.lo, b.hi[0], b.hi[1]);
-  } else {
-    mma3(d, e, a, b);
-  }
-}
-template <int CH>
-__device__ __forceinline__ float total(float d, float e, float f) {
-  if constexpr (CH == 3) return d + (e + f);
-  return d + e;
 }
 
 // ---- A. per (chunk, value head): gates, decays, A, P, U and W ----
@@ -302,7 +282,7 @@ constexpr size_t state_smem_floats() {
   return size_t(4) * kC * (DK + 4) + size_t(2) * kC * kPs + size_t(2) * kC * kVs + size_t(DK) * kVs + 3 * kC;
 }
 
-template <int DK, int CH>
+template <int DK>
 __global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, int T, const float* __restrict__ xc,
                                                                    const float* __restrict__ ws,
                                                                    float* __restrict__ state,
@@ -385,7 +365,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, 
     ptx::cp_commit();
 
     // Phase 1: W S and Q S over the key dimension, sharing the S fragments.
-    float dW[2][4] = {}, eW[2][4] = {}, dQ[2][4] = {}, eQ[2][4] = {}, fW[2][4] = {}, fQ[2][4] = {};
+    float dW[2][4] = {}, eW[2][4] = {}, dQ[2][4] = {}, eQ[2][4] = {};
 #pragma unroll 4
     for (int k0 = 0; k0 < DK; k0 += 8) {
       const FragA aw = frag_a(Ws + m0 * LD + k0, LD, g, t);
@@ -393,19 +373,19 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, 
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const FragB bs = frag_b(Ss + k0 * kVs + n1 + 8 * j, kVs, g, t);
-        mma3c<CH>(dW[j], eW[j], fW[j], aw, bs);
-        mma3c<CH>(dQ[j], eQ[j], fQ[j], aq, bs);
+        mma3(dW[j], eW[j], aw, bs);
+        mma3(dQ[j], eQ[j], aq, bs);
       }
     }
     const float eL = gqs[kC - 1];
-    float dO[2][4], eO[2][4] = {}, fO[2][4] = {};
+    float dO[2][4], eO[2][4] = {};
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = m0 + g + 8 * (e >> 1), n = n1 + 8 * j + 2 * t + (e & 1);
-        Vs[r * kVs + n] = Us[r * kVs + n] - total<CH>(dW[j][e], eW[j][e], fW[j][e]);  // V' = U - W S
-        dO[j][e] = total<CH>(dQ[j][e], eQ[j][e], fQ[j][e]) * gqs[r];  // diag(exp Gamma) Q S
+        Vs[r * kVs + n] = Us[r * kVs + n] - (dW[j][e] + eW[j][e]);  // V' = U - W S
+        dO[j][e] = (dQ[j][e] + eQ[j][e]) * gqs[r];                  // diag(exp Gamma) Q S
       }
     __syncthreads();
     if (ch + 1 < nch) load_wq(ch + 1);  // W, Q, U, exp(Gamma) are free now
@@ -417,7 +397,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, 
     for (int k0 = 0; k0 < kC; k0 += 8) {
       const FragA ap = frag_a(pb + m0 * kPs + k0, kPs, g, t);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) mma3c<CH>(dO[j], eO[j], fO[j], ap, frag_b(Vs + k0 * kVs + n1 + 8 * j, kVs, g, t));
+      for (int j = 0; j < 2; ++j) mma3(dO[j], eO[j], ap, frag_b(Vs + k0 * kVs + n1 + 8 * j, kVs, g, t));
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j)
@@ -427,15 +407,14 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, 
         if (r < rows) {
           const int n = n1 + 8 * j + 2 * t;
           *reinterpret_cast<float2*>(y + (int64_t(t0 + r) * Hv + h) * Dv + col0 + n) =
-              make_float2(total<CH>(dO[j][2 * hr], eO[j][2 * hr], fO[j][2 * hr]),
-                          total<CH>(dO[j][2 * hr + 1], eO[j][2 * hr + 1], fO[j][2 * hr + 1]));
+              make_float2(dO[j][2 * hr] + eO[j][2 * hr], dO[j][2 * hr + 1] + eO[j][2 * hr + 1]);
         }
       }
 
     // Phase 3: S <- exp(Gamma_L) S + K^T diag(exp(Gamma_L - Gamma)) V' (this warp's tiles of S only).
     const float* kb = Ks + buf * kC * LD;
     const float* gkb = gks + buf * kC;
-    float dS[NT3][4], eS[NT3][4] = {}, fS[NT3][4] = {};
+    float dS[NT3][4], eS[NT3][4] = {};
 #pragma unroll
     for (int j = 0; j < NT3; ++j)
 #pragma unroll
@@ -448,14 +427,14 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, 
 #pragma unroll
       for (int j = 0; j < NT3; ++j) {
         const float* vp = Vs + k0 * kVs + n3 + 8 * j;
-        mma3c<CH>(dS[j], eS[j], fS[j], ak, split_b(s0 * vp[t * kVs + g], s1 * vp[(t + 4) * kVs + g]));
+        mma3(dS[j], eS[j], ak, split_b(s0 * vp[t * kVs + g], s1 * vp[(t + 4) * kVs + g]));
       }
     }
 #pragma unroll
     for (int j = 0; j < NT3; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        Ss[(i0 + g + 8 * (e >> 1)) * kVs + n3 + 8 * j + 2 * t + (e & 1)] = total<CH>(dS[j][e], eS[j][e], fS[j][e]);
+        Ss[(i0 + g + 8 * (e >> 1)) * kVs + n3 + 8 * j + 2 * t + (e & 1)] = dS[j][e] + eS[j][e];
   }
   ptx::cp_wait<0>();
   __syncthreads();
@@ -465,23 +444,14 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_state_kernel(GdnShape sh, 
   }
 }
 
-template <int DK, int CH>
+template <int DK>
 void launch_state(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* ws, float* state, float* y) {
   constexpr size_t smem = state_smem_floats<DK>() * sizeof(float);
   static_assert(smem <= 227 * 1024, "state kernel shared memory");
-  allow_dynamic_smem<gdn_chunk_state_kernel<DK, CH>>(smem);
-  launch(c, "gdn_chunk_state_kernel", gdn_chunk_state_kernel<DK, CH>, dim3(sh.Hv, sh.Dv / kCols), kThreads, smem, sh,
-         T, xc, ws, state, y);
+  allow_dynamic_smem<gdn_chunk_state_kernel<DK>>(smem);
+  launch(c, "gdn_chunk_state_kernel", gdn_chunk_state_kernel<DK>, dim3(sh.Hv, sh.Dv / kCols), kThreads, smem, sh, T,
+         xc, ws, state, y);
   FERN_CUDA_LAUNCH_CHECK("gdn_chunk_state_kernel");
-}
-template <int DK>
-void launch_state_chains(const Ctx& c, const GdnShape& sh, int T, const float* xc, const float* ws, float* state,
-                         float* y) {
-  // FERN_GDN_STATE_CHAINS=2 (default: the cross terms in one accumulator) or 3 (in two). Experiment, not measured.
-  if (env_choice("FERN_GDN_STATE_CHAINS", {"2", "3"}, 0) == 1)
-    launch_state<DK, 3>(c, sh, T, xc, ws, state, y);
-  else
-    launch_state<DK, 2>(c, sh, T, xc, ws, state, y);
 }
 
 }  // namespace
@@ -509,9 +479,9 @@ void gdn_chunked_state(const Ctx& c, const GdnShape& sh, int T, const float* xc,
                        float* y) {
   FERN_CU_CHECK(gdn_chunked_ok(sh), "gdn_chunked: unsupported head shape");
   switch (sh.Dk) {
-    case 32: launch_state_chains<32>(c, sh, T, xc, ws, state, y); break;
-    case 64: launch_state_chains<64>(c, sh, T, xc, ws, state, y); break;
-    default: launch_state_chains<128>(c, sh, T, xc, ws, state, y); break;
+    case 32: launch_state<32>(c, sh, T, xc, ws, state, y); break;
+    case 64: launch_state<64>(c, sh, T, xc, ws, state, y); break;
+    default: launch_state<128>(c, sh, T, xc, ws, state, y); break;
   }
 }
 

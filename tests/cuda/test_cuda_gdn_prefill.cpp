@@ -367,21 +367,6 @@ TEST(CudaGdnPrefill, ChunkedDirect) {
   check_chunked_direct({3, 12, 32, 96, 2}, true, {1, 65, 130}, 73);
 }
 
-// The state kernel with the 3xTF32 cross terms in two accumulators (FERN_GDN_STATE_CHAINS=3, an experiment: other
-// rounding, the same bound against the CPU) at head dims 128, 64 and 32.
-TEST(CudaGdnPrefill, ChunkedStateThreeChains) {
-  FERN_REQUIRE_GPU();
-  {
-    test::EnvGuard g("FERN_GDN_STATE_CHAINS", "3");
-    check_chunked_direct(kReal, true, {1, 63, 1, 64, 65, 1, 200}, 71);
-    check_chunked_direct(kReal, false, {1, 2, 64, 129}, 72);
-    check_chunked_direct({4, 8, 64, 128, 4}, true, {300, 2, 65}, 77);
-    check_chunked_direct({3, 12, 32, 96, 2}, true, {1, 65, 130}, 73);
-  }
-  test::EnvGuard bad("FERN_GDN_STATE_CHAINS", "4");
-  EXPECT_THROW(check_chunked_direct(kReal, true, {65}, 76), Error);
-}
-
 TEST(CudaGdnPrefill, ScanVariants) {
   FERN_REQUIRE_GPU();
   check_scan_variants(kReal, 51);
