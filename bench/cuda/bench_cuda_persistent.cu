@@ -19,7 +19,8 @@
 //   prefetch   one persistent launch, every phase's weights requested as soon as the ring has room (the routed
 //              experts' still after their barrier, and nothing behind them in the ring before them);
 //   ahead      as prefetch, the routed experts' bytes too (as if the routing were known: the streaming ceiling);
-//   barriers   the persistent schedule with no weight bytes: barriers and dependent reads alone.
+//   barriers   the persistent schedule with no weight bytes: barriers and dependent reads alone;
+//   one phase  every byte of the step as one phase of one persistent launch (the ring's streaming rate).
 // Every block sums the 32-bit words it consumed; the total is checked against the host's sum of the pool (every
 // chunk read once: none twice, none missed).
 #include <cuda_runtime.h>
@@ -329,6 +330,11 @@ int main(int argc, char** argv) {
   FERN_CUDA_CHECK(cudaMalloc(&d_none, sizeof(Phase) * np));
   FERN_CUDA_CHECK(cudaMemcpy(d_ph, ph.data(), sizeof(Phase) * np, cudaMemcpyHostToDevice));
   FERN_CUDA_CHECK(cudaMemcpy(d_none, none.data(), sizeof(Phase) * np, cudaMemcpyHostToDevice));
+  // All bytes as one phase: the ring's streaming rate with no boundary inside the step.
+  const Phase one{0, total, 0};
+  Phase* d_one = nullptr;
+  FERN_CUDA_CHECK(cudaMalloc(&d_one, sizeof(Phase)));
+  FERN_CUDA_CHECK(cudaMemcpy(d_one, &one, sizeof(Phase), cudaMemcpyHostToDevice));
   unsigned* counter = nullptr;
   float *act = nullptr, *sink = nullptr;
   unsigned long long* sum = nullptr;
@@ -359,12 +365,14 @@ int main(int argc, char** argv) {
     FERN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, step_kernel, args));
   };
   // One step in a mode: 0 launches (PDL), 1 serial, 2 prefetch, 3 barriers, 4 ahead, 5 launches (no PDL), 6 launches
-  // with no bytes (PDL).
+  // with no bytes (PDL), 7 every byte in one persistent phase.
   auto step = [&](int mode, int fma) {
     Args a{pool,
-           mode == 3 || mode == 6 ? d_none : d_ph,
+           mode == 3 || mode == 6 ? d_none
+           : mode == 7            ? d_one
+                                  : d_ph,
            0,
-           np,
+           mode == 7 ? 1 : np,
            mode == 2   ? 1
            : mode == 4 ? 2
                        : 0,
@@ -389,18 +397,17 @@ int main(int argc, char** argv) {
       launch(a, false);
     }
   };
-  const char* names[7] = {"launches (one per phase, PDL)", "persistent, serial",    "persistent, prefetch",
+  const char* names[8] = {"launches (one per phase, PDL)", "persistent, serial",    "persistent, prefetch",
                           "persistent, barriers only",     "persistent, all ahead", "launches (no PDL)",
-                          "launches, no bytes (PDL)"};
+                          "launches, no bytes (PDL)",      "persistent, one phase"};
   std::printf(
-      "== one decode step's memory side at context %lld: %d phases, "
-      "%.1f MB, %d SMs, %d-thread blocks, "
-      "%d x %d KB ring ==\n",
+      "== one decode step's memory side at context %lld: %d phases, %.1f MB, %d SMs, %d-thread blocks, %d x %d KB "
+      "ring ==\n",
       (long long)ctx, np, total / 1e6, sms, kThreads, kRing / chunk, chunk / 1024);
   std::printf("%-32s %-6s %10s %10s %10s %8s\n", "mode", "work", "us/step", "GB/s", "tok/s", "sum");
   for (int fma : {0, 1}) {
-    for (int mode : {0, 5, 6, 1, 2, 4, 3}) {
-      if ((mode == 3 || mode == 5 || mode == 6) && fma == 1) continue;
+    for (int mode : {0, 5, 6, 1, 2, 4, 3, 7}) {
+      if ((mode == 3 || mode == 5 || mode == 6 || mode == 7) && fma == 1) continue;
       if (fma == 1 && lean != 0) continue;
       FERN_CUDA_CHECK(cudaMemsetAsync(sum, 0, 8, s));
       step(mode, fma);
@@ -425,6 +432,7 @@ int main(int argc, char** argv) {
   cudaFree(pool);
   cudaFree(d_ph);
   cudaFree(d_none);
+  cudaFree(d_one);
   cudaFree(counter);
   cudaFree(act);
   cudaFree(sink);
