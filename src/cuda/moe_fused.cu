@@ -294,38 +294,87 @@ __device__ __forceinline__ void topk_keys(const float* logits, const float* sg_l
   st.at(kMoeStampTopkRounds);
 }
 
-// topk_keys' rounds on keys already in registers (lane l holds experts l, l + 32, ...).
+// topk_keys' rounds on keys already in registers (lane l holds experts l, l + 32, ...). With up to 8 keys per lane
+// (FERN_MOE_TOPK_SORTED, the default) each lane first sorts its keys, so that a round's owner takes its next best in
+// one step instead of a pass over its keys behind the round's two reductions (that pass was on every round's chain:
+// the next round's reduction waits for the owner). The sort is a comparator network (Batcher's for 8 keys) on
+// (key, slot) pairs, largest key first and the lower slot (hence the lower expert) first among equal keys: the same
+// choice and order as the pass. -DFERN_MOE_TOPK_SORTED=0 keeps the pass (a comparison build).
+#ifndef FERN_MOE_TOPK_SORTED
+#define FERN_MOE_TOPK_SORTED 1
+#endif
 template <int NPL>
 __device__ __forceinline__ void topk_rounds(uint32_t (&key)[NPL], int k, uint32_t& my_key, int& my_id) {
   const int lane = threadIdx.x & 31;
-  uint32_t bk;
-  int bi;
-  auto local_best = [&] {  // i ascending and strict >: the lowest index among this lane's equal keys
-    bk = 0u;
-    bi = INT_MAX;
-#pragma unroll
-    for (int i = 0; i < NPL; ++i) {
-      if (key[i] > bk) {
-        bk = key[i];
-        bi = i * 32 + lane;
-      }
-    }
-  };
-  local_best();
   my_key = 0u;
   my_id = 0;
-  for (int r = 0; r < k; ++r) {
-    const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
-    const int win = static_cast<int>(__reduce_min_sync(0xffffffffu, bk == mk ? static_cast<uint32_t>(bi) : 0xffffffffu));
-    if (bi == win) {  // the owner drops it and finds its next best
+  if constexpr (FERN_MOE_TOPK_SORTED && NPL <= 8) {
+    // s = key << 32 | (NPL - 1 - slot): as unsigned 64-bit numbers, a larger key first, then the lower slot.
+    uint64_t srt[NPL];
 #pragma unroll
-      for (int i = 0; i < NPL; ++i)
-        if (i * 32 + lane == win) key[i] = 0u;
-      local_best();
+    for (int i = 0; i < NPL; ++i) srt[i] = (uint64_t(key[i]) << 32) | uint32_t(NPL - 1 - i);
+    auto cas = [&](int i, int j) {  // the larger of srt[i], srt[j] into i
+      const uint64_t a = srt[i], b = srt[j];
+      const bool swap = b > a;
+      srt[i] = swap ? b : a;
+      srt[j] = swap ? a : b;
+    };
+    if constexpr (NPL == 8) {  // Batcher's odd-even merge sort: 19 comparators in 6 layers
+      constexpr int kPairs[19][2] = {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {0, 2}, {1, 3}, {4, 6}, {5, 7}, {1, 2}, {5, 6},
+                                     {0, 4}, {1, 5}, {2, 6}, {3, 7}, {2, 4}, {3, 5}, {1, 2}, {3, 4}, {5, 6}};
+#pragma unroll
+      for (int c = 0; c < 19; ++c) cas(kPairs[c][0], kPairs[c][1]);
+    } else {  // odd-even transposition: NPL layers
+#pragma unroll
+      for (int p = 0; p < NPL; ++p)
+#pragma unroll
+        for (int i = p & 1; i + 1 < NPL; i += 2) cas(i, i + 1);
     }
-    if (lane == r) {
-      my_key = mk;
-      my_id = win;
+#pragma unroll 1
+    for (int r = 0; r < k; ++r) {
+      const uint32_t bk = uint32_t(srt[0] >> 32);
+      const int bi = bk != 0u ? (NPL - 1 - int(uint32_t(srt[0]) & 0xffu)) * 32 + lane : INT_MAX;
+      const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+      const int win = static_cast<int>(__reduce_min_sync(0xffffffffu, bk == mk ? static_cast<uint32_t>(bi) : 0xffffffffu));
+      if (bi == win) {  // the owner drops it: its next best moves up
+#pragma unroll
+        for (int i = 0; i + 1 < NPL; ++i) srt[i] = srt[i + 1];
+        srt[NPL - 1] = 0u;
+      }
+      if (lane == r) {
+        my_key = mk;
+        my_id = win;
+      }
+    }
+  } else {
+    uint32_t bk;
+    int bi;
+    auto local_best = [&] {  // i ascending and strict >: the lowest index among this lane's equal keys
+      bk = 0u;
+      bi = INT_MAX;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) {
+        if (key[i] > bk) {
+          bk = key[i];
+          bi = i * 32 + lane;
+        }
+      }
+    };
+    local_best();
+    for (int r = 0; r < k; ++r) {
+      const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+      const int win =
+          static_cast<int>(__reduce_min_sync(0xffffffffu, bk == mk ? static_cast<uint32_t>(bi) : 0xffffffffu));
+      if (bi == win) {  // the owner drops it and finds its next best
+#pragma unroll
+        for (int i = 0; i < NPL; ++i)
+          if (i * 32 + lane == win) key[i] = 0u;
+        local_best();
+      }
+      if (lane == r) {
+        my_key = mk;
+        my_id = win;
+      }
     }
   }
 }
