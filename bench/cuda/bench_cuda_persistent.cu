@@ -35,6 +35,7 @@
 #include "bench_timing.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_util.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ptx.cuh"
 
 using namespace fern;
@@ -352,17 +353,10 @@ int main(int argc, char** argv) {
   // Persistent launches rely on every block being resident at once: the grid is the SM count, with nothing else
   // running.
   auto launch = [&](const Args& args, bool pdl) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(sms);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    FERN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, step_kernel, args));
+    Ctx c;
+    c.stream = s;
+    c.pdl = pdl;
+    cuda::launch(c, "step_kernel", step_kernel, dim3(sms), dim3(kThreads), smem, args);
   };
   // One step in a mode: 0 launches (PDL), 1 serial, 2 prefetch, 3 barriers, 4 ahead, 5 launches (no PDL), 6 launches
   // with no bytes (PDL), 7 every byte in one persistent phase.
