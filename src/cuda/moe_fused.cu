@@ -309,6 +309,24 @@ __device__ __forceinline__ void topk_rounds(uint32_t (&key)[NPL], int k, uint32_
   const int lane = threadIdx.x & 31;
   my_key = 0u;
   my_id = 0;
+  // The rounds, on this lane's best key and its expert (head: bk, bi; INT_MAX where none is left) and how its owner
+  // drops it (drop).
+  auto rounds = [&](auto head, auto drop) {
+#pragma unroll 1
+    for (int r = 0; r < k; ++r) {
+      uint32_t bk;
+      int bi;
+      head(bk, bi);
+      const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+      const int win =
+          static_cast<int>(__reduce_min_sync(0xffffffffu, bk == mk ? static_cast<uint32_t>(bi) : 0xffffffffu));
+      if (bi == win) drop(win);
+      if (lane == r) {
+        my_key = mk;
+        my_id = win;
+      }
+    }
+  };
   if constexpr (FERN_MOE_TOPK_SORTED && NPL <= 8) {
     // s = key << 32 | (NPL - 1 - slot): as unsigned 64-bit numbers, a larger key first, then the lower slot.
     uint64_t srt[NPL];
@@ -331,52 +349,42 @@ __device__ __forceinline__ void topk_rounds(uint32_t (&key)[NPL], int k, uint32_
 #pragma unroll
         for (int i = p & 1; i + 1 < NPL; i += 2) cas(i, i + 1);
     }
-#pragma unroll 1
-    for (int r = 0; r < k; ++r) {
-      const uint32_t bk = uint32_t(srt[0] >> 32);
-      const int bi = bk != 0u ? (NPL - 1 - int(uint32_t(srt[0]) & 0xffu)) * 32 + lane : INT_MAX;
-      const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
-      const int win = static_cast<int>(__reduce_min_sync(0xffffffffu, bk == mk ? static_cast<uint32_t>(bi) : 0xffffffffu));
-      if (bi == win) {  // the owner drops it: its next best moves up
+    rounds(
+        [&](uint32_t& bk, int& bi) {
+          bk = uint32_t(srt[0] >> 32);
+          bi = bk != 0u ? (NPL - 1 - int(uint32_t(srt[0]) & 0xffu)) * 32 + lane : INT_MAX;
+        },
+        [&](int) {  // its next best moves up
 #pragma unroll
-        for (int i = 0; i + 1 < NPL; ++i) srt[i] = srt[i + 1];
-        srt[NPL - 1] = 0u;
-      }
-      if (lane == r) {
-        my_key = mk;
-        my_id = win;
-      }
-    }
+          for (int i = 0; i + 1 < NPL; ++i) srt[i] = srt[i + 1];
+          srt[NPL - 1] = 0u;
+        });
   } else {
-    uint32_t bk;
-    int bi;
+    uint32_t best_k = 0u;
+    int best_i = INT_MAX;
     auto local_best = [&] {  // i ascending and strict >: the lowest index among this lane's equal keys
-      bk = 0u;
-      bi = INT_MAX;
+      best_k = 0u;
+      best_i = INT_MAX;
 #pragma unroll
       for (int i = 0; i < NPL; ++i) {
-        if (key[i] > bk) {
-          bk = key[i];
-          bi = i * 32 + lane;
+        if (key[i] > best_k) {
+          best_k = key[i];
+          best_i = i * 32 + lane;
         }
       }
     };
     local_best();
-    for (int r = 0; r < k; ++r) {
-      const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
-      const int win =
-          static_cast<int>(__reduce_min_sync(0xffffffffu, bk == mk ? static_cast<uint32_t>(bi) : 0xffffffffu));
-      if (bi == win) {  // the owner drops it and finds its next best
+    rounds(
+        [&](uint32_t& bk, int& bi) {
+          bk = best_k;
+          bi = best_i;
+        },
+        [&](int win) {  // clears it and finds its next best
 #pragma unroll
-        for (int i = 0; i < NPL; ++i)
-          if (i * 32 + lane == win) key[i] = 0u;
-        local_best();
-      }
-      if (lane == r) {
-        my_key = mk;
-        my_id = win;
-      }
-    }
+          for (int i = 0; i < NPL; ++i)
+            if (i * 32 + lane == win) key[i] = 0u;
+          local_best();
+        });
   }
 }
 
