@@ -70,10 +70,6 @@ struct Args {
   int chunk, slots;  // bytes per bulk copy and ring slot (a multiple of 16); slots x chunk = the ring
 };
 
-[[maybe_unused]] __device__ __forceinline__ uint32_t saddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 [[maybe_unused]] __device__ __forceinline__ int first_chunk(int p, int b, int G) { return (b - (p * 37) % G + G) % G; }
 
 __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
@@ -90,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
       ptx::mbar_init(&full[s], 1);
       ptx::mbar_init(&empty[s], kConsumerWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    ptx::mbar_init_fence();
     passed = a.p0;
   }
   __syncthreads();
@@ -113,13 +109,8 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
           const int s = k % slots;
           ptx::mbar_wait(&empty[s], ((k / slots) & 1) ^ 1);
           const uint32_t len = uint32_t(ph.bytes - int64_t(c) * chunk < chunk ? ph.bytes - int64_t(c) * chunk : chunk);
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&full[s])), "r"(len)
-                       : "memory");
-          asm volatile(
-              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::"
-              "bytes [%0], [%1], %2, [%3];" ::"r"(saddr(ring + s * chunk)),
-              "l"(a.pool + ph.off + int64_t(c) * chunk), "r"(len), "r"(saddr(&full[s]))
-              : "memory");
+          ptx::mbar_arrive_expect_tx(&full[s], len);
+          ptx::bulk_copy_g2s(ring + s * chunk, a.pool + ph.off + int64_t(c) * chunk, len, &full[s]);
         }
       }
     }
@@ -307,22 +298,20 @@ int main(int argc, char** argv) {
   const int np = int(ph.size());
   char* pool = nullptr;
   FERN_CUDA_CHECK(cudaMalloc(&pool, total));
-  // A pattern the host can sum: word i = i * 2654435761 (mod 2^32).
+  // A pattern the host can sum: word i = i * 2654435761 (mod 2^32); `expected` is the sum of every word, taken as it
+  // is written.
+  unsigned long long expected = 0;
   {
     std::vector<uint32_t> h(size_t(64) << 20);
     for (int64_t base = 0; base < total / 4; base += int64_t(h.size())) {
       const int64_t n = std::min<int64_t>(int64_t(h.size()), total / 4 - base);
-      for (int64_t i = 0; i < n; ++i) h[size_t(i)] = uint32_t(uint64_t(base + i) * 2654435761u);
+      for (int64_t i = 0; i < n; ++i) {
+        h[size_t(i)] = uint32_t(uint64_t(base + i) * 2654435761u);
+        expected += h[size_t(i)];
+      }
       FERN_CUDA_CHECK(cudaMemcpy(pool + base * 4, h.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
     }
   }
-  auto expect_sum = [&](bool weights) {
-    unsigned long long s = 0;
-    if (!weights) return s;
-    for (int64_t i = 0; i < total / 4; ++i) s += uint32_t(uint64_t(i) * 2654435761u);
-    return s;
-  };
-  const unsigned long long expected = expect_sum(true);
   Phase* d_ph = nullptr;
   std::vector<Phase> none = ph;
   for (Phase& p : none) p.bytes = 0;

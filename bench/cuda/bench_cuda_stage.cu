@@ -33,10 +33,6 @@ using namespace fern::cuda;
 
 namespace {
 
-[[maybe_unused]] __device__ __forceinline__ uint32_t saddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __global__ void empty_kernel(float* out) {
   pdl_wait();
   if (threadIdx.x == 0) out[blockIdx.x] = float(blockIdx.x);
@@ -67,20 +63,19 @@ __global__ void multicast_kernel(const float* x, int K, float* out) {
   asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(nct));
   const uint32_t bytes = uint32_t(K) * 4;
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&bar)));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    ptx::mbar_init(&bar, 1);
+    ptx::mbar_init_fence();
   }
   // Every block's barrier exists before rank 0's copy may signal it.
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-  if (threadIdx.x == 0)
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&bar)), "r"(bytes) : "memory");
+  if (threadIdx.x == 0) ptx::mbar_arrive_expect_tx(&bar, bytes);
   pdl_wait();
   if (rank == 0 && threadIdx.x == 0) {
     const uint16_t mask = static_cast<uint16_t>((1u << nct) - 1);
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
-        "%4;" ::"r"(saddr(xs)),
-        "l"(x), "r"(bytes), "r"(saddr(&bar)), "h"(mask)
+        "%4;" ::"r"(ptx::smem_addr(xs)),
+        "l"(x), "r"(bytes), "r"(ptx::smem_addr(&bar)), "h"(mask)
         : "memory");
   }
   ptx::mbar_wait(&bar, 0);
@@ -152,16 +147,11 @@ __global__ void burst_bulk_kernel(const char* region, uint32_t bytes, float* out
   __shared__ alignas(8) uint64_t bar;
   pdl_wait();
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&bar)));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&bar)), "r"(bytes) : "memory");
+    ptx::mbar_init(&bar, 1);
+    ptx::mbar_init_fence();
+    ptx::mbar_arrive_expect_tx(&bar, bytes);
     const char* src = region + int64_t(blockIdx.x) * bytes;
-    for (uint32_t off = 0; off < bytes; off += kBulkPiece)
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-              saddr(buf + off)),
-          "l"(src + off), "r"(kBulkPiece), "r"(saddr(&bar))
-          : "memory");
+    for (uint32_t off = 0; off < bytes; off += kBulkPiece) ptx::bulk_copy_g2s(buf + off, src + off, kBulkPiece, &bar);
   }
   __syncthreads();  // the barrier is initialised before anyone waits on it
   ptx::mbar_wait(&bar, 0);
