@@ -26,6 +26,7 @@
 #include "cuda/gemv_tc.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
+#include "cuda/linear_ring.h"
 #include "cuda/qdot.cuh"
 #include "cuda/topk.cuh"
 
@@ -863,9 +864,17 @@ bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* 
   return true;
 }
 
+// Where one token row of a plain 4-bit GEMV takes the bulk-copy ring kernel (linear_ring.cu) when linear_ring_ok
+// holds: by default from kTcRows rows (lm_head; docs/notes/cuda-decode-v37-head-ring.md). FERN_CUDA_HEAD_RING=0 /
+// 1 takes it for none / every eligible GEMV, =N > 1 from N rows (read at every call, for comparisons).
+bool head_ring_wanted(int rows) { return rows_switch("FERN_CUDA_HEAD_RING", rows, rows >= kTcRows); }
+
 template <bool MULTI, bool ROUTE, int STAGE = kStagePlain>
 void launch_any(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                 const InNorm& nm = InNorm{}) {
+  if constexpr (!MULTI && !ROUTE && STAGE == kStagePlain) {
+    if (T == 1 && head_ring_wanted(rows) && linear_ring_ok(c, a)) return linear_ring(c, a, x, m.y[0]);
+  }
   if constexpr (!ROUTE) {
     if (launch_tc<MULTI, STAGE>(c, a, m, rows, x, T, nm)) return;
   }

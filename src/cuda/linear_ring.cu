@@ -1,0 +1,191 @@
+// lm_head's decode GEMV (one token row, 4-bit in groups of 64) with its weights streamed through a shared-memory
+// ring by bulk copies instead of register loads. Why (docs/notes/cuda-decode-v37-head-ring.md): the register-load
+// tensor-core GEMV (linear.cu linear_tc_kernel) streams lm_head's 286 MB at ~3.0 TB/s (95 us per step), and versions
+// 21, 23 and 25 found it bound neither by its sector traffic, its load instructions nor its balance; a bulk-copy
+// stream of whole contiguous regions measured 4.48 TB/s on this GPU (bench_cuda_persistent, one phase). The
+// arithmetic is linear_tc_kernel's, item for item (gemv_tc.cuh tc_item, the same staged table of x, each row's K
+// blocks added in order), so where that kernel's warps own whole tiles the two give the same bits.
+//
+// One block per SM: one producer warp and kConsumerWarps consumer warps. The block owns a contiguous range of
+// 16-row tiles; the producer requests tile i into stage i % stages (16 row copies of K / 2 bytes, one per lane, into
+// rows padded by 16 bytes, then the tile's scales and its biases: two more copies) once the stage's consumer has
+// released it, from before the PDL wait (the weights do not depend on the previous kernel). Consumer warp w stages
+// its share of x into the table after the wait, then takes tiles w, w + kConsumerWarps, ...: a tile's K blocks as
+// tc_item on fragments read from the stage, then the release, then rows g and g + 8 written by lanes j = 0, 1.
+// The 16-byte row padding: lane (g, j) reads 16 bytes at row g, byte 128 kb + 32 j; with rows 1,040 bytes apart the
+// 32 lanes' reads fall on 8 distinct 16-byte bank slots, 4 each (the minimum for 512 bytes), against 8 per slot
+// with unpadded 1,024-byte rows.
+#include "cuda/linear_ring.h"
+
+#include <cstdint>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_util.cuh"
+#include "cuda/gemv_tc.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/ptx.cuh"
+
+namespace fern::cuda {
+namespace {
+
+constexpr int kConsumerWarps = 8;
+constexpr int kRingThreads = 32 * (kConsumerWarps + 1);
+constexpr int kMaxStages = 12;  // more would only lengthen the first fill (~10 tiles keep the SM's share in flight)
+constexpr int kRowPad = 16;
+
+// A stage: 16 rows of codes at a pitch of K / 2 + kRowPad bytes, then the tile's scales [16][K / 64] and biases
+// (bf16), each block a multiple of 16 bytes (K % 512 == 0).
+__host__ __device__ constexpr int ring_pitch(int K) { return K / 2 + kRowPad; }
+__host__ __device__ constexpr int ring_sb_bytes(int K) { return 16 * (K / 64) * 2; }
+__host__ __device__ constexpr int ring_stage_bytes(int K) { return 16 * ring_pitch(K) + 2 * ring_sb_bytes(K); }
+constexpr size_t ring_smem_bytes(int K, int stages) {
+  return size_t(stages) * ring_stage_bytes(K) + tc_smem_bytes(K) + 2 * sizeof(uint64_t) * stages;
+}
+
+__global__ void __launch_bounds__(kRingThreads, 1)
+    linear_ring_kernel(QW A, const float* x, float* y, int rows, int tpb, int stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int K = static_cast<int>(A.in), gpr = K / 64, rb = K / 2, pitch = ring_pitch(K);
+  const int sbb = ring_sb_bytes(K), stage_bytes = ring_stage_bytes(K);
+  const int tiles = (rows + 15) / 16;
+  const int t0 = blockIdx.x * tpb, nt = min(tpb, tiles - t0);
+  unsigned char* ring = smem;
+  uint4* xb = reinterpret_cast<uint4*>(smem + size_t(stages) * stage_bytes);
+  float* xg = reinterpret_cast<float*>(xb + tc_table_uint4s(K));
+  uint64_t* full = reinterpret_cast<uint64_t*>(xg + tc_blocks(K) * 4);
+  uint64_t* empty = full + stages;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&empty[s], kConsumerWarps);
+    }
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp == kConsumerWarps) {  // the producer
+    const char* wsrc = static_cast<const char*>(A.w);
+    const char* ssrc = reinterpret_cast<const char*>(A.s);
+    const char* bsrc = reinterpret_cast<const char*>(A.b);
+    int s = 0;
+    uint32_t phase = 0;
+    for (int i = 0; i < nt; ++i) {
+      const int64_t r0 = int64_t(t0 + i) * 16;
+      const int nr = min(16, rows - static_cast<int>(r0));
+      if (lane == 0) {
+        ptx::mbar_wait(&empty[s], phase ^ 1);
+        ptx::mbar_arrive_expect_tx(&full[s], uint32_t(nr) * (rb + 2 * 2 * gpr));  // codes, scales, biases
+      }
+      __syncwarp();
+      unsigned char* st = ring + size_t(s) * stage_bytes;
+      if (lane < nr) {
+        ptx::bulk_copy_g2s(st + lane * pitch, wsrc + (r0 + lane) * rb, rb, &full[s]);
+      } else if (lane == 16 || lane == 17) {  // nr == 16 leaves lanes 16 and 17 free; fewer rows: fewer bytes
+        const char* src = (lane == 16 ? ssrc : bsrc) + r0 * gpr * 2;
+        ptx::bulk_copy_g2s(st + 16 * pitch + (lane - 16) * sbb, src, uint32_t(nr) * gpr * 2, &full[s]);
+      }
+      if (++s == stages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+    return;
+  }
+
+  // The consumers: x into the tensor cores' B table (the 256 consumer threads, as linear_tc_kernel's stage_rows).
+  pdl_wait();
+  const TcSink sink{xb, xg};
+  for (int f0 = warp * 32; f0 < K / 4; f0 += kConsumerWarps * 32) {
+    const int f = f0 + lane;
+    sink(f, true, __ldcg(reinterpret_cast<const float4*>(x) + f));
+  }
+  ptx::bar_sync(1, kConsumerWarps * 32);
+  pdl_trigger();
+
+  const int g = lane >> 2, j = lane & 3;
+  const int bq = (g >> 1) == j ? g : -1;
+  const int KB = K / kTcK;
+  for (int i = warp; i < nt; i += kConsumerWarps) {
+    const int s = i % stages;
+    ptx::mbar_wait(&full[s], (i / stages) & 1);
+    const unsigned char* st = ring + size_t(s) * stage_bytes;
+    const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + 16 * pitch);
+    const uint16_t* bi = sc + sbb / 2;
+    float acc[2] = {0.0f, 0.0f};
+    for (int kb = 0; kb < KB; ++kb) {
+      TcItem it;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = g + 8 * r;
+        const uint4* p = reinterpret_cast<const uint4*>(st + row * pitch) + kb * 8 + 2 * j;
+        it.w[2 * r] = p[0];
+        it.w[2 * r + 1] = p[1];
+        it.s[r] = bf16_to_f32(sc[row * gpr + kb * 4 + j]);
+        it.b[r] = bf16_to_f32(bi[row * gpr + kb * 4 + j]);
+      }
+      tc_item(it, xb, xg, kb, j, bq, acc);
+    }
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(&empty[s]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
+    }
+    if (j < 2) {  // lane j = 0 writes row g, lane j = 1 row g + 8
+      const int row = (t0 + i) * 16 + g + 8 * j;
+      if (row < rows) y[row] = j == 0 ? acc[0] : acc[1];
+    }
+  }
+#else
+  __trap();  // linear_ring_ok refuses devices below sm_90
+#endif
+}
+
+// The current device's compute capability (major) and per-block shared-memory limit (opt-in).
+struct RingDevice {
+  int major = 0, optin = 0;
+};
+RingDevice ring_device() {
+  RingDevice d;
+  int dev = 0;
+  FERN_CUDA_CHECK(cudaGetDevice(&dev));
+  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev));
+  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&d.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return d;
+}
+
+// Stages that fit the device's per-block shared memory for width K (0: the device cannot run the kernel).
+int ring_stages(const RingDevice& d, int K) {
+  if (d.major < 9) return 0;
+  int stages = kMaxStages;
+  while (stages >= 3 && ring_smem_bytes(K, stages) > size_t(d.optin)) --stages;
+  return stages >= 3 ? stages : 0;
+}
+
+}  // namespace
+
+bool linear_ring_ok(const Ctx&, const QW& w) {
+  if (w.bits != 4 || w.gs != 64 || w.in % 512 != 0 || w.in > 4096 || w.out < 1 || w.out > (int64_t(1) << 30))
+    return false;
+  if (!aligned16(w.w) || !aligned16(w.s) || !aligned16(w.b)) return false;
+  return ring_stages(ring_device(), static_cast<int>(w.in)) > 0;
+}
+
+void linear_ring(const Ctx& c, const QW& w, const float* x, float* y) {
+  const int K = static_cast<int>(w.in), rows = static_cast<int>(w.out);
+  const RingDevice d = ring_device();
+  const int stages = ring_stages(d, K);
+  FERN_CU_CHECK(stages > 0 && linear_ring_ok(c, w), "linear_ring: weights or device not supported");
+  const int tiles = (rows + 15) / 16;
+  const int tpb = (tiles + c.sms - 1) / c.sms;
+  const int blocks = (tiles + tpb - 1) / tpb;
+  const size_t smem = ring_smem_bytes(K, stages);
+  allow_dynamic_smem<linear_ring_kernel>(size_t(d.optin));  // every width's ring fits under it (ring_stages)
+  launch(c, "linear_ring_kernel", linear_ring_kernel, dim3(blocks), dim3(kRingThreads), smem, w, x, y, rows, tpb,
+         stages);
+}
+
+}  // namespace fern::cuda
