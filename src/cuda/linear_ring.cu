@@ -30,7 +30,10 @@ namespace {
 
 constexpr int kConsumerWarps = 8;
 constexpr int kRingThreads = 32 * (kConsumerWarps + 1);
-constexpr int kMaxStages = 12;  // more would only lengthen the first fill (~10 tiles keep the SM's share in flight)
+// Stages: a multiple of the consumer warps, so that stage s is always consumed by warp s % kConsumerWarps, in
+// order. (With another count a warp could wait on a stage's next phase while its current one is still filling, and
+// a wait on the parity of the phase before passes at once.) 8 tiles in flight are ~146 KB per SM at K = 2,048.
+constexpr int kMaxStages = 2 * kConsumerWarps;
 constexpr int kRowPad = 16;
 
 // A stage: 16 rows of codes at a pitch of K / 2 + kRowPad bytes, then the tile's scales [16][K / 64] and biases
@@ -59,7 +62,7 @@ __global__ void __launch_bounds__(kRingThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], kConsumerWarps);
+      ptx::mbar_init(&empty[s], 1);  // a stage's tile has one consumer warp
     }
     ptx::mbar_init_fence();
   }
@@ -161,8 +164,8 @@ RingDevice ring_device() {
 int ring_stages(const RingDevice& d, int K) {
   if (d.major < 9) return 0;
   int stages = kMaxStages;
-  while (stages >= 3 && ring_smem_bytes(K, stages) > size_t(d.optin)) --stages;
-  return stages >= 3 ? stages : 0;
+  while (stages > 0 && ring_smem_bytes(K, stages) > size_t(d.optin)) stages -= kConsumerWarps;
+  return stages;
 }
 
 }  // namespace
