@@ -3,15 +3,14 @@
 // tensor-core GEMV (linear.cu linear_tc_kernel) streams lm_head's 286 MB at ~3.0 TB/s (95 us per step), and versions
 // 21, 23 and 25 found it bound neither by its sector traffic, its load instructions nor its balance; a bulk-copy
 // stream of whole contiguous regions measured 4.48 TB/s on this GPU (bench_cuda_persistent, one phase). The
-// arithmetic is linear_tc_kernel's, item for item (gemv_tc.cuh tc_item, the same staged table of x, each row's K
-// blocks added in order), so where that kernel's warps own whole tiles the two give the same bits.
+// arithmetic is linear_tc_kernel's (gemv_tc.cuh tc_item on the same staged table of x; a tile's K blocks added in
+// order as that kernel's split form does, so where its warps share tiles the two give the same bits).
 //
 // One block per SM: one producer warp and kConsumerWarps consumer warps. The block owns a contiguous range of
 // 16-row tiles; the producer requests tile i into stage i % stages (16 row copies of K / 2 bytes, one per lane, into
-// rows padded by 16 bytes, then the tile's scales and its biases: two more copies) once the stage's consumer has
-// released it, from before the PDL wait (the weights do not depend on the previous kernel). Consumer warp w stages
-// its share of x into the table after the wait, then takes tiles w, w + kConsumerWarps, ...: a tile's K blocks as
-// tc_item on fragments read from the stage, then the release, then rows g and g + 8 written by lanes j = 0, 1.
+// rows padded by 16 bytes, then the tile's scales and its biases: two more copies) once every consumer warp has
+// released the stage, from before the PDL wait (the weights do not depend on the previous kernel). The consumer
+// warps stage x into the table after the wait, then take every tile together (below).
 // The 16-byte row padding: lane (g, j) reads 16 bytes at row g, byte 128 kb + 32 j; with rows 1,040 bytes apart the
 // 32 lanes' reads fall on 8 distinct 16-byte bank slots, 4 each (the minimum for 512 bytes), against 8 per slot
 // with unpadded 1,024-byte rows.
@@ -30,10 +29,7 @@ namespace {
 
 constexpr int kConsumerWarps = 8;
 constexpr int kRingThreads = 32 * (kConsumerWarps + 1);
-// Stages: a multiple of the consumer warps, so that stage s is always consumed by warp s % kConsumerWarps, in
-// order. (With another count a warp could wait on a stage's next phase while its current one is still filling, and
-// a wait on the parity of the phase before passes at once.) 8 tiles in flight are ~146 KB per SM at K = 2,048.
-constexpr int kMaxStages = 2 * kConsumerWarps;
+constexpr int kMaxStages = 12;  // 11 fit at K = 2,048 (~200 KB of tiles per SM in flight)
 constexpr int kRowPad = 16;
 
 // A stage: 16 rows of codes at a pitch of K / 2 + kRowPad bytes, then the tile's scales [16][K / 64] and biases
@@ -42,7 +38,8 @@ __host__ __device__ constexpr int ring_pitch(int K) { return K / 2 + kRowPad; }
 __host__ __device__ constexpr int ring_sb_bytes(int K) { return 16 * (K / 64) * 2; }
 __host__ __device__ constexpr int ring_stage_bytes(int K) { return 16 * ring_pitch(K) + 2 * ring_sb_bytes(K); }
 constexpr size_t ring_smem_bytes(int K, int stages) {
-  return size_t(stages) * ring_stage_bytes(K) + tc_smem_bytes(K) + 2 * sizeof(uint64_t) * stages;
+  return size_t(stages) * ring_stage_bytes(K) + tc_smem_bytes(K) + 2 * sizeof(uint64_t) * stages +
+         2 * kConsumerWarps * 16 * sizeof(float);
 }
 
 __global__ void __launch_bounds__(kRingThreads, 1)
@@ -58,11 +55,12 @@ __global__ void __launch_bounds__(kRingThreads, 1)
   float* xg = reinterpret_cast<float*>(xb + tc_table_uint4s(K));
   uint64_t* full = reinterpret_cast<uint64_t*>(xg + tc_blocks(K) * 4);
   uint64_t* empty = full + stages;
+  float* red = reinterpret_cast<float*>(empty + stages);  // [2][kConsumerWarps][16] partial row sums
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], 1);  // a stage's tile has one consumer warp
+      ptx::mbar_init(&empty[s], kConsumerWarps);
     }
     ptx::mbar_init_fence();
   }
@@ -107,17 +105,23 @@ __global__ void __launch_bounds__(kRingThreads, 1)
   ptx::bar_sync(1, kConsumerWarps * 32);
   pdl_trigger();
 
+  // Every warp takes K blocks warp, warp + kConsumerWarps, ... of every tile, so that a stage is consumed in a
+  // fraction of the time one warp would need for the whole tile and is back in flight sooner. The warps' partial row
+  // sums go to red (two slots by tile parity), one named barrier per tile, then the tile's owner warp adds them in K
+  // order and writes its 16 rows. Slot reuse is safe: tile i + 2's writes come after barrier i + 1, which the owner
+  // of tile i reaches only once it has read slot i & 1.
   const int g = lane >> 2, j = lane & 3;
   const int bq = (g >> 1) == j ? g : -1;
-  const int KB = K / kTcK;
-  for (int i = warp; i < nt; i += kConsumerWarps) {
-    const int s = i % stages;
-    ptx::mbar_wait(&full[s], (i / stages) & 1);
+  const int KB = K / kTcK, parts = min(KB, kConsumerWarps);
+  int s = 0;
+  uint32_t phase = 0;
+  for (int i = 0; i < nt; ++i) {
+    ptx::mbar_wait(&full[s], phase);
     const unsigned char* st = ring + size_t(s) * stage_bytes;
     const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + 16 * pitch);
     const uint16_t* bi = sc + sbb / 2;
     float acc[2] = {0.0f, 0.0f};
-    for (int kb = 0; kb < KB; ++kb) {
+    for (int kb = warp; kb < KB; kb += kConsumerWarps) {
       TcItem it;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -132,14 +136,23 @@ __global__ void __launch_bounds__(kRingThreads, 1)
     }
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(&empty[s]);
+    if (++s == stages) {
+      s = 0;
+      phase ^= 1;
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
       acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
     }
-    if (j < 2) {  // lane j = 0 writes row g, lane j = 1 row g + 8
-      const int row = (t0 + i) * 16 + g + 8 * j;
-      if (row < rows) y[row] = j == 0 ? acc[0] : acc[1];
+    float* slot = red + (i & 1) * kConsumerWarps * 16;
+    if (j < 2) slot[warp * 16 + g + 8 * j] = j == 0 ? acc[0] : acc[1];  // lane j = 0: row g, j = 1: row g + 8
+    ptx::bar_sync(2, kConsumerWarps * 32);
+    if (warp == i % kConsumerWarps && lane < 16) {
+      float v = 0.0f;
+      for (int w = 0; w < parts; ++w) v += slot[w * 16 + lane];
+      const int row = (t0 + i) * 16 + lane;
+      if (row < rows) y[row] = v;
     }
   }
 #else
@@ -164,8 +177,8 @@ RingDevice ring_device() {
 int ring_stages(const RingDevice& d, int K) {
   if (d.major < 9) return 0;
   int stages = kMaxStages;
-  while (stages > 0 && ring_smem_bytes(K, stages) > size_t(d.optin)) stages -= kConsumerWarps;
-  return stages;
+  while (stages >= 3 && ring_smem_bytes(K, stages) > size_t(d.optin)) --stages;
+  return stages >= 3 ? stages : 0;
 }
 
 }  // namespace

@@ -6,8 +6,7 @@
 namespace fern::cuda {
 
 // Whether the ring kernel takes w on this device: 4-bit in groups of 64, K a multiple of 512, 16-byte aligned codes,
-// scales and biases, sm_90+ (bulk copies), and eight stages of one 16-row tile each in a block's shared memory (K up
-// to 2,560 on the H200's 227 KB).
+// scales and biases, sm_90+ (bulk copies), and three stages of one 16-row tile each in a block's shared memory.
 bool linear_ring_ok(const Ctx& c, const QW& w);
 // y = x W^T for one token row (x: [w.in] fp32, y: [w.out] fp32). Needs linear_ring_ok.
 void linear_ring(const Ctx& c, const QW& w, const float* x, float* y);

@@ -174,39 +174,40 @@ TEST(CudaLinear, TensorCoreLoop) {
   }
 }
 
-// The bulk-copy ring GEMV (linear_ring.cu: one token row, 4-bit in groups of 64, K a multiple of 512 up to 2,560
-// on the H200, sm_90+; FERN_CUDA_HEAD_RING by default from lm_head-sized rows, =1 for every eligible GEMV, =0 for none).
-// 1. Where the tensor-core kernel's warps own whole tiles (lm_head, 40,001 rows), the ring runs the same items in
-// the same order: the same bits. The ring's runs take FERN_CUDA_GEMV_TC=0, so that a ring that silently fell back
-// would run the CUDA-core loop, whose bits differ, and fail the comparison.
-// 2. Against the CPU (run_case's bound, the same arithmetic): partial last tiles (one row, 37, 3,001 rows), the
-// narrowest and widest widths it takes (512: 16 stages; 2,560: ten K blocks), 1,536; and shapes it refuses, which
-// must fall back and stay correct (K = 4,096: eight stages do not fit; two token rows, groups of 32, K = 640, 8-bit).
+// The bulk-copy ring GEMV (linear_ring.cu: one token row, 4-bit in groups of 64, K a multiple of 512 with three
+// stages in a block's shared memory, sm_90+; FERN_CUDA_HEAD_RING by default from lm_head-sized rows, =1 for every
+// eligible GEMV, =0 for none).
+// 1. Where the tensor-core kernel's warps share a tile's K blocks (8,192 rows: two tiles per block) both add a row's
+// items in K order from the same item sums: the same bits. The ring's run takes FERN_CUDA_GEMV_TC=0, so that a ring
+// that silently fell back would run the CUDA-core loop, whose bits differ, and fail the comparison.
+// 2. Against the CPU (run_case's bound, the same arithmetic): lm_head, partial last tiles (one row, 37, 3,001 and
+// 40,001 rows), the narrowest and widest widths (512: two K blocks, six warps without items; 4,096: sixteen K blocks,
+// two per warp, five stages), 1,536; and shapes it refuses, which must fall back and stay correct (two token rows,
+// groups of 32, K = 640, 8-bit).
 TEST(CudaLinear, BulkCopyRing) {
   FERN_REQUIRE_GPU();
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   if (major >= 9) {
-    for (const Case& c : {Case{"ring lm_head", 248320, 2048, 4, 64, 1}, Case{"ring whole tiles", 40001, 2048, 4, 64, 1}}) {
-      std::vector<float> ring, tc;
-      {
-        test::EnvGuard on("FERN_CUDA_HEAD_RING", "1");
-        test::EnvGuard cores("FERN_CUDA_GEMV_TC", "0");
-        ring = run_case(c);
-      }
-      {
-        test::EnvGuard off("FERN_CUDA_HEAD_RING", "0");
-        test::EnvGuard tc_on("FERN_CUDA_GEMV_TC", "1");
-        tc = run_case(c);
-      }
-      EXPECT_EQ(ring, tc) << c.name;
+    const Case c{"ring shared tiles", 8192, 2048, 4, 64, 1};
+    std::vector<float> ring, tc;
+    {
+      test::EnvGuard on("FERN_CUDA_HEAD_RING", "1");
+      test::EnvGuard cores("FERN_CUDA_GEMV_TC", "0");
+      ring = run_case(c);
     }
+    {
+      test::EnvGuard off("FERN_CUDA_HEAD_RING", "0");
+      test::EnvGuard tc_on("FERN_CUDA_GEMV_TC", "1");
+      tc = run_case(c);
+    }
+    EXPECT_EQ(ring, tc);
   }
   test::EnvGuard on("FERN_CUDA_HEAD_RING", "1");
-  for (const Case& c : {Case{"ring one row", 1, 2048, 4, 64, 1}, Case{"ring odd rows", 37, 2048, 4, 64, 1},
+  for (const Case& c : {Case{"ring lm_head", 248320, 2048, 4, 64, 1}, Case{"ring 40001 rows", 40001, 2048, 4, 64, 1},
+                        Case{"ring one row", 1, 2048, 4, 64, 1}, Case{"ring odd rows", 37, 2048, 4, 64, 1},
                         Case{"ring 3001 rows", 3001, 2048, 4, 64, 1}, Case{"ring K=512", 1000, 512, 4, 64, 1},
-                        Case{"ring K=2560", 2049, 2560, 4, 64, 1}, Case{"ring K=1536", 777, 1536, 4, 64, 1},
-                        Case{"ring refused K=4096", 300, 4096, 4, 64, 1},
+                        Case{"ring K=4096", 2049, 4096, 4, 64, 1}, Case{"ring K=1536", 777, 1536, 4, 64, 1},
                         Case{"ring refused T=2", 1000, 2048, 4, 64, 2}, Case{"ring refused group 32", 77, 1024, 4, 32, 1},
                         Case{"ring refused K=640", 129, 640, 4, 64, 1}, Case{"ring refused 8-bit", 300, 2048, 8, 64, 1}})
     run_case(c);
