@@ -30,7 +30,7 @@ namespace {
 constexpr int kConsumerWarps = 8;
 constexpr int kRingThreads = 32 * (kConsumerWarps + 1);
 constexpr int kMaxStages = 12;  // 11 fit at K = 2,048 (~200 KB of tiles per SM in flight)
-constexpr int kRowPad = 16;
+constexpr int kRowPad = 0;
 
 // A stage: 16 rows of codes at a pitch of K / 2 + kRowPad bytes, then the tile's scales [16][K / 64] and biases
 // (bf16), each block a multiple of 16 bytes (K % 512 == 0).
@@ -81,8 +81,10 @@ __global__ void __launch_bounds__(kRingThreads, 1)
       }
       __syncwarp();
       unsigned char* st = ring + size_t(s) * stage_bytes;
-      if (lane < nr) {
+      if (kRowPad != 0 && lane < nr) {
         ptx::bulk_copy_g2s(st + lane * pitch, wsrc + (r0 + lane) * rb, rb, &full[s]);
+      } else if (kRowPad == 0 && lane == 0) {
+        ptx::bulk_copy_g2s(st, wsrc + r0 * rb, uint32_t(nr) * rb, &full[s]);
       } else if (lane == 16 || lane == 17) {  // nr == 16 leaves lanes 16 and 17 free; fewer rows: fewer bytes
         const char* src = (lane == 16 ? ssrc : bsrc) + r0 * gpr * 2;
         ptx::bulk_copy_g2s(st + 16 * pitch + (lane - 16) * sbb, src, uint32_t(nr) * gpr * 2, &full[s]);
