@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "core/env.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_util.cuh"
 #include "cuda/gemv_tc.cuh"
@@ -43,7 +44,7 @@ constexpr size_t ring_smem_bytes(int K, int stages) {
 }
 
 __global__ void __launch_bounds__(kRingThreads, 1)
-    linear_ring_kernel(QW A, const float* x, float* y, int rows, int tpb, int stages) {
+    linear_ring_kernel(QW A, const float* x, float* y, int rows, int tpb, int stages, int probe) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
   const int K = static_cast<int>(A.in), gpr = K / 64, rb = K / 2, pitch = ring_pitch(K);
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(kRingThreads, 1)
     const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + 16 * pitch);
     const uint16_t* bi = sc + sbb / 2;
     float acc[2] = {0.0f, 0.0f};
-    for (int kb = warp; kb < KB; kb += kConsumerWarps) {
+    for (int kb = warp; kb < (probe ? 0 : KB); kb += kConsumerWarps) {
       TcItem it;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -195,7 +196,11 @@ bool linear_ring_ok(const Ctx&, const QW& w) {
 void linear_ring(const Ctx& c, const QW& w, const float* x, float* y) {
   const int K = static_cast<int>(w.in), rows = static_cast<int>(w.out);
   const RingDevice d = ring_device();
-  const int stages = ring_stages(d, K);
+  int stages = ring_stages(d, K);
+  // EXPERIMENT (session 42, to be removed): fewer stages, and a probe whose consumers skip the arithmetic (wrong
+  // results: timelines only).
+  stages = static_cast<int>(env_int("FERN_CUDA_HEAD_RING_STAGES", 1, stages, stages));
+  const int probe = static_cast<int>(env_int("FERN_CUDA_HEAD_RING_PROBE", 0, 1, 0));
   FERN_CU_CHECK(stages > 0 && linear_ring_ok(c, w), "linear_ring: weights or device not supported");
   const int tiles = (rows + 15) / 16;
   const int tpb = (tiles + c.sms - 1) / c.sms;
@@ -203,7 +208,7 @@ void linear_ring(const Ctx& c, const QW& w, const float* x, float* y) {
   const size_t smem = ring_smem_bytes(K, stages);
   allow_dynamic_smem<linear_ring_kernel>(size_t(d.optin));  // every width's ring fits under it (ring_stages)
   launch(c, "linear_ring_kernel", linear_ring_kernel, dim3(blocks), dim3(kRingThreads), smem, w, x, y, rows, tpb,
-         stages);
+         stages, probe);
 }
 
 }  // namespace fern::cuda
