@@ -865,9 +865,11 @@ bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* 
 }
 
 // Where one token row of a plain 4-bit GEMV takes the bulk-copy ring kernel (linear_ring.cu) when linear_ring_ok
-// holds: by default from kTcRows rows (lm_head; docs/notes/cuda-decode-v37-head-ring.md). FERN_CUDA_HEAD_RING=0 /
-// 1 takes it for none / every eligible GEMV, =N > 1 from N rows (read at every call, for comparisons).
-bool head_ring_wanted(int rows) { return rows_switch("FERN_CUDA_HEAD_RING", rows, rows >= kTcRows); }
+// holds: by default never (measured on the H200 for lm_head: 109.5 and 112.9 us in its first two forms against 95.2
+// and 96.2 for linear_tc_kernel, decode 4K 728.1 / 725.0 against 734.7 / 734.1 tok/s; docs/notes/
+// cuda-decode-v37-head-ring.md). FERN_CUDA_HEAD_RING=1 takes it for every eligible GEMV, =N > 1 from N rows
+// (lm_head: 65536), =0 never (read at every call, for comparisons).
+bool head_ring_wanted(int rows) { return rows_switch("FERN_CUDA_HEAD_RING", rows, false); }
 
 template <bool MULTI, bool ROUTE, int STAGE = kStagePlain>
 void launch_any(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,

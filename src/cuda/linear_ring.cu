@@ -1,19 +1,20 @@
 // lm_head's decode GEMV (one token row, 4-bit in groups of 64) with its weights streamed through a shared-memory
-// ring by bulk copies instead of register loads. Why (docs/notes/cuda-decode-v37-head-ring.md): the register-load
-// tensor-core GEMV (linear.cu linear_tc_kernel) streams lm_head's 286 MB at ~3.0 TB/s (95 us per step), and versions
-// 21, 23 and 25 found it bound neither by its sector traffic, its load instructions nor its balance; a bulk-copy
-// stream of whole contiguous regions measured 4.48 TB/s on this GPU (bench_cuda_persistent, one phase). The
-// arithmetic is linear_tc_kernel's (gemv_tc.cuh tc_item on the same staged table of x; a tile's K blocks added in
-// order as that kernel's split form does, so where its warps share tiles the two give the same bits).
+// ring by bulk copies instead of register loads. Opt-in (FERN_CUDA_HEAD_RING, linear.cu): two forms measured slower
+// than the register-load kernel, this one (one copy per tile) not yet run on a GPU; see
+// docs/notes/cuda-decode-v37-head-ring.md. Why it was written: the register-load tensor-core GEMV (linear.cu
+// linear_tc_kernel) streams lm_head's 286 MB at ~3.0 TB/s (95 us per step), and versions 21, 23 and 25 found it bound
+// neither by its sector traffic, its load instructions nor its balance, while a bulk-copy stream of whole contiguous
+// regions measured 4.48 TB/s on this GPU (bench_cuda_persistent, one phase). The arithmetic is linear_tc_kernel's
+// (gemv_tc.cuh tc_item on the same staged table of x; a tile's K blocks added in order as that kernel's split form
+// does, so where its warps share tiles the two give the same bits).
 //
 // One block per SM: one producer warp and kConsumerWarps consumer warps. The block owns a contiguous range of
-// 16-row tiles; the producer requests tile i into stage i % stages (16 row copies of K / 2 bytes, one per lane, into
-// rows padded by 16 bytes, then the tile's scales and its biases: two more copies) once every consumer warp has
-// released the stage, from before the PDL wait (the weights do not depend on the previous kernel). The consumer
-// warps stage x into the table after the wait, then take every tile together (below).
-// The 16-byte row padding: lane (g, j) reads 16 bytes at row g, byte 128 kb + 32 j; with rows 1,040 bytes apart the
-// 32 lanes' reads fall on 8 distinct 16-byte bank slots, 4 each (the minimum for 512 bytes), against 8 per slot
-// with unpadded 1,024-byte rows.
+// 16-row tiles; the producer requests tile i into stage i % stages (its codes, its scales, its biases: three bulk
+// copies) once every consumer warp has released the stage, from before the PDL wait (the weights do not depend on
+// the previous kernel). The consumer warps stage x into the table after the wait, then take every tile together
+// (below). The rows lie 1,024 bytes apart as in memory, so a warp's 16-byte fragment reads take 8 shared-memory
+// wavefronts instead of 4 (lanes g = 0..7 of one j hit the same banks); rows padded by 16 bytes avoid that but
+// need a copy per row, which measured slower (the notes).
 #include "cuda/linear_ring.h"
 
 #include <cstdint>
@@ -31,23 +32,21 @@ namespace {
 constexpr int kConsumerWarps = 8;
 constexpr int kRingThreads = 32 * (kConsumerWarps + 1);
 constexpr int kMaxStages = 12;  // 11 fit at K = 2,048 (~200 KB of tiles per SM in flight)
-constexpr int kRowPad = 0;
 
-// A stage: 16 rows of codes at a pitch of K / 2 + kRowPad bytes, then the tile's scales [16][K / 64] and biases
-// (bf16), each block a multiple of 16 bytes (K % 512 == 0).
-__host__ __device__ constexpr int ring_pitch(int K) { return K / 2 + kRowPad; }
+// A stage: the tile's 16 rows of codes as they lie in memory (K / 2 bytes each), then its scales [16][K / 64] and
+// biases (bf16), each block a multiple of 16 bytes (K % 512 == 0).
 __host__ __device__ constexpr int ring_sb_bytes(int K) { return 16 * (K / 64) * 2; }
-__host__ __device__ constexpr int ring_stage_bytes(int K) { return 16 * ring_pitch(K) + 2 * ring_sb_bytes(K); }
+__host__ __device__ constexpr int ring_stage_bytes(int K) { return 16 * (K / 2) + 2 * ring_sb_bytes(K); }
 constexpr size_t ring_smem_bytes(int K, int stages) {
   return size_t(stages) * ring_stage_bytes(K) + tc_smem_bytes(K) + 2 * sizeof(uint64_t) * stages +
          2 * kConsumerWarps * 16 * sizeof(float);
 }
 
 __global__ void __launch_bounds__(kRingThreads, 1)
-    linear_ring_kernel(QW A, const float* x, float* y, int rows, int tpb, int stages, int probe) {
+    linear_ring_kernel(QW A, const float* x, float* y, int rows, int tpb, int stages) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
-  const int K = static_cast<int>(A.in), gpr = K / 64, rb = K / 2, pitch = ring_pitch(K);
+  const int K = static_cast<int>(A.in), gpr = K / 64, rb = K / 2;
   const int sbb = ring_sb_bytes(K), stage_bytes = ring_stage_bytes(K);
   const int tiles = (rows + 15) / 16;
   const int t0 = blockIdx.x * tpb, nt = min(tpb, tiles - t0);
@@ -82,13 +81,11 @@ __global__ void __launch_bounds__(kRingThreads, 1)
       }
       __syncwarp();
       unsigned char* st = ring + size_t(s) * stage_bytes;
-      if (kRowPad != 0 && lane < nr) {
-        ptx::bulk_copy_g2s(st + lane * pitch, wsrc + (r0 + lane) * rb, rb, &full[s]);
-      } else if (kRowPad == 0 && lane == 0) {
-        ptx::bulk_copy_g2s(st, wsrc + r0 * rb, uint32_t(nr) * rb, &full[s]);
-      } else if (lane == 16 || lane == 17) {  // nr == 16 leaves lanes 16 and 17 free; fewer rows: fewer bytes
-        const char* src = (lane == 16 ? ssrc : bsrc) + r0 * gpr * 2;
-        ptx::bulk_copy_g2s(st + 16 * pitch + (lane - 16) * sbb, src, uint32_t(nr) * gpr * 2, &full[s]);
+      if (lane < 3) {  // the tile's codes (fewer rows: fewer bytes), its scales, its biases
+        const int64_t off = lane == 0 ? r0 * rb : r0 * gpr * 2;
+        const char* src = (lane == 0 ? wsrc : lane == 1 ? ssrc : bsrc) + off;
+        unsigned char* dst = st + (lane == 0 ? 0 : 16 * rb + (lane - 1) * sbb);
+        ptx::bulk_copy_g2s(dst, src, uint32_t(nr) * (lane == 0 ? rb : gpr * 2), &full[s]);
       }
       if (++s == stages) {
         s = 0;
@@ -121,15 +118,15 @@ __global__ void __launch_bounds__(kRingThreads, 1)
   for (int i = 0; i < nt; ++i) {
     ptx::mbar_wait(&full[s], phase);
     const unsigned char* st = ring + size_t(s) * stage_bytes;
-    const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + 16 * pitch);
+    const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + 16 * rb);
     const uint16_t* bi = sc + sbb / 2;
     float acc[2] = {0.0f, 0.0f};
-    for (int kb = warp; kb < (probe ? 0 : KB); kb += kConsumerWarps) {
+    for (int kb = warp; kb < KB; kb += kConsumerWarps) {
       TcItem it;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = g + 8 * r;
-        const uint4* p = reinterpret_cast<const uint4*>(st + row * pitch) + kb * 8 + 2 * j;
+        const uint4* p = reinterpret_cast<const uint4*>(st + row * rb) + kb * 8 + 2 * j;
         it.w[2 * r] = p[0];
         it.w[2 * r + 1] = p[1];
         it.s[r] = bf16_to_f32(sc[row * gpr + kb * 4 + j]);
@@ -197,10 +194,8 @@ void linear_ring(const Ctx& c, const QW& w, const float* x, float* y) {
   const int K = static_cast<int>(w.in), rows = static_cast<int>(w.out);
   const RingDevice d = ring_device();
   int stages = ring_stages(d, K);
-  // EXPERIMENT (session 42, to be removed): fewer stages, and a probe whose consumers skip the arithmetic (wrong
-  // results: timelines only).
+  // FERN_CUDA_HEAD_RING_STAGES=N: at most N stages (read at every call, for comparisons: how deep the ring must be).
   stages = static_cast<int>(env_int("FERN_CUDA_HEAD_RING_STAGES", 1, stages, stages));
-  const int probe = static_cast<int>(env_int("FERN_CUDA_HEAD_RING_PROBE", 0, 1, 0));
   FERN_CU_CHECK(stages > 0 && linear_ring_ok(c, w), "linear_ring: weights or device not supported");
   const int tiles = (rows + 15) / 16;
   const int tpb = (tiles + c.sms - 1) / c.sms;
@@ -208,7 +203,7 @@ void linear_ring(const Ctx& c, const QW& w, const float* x, float* y) {
   const size_t smem = ring_smem_bytes(K, stages);
   allow_dynamic_smem<linear_ring_kernel>(size_t(d.optin));  // every width's ring fits under it (ring_stages)
   launch(c, "linear_ring_kernel", linear_ring_kernel, dim3(blocks), dim3(kRingThreads), smem, w, x, y, rows, tpb,
-         stages, probe);
+         stages);
 }
 
 }  // namespace fern::cuda

@@ -1,5 +1,6 @@
 // The lm_head-sized decode GEMV streamed through a shared-memory ring by bulk copies (linear_ring.cu). Internal to
-// the CUDA backend: linear.cu takes it for one token row where linear_ring_ok holds and FERN_CUDA_HEAD_RING allows.
+// the CUDA backend: linear.cu takes it for one token row where linear_ring_ok holds and FERN_CUDA_HEAD_RING asks
+// (opt-in: measured slower so far, docs/notes/cuda-decode-v37-head-ring.md).
 #pragma once
 #include "cuda/kernels.h"
 
