@@ -9,14 +9,15 @@
 // does, so where its warps share tiles the two give the same bits).
 //
 // One block per SM: one producer warp and kConsumerWarps consumer warps. The block owns a contiguous range of
-// 16-row tiles; the producer requests tile i into stage i % stages (its codes, its scales, its biases: three bulk
-// copies) once every consumer warp has released the stage, from before the PDL wait (the weights do not depend on
-// the previous kernel). The consumer warps stage x into the table after the wait, then take every tile together
-// (below). The rows lie 1,024 bytes apart as in memory, so a warp's 16-byte fragment reads take 8 shared-memory
-// wavefronts instead of 4 (lanes g = 0..7 of one j hit the same banks); rows padded by 16 bytes avoid that but
-// need a copy per row, which measured slower (the notes).
+// 16-row tiles; the producer requests them stage by stage (a stage: one or two tiles' codes, scales and biases, by
+// default three bulk copies; RingForm) once every consumer warp has released the stage, from before the PDL wait (the
+// weights do not depend on the previous kernel). The consumer warps stage x into the table after the wait, then take
+// every tile together (below). In the default form the rows lie 1,024 bytes apart as in memory, so a warp's
+// 16-byte fragment reads take 8 shared-memory wavefronts instead of 4 (lanes g = 0..7 of one j hit the same banks);
+// rows padded by 16 bytes avoid that but need a copy per row (FERN_CUDA_HEAD_RING_COPY=rows), which measured slower.
 #include "cuda/linear_ring.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/env.h"
@@ -31,23 +32,41 @@ namespace {
 
 constexpr int kConsumerWarps = 8;
 constexpr int kRingThreads = 32 * (kConsumerWarps + 1);
-constexpr int kMaxStages = 12;  // 11 fit at K = 2,048 (~200 KB of tiles per SM in flight)
+constexpr int kMaxStages = 12;  // 11 one-tile stages fit at K = 2,048 (~200 KB per SM in flight)
 
-// A stage: the tile's 16 rows of codes as they lie in memory (K / 2 bytes each), then its scales [16][K / 64] and
-// biases (bf16), each block a multiple of 16 bytes (K % 512 == 0).
-__host__ __device__ constexpr int ring_sb_bytes(int K) { return 16 * (K / 64) * 2; }
-__host__ __device__ constexpr int ring_stage_bytes(int K) { return 16 * (K / 2) + 2 * ring_sb_bytes(K); }
-constexpr size_t ring_smem_bytes(int K, int stages) {
-  return size_t(stages) * ring_stage_bytes(K) + tc_smem_bytes(K) + 2 * sizeof(uint64_t) * stages +
-         2 * kConsumerWarps * 16 * sizeof(float);
+// How a stage is filled (for comparisons, read at every call): FERN_CUDA_HEAD_RING_COPY=tile (the default: the
+// stage's codes as one bulk copy, rows as they lie in memory) or rows (one copy per row into rows padded by 16
+// bytes: conflict-free fragment reads, but 16 copies per tile, the form measured slower); FERN_CUDA_HEAD_RING_TILES=
+// 1 (the default) or 2 tiles per stage (copies twice as large, half as many stages).
+struct RingForm {
+  int row_copies = 0;  // 0 or 1
+  int tps = 1;         // tiles per stage
+  __host__ __device__ int pitch(int K) const { return K / 2 + (row_copies ? 16 : 0); }
+  __host__ __device__ int stage_rows() const { return 16 * tps; }
+  // A stage: stage_rows() rows of codes at pitch(K), then their scales [rows][K / 64] and biases (bf16), each block
+  // a multiple of 16 bytes (K % 512 == 0).
+  __host__ __device__ int sb_bytes(int K) const { return stage_rows() * (K / 64) * 2; }
+  __host__ __device__ int stage_bytes(int K) const { return stage_rows() * pitch(K) + 2 * sb_bytes(K); }
+  size_t smem_bytes(int K, int stages) const {
+    return size_t(stages) * stage_bytes(K) + tc_smem_bytes(K) + 2 * sizeof(uint64_t) * stages +
+           2 * kConsumerWarps * 16 * sizeof(float);
+  }
+};
+
+RingForm ring_form() {
+  RingForm f;
+  f.row_copies = env_choice("FERN_CUDA_HEAD_RING_COPY", {"tile", "rows"}, 0);
+  f.tps = env_choice("FERN_CUDA_HEAD_RING_TILES", {"1", "2"}, 0) + 1;
+  return f;
 }
 
 __global__ void __launch_bounds__(kRingThreads, 1)
-    linear_ring_kernel(QW A, const float* x, float* y, int rows, int tpb, int stages) {
+    linear_ring_kernel(QW A, const float* x, float* y, int rows, int tpb, int stages, RingForm form) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
   const int K = static_cast<int>(A.in), gpr = K / 64, rb = K / 2;
-  const int sbb = ring_sb_bytes(K), stage_bytes = ring_stage_bytes(K);
+  const int pitch = form.pitch(K), SR = form.stage_rows(), tps = form.tps;
+  const int sbb = form.sb_bytes(K), stage_bytes = form.stage_bytes(K);
   const int tiles = (rows + 15) / 16;
   const int t0 = blockIdx.x * tpb, nt = min(tpb, tiles - t0);
   unsigned char* ring = smem;
@@ -66,26 +85,29 @@ __global__ void __launch_bounds__(kRingThreads, 1)
   }
   __syncthreads();
 
-  if (warp == kConsumerWarps) {  // the producer
+  if (warp == kConsumerWarps) {  // the producer: stage q holds the block's tiles q tps .. q tps + tps - 1
     const char* wsrc = static_cast<const char*>(A.w);
     const char* ssrc = reinterpret_cast<const char*>(A.s);
     const char* bsrc = reinterpret_cast<const char*>(A.b);
     int s = 0;
     uint32_t phase = 0;
-    for (int i = 0; i < nt; ++i) {
+    for (int i = 0; i < nt; i += tps) {
       const int64_t r0 = int64_t(t0 + i) * 16;
-      const int nr = min(16, rows - static_cast<int>(r0));
+      const int nr = min(min(tps, nt - i) * 16, rows - static_cast<int>(r0));  // this block's rows only
       if (lane == 0) {
         ptx::mbar_wait(&empty[s], phase ^ 1);
         ptx::mbar_arrive_expect_tx(&full[s], uint32_t(nr) * (rb + 2 * 2 * gpr));  // codes, scales, biases
       }
       __syncwarp();
       unsigned char* st = ring + size_t(s) * stage_bytes;
-      if (lane < 3) {  // the tile's codes (fewer rows: fewer bytes), its scales, its biases
-        const int64_t off = lane == 0 ? r0 * rb : r0 * gpr * 2;
-        const char* src = (lane == 0 ? wsrc : lane == 1 ? ssrc : bsrc) + off;
-        unsigned char* dst = st + (lane == 0 ? 0 : 16 * rb + (lane - 1) * sbb);
-        ptx::bulk_copy_g2s(dst, src, uint32_t(nr) * (lane == 0 ? rb : gpr * 2), &full[s]);
+      if (form.row_copies) {
+        for (int r = lane; r < nr; r += 32) ptx::bulk_copy_g2s(st + r * pitch, wsrc + (r0 + r) * rb, rb, &full[s]);
+      } else if (lane == 0) {
+        ptx::bulk_copy_g2s(st, wsrc + r0 * rb, uint32_t(nr) * rb, &full[s]);
+      }
+      if (lane == 1 || lane == 2) {  // the rows' scales, their biases
+        const char* src = (lane == 1 ? ssrc : bsrc) + r0 * gpr * 2;
+        ptx::bulk_copy_g2s(st + SR * pitch + (lane - 1) * sbb, src, uint32_t(nr) * gpr * 2, &full[s]);
       }
       if (++s == stages) {
         s = 0;
@@ -106,27 +128,28 @@ __global__ void __launch_bounds__(kRingThreads, 1)
   pdl_trigger();
 
   // Every warp takes K blocks warp, warp + kConsumerWarps, ... of every tile, so that a stage is consumed in a
-  // fraction of the time one warp would need for the whole tile and is back in flight sooner. The warps' partial row
-  // sums go to red (two slots by tile parity), one named barrier per tile, then the tile's owner warp adds them in K
-  // order and writes its 16 rows. Slot reuse is safe: tile i + 2's writes come after barrier i + 1, which the owner
-  // of tile i reaches only once it has read slot i & 1.
+  // fraction of the time one warp would need for the whole tile and is back in flight sooner (measured: one warp per
+  // tile was no faster, notes v37). The warps' partial row sums go to red (two slots by tile parity), one named
+  // barrier per tile, then the tile's owner warp adds them in K order and writes its 16 rows. Slot reuse is safe:
+  // tile i + 2's writes come after barrier i + 1, which the owner of tile i reaches only once it has read slot i & 1.
   const int g = lane >> 2, j = lane & 3;
   const int bq = (g >> 1) == j ? g : -1;
   const int KB = K / kTcK, parts = min(KB, kConsumerWarps);
   int s = 0;
   uint32_t phase = 0;
   for (int i = 0; i < nt; ++i) {
-    ptx::mbar_wait(&full[s], phase);
+    const int u = i % tps;  // the tile's place in its stage
+    if (u == 0) ptx::mbar_wait(&full[s], phase);
     const unsigned char* st = ring + size_t(s) * stage_bytes;
-    const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + 16 * rb);
+    const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + SR * pitch);
     const uint16_t* bi = sc + sbb / 2;
     float acc[2] = {0.0f, 0.0f};
     for (int kb = warp; kb < KB; kb += kConsumerWarps) {
       TcItem it;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = g + 8 * r;
-        const uint4* p = reinterpret_cast<const uint4*>(st + row * rb) + kb * 8 + 2 * j;
+        const int row = 16 * u + g + 8 * r;
+        const uint4* p = reinterpret_cast<const uint4*>(st + row * pitch) + kb * 8 + 2 * j;
         it.w[2 * r] = p[0];
         it.w[2 * r + 1] = p[1];
         it.s[r] = bf16_to_f32(sc[row * gpr + kb * 4 + j]);
@@ -134,11 +157,13 @@ __global__ void __launch_bounds__(kRingThreads, 1)
       }
       tc_item(it, xb, xg, kb, j, bq, acc);
     }
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(&empty[s]);
-    if (++s == stages) {
-      s = 0;
-      phase ^= 1;
+    if (u == tps - 1 || i == nt - 1) {  // the stage's last tile: release it
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(&empty[s]);
+      if (++s == stages) {
+        s = 0;
+        phase ^= 1;
+      }
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -173,11 +198,11 @@ RingDevice ring_device() {
   return d;
 }
 
-// Stages that fit the device's per-block shared memory for width K (0: the device cannot run the kernel).
-int ring_stages(const RingDevice& d, int K) {
+// Stages of the form that fit the device's per-block shared memory for width K (0: the device cannot run it).
+int ring_stages(const RingDevice& d, const RingForm& f, int K) {
   if (d.major < 9) return 0;
   int stages = kMaxStages;
-  while (stages >= 3 && ring_smem_bytes(K, stages) > size_t(d.optin)) --stages;
+  while (stages >= 3 && f.smem_bytes(K, stages) > size_t(d.optin)) --stages;
   return stages >= 3 ? stages : 0;
 }
 
@@ -187,23 +212,23 @@ bool linear_ring_ok(const Ctx&, const QW& w) {
   if (w.bits != 4 || w.gs != 64 || w.in % 512 != 0 || w.in > 4096 || w.out < 1 || w.out > (int64_t(1) << 30))
     return false;
   if (!aligned16(w.w) || !aligned16(w.s) || !aligned16(w.b)) return false;
-  return ring_stages(ring_device(), static_cast<int>(w.in)) > 0;
+  return ring_stages(ring_device(), ring_form(), static_cast<int>(w.in)) > 0;
 }
 
 void linear_ring(const Ctx& c, const QW& w, const float* x, float* y) {
   const int K = static_cast<int>(w.in), rows = static_cast<int>(w.out);
   const RingDevice d = ring_device();
-  int stages = ring_stages(d, K);
-  // FERN_CUDA_HEAD_RING_STAGES=N: at most N stages (read at every call, for comparisons: how deep the ring must be).
-  stages = static_cast<int>(env_int("FERN_CUDA_HEAD_RING_STAGES", 1, stages, stages));
+  const RingForm form = ring_form();
+  int stages = ring_stages(d, form, K);
   FERN_CU_CHECK(stages > 0 && linear_ring_ok(c, w), "linear_ring: weights or device not supported");
+  // FERN_CUDA_HEAD_RING_STAGES=N: at most N stages (read at every call, for comparisons: how deep the ring must be).
+  stages = std::min(stages, static_cast<int>(env_int("FERN_CUDA_HEAD_RING_STAGES", 1, kMaxStages, stages)));
   const int tiles = (rows + 15) / 16;
   const int tpb = (tiles + c.sms - 1) / c.sms;
   const int blocks = (tiles + tpb - 1) / tpb;
-  const size_t smem = ring_smem_bytes(K, stages);
-  allow_dynamic_smem<linear_ring_kernel>(size_t(d.optin));  // every width's ring fits under it (ring_stages)
-  launch(c, "linear_ring_kernel", linear_ring_kernel, dim3(blocks), dim3(kRingThreads), smem, w, x, y, rows, tpb,
-         stages);
+  allow_dynamic_smem<linear_ring_kernel>(size_t(d.optin));  // every form's ring fits under it (ring_stages)
+  launch(c, "linear_ring_kernel", linear_ring_kernel, dim3(blocks), dim3(kRingThreads), form.smem_bytes(K, stages),
+         w, x, y, rows, tpb, stages, form);
 }
 
 }  // namespace fern::cuda
