@@ -2,13 +2,17 @@
 # One GPU call (~3 minutes): the opt-in lm_head ring (src/cuda/linear_ring.cu, docs/notes/cuda-decode-v37-head-ring.md)
 # against the register-load tensor-core kernel. Its test first under a short timeout (a pipeline bug hangs, it does
 # not fail), then the 4K decode step's timeline once per fill form, then `fern bench` decode at HR_LENGTHS (default
-# 4096) with FERN_CUDA_HEAD_RING=0,1 in one process. From the repository root; carry [".carry/debs"] (and
+# 4096) with FERN_CUDA_HEAD_RING=0,1 in one process; also bench_cuda_reduce (docs/notes/cuda-decode-v38-reduce.md:
+# seconds). From the repository root; carry [".carry/debs"] (and
 # .carry/tl-head.tar / .commit to build an archived commit, bench/gpu_prelude.sh). Files under $OUT.
 set -u
 source bench/gpu_prelude.sh
 gpu_unpack_head tl-head
 gpu_configure
-gpu_build fern bench_cuda_decode cuda_test_cuda_linear
+gpu_build fern bench_cuda_decode bench_cuda_reduce cuda_test_cuda_linear
+timeout 60 build/bench/bench_cuda_reduce >"$OUT/reduce.md" 2>&1
+note "bench_cuda_reduce rc $? ($(elapsed))"
+cat "$OUT/reduce.md"
 timeout 90 build/cuda_test_cuda_linear --gtest_filter=CudaLinear.BulkCopyRing >"$OUT/t_ring.log" 2>&1
 note "BulkCopyRing rc $? ($(elapsed))"
 grep -E "Failure|Expected|Which|ring lm_head" "$OUT/t_ring.log" | head -12
