@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_launch.h"
 #include "bench_timing.h"
 #include "cuda/cuda_check.h"
 
@@ -124,22 +125,6 @@ __global__ void __launch_bounds__(kThreads) handoff_kernel(float* h, int H, unsi
   }
 }
 
-template <typename... KArgs, typename... Args>
-void launch_cluster(int C, void (*kernel)(KArgs...), int grid, size_t smem, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = g_stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(C);
-  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = C > 1 ? 1 : 0;
-  FERN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -186,7 +171,10 @@ int main(int argc, char** argv) {
       } else if (m.form == 3) {
         handoff_kernel<<<G, kThreads, 0, g_stream>>>(h, H, counter, sink);
       } else {
-        auto pick = [&](auto k) { launch_cluster(m.C, k, G, m.C > 1 ? smem : 0, out, out64, D); };
+        // No PDL: each launch starts after the previous one has finished and its sums are visible.
+        auto pick = [&](auto k) {
+          bench::launch_ex(g_stream, k, G, kThreads, m.C > 1 ? smem : 0, m.C, false, out, out64, D);
+        };
         switch (m.form * 10 + m.C) {
           case 1: pick(reduce_kernel<0, 1>); break;
           case 11: pick(reduce_kernel<1, 1>); break;

@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench_launch.h"
 #include "bench_timing.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_util.cuh"
@@ -163,27 +164,10 @@ __global__ void burst_bulk_kernel(const char* region, uint32_t bytes, float* out
 #endif
 }
 
+// Every launch here takes PDL (as the engine's), a cluster where asked.
 template <typename... KArgs, typename... Args>
 void launch_k(cudaStream_t s, void (*k)(KArgs...), int grid, int threads, size_t smem, int cluster, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  int n = 1;
-  if (cluster > 1) {
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = cluster;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
-    n = 2;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  FERN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, static_cast<KArgs>(args)...));
+  bench::launch_ex(s, k, grid, threads, smem, cluster, true, args...);
 }
 
 template <typename F>
