@@ -206,13 +206,16 @@ int ring_stages(const RingDevice& d, const RingForm& f, int K) {
   return stages >= 3 ? stages : 0;
 }
 
+// The weights' part of linear_ring_ok (the rest is the device's and the form's: ring_stages).
+bool ring_weights_ok(const QW& w) {
+  return w.bits == 4 && w.gs == 64 && w.in % 512 == 0 && w.in <= 4096 && w.out >= 1 && w.out <= (int64_t(1) << 30) &&
+         aligned16(w.w) && aligned16(w.s) && aligned16(w.b);
+}
+
 }  // namespace
 
 bool linear_ring_ok(const Ctx&, const QW& w) {
-  if (w.bits != 4 || w.gs != 64 || w.in % 512 != 0 || w.in > 4096 || w.out < 1 || w.out > (int64_t(1) << 30))
-    return false;
-  if (!aligned16(w.w) || !aligned16(w.s) || !aligned16(w.b)) return false;
-  return ring_stages(ring_device(), ring_form(), static_cast<int>(w.in)) > 0;
+  return ring_weights_ok(w) && ring_stages(ring_device(), ring_form(), static_cast<int>(w.in)) > 0;
 }
 
 void linear_ring(const Ctx& c, const QW& w, const float* x, float* y) {
@@ -220,7 +223,7 @@ void linear_ring(const Ctx& c, const QW& w, const float* x, float* y) {
   const RingDevice d = ring_device();
   const RingForm form = ring_form();
   int stages = ring_stages(d, form, K);
-  FERN_CU_CHECK(stages > 0 && linear_ring_ok(c, w), "linear_ring: weights or device not supported");
+  FERN_CU_CHECK(stages > 0 && ring_weights_ok(w), "linear_ring: weights or device not supported");
   // FERN_CUDA_HEAD_RING_STAGES=N: at most N stages (read at every call, for comparisons: how deep the ring must be).
   stages = std::min(stages, static_cast<int>(env_int("FERN_CUDA_HEAD_RING_STAGES", 1, kMaxStages, stages)));
   const int tiles = (rows + 15) / 16;

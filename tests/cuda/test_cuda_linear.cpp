@@ -175,8 +175,8 @@ TEST(CudaLinear, TensorCoreLoop) {
 }
 
 // The bulk-copy ring GEMV (linear_ring.cu: one token row, 4-bit in groups of 64, K a multiple of 512 with three
-// stages in a block's shared memory, sm_90+; FERN_CUDA_HEAD_RING by default from lm_head-sized rows, =1 for every
-// eligible GEMV, =0 for none).
+// stages in a block's shared memory, sm_90+; opt-in: FERN_CUDA_HEAD_RING=1 for every eligible GEMV, =N from N rows,
+// unset or =0 for none).
 // 1. Where the tensor-core kernel's warps share a tile's K blocks (8,192 rows: two tiles per block) both add a row's
 // items in K order from the same item sums: the same bits. The ring's run takes FERN_CUDA_GEMV_TC=0, so that a ring
 // that silently fell back would run the CUDA-core loop, whose bits differ, and fail the comparison.
