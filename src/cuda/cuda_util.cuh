@@ -16,6 +16,14 @@ __device__ __forceinline__ int opaque(int v) {
   return v;
 }
 
+// *p read with acquire semantics at GPU scope: the poll of a handoff counter (the writers fence, then count in),
+// after which the reader sees what the counted writers stored before their fence.
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

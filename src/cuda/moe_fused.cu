@@ -202,12 +202,6 @@ __device__ __forceinline__ void finish_rows(const Mat& mat, const int (&row)[N],
   for (int r = 0; r < N; ++r) out[r] = warp_sum(acc[r]);
 }
 
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
