@@ -24,8 +24,5 @@ for set in "FERN_CUDA_HEAD_RING=0" "FERN_CUDA_HEAD_RING=1" "FERN_CUDA_HEAD_RING=
   env $set timeout 60 build/bench/bench_cuda_decode timeline 4096 9 >"$OUT/tl_$tag.log" 2>&1
   note "[$set] rc $?: $(grep -m1 '^step:' "$OUT/tl_$tag.log" | cut -c1-48) | $(grep -m1 -E '^(linear_ring|linear_tc)' "$OUT/tl_$tag.log" | awk '{print $1, $NF}')"
 done
-timeout 200 build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths "${HR_LENGTHS:-4096}" \
-  --runs 3 --decode-switch FERN_CUDA_HEAD_RING=0,1 >"$OUT/decode.md" 2>"$OUT/decode.err"
-note "decode switch rc $? ($(elapsed))"
-grep -E "^\|" "$OUT/decode.md"
+gpu_decode_switch FERN_CUDA_HEAD_RING=0,1 "${HR_LENGTHS:-4096}" 200
 gpu_summary

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "cuda/gdn_step.cuh"
 #include "cuda/gemv_tc.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -56,7 +57,22 @@ struct FoldArgs {
   int stride = 0;
 };
 
-// Top-k tail of the fused router (ROUTE kernels only), or the fold's arguments (FOLD kernels only).
+// The GDN form's operands (GDN kernels: gdn_proj_step). The grid's first Hk << group_shift blocks are the key
+// heads' groups (GdnRows), the rest the z rows' pool; the step's weights and states are gdn_step_raw's.
+struct GdnArgs {
+  GdnShape sh{};
+  int group_shift = 0;  // log2 of the blocks per key head
+  const float* conv_w = nullptr;
+  const float* A_log = nullptr;
+  const float* dt_bias = nullptr;
+  float* conv_state = nullptr;
+  float* state = nullptr;
+  float* y = nullptr;
+  int* counters = nullptr;  // [0, Hk) the step's conv counters (gdn_step_raw's), [Hk, 2 Hk) the groups' arrivals
+};
+
+// Top-k tail of the fused router (ROUTE kernels only), the fold's arguments (FOLD kernels only), or the GDN step's
+// (GDN kernels only).
 struct RouteTail {
   int topk = 0;
   int32_t* ids = nullptr;
@@ -64,6 +80,7 @@ struct RouteTail {
   float* sgate = nullptr;
   int* counters = nullptr;  // one per token row, zero between launches (the last block resets its own)
   FoldArgs fold;
+  GdnArgs gdn;
 };
 
 // Optional RMSNorm of the input row, computed by every block while staging it (linear_multi_norm: a layer's input
@@ -313,11 +330,90 @@ struct FoldRows {
 template <int NT>
 constexpr int kFoldRows = NT / 32 * kRPI;
 
+// The GDN form (GDN kernels; gdn_proj_step, docs/notes/cuda-decode-v39-gdn-fused.md) takes the real model's head
+// shape: Dk = Dv = 128, two value heads per key head. A key head's group computes its q, k and v rows (kGdnGroupRows),
+// then kGdnDuty of its blocks run the step (gdn_step.cuh) for the head's two value heads x four column blocks.
+constexpr int kGdnDk = 128, kGdnDv = 128, kGdnVPerK = 2;
+constexpr int kGdnGroupRows = 2 * kGdnDk + kGdnVPerK * kGdnDv;
+constexpr int kGdnDuty = kGdnVPerK * (kGdnDv / gdn::kCols);
+
+// GDN kernels: the rows a block takes, as virtual rows [0, n) of its region mapped onto the table's rows (qkv | z |
+// b | a, contiguous). A group's (key head kh): its q rows, its k rows, then the v rows of its two value heads. The
+// pool's (the blocks after the groups): the b and a rows first (row group j < 2 Hk: b or a of value heads 2 (j mod
+// Hk), 2 (j mod Hk) + 1, i.e. of key head j mod Hk; the first warp of each takes one, so that they are in the first
+// blocks of the pool), then the z rows. gw / warps: the warp's index among its region's warps, and their number.
+struct GdnRows {
+  int kh;          // -1 in the pool
+  int n;           // virtual rows
+  int t1, t2;      // group: the first virtual k row and v row; pool: the first z row and INT_MAX
+  int o0, o1, o2;  // table row - virtual row: below t1, below t2, from t2
+  int gw, warps;
+  __device__ __forceinline__ int row(int v) const { return v + (v < t1 ? o0 : v < t2 ? o1 : o2); }
+};
+
+template <int NT>
+__device__ __forceinline__ GdnRows gdn_rows(const GdnArgs& g) {
+  const int key_dim = g.sh.Hk * kGdnDk, gblocks = g.sh.Hk << g.group_shift;
+  const int warp = threadIdx.x / 32;
+  GdnRows r;
+  if (int(blockIdx.x) < gblocks) {
+    r.kh = blockIdx.x >> g.group_shift;
+    r.n = kGdnGroupRows;
+    r.t1 = kGdnDk;
+    r.t2 = 2 * kGdnDk;
+    r.o0 = r.kh * kGdnDk;                                      // q: row kh Dk + v
+    r.o1 = key_dim + r.kh * kGdnDk - kGdnDk;                   // k: row key_dim + kh Dk + (v - Dk)
+    r.o2 = 2 * key_dim + r.kh * kGdnVPerK * kGdnDv - 2 * kGdnDk;  // v: row 2 key_dim + kh 2 Dv + (v - 2 Dk)
+    r.gw = (blockIdx.x & ((1 << g.group_shift) - 1)) * (NT / 32) + warp;
+    r.warps = (NT / 32) << g.group_shift;
+  } else {
+    const int vd = g.sh.Hv * kGdnDv;
+    r.kh = -1;
+    r.n = 2 * g.sh.Hv + vd;
+    r.t1 = 2 * g.sh.Hv;
+    r.t2 = INT_MAX;
+    r.o0 = g.sh.conv_dim + vd;                     // b, a: row conv_dim + value_dim + v
+    r.o1 = r.o2 = g.sh.conv_dim - 2 * g.sh.Hv;     // z: row conv_dim + (v - 2 Hv)
+    r.gw = (blockIdx.x - gblocks) * (NT / 32) + warp;
+    r.warps = (gridDim.x - gblocks) * (NT / 32);
+  }
+  return r;
+}
+
+// The arrivals a step block waits for at its key head's counter: the group's blocks, and the two pool blocks with
+// the head's b and a rows.
+__device__ __forceinline__ int gdn_need(const GdnArgs& g) { return (1 << g.group_shift) + 2; }
+
+// The step's inputs in the GDN form (gdn_step.cuh's In): the q/k/v rows that the group's blocks stored and the b
+// and a that the pool's stored, read through L2 once all of them have counted in at *arrivals (a poll by thread 0,
+// then a barrier).
+struct GroupInputs {
+  const float* mixed;
+  const float* b;
+  const float* a;
+  const int* arrivals;
+  int need;
+  __device__ __forceinline__ void wait() const {
+    if (threadIdx.x == 0) {
+      while (ld_acquire(arrivals) < need) {
+      }
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ float mixed_at(int ch) const { return __ldcg(mixed + ch); }
+  __device__ __forceinline__ void gates(int h, float& bg, float& ag) const {
+    bg = __ldcg(b + h);
+    ag = __ldcg(a + h);
+  }
+};
+
 template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
-          bool CONTIG = false, bool Q8 = false, bool FOLD = false>
+          bool CONTIG = false, bool Q8 = false, bool FOLD = false, bool GDN = false>
 __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
+  static_assert(!GDN || (CONTIG && Q8 && !ROUTE && !FOLD && NT == gdn::kThreads),
+                "the GDN form: the contiguous input projections on digits, 256 threads");
   static_assert(!FOLD || (!MULTI && SB && LPR == 32), "the fold: one packed matrix, 32 lanes per row");
   static_assert(!Q8 || (SB && STAGE == kStageNorm), "the digit form: packed rows with the input norm");
   static_assert(!SB || (BITS == 4 && LPR == 32), "packed scales: 4-bit rows, 32 lanes per row");
@@ -333,17 +429,21 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
   const int nc = (CPR + 2 * LPR - 1) / (2 * LPR);  // pipeline steps per row group
   const int lane = threadIdx.x & 31;
   const int sub = lane % LPR, rslot = lane / LPR;
-  const int warps = gridDim.x * (NT / 32);
-  const int gw = blockIdx.x * (NT / 32) + threadIdx.x / 32;
-  const int ngroups = (rows + RPW - 1) / RPW;
+  GdnRows gr{};
+  if constexpr (GDN) gr = gdn_rows<NT>(tail.gdn);
+  const int vrows = GDN ? gr.n : rows;  // GDN: the region's virtual rows (gr.row maps them onto the table)
+  const int warps = GDN ? gr.warps : gridDim.x * (NT / 32);
+  const int gw = GDN ? gr.gw : blockIdx.x * (NT / 32) + threadIdx.x / 32;
+  const int ngroups = (vrows + RPW - 1) / RPW;
   const int S = (gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc;
 
   int lg = gw, lci = 0;  // row group and chunk pass of the next step to load
   auto load_step = [&](StepBuf& Bf) {
 #pragma unroll
     for (int r = 0; r < kRPI; ++r) {
-      const int row = lg * RPW + r * RS + rslot;
-      const bool ok = row < rows;
+      const int vrow = lg * RPW + r * RS + rslot;
+      const bool ok = vrow < vrows;
+      const int row = GDN ? gr.row(vrow) : vrow;
       ChunkMat m = ma;
       int rr = row;
       if constexpr (MULTI && !CONTIG) {
@@ -459,8 +559,9 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
         float v = acc[r];
 #pragma unroll
         for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        const int row = cg * RPW + r * RS + rslot;
-        if (sub == 0 && row < rows) {
+        const int vrow = cg * RPW + r * RS + rslot;
+        if (sub == 0 && vrow < vrows) {
+          const int row = GDN ? gr.row(vrow) : vrow;
           const int q = mat_of<MULTI>(M.start, row);
           const int r0 = MULTI ? M.start[q] : 0;
           const int nq = MULTI ? M.start[q + 1] - r0 : rows;
@@ -506,6 +607,34 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
                   tail.ids + int64_t(t) * tail.topk, tail.wts + int64_t(t) * tail.topk, tail.sgate + t);
       if (threadIdx.x == 0) tail.counters[t] = 0;
     }
+  }
+  if constexpr (GDN) {
+    // Every block counts in where its rows are awaited: a group's block at its key head's counter, the pool's
+    // first blocks at the counters of the heads whose b or a rows they hold. kGdnDuty blocks of each group then run
+    // the step of one value head and 32 state columns, waiting only for their own key head's rows (not the grid,
+    // nor a launch boundary), with the step's weights and states requested before that wait. The other blocks
+    // leave, so that the next launch becomes resident as early as after the unfused projections.
+    const GdnArgs& gd = tail.gdn;
+    const int Hk = gd.sh.Hk;
+    __syncthreads();  // every warp's rows stored (before thread 0's fence)
+    if (threadIdx.x == 0) {
+      __threadfence();
+      if (gr.kh >= 0) {
+        atomicAdd(gd.counters + Hk + gr.kh, 1);
+      } else {
+        // Pool warp w's first row group is b or a of key head w mod Hk (w < 2 Hk; GdnRows).
+        const int w0 = gr.gw;  // thread 0's warp is the block's first
+        for (int w = w0; w < w0 + NT / 32 && w < 2 * Hk; ++w) atomicAdd(gd.counters + Hk + w % Hk, 1);
+      }
+    }
+    const int r = blockIdx.x & ((1 << gd.group_shift) - 1);
+    if (gr.kh < 0 || r >= kGdnDuty) return;
+    constexpr int kCb = kGdnDv / gdn::kCols;
+    const int h = gr.kh * kGdnVPerK + r / kCb, cb = r % kCb;
+    int* arrivals = gd.counters + Hk + gr.kh;
+    GroupInputs in{M.y[0], M.y[2], M.y[3], arrivals, gdn_need(gd)};
+    gdn::step_block<4, true>(gd.sh, h, cb, gr.kh, kGdnDuty, in, gd.conv_w, gd.A_log, gd.dt_bias, gd.conv_state,
+                             gd.state, gd.y, gd.counters + gr.kh, true, arrivals);
   }
 }
 
@@ -1102,6 +1231,79 @@ void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z
     return;
   }
   launch_any<false, false, kStageGatedNorm>(c, w, m, rows, y, RouteTail{}, 1, nm);
+}
+
+namespace {
+// The GDN form's kernel: linear_multi_norm's three-blocks-per-SM GEMV on digits with the step's tail.
+constexpr auto gdn_proj_step_kernel =
+    linear_kernel<4, 32, true, false, kStageNorm, 2, kThreads, 3, true, true, true, false, true>;
+
+// The GDN form's grid on this GPU: every block resident at once (the duty blocks wait for their group), the key
+// heads' groups of 16 blocks each (two row groups per warp at the real shape) where that leaves a pool of at least
+// 4 blocks per key head for the z rows, else groups of kGdnDuty blocks; 0 blocks where neither fits.
+struct GdnGrid {
+  int shift = 0, blocks = 0;
+};
+GdnGrid gdn_grid(const Ctx& c, int Hk, size_t smem) {
+  thread_local size_t cached_smem = SIZE_MAX;
+  thread_local int per_sm = 0;
+  if (smem != cached_smem) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_proj_step_kernel, kThreads, smem) != cudaSuccess)
+      per_sm = 0;
+    cached_smem = smem;
+  }
+  const int resident = std::min(per_sm, 3) * c.sms;
+  GdnGrid g;
+  for (int shift : {4, 3}) {
+    if (resident >= (Hk << shift) + 4 * Hk) {
+      g.shift = shift;
+      g.blocks = resident;
+      return g;
+    }
+  }
+  return g;
+}
+}  // namespace
+
+bool gdn_proj_step_ok(const Ctx& c, const QW* ws, int n, const GdnShape& sh) {
+  if (n != 4 || !linear_multi_contiguous(ws, n)) return false;
+  const QW& w = ws[0];
+  const bool shape = sh.Dk == kGdnDk && sh.Dv == kGdnDv && sh.Hv == kGdnVPerK * sh.Hk && sh.kernel == 4 &&
+                     sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv && w.out == sh.conv_dim &&
+                     ws[1].out == int64_t(sh.Hv) * sh.Dv && ws[2].out == sh.Hv && ws[3].out == sh.Hv;
+  // The matrices as linear_multi_norm takes them into its three-blocks-per-SM digit kernel (launch_bits: packed rows
+  // of one pass, the norm's row in two float4s per thread; the same switches), so that both forms compute the same
+  // bits, and the counters: the step's [0, Hk) and the groups' [Hk, 2 Hk).
+  const Mats m = make_mats(ws, std::vector<float*>(4, nullptr).data(), 4);
+  const int rows = static_cast<int>(ws[0].out + ws[1].out + ws[2].out + ws[3].out);
+  if (!shape || w.bits != 4 || w.gs != 64 || w.in != 2048 || !gemv_sb(w, m) || !gemv_q8() || !gemv_contig(w, m) ||
+      gemv_occupancy() != 3 || gemv_wide(c, rows) || gemv_tc_wanted(rows) || c.counters == nullptr ||
+      c.n_counters < 2 * sh.Hk)
+    return false;
+  return gdn_grid(c, sh.Hk, x_smem_bytes<4>(w.in, 32)).blocks > 0;
+}
+
+void gdn_proj_step(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
+                   float* const* ys, const GdnShape& sh, const float* conv_w, const float* A_log,
+                   const float* dt_bias, float* conv_state, float* state, float* y) {
+  FERN_CU_CHECK(gdn_proj_step_ok(c, ws, 4, sh), "gdn_proj_step: shapes, formats or GPU the fused form does not take");
+  const InNorm nm = input_norm(ws[0], norm_w, eps, xn, "gdn_proj_step");
+  const size_t smem = x_smem_bytes<4>(ws[0].in, 32);
+  const GdnGrid g = gdn_grid(c, sh.Hk, smem);
+  RouteTail tail;
+  GdnArgs& a = tail.gdn;
+  a.sh = sh;
+  a.group_shift = g.shift;
+  a.conv_w = conv_w;
+  a.A_log = A_log;
+  a.dt_bias = dt_bias;
+  a.conv_state = conv_state;
+  a.state = state;
+  a.y = y;
+  a.counters = c.counters;
+  const Mats m = make_mats(ws, ys, 4);
+  const int rows = static_cast<int>(ws[0].out + ws[1].out + ws[2].out + ws[3].out);
+  launch(c, "linear_kernel", gdn_proj_step_kernel, dim3(g.blocks, 1), kThreads, smem, ws[0], m, rows, x, tail, nm);
 }
 
 bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,

@@ -12,6 +12,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/random_model.h"
 #include "cuda/cuda_backend_impl.h"
+#include "cuda/weight_group.h"
 #include "test_util.h"
 
 namespace fern::test {
@@ -155,6 +156,26 @@ inline MoeWeights random_moe(OwnedStorage& st, int64_t E, int64_t H, int64_t I, 
 // The same block on the GPU.
 inline MoeWeights to_device(CudaBackend& be, const MoeWeights& h) {
   return h.map([&](const LinearWeight& w) { return be.to_device(w); });
+}
+
+// Moves device matrices into one region (weight_group.h), as upload() and the random device model lay out a layer's
+// input projections: dw becomes the views into the returned region, with the same values.
+inline Tensor group_on_device(CudaBackend& gpu, std::vector<LinearWeight>& dw) {
+  std::vector<const LinearWeight*> p;
+  for (const LinearWeight& w : dw) p.push_back(&w);
+  const cuda::GroupLayout layout = cuda::group_layout(p);
+  EXPECT_FALSE(layout.at.empty());
+  if (layout.at.empty()) return Tensor{};
+  Tensor region = gpu.alloc(DType::U8, {int64_t(layout.bytes)});
+  std::vector<LinearWeight> g = cuda::group_views(p, layout, region.ptr<char>());
+  for (size_t i = 0; i < dw.size(); ++i) {
+    const std::pair<const Tensor*, const Tensor*> parts[3] = {
+        {&g[i].w, &dw[i].w}, {&g[i].scales, &dw[i].scales}, {&g[i].biases, &dw[i].biases}};
+    for (const auto& [to, from] : parts)
+      EXPECT_EQ(cudaMemcpy(to->data, from->data, from->nbytes(), cudaMemcpyDeviceToDevice), cudaSuccess);
+  }
+  dw = g;
+  return region;
 }
 
 }  // namespace fern::test

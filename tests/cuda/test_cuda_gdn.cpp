@@ -159,6 +159,125 @@ TEST(CudaGdn, WithOutProjPrefillNormRows) {
   EXPECT_THROW(run(16, 32, 31, true, {1, 40}), std::exception) << "an unknown value of the switch";
 }
 
+// The whole GDN mixer for one token (Backend::gdn_mixer: input norm, the four projections, the step, out_proj) with
+// the projections and the step as one launch (FERN_CUDA_GDN_FUSE=1, cuda::gdn_proj_step) against the two launches
+// (=0), output by output: the projections (mixed, z, b, a), the step's raw output y, the mixer's output and both
+// states must be the same bits (the same loads, products and order in both), and the mixer's output must match
+// the CPU's within kNmse (the projection's error, NMSE ~1e-12 at 4 bits, plus the core's). Two GDN layers of one
+// weight set with their own states, called in turn for 6 decode steps: consecutive fused launches reuse the key
+// heads' arrival counters, which the last step block of each head must have reset (a stale count lets a step
+// block read rows before they are written: outputs off by NMSE ~1; a lost one hangs, so the GPU scripts run this
+// under a timeout). The weights are grouped in one region as upload() leaves them (the fused form needs that).
+std::vector<std::vector<float>> run_mixer(uint64_t seed, int steps, int64_t* fused) {
+  constexpr int Hk = 16, Hv = 32, layers = 2;
+  constexpr int64_t H = 2048;
+  auto gpu = test::make_gpu();
+  auto cpu = make_cpu_backend();
+  ModelConfig cfg;
+  cfg.num_hidden_layers = layers;
+  cfg.layer_types = {LayerType::LinearAttention, LayerType::LinearAttention};
+  cfg.linear_num_key_heads = Hk;
+  cfg.linear_num_value_heads = Hv;
+  cfg.hidden_size = H;
+  const int64_t C = cfg.gdn_conv_dim(), V = cfg.gdn_value_dim();
+  const float eps = 1e-6f;
+  test::OwnedStorage st;
+  auto vec = [&](int64_t n, float mean, float sd, uint64_t s) {
+    Tensor t = st.make(DType::F32, {n});
+    auto v = test::randn(size_t(n), s, sd);
+    for (int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = mean + v[i];
+    return t;
+  };
+  GdnWeights hw;
+  hw.in_proj_qkv = test::raw_affine(st, "in_proj_qkv", 0, C, H, 4, 64, seed + 1);
+  hw.in_proj_z = test::raw_affine(st, "in_proj_z", 0, V, H, 4, 64, seed + 2);
+  hw.in_proj_b = test::raw_affine(st, "in_proj_b", 0, Hv, H, 4, 64, seed + 3);
+  hw.in_proj_a = test::raw_affine(st, "in_proj_a", 0, Hv, H, 4, 64, seed + 4);
+  hw.conv_w = vec(C * 4, 0.0f, 0.5f, seed + 5).reshape({C, 4});
+  hw.A_log = vec(Hv, 0.5f, 0.8f, seed + 6);
+  hw.dt_bias = vec(Hv, -1.0f, 0.5f, seed + 7);
+  hw.norm_w = vec(128, 1.0f, 0.1f, seed + 8);
+  hw.out_proj = test::raw_affine(st, "out_proj", 0, H, V, 4, 64, seed + 9);
+  const Tensor in_norm = vec(H, 1.0f, 0.3f, seed + 10);  // around 1, as trained RMSNorm weights are
+  std::vector<LinearWeight> proj = {gpu->to_device(hw.in_proj_qkv), gpu->to_device(hw.in_proj_z),
+                                    gpu->to_device(hw.in_proj_b), gpu->to_device(hw.in_proj_a)};
+  test::group_on_device(*gpu, proj);  // the region lives as long as the backend
+  GdnWeights dw;
+  dw.in_proj_qkv = proj[0];
+  dw.in_proj_z = proj[1];
+  dw.in_proj_b = proj[2];
+  dw.in_proj_a = proj[3];
+  dw.out_proj = gpu->to_device(hw.out_proj);
+  dw.conv_w = gpu->to_device(hw.conv_w);
+  dw.A_log = gpu->to_device(hw.A_log);
+  dw.dt_bias = gpu->to_device(hw.dt_bias);
+  dw.norm_w = gpu->to_device(hw.norm_w);
+  const Tensor d_norm = gpu->to_device(in_norm);
+  auto cs = cpu->new_state(cfg, steps);
+  auto gs = gpu->new_state(cfg, steps);
+  // Persistent device buffers (scratch would be reused between calls): the projections, y and the output.
+  std::vector<Tensor> dbuf = {gpu->alloc(DType::F32, {1, C}), gpu->alloc(DType::F32, {1, V}),
+                              gpu->alloc(DType::F32, {1, Hv}), gpu->alloc(DType::F32, {1, Hv}),
+                              gpu->alloc(DType::F32, {1, V}), gpu->alloc(DType::F32, {1, H})};
+  std::vector<std::vector<float>> all(dbuf.size() + 2);
+  for (int s = 0; s < steps; ++s) {
+    for (int layer = 0; layer < layers; ++layer) {
+      const auto h = test::randn(size_t(H), seed + 100 * s + 11 * layer + 50);
+      std::vector<float> xn(static_cast<size_t>(H)), mixed(static_cast<size_t>(C)), z(static_cast<size_t>(V)),
+          b(static_cast<size_t>(Hv)), a(static_cast<size_t>(Hv)), y(static_cast<size_t>(V)), ref(static_cast<size_t>(H));
+      auto hc = h;  // host_f32 takes a mutable vector
+      cpu->begin_forward();
+      cpu->gdn_mixer(test::host_f32(ref, {1, H}), test::host_f32(hc, {1, H}), in_norm, eps, test::host_f32(xn, {1, H}),
+                     test::host_f32(mixed, {1, C}), test::host_f32(z, {1, V}), test::host_f32(b, {1, Hv}),
+                     test::host_f32(a, {1, Hv}), test::host_f32(y, {1, V}), hw, cfg, *cs, layer);
+      gpu->begin_forward();
+      Tensor dxn = gpu->scratch(DType::F32, {1, H});
+      gpu->gdn_mixer(dbuf[5], test::upload_f32(*gpu, h, {1, H}), d_norm, eps, dxn, dbuf[0], dbuf[1], dbuf[2], dbuf[3],
+                     dbuf[4], dw, cfg, *gs, layer);
+      for (size_t i = 0; i < dbuf.size(); ++i) {
+        const auto got = test::download(*gpu, dbuf[i]);
+        all[i].insert(all[i].end(), got.begin(), got.end());
+      }
+      const auto got = test::download(*gpu, dbuf[5]);
+      const double e = test::nmse(got.data(), ref.data(), got.size());
+      EXPECT_LT(e, kNmse) << "step " << s << " layer " << layer;
+      if (s == steps - 1 && layer == layers - 1) std::printf("gdn mixer after %d steps: output NMSE %.3e\n", steps, e);
+    }
+    gpu->advance(*gs, 1);
+    cpu->advance(*cs, 1);
+  }
+  for (int layer = 0; layer < layers; ++layer) {
+    const auto rec = test::download(*gpu, gs->recurrent_state[layer]);
+    const auto conv = test::download(*gpu, gs->conv_state[layer]);
+    EXPECT_LT(test::nmse(rec.data(), cs->recurrent_state[layer].ptr<float>(), rec.size()), kNmse);
+    EXPECT_EQ(test::nmse(conv.data(), cs->conv_state[layer].ptr<float>(), conv.size()), 0.0);  // copies of inputs
+    all[dbuf.size()].insert(all[dbuf.size()].end(), rec.begin(), rec.end());
+    all[dbuf.size() + 1].insert(all[dbuf.size() + 1].end(), conv.begin(), conv.end());
+  }
+  *fused = gpu->gdn_fused();
+  return all;
+}
+
+TEST(CudaGdn, FusedProjectionsAndStepSameBits) {
+  FERN_REQUIRE_GPU();
+  constexpr int kSteps = 6;
+  const char* names[] = {"mixed", "z", "b", "a", "y", "out", "recurrent state", "conv state"};
+  std::vector<std::vector<float>> got[2];
+  for (int fuse = 0; fuse < 2; ++fuse) {
+    test::EnvGuard g("FERN_CUDA_GDN_FUSE", fuse ? "1" : "0");
+    int64_t fused = -1;
+    got[fuse] = run_mixer(41, kSteps, &fused);
+    std::printf("FERN_CUDA_GDN_FUSE=%d: %lld fused mixers\n", fuse, static_cast<long long>(fused));
+    int sms = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    // Every call on a GPU that holds the fused grid at once (>= 64 SMs at three blocks per SM); none unfused.
+    if (fuse == 0 || sms >= 64) {
+      EXPECT_EQ(fused, fuse ? 2 * kSteps : 0);
+    }
+  }
+  for (size_t i = 0; i < got[0].size(); ++i) EXPECT_TRUE(test::same_bits(got[0][i], got[1][i])) << names[i];
+}
+
 // The multi-row fallback of an unsupported prefill shape (one step launch per row, then the gated norm of all
 // rows) forced for the real shape.
 TEST(CudaGdn, RowsFallback) {

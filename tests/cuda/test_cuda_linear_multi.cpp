@@ -82,19 +82,7 @@ struct GpuTable {
   // Moves the device matrices into one region (weight_group.h), as upload() and the random device model lay out a
   // layer's input projections.
   void group() {
-    std::vector<const LinearWeight*> p;
-    for (const LinearWeight& w : dw) p.push_back(&w);
-    const cuda::GroupLayout layout = cuda::group_layout(p);
-    ASSERT_FALSE(layout.at.empty());
-    Tensor region = gpu->alloc(DType::U8, {int64_t(layout.bytes)});
-    std::vector<LinearWeight> g = cuda::group_views(p, layout, region.ptr<char>());
-    for (size_t i = 0; i < dw.size(); ++i) {
-      const std::pair<const Tensor*, const Tensor*> parts[3] = {
-          {&g[i].w, &dw[i].w}, {&g[i].scales, &dw[i].scales}, {&g[i].biases, &dw[i].biases}};
-      for (const auto& [to, from] : parts)
-        ASSERT_EQ(cudaMemcpy(to->data, from->data, from->nbytes(), cudaMemcpyDeviceToDevice), cudaSuccess);
-    }
-    dw = g;
+    test::group_on_device(*gpu, dw);
     for (size_t i = 0; i < dw.size(); ++i) {
       ws[i] = &dw[i];
       q[i] = cuda::make_qw(dw[i]);
