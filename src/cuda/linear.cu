@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "cuda/gdn_rows.h"
 #include "cuda/gdn_step.cuh"
 #include "cuda/gemv_tc.cuh"
 #include "cuda/kernels.h"
@@ -57,8 +58,8 @@ struct FoldArgs {
   int stride = 0;
 };
 
-// The GDN form's operands (GDN kernels: gdn_proj_step). The grid's first Hk << group_shift blocks are the key
-// heads' groups (GdnRows), the rest the z rows' pool; the step's weights and states are gdn_step_raw's.
+// The GDN form's operands (GDN kernels: gdn_proj_step): Hk << group_shift of the grid's blocks are the key heads'
+// groups, the rest the pool (gdn_rows.h); the step's weights and states are gdn_step_raw's.
 struct GdnArgs {
   GdnShape sh{};
   int group_shift = 0;  // log2 of the blocks per key head
@@ -330,60 +331,6 @@ struct FoldRows {
 template <int NT>
 constexpr int kFoldRows = NT / 32 * kRPI;
 
-// The GDN form (GDN kernels; gdn_proj_step, docs/notes/cuda-decode-v39-gdn-fused.md) takes the real model's head
-// shape: Dk = Dv = 128, two value heads per key head. A key head's group computes its q, k and v rows (kGdnGroupRows),
-// then kGdnDuty of its blocks run the step (gdn_step.cuh) for the head's two value heads x four column blocks.
-constexpr int kGdnDk = 128, kGdnDv = 128, kGdnVPerK = 2;
-constexpr int kGdnGroupRows = 2 * kGdnDk + kGdnVPerK * kGdnDv;
-constexpr int kGdnDuty = kGdnVPerK * (kGdnDv / gdn::kCols);
-
-// GDN kernels: the rows a block takes, as virtual rows [0, n) of its region mapped onto the table's rows (qkv | z |
-// b | a, contiguous). A group's (key head kh): its q rows, its k rows, then the v rows of its two value heads. The
-// pool's (the blocks after the groups): the b and a rows first (row group j < 2 Hk: b or a of value heads 2 (j mod
-// Hk), 2 (j mod Hk) + 1, i.e. of key head j mod Hk; the first warp of each takes one, so that they are in the first
-// blocks of the pool), then the z rows. gw / warps: the warp's index among its region's warps, and their number.
-struct GdnRows {
-  int kh;          // -1 in the pool
-  int n;           // virtual rows
-  int t1, t2;      // group: the first virtual k row and v row; pool: the first z row and INT_MAX
-  int o0, o1, o2;  // table row - virtual row: below t1, below t2, from t2
-  int gw, warps;
-  __device__ __forceinline__ int row(int v) const { return v + (v < t1 ? o0 : v < t2 ? o1 : o2); }
-};
-
-template <int NT>
-__device__ __forceinline__ GdnRows gdn_rows(const GdnArgs& g) {
-  const int key_dim = g.sh.Hk * kGdnDk, gblocks = g.sh.Hk << g.group_shift;
-  const int warp = threadIdx.x / 32;
-  GdnRows r;
-  if (int(blockIdx.x) < gblocks) {
-    r.kh = blockIdx.x >> g.group_shift;
-    r.n = kGdnGroupRows;
-    r.t1 = kGdnDk;
-    r.t2 = 2 * kGdnDk;
-    r.o0 = r.kh * kGdnDk;                                      // q: row kh Dk + v
-    r.o1 = key_dim + r.kh * kGdnDk - kGdnDk;                   // k: row key_dim + kh Dk + (v - Dk)
-    r.o2 = 2 * key_dim + r.kh * kGdnVPerK * kGdnDv - 2 * kGdnDk;  // v: row 2 key_dim + kh 2 Dv + (v - 2 Dk)
-    r.gw = (blockIdx.x & ((1 << g.group_shift) - 1)) * (NT / 32) + warp;
-    r.warps = (NT / 32) << g.group_shift;
-  } else {
-    const int vd = g.sh.Hv * kGdnDv;
-    r.kh = -1;
-    r.n = 2 * g.sh.Hv + vd;
-    r.t1 = 2 * g.sh.Hv;
-    r.t2 = INT_MAX;
-    r.o0 = g.sh.conv_dim + vd;                     // b, a: row conv_dim + value_dim + v
-    r.o1 = r.o2 = g.sh.conv_dim - 2 * g.sh.Hv;     // z: row conv_dim + (v - 2 Hv)
-    r.gw = (blockIdx.x - gblocks) * (NT / 32) + warp;
-    r.warps = (gridDim.x - gblocks) * (NT / 32);
-  }
-  return r;
-}
-
-// The arrivals a step block waits for at its key head's counter: the group's blocks, and the two pool blocks with
-// the head's b and a rows.
-__device__ __forceinline__ int gdn_need(const GdnArgs& g) { return (1 << g.group_shift) + 2; }
-
 // The step's inputs in the GDN form (gdn_step.cuh's In): the q/k/v rows that the group's blocks stored and the b
 // and a that the pool's stored, read through L2 once all of them have counted in at *arrivals (a poll by thread 0,
 // then a barrier).
@@ -430,7 +377,10 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
   const int lane = threadIdx.x & 31;
   const int sub = lane % LPR, rslot = lane / LPR;
   GdnRows gr{};
-  if constexpr (GDN) gr = gdn_rows<NT>(tail.gdn);
+  if constexpr (GDN) {
+    const GdnArgs& g = tail.gdn;
+    gr = gdn_rows(g.sh.Hk, g.sh.conv_dim, g.group_shift, blockIdx.x, gridDim.x, threadIdx.x / 32, NT / 32);
+  }
   const int vrows = GDN ? gr.n : rows;  // GDN: the region's virtual rows (gr.row maps them onto the table)
   const int warps = GDN ? gr.warps : gridDim.x * (NT / 32);
   const int gw = GDN ? gr.gw : blockIdx.x * (NT / 32) + threadIdx.x / 32;
@@ -622,17 +572,20 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
       if (gr.kh >= 0) {
         atomicAdd(gd.counters + Hk + gr.kh, 1);
       } else {
-        // Pool warp w's first row group is b or a of key head w mod Hk (w < 2 Hk; GdnRows).
         const int w0 = gr.gw;  // thread 0's warp is the block's first
-        for (int w = w0; w < w0 + NT / 32 && w < 2 * Hk; ++w) atomicAdd(gd.counters + Hk + w % Hk, 1);
+#pragma unroll 1
+        for (int w = w0; w < w0 + NT / 32; ++w) {
+          const int kh = gdn_ba_head(w, Hk);
+          if (kh >= 0) atomicAdd(gd.counters + Hk + kh, 1);
+        }
       }
     }
-    const int r = blockIdx.x & ((1 << gd.group_shift) - 1);
+    const int r = gr.blk;
     if (gr.kh < 0 || r >= kGdnDuty) return;
-    constexpr int kCb = kGdnDv / gdn::kCols;
-    const int h = gr.kh * kGdnVPerK + r / kCb, cb = r % kCb;
+    static_assert(kGdnColBlocks * gdn::kCols == kGdnDv, "the step's blocks of 32 state columns");
+    const int h = gr.kh * kGdnVPerK + r / kGdnColBlocks, cb = r % kGdnColBlocks;
     int* arrivals = gd.counters + Hk + gr.kh;
-    GroupInputs in{M.y[0], M.y[2], M.y[3], arrivals, gdn_need(gd)};
+    GroupInputs in{M.y[0], M.y[2], M.y[3], arrivals, gdn_need(gd.group_shift)};
     gdn::step_block<4, true>(gd.sh, h, cb, gr.kh, kGdnDuty, in, gd.conv_w, gd.A_log, gd.dt_bias, gd.conv_state,
                              gd.state, gd.y, gd.counters + gr.kh, true, arrivals);
   }
