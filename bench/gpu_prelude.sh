@@ -17,9 +17,9 @@
 #                          DIR and TARGETS built there (CMAKE_CUDA_FLAGS=FLAGS, ninja -jJOBS), logs $OUT/cmake_NAME.log and
 #                          $OUT/build_NAME.log; several run in parallel (&, wait) to compare commits side by side;
 #                          GPU_TREE_OVERLAY: files (paths from the root) of the running tree copied over the archive's
-#   gpu_decode_switch SWITCH LENGTHS [SECONDS]  `fern bench` decode on the random full-size model at LENGTHS, 3 runs,
-#                          with --decode-switch SWITCH (NAME=v1,v2: the values interleaved run by run in one process),
-#                          into $OUT/decode.md (its table printed)
+#   gpu_decode_switch SWITCH LENGTHS [SECONDS [NAME]]  `fern bench` decode on the random full-size model at LENGTHS,
+#                          3 runs, with --decode-switch SWITCH (NAME=v1,v2: the values interleaved run by run in one
+#                          process), into $OUT/NAME.md (default decode; its table printed)
 #   note TEXT / elapsed / gpu_summary
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -89,10 +89,11 @@ gpu_run_node_suite() {
 }
 
 gpu_decode_switch() {
+  local name=${4:-decode}
   timeout "${3:-300}" build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths "$2" --runs 3 \
-    --decode-switch "$1" >"$OUT/decode.md" 2>"$OUT/decode.err"
-  note "decode switch $1 rc $? ($(elapsed))"
-  grep -E "^\|" "$OUT/decode.md"
+    --decode-switch "$1" >"$OUT/$name.md" 2>"$OUT/$name.err"
+  note "decode switch $1 at $2 rc $? ($(elapsed))"
+  grep -E "^\|" "$OUT/$name.md"
 }
 
 gpu_build_tree() {

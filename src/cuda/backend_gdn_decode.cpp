@@ -3,7 +3,7 @@
 // the raw delta-rule output and the out_proj GEMV applies the gated norm while staging it (linear.cu,
 // linear_gated_norm), so the norm costs no launch and no round trip at the end of the step kernel. For prompt rows
 // gdn_prefill_linear_ (cuda_backend.cpp) computes the norm straight into out_proj's GEMM rows instead. gdn_mixer,
-// with FERN_CUDA_GDN_FUSE=1: the input projections and the step kernel as one launch (cuda::gdn_proj_step).
+// with FERN_CUDA_GDN_FUSE=1 or 2: the input projections and the step kernel as one launch (cuda::gdn_proj_step).
 #include "core/env.h"
 #include "cuda/backend_internal.h"
 
@@ -68,15 +68,16 @@ void CudaBackend::gdn_core_linear(Tensor out, Tensor y, Tensor mixed, Tensor z, 
 }
 
 // The projections and the step in one launch for one token (cuda::gdn_proj_step, the GDN form of the projections'
-// kernel: docs/notes/cuda-decode-v39-gdn-fused.md) where FERN_CUDA_GDN_FUSE=1 and the shapes, formats and GPU allow
-// it, then out_proj as gdn_core_linear runs it; otherwise the ops one after the other (Backend::gdn_mixer). The
-// switch is read at every call (0, the default until measured: the two launches; an unknown value is an error
-// naming it). The fused form always folds the input norm into its kernel, so FERN_CUDA_NORM_FOLD=0 keeps the ops.
+// kernel: docs/notes/cuda-decode-v39-gdn-fused.md) where FERN_CUDA_GDN_FUSE=1 or 2 (the step blocks' state
+// requested after their rows, or into shared memory at the start) and the shapes, formats and GPU allow it, then
+// out_proj as gdn_core_linear runs it; otherwise the ops one after the other (Backend::gdn_mixer). The switch is
+// read at every call (0, the default until measured: the two launches; an unknown value is an error naming it).
+// The fused forms always fold the input norm into their kernel, so FERN_CUDA_NORM_FOLD=0 keeps the ops.
 void CudaBackend::gdn_mixer(Tensor out, Tensor h, Tensor norm_w, float eps, Tensor xn, Tensor mixed, Tensor z,
                             Tensor b, Tensor a, Tensor y, const GdnWeights& w, const ModelConfig& cfg,
                             SequenceState& state, int layer) {
-  const bool wanted = env_choice("FERN_CUDA_GDN_FUSE", {"0", "1"}, 0) == 1 &&
-                      env_choice("FERN_CUDA_NORM_FOLD", {"0", "1"}, 1) == 1;
+  const int form = env_choice("FERN_CUDA_GDN_FUSE", {"0", "1", "2"}, 0);
+  const bool wanted = form != 0 && env_choice("FERN_CUDA_NORM_FOLD", {"0", "1"}, 1) == 1;
   const cuda::GdnShape sh = gdn_shape(cfg);
   const int64_t H = h.dim(-1), V = cfg.gdn_value_dim();
   const LinearWeight* const ws[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
@@ -84,7 +85,7 @@ void CudaBackend::gdn_mixer(Tensor out, Tensor h, Tensor norm_w, float eps, Tens
   for (int i = 0; i < 4; ++i) q[i] = cuda::make_qw(*ws[i]);
   const cuda::Ctx c = ctx(0, kMoeFusedCounterBase);  // the GDN counters' slice
   if (!wanted || h.numel() != H || norm_w.numel() != H || xn.numel() != H || !gdn_out_fused_(mixed, w, cfg) ||
-      ws[0]->in != H || !cuda::gdn_proj_step_ok(c, q, 4, sh)) {
+      ws[0]->in != H || !cuda::gdn_proj_step_ok(c, q, 4, sh, form)) {
     Backend::gdn_mixer(out, h, norm_w, eps, xn, mixed, z, b, a, y, w, cfg, state, layer);
     return;
   }
@@ -95,7 +96,7 @@ void CudaBackend::gdn_mixer(Tensor out, Tensor h, Tensor norm_w, float eps, Tens
   join_side();
   CudaState& st = cuda_state(state);
   float* rec = f32(st.recurrent_state.at(layer), "recurrent state");
-  cuda::gdn_proj_step(c, q, f32(h, "gdn_mixer h"), f32(norm_w, "gdn_mixer norm"), eps, f32(xn, "gdn_mixer xn"),
+  cuda::gdn_proj_step(c, form, q, f32(h, "gdn_mixer h"), f32(norm_w, "gdn_mixer norm"), eps, f32(xn, "gdn_mixer xn"),
                       ys.data(), sh, f32(w.conv_w, "conv_w"), f32(w.A_log, "A_log"), f32(w.dt_bias, "dt_bias"),
                       f32(st.conv_state.at(layer), "conv state"), rec, f32(y, "gdn y"));
   last_gdn_state_ = rec;

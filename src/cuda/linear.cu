@@ -29,6 +29,7 @@
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/linear_ring.h"
+#include "cuda/ptx.cuh"
 #include "cuda/qdot.cuh"
 #include "cuda/topk.cuh"
 
@@ -333,13 +334,15 @@ constexpr int kFoldRows = NT / 32 * kRPI;
 
 // The step's inputs in the GDN form (gdn_step.cuh's In): the q/k/v rows that the group's blocks stored and the b
 // and a that the pool's stored, read through L2 once all of them have counted in at *arrivals (a poll by thread 0,
-// then a barrier).
+// then a barrier). SMEM_STATE (GDN 2): the state's 32 columns from shared memory (gdn_prefetch_state).
+template <bool SMEM_STATE>
 struct GroupInputs {
   const float* mixed;
   const float* b;
   const float* a;
   const int* arrivals;
   int need;
+  const float* st;  // SMEM_STATE: [Dk][32]
   __device__ __forceinline__ void wait() const {
     if (threadIdx.x == 0) {
       while (ld_acquire(arrivals) < need) {
@@ -352,14 +355,30 @@ struct GroupInputs {
     bg = __ldcg(b + h);
     ag = __ldcg(a + h);
   }
+  __device__ __forceinline__ float state_at(const float* S, int i, int Dv, int j, int jj) const {
+    if constexpr (SMEM_STATE) return st[i * gdn::kCols + jj];
+    return S[int64_t(i) * Dv + j];
+  }
 };
 
+// GDN 2: columns [cb * 32, cb * 32 + 32) of value head h's state [kGdnDk][kGdnDv] into dst [kGdnDk][32] by 16-byte
+// asynchronous copies (one committed group per thread; the step's caller waits for it).
+__device__ __forceinline__ void gdn_prefetch_state(const float* state, int h, int cb, float* dst) {
+  const float* S = state + int64_t(h) * kGdnDk * kGdnDv + cb * gdn::kCols;
+  constexpr int kPerRow = gdn::kCols / 4;  // 16-byte pieces of a row's 32 columns
+  for (int c = threadIdx.x; c < kGdnDk * kPerRow; c += gdn::kThreads) {
+    const int i = c / kPerRow, q = c % kPerRow;
+    ptx::cp_async16(dst + i * gdn::kCols + q * 4, S + int64_t(i) * kGdnDv + q * 4);
+  }
+  ptx::cp_commit();
+}
+
 template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
-          bool CONTIG = false, bool Q8 = false, bool FOLD = false, bool GDN = false>
+          bool CONTIG = false, bool Q8 = false, bool FOLD = false, int GDN = 0>
 __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
                                                           RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
-  static_assert(!GDN || (CONTIG && Q8 && !ROUTE && !FOLD && NT == gdn::kThreads),
+  static_assert(GDN == 0 || (CONTIG && Q8 && !ROUTE && !FOLD && NT == gdn::kThreads),
                 "the GDN form: the contiguous input projections on digits, 256 threads");
   static_assert(!FOLD || (!MULTI && SB && LPR == 32), "the fold: one packed matrix, 32 lanes per row");
   static_assert(!Q8 || (SB && STAGE == kStageNorm), "the digit form: packed rows with the input norm");
@@ -377,13 +396,13 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
   const int lane = threadIdx.x & 31;
   const int sub = lane % LPR, rslot = lane / LPR;
   GdnRows gr{};
-  if constexpr (GDN) {
+  if constexpr (GDN != 0) {
     const GdnArgs& g = tail.gdn;
     gr = gdn_rows(g.sh.Hk, g.sh.conv_dim, g.group_shift, blockIdx.x, gridDim.x, threadIdx.x / 32, NT / 32);
   }
-  const int vrows = GDN ? gr.n : rows;  // GDN: the region's virtual rows (gr.row maps them onto the table)
-  const int warps = GDN ? gr.warps : gridDim.x * (NT / 32);
-  const int gw = GDN ? gr.gw : blockIdx.x * (NT / 32) + threadIdx.x / 32;
+  const int vrows = GDN != 0 ? gr.n : rows;  // GDN: the region's virtual rows (gr.row maps them onto the table)
+  const int warps = GDN != 0 ? gr.warps : gridDim.x * (NT / 32);
+  const int gw = GDN != 0 ? gr.gw : blockIdx.x * (NT / 32) + threadIdx.x / 32;
   const int ngroups = (vrows + RPW - 1) / RPW;
   const int S = (gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc;
 
@@ -393,7 +412,7 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
     for (int r = 0; r < kRPI; ++r) {
       const int vrow = lg * RPW + r * RS + rslot;
       const bool ok = vrow < vrows;
-      const int row = GDN ? gr.row(vrow) : vrow;
+      const int row = GDN != 0 ? gr.row(vrow) : vrow;
       ChunkMat m = ma;
       int rr = row;
       if constexpr (MULTI && !CONTIG) {
@@ -440,6 +459,15 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
     if (i < S) load_step(buf[i]);
   InputStage<STAGE, NT, (MINB > 1)> in;
   in.before_wait(nm, K, t);
+  // GDN 2: a step block's 32 state columns of its head into shared memory after the staging's, requested now (the
+  // state was last written by this layer's launch of the previous token, at least two launches back: gdn.cu's rule)
+  // so that they have landed when the step needs them, instead of a round trip after the block's rows.
+  float* gdn_st = nullptr;
+  if constexpr (GDN == 2) {
+    gdn_st = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + x_smem_bytes<4>(K, 32));
+    if (gr.kh >= 0 && gr.blk < kGdnDuty)
+      gdn_prefetch_state(tail.gdn.state, gr.kh * kGdnVPerK + gr.blk / kGdnColBlocks, gr.blk % kGdnColBlocks, gdn_st);
+  }
   // FOLD: the router's codes, scales and biases for this block's rows and the norm weight there are weights too.
   constexpr int kFR = kFoldRows<NT>;
   __shared__ float fold_nw[FOLD ? kFR : 1], fold_x[FOLD ? kFR : 1];
@@ -511,7 +539,7 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
         for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         const int vrow = cg * RPW + r * RS + rslot;
         if (sub == 0 && vrow < vrows) {
-          const int row = GDN ? gr.row(vrow) : vrow;
+          const int row = GDN != 0 ? gr.row(vrow) : vrow;
           const int q = mat_of<MULTI>(M.start, row);
           const int r0 = MULTI ? M.start[q] : 0;
           const int nq = MULTI ? M.start[q + 1] - r0 : rows;
@@ -558,7 +586,7 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
       if (threadIdx.x == 0) tail.counters[t] = 0;
     }
   }
-  if constexpr (GDN) {
+  if constexpr (GDN != 0) {
     // Every block counts in where its rows are awaited: a group's block at its key head's counter, the pool's
     // first blocks at the counters of the heads whose b or a rows they hold. kGdnDuty blocks of each group then run
     // the step of one value head and 32 state columns, waiting only for their own key head's rows (not the grid,
@@ -585,7 +613,11 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
     static_assert(kGdnColBlocks * gdn::kCols == kGdnDv, "the step's blocks of 32 state columns");
     const int h = gr.kh * kGdnVPerK + r / kGdnColBlocks, cb = r % kGdnColBlocks;
     int* arrivals = gd.counters + Hk + gr.kh;
-    GroupInputs in{M.y[0], M.y[2], M.y[3], arrivals, gdn_need(gd.group_shift)};
+    if constexpr (GDN == 2) {
+      ptx::cp_wait<0>();  // this thread's state copies (long landed: requested before the rows)
+      __syncthreads();    // everyone's
+    }
+    GroupInputs<GDN == 2> in{M.y[0], M.y[2], M.y[3], arrivals, gdn_need(gd.group_shift), gdn_st};
     gdn::step_block<4, true>(gd.sh, h, cb, gr.kh, kGdnDuty, in, gd.conv_w, gd.A_log, gd.dt_bias, gd.conv_state,
                              gd.state, gd.y, gd.counters + gr.kh, true, arrivals);
   }
@@ -1187,25 +1219,33 @@ void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z
 }
 
 namespace {
-// The GDN form's kernel: linear_multi_norm's three-blocks-per-SM GEMV on digits with the step's tail.
-constexpr auto gdn_proj_step_kernel =
-    linear_kernel<4, 32, true, false, kStageNorm, 2, kThreads, 3, true, true, true, false, true>;
+// The GDN form's kernels: linear_multi_norm's three-blocks-per-SM GEMV on digits with the step's tail; form 2 with
+// the step blocks' state prefetched into shared memory.
+template <int FORM>
+constexpr auto gdn_form_kernel =
+    linear_kernel<4, 32, true, false, kStageNorm, 2, kThreads, 3, true, true, true, false, FORM>;
 
-// The GDN form's grid on this GPU: every block resident at once (the duty blocks wait for their group), the key
+size_t gdn_form_smem(int form, int64_t in) {
+  return x_smem_bytes<4>(in, 32) + (form == 2 ? size_t(kGdnDk) * gdn::kCols * sizeof(float) : 0);
+}
+
+// The GDN form's grid on this GPU: every block resident at once (the step blocks wait for their group), the key
 // heads' groups of 16 blocks each (two row groups per warp at the real shape) where that leaves a pool of at least
 // 4 blocks per key head for the z rows, else groups of kGdnDuty blocks; 0 blocks where neither fits.
 struct GdnGrid {
   int shift = 0, blocks = 0;
 };
-GdnGrid gdn_grid(const Ctx& c, int Hk, size_t smem) {
-  thread_local size_t cached_smem = SIZE_MAX;
-  thread_local int per_sm = 0;
-  if (smem != cached_smem) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_proj_step_kernel, kThreads, smem) != cudaSuccess)
-      per_sm = 0;
-    cached_smem = smem;
+GdnGrid gdn_grid(const Ctx& c, int Hk, int form, size_t smem) {
+  thread_local size_t cached_smem[3] = {SIZE_MAX, SIZE_MAX, SIZE_MAX};
+  thread_local int per_sm[3] = {0, 0, 0};
+  if (smem != cached_smem[form]) {
+    const cudaError_t e =
+        form == 2 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[form], gdn_form_kernel<2>, kThreads, smem)
+                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[form], gdn_form_kernel<1>, kThreads, smem);
+    if (e != cudaSuccess) per_sm[form] = 0;
+    cached_smem[form] = smem;
   }
-  const int resident = std::min(per_sm, 3) * c.sms;
+  const int resident = std::min(per_sm[form], 3) * c.sms;
   GdnGrid g;
   for (int shift : {4, 3}) {
     if (resident >= (Hk << shift) + 4 * Hk) {
@@ -1218,8 +1258,8 @@ GdnGrid gdn_grid(const Ctx& c, int Hk, size_t smem) {
 }
 }  // namespace
 
-bool gdn_proj_step_ok(const Ctx& c, const QW* ws, int n, const GdnShape& sh) {
-  if (n != 4 || !linear_multi_contiguous(ws, n)) return false;
+bool gdn_proj_step_ok(const Ctx& c, const QW* ws, int n, const GdnShape& sh, int form) {
+  if (n != 4 || (form != 1 && form != 2) || !linear_multi_contiguous(ws, n)) return false;
   const QW& w = ws[0];
   const bool shape = sh.Dk == kGdnDk && sh.Dv == kGdnDv && sh.Hv == kGdnVPerK * sh.Hk && sh.kernel == 4 &&
                      sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv && w.out == sh.conv_dim &&
@@ -1233,16 +1273,17 @@ bool gdn_proj_step_ok(const Ctx& c, const QW* ws, int n, const GdnShape& sh) {
       gemv_occupancy() != 3 || gemv_wide(c, rows) || gemv_tc_wanted(rows) || c.counters == nullptr ||
       c.n_counters < 2 * sh.Hk)
     return false;
-  return gdn_grid(c, sh.Hk, x_smem_bytes<4>(w.in, 32)).blocks > 0;
+  return gdn_grid(c, sh.Hk, form, gdn_form_smem(form, w.in)).blocks > 0;
 }
 
-void gdn_proj_step(const Ctx& c, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
+void gdn_proj_step(const Ctx& c, int form, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
                    float* const* ys, const GdnShape& sh, const float* conv_w, const float* A_log,
                    const float* dt_bias, float* conv_state, float* state, float* y) {
-  FERN_CU_CHECK(gdn_proj_step_ok(c, ws, 4, sh), "gdn_proj_step: shapes, formats or GPU the fused form does not take");
+  FERN_CU_CHECK(gdn_proj_step_ok(c, ws, 4, sh, form),
+                "gdn_proj_step: shapes, formats, form or GPU the fused launch does not take");
   const InNorm nm = input_norm(ws[0], norm_w, eps, xn, "gdn_proj_step");
-  const size_t smem = x_smem_bytes<4>(ws[0].in, 32);
-  const GdnGrid g = gdn_grid(c, sh.Hk, smem);
+  const size_t smem = gdn_form_smem(form, ws[0].in);
+  const GdnGrid g = gdn_grid(c, sh.Hk, form, smem);
   RouteTail tail;
   GdnArgs& a = tail.gdn;
   a.sh = sh;
@@ -1256,7 +1297,10 @@ void gdn_proj_step(const Ctx& c, const QW* ws, const float* x, const float* norm
   a.counters = c.counters;
   const Mats m = make_mats(ws, ys, 4);
   const int rows = static_cast<int>(ws[0].out + ws[1].out + ws[2].out + ws[3].out);
-  launch(c, "linear_kernel", gdn_proj_step_kernel, dim3(g.blocks, 1), kThreads, smem, ws[0], m, rows, x, tail, nm);
+  if (form == 2)
+    launch(c, "linear_kernel", gdn_form_kernel<2>, dim3(g.blocks, 1), kThreads, smem, ws[0], m, rows, x, tail, nm);
+  else
+    launch(c, "linear_kernel", gdn_form_kernel<1>, dim3(g.blocks, 1), kThreads, smem, ws[0], m, rows, x, tail, nm);
 }
 
 bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,

@@ -194,9 +194,10 @@ TEST(CudaForward, FusedGdnMixerSameLogits) {
   FERN_REQUIRE_GPU();
   const auto hw = real_width_4_layers(9);
   constexpr int kSteps = 8;
-  std::vector<float> steps[2];
-  for (int fuse = 0; fuse < 2; ++fuse) {
-    test::EnvGuard g("FERN_CUDA_GDN_FUSE", fuse ? "1" : "0");
+  const char* forms[] = {"0", "1", "2"};  // the two launches; the fused forms (state after the rows, or prefetched)
+  std::vector<float> steps[3];
+  for (int fuse = 0; fuse < 3; ++fuse) {
+    test::EnvGuard g("FERN_CUDA_GDN_FUSE", forms[fuse]);
     int64_t fused = -1;
     const auto [pre, dec] = run_model(hw, 16, kSteps, 31, &steps[fuse], nullptr, &fused);
     std::printf("real-width 4-layer model, FERN_CUDA_GDN_FUSE=%d: prefill 16 NMSE %.3e top-1 %.4f | decode %d NMSE "
@@ -208,7 +209,7 @@ TEST(CudaForward, FusedGdnMixerSameLogits) {
     EXPECT_GE(dec.top1, 0.97);
     // Every decode step's three GDN layers (on a GPU too small to hold the fused grid at once, none: then the
     // comparison below is the unfused path against itself, and the count says so).
-    if (fuse == 1) {
+    if (fuse != 0) {
       int sms = 0;
       ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
       if (sms >= 64) {
@@ -219,6 +220,7 @@ TEST(CudaForward, FusedGdnMixerSameLogits) {
     }
   }
   EXPECT_TRUE(test::same_bits(steps[0], steps[1]));
+  EXPECT_TRUE(test::same_bits(steps[0], steps[2]));
   test::EnvGuard bad("FERN_CUDA_GDN_FUSE", "yes");
   EXPECT_THROW(run_model(hw, 4, 1, 31), std::exception) << "an unknown value of the switch";
 }
