@@ -3,7 +3,7 @@
 // the raw delta-rule output and the out_proj GEMV applies the gated norm while staging it (linear.cu,
 // linear_gated_norm), so the norm costs no launch and no round trip at the end of the step kernel. For prompt rows
 // gdn_prefill_linear_ (cuda_backend.cpp) computes the norm straight into out_proj's GEMM rows instead. gdn_mixer,
-// with FERN_CUDA_GDN_FUSE=1 or 2: the input projections and the step kernel as one launch (cuda::gdn_proj_step).
+// with FERN_CUDA_GDN_FUSE=1, 2 or 3: the input projections and the step kernel as one launch (cuda::gdn_proj_step).
 #include "core/env.h"
 #include "cuda/backend_internal.h"
 
@@ -68,15 +68,16 @@ void CudaBackend::gdn_core_linear(Tensor out, Tensor y, Tensor mixed, Tensor z, 
 }
 
 // The projections and the step in one launch for one token (cuda::gdn_proj_step, the GDN form of the projections'
-// kernel: docs/notes/cuda-decode-v39-gdn-fused.md) where FERN_CUDA_GDN_FUSE=1 or 2 (the step blocks' state
-// requested after their rows, or into shared memory at the start) and the shapes, formats and GPU allow it, then
+// kernel: docs/notes/cuda-decode-v39-gdn-fused.md) where FERN_CUDA_GDN_FUSE=1, 2 or 3 (the step blocks' state
+// requested after their rows, or into shared memory at the start; 3 as 2 without the register cap that lets
+// out_proj's blocks in beside the step's: linear.cu gdn_proj_kernel) and the shapes, formats and GPU allow it, then
 // out_proj as gdn_core_linear runs it; otherwise the ops one after the other (Backend::gdn_mixer). The switch is
 // read at every call (0, the default until measured: the two launches; an unknown value is an error naming it).
 // The fused forms always fold the input norm into their kernel, so FERN_CUDA_NORM_FOLD=0 keeps the ops.
 void CudaBackend::gdn_mixer(Tensor out, Tensor h, Tensor norm_w, float eps, Tensor xn, Tensor mixed, Tensor z,
                             Tensor b, Tensor a, Tensor y, const GdnWeights& w, const ModelConfig& cfg,
                             SequenceState& state, int layer) {
-  const int form = env_choice("FERN_CUDA_GDN_FUSE", {"0", "1", "2"}, 0);
+  const int form = env_choice("FERN_CUDA_GDN_FUSE", {"0", "1", "2", "3"}, 0);
   const bool wanted = form != 0 && env_choice("FERN_CUDA_NORM_FOLD", {"0", "1"}, 1) == 1;
   const cuda::GdnShape sh = gdn_shape(cfg);
   const int64_t H = h.dim(-1), V = cfg.gdn_value_dim();

@@ -7,8 +7,10 @@
 // rows first (row group j < 2 Hk: b or a of value heads 2 (j mod Hk), 2 (j mod Hk) + 1, i.e. of key head j mod Hk),
 // then the z rows. Within a region, warp gw takes row groups (pairs of rows) gw, gw + warps, ... as every decode
 // GEMV does, so pool warp j < 2 Hk takes b or a of key head j mod Hk first: those rows sit in the pool's first blocks.
-// Grid order: those pool blocks, the groups, the rest of the pool, so that the rows the steps wait for are in the
-// blocks that start first (blocks become resident in about their index order while the previous launch's leave).
+// Grid order: those pool blocks, the groups' step blocks (kGdnDuty per key head), the groups' other blocks, the rest of
+// the pool, so that the rows the steps wait for are in the blocks that start first (blocks become resident in about
+// their index order while the previous launch's leave), and the step blocks, first of all blocks on their SMs, tend
+// to have an SM each (where an out_proj block can then become resident beside one: linear.cu gdn_proj_kernel).
 #pragma once
 
 #include <cuda_runtime.h>  // __host__ __device__ in host-only translation units too
@@ -18,7 +20,8 @@
 namespace fern::cuda {
 
 // The real model's head shape, the only one the form takes: Dk = Dv = 128, two value heads per key head. A group's
-// q, k and v rows, and its blocks that run the step (two value heads x four blocks of 32 state columns).
+// q, k and v rows, and its blocks that run the step (two value heads x four blocks of 32 state columns; a group has
+// kGdnDuty or 2 kGdnDuty blocks).
 constexpr int kGdnDk = 128, kGdnDv = 128, kGdnVPerK = 2;
 constexpr int kGdnGroupRows = 2 * kGdnDk + kGdnVPerK * kGdnDv;
 constexpr int kGdnColBlocks = kGdnDv / 32;
@@ -37,13 +40,18 @@ struct GdnRows {
 // The pool's blocks that hold b and a rows (first in the grid), for W warps per block.
 __host__ __device__ inline int gdn_ba_blocks(int Hk, int W) { return (2 * Hk + W - 1) / W; }
 
-// Block `b` of a grid of `grid` blocks (W warps each), warp `warp`: Hk key heads, groups of 1 << shift blocks.
+// Block `b` of a grid of `grid` blocks (W warps each), warp `warp`: Hk key heads, groups of 1 << shift blocks
+// (shift 3 or 4: kGdnDuty or 2 kGdnDuty).
 __host__ __device__ inline GdnRows gdn_rows(int Hk, int conv_dim, int shift, int b, int grid, int warp, int W) {
   const int Hv = kGdnVPerK * Hk, key_dim = Hk * kGdnDk, gblocks = Hk << shift, nba = gdn_ba_blocks(Hk, W);
+  const int nduty = Hk * kGdnDuty;
   GdnRows r;
   if (b >= nba && b < nba + gblocks) {
-    r.blk = (b - nba) & ((1 << shift) - 1);
-    r.kh = (b - nba) >> shift;
+    // A group has kGdnDuty blocks (shift 3: all step blocks) or 2 kGdnDuty (shift 4: kGdnDuty more after them), so
+    // both parts split by the constant kGdnDuty (shifts, not divisions, ahead of the first loads).
+    const int o = b - nba, p = o < nduty ? o : o - nduty;
+    r.kh = p / kGdnDuty;
+    r.blk = (o < nduty ? 0 : kGdnDuty) + p % kGdnDuty;
     r.n = kGdnGroupRows;
     r.t1 = kGdnDk;
     r.t2 = 2 * kGdnDk;

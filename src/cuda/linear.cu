@@ -373,10 +373,12 @@ __device__ __forceinline__ void gdn_prefetch_state(const float* state, int h, in
   ptx::cp_commit();
 }
 
+// GDN (1 or 2; only through gdn_proj_kernel): the GDN form, with the step blocks' state requested after their rows
+// (1) or into shared memory at the start (2).
 template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
           bool CONTIG = false, bool Q8 = false, bool FOLD = false, int GDN = 0>
-__global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
-                                                          RouteTail tail, InNorm nm) {
+__device__ __forceinline__ void linear_body(const QW& A, const Mats& M, int rows, const float* x, const RouteTail& tail,
+                                            const InNorm& nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
   static_assert(GDN == 0 || (CONTIG && Q8 && !ROUTE && !FOLD && NT == gdn::kThreads),
                 "the GDN form: the contiguous input projections on digits, 256 threads");
@@ -621,6 +623,23 @@ __global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows
     gdn::step_block<4, true>(gd.sh, h, cb, gr.kh, kGdnDuty, in, gd.conv_w, gd.A_log, gd.dt_bias, gd.conv_state,
                              gd.state, gd.y, gd.counters + gr.kh, true, arrivals);
   }
+}
+
+template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
+          bool CONTIG = false, bool Q8 = false, bool FOLD = false>
+__global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
+                                                          RouteTail tail, InNorm nm) {
+  linear_body<BITS, LPR, MULTI, ROUTE, STAGE, NB, NT, MINB, SB, CONTIG, Q8, FOLD>(A, M, rows, x, tail, nm);
+}
+
+// The GDN form (gdn_proj_step): the input projections' three-blocks-per-SM digit kernel with the step's tail, its
+// registers capped at REGS instead of launch bounds. At 72 a step block (8 warps x 72) and an out_proj block (the
+// FOLD kernel, 8 warps x 184) fill an SM's 65,536 registers exactly, so that out_proj's blocks become resident, and
+// request their weights, while the step runs, as they do beside the step kernel (8 warps x 64); at 80 (the
+// projections' own cap) they cannot.
+template <int FORM, int REGS>
+__global__ void __maxnreg__(REGS) gdn_proj_kernel(QW A, Mats M, int rows, const float* x, RouteTail tail, InNorm nm) {
+  linear_body<4, 32, true, false, kStageNorm, 2, kThreads, 3, true, true, true, false, FORM>(A, M, rows, x, tail, nm);
 }
 
 // ---- The tensor-core GEMV (4-bit, groups a multiple of 64; gemv_tc.cuh for the inner loop) ----
@@ -1219,14 +1238,15 @@ void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z
 }
 
 namespace {
-// The GDN form's kernels: linear_multi_norm's three-blocks-per-SM GEMV on digits with the step's tail; form 2 with
-// the step blocks' state prefetched into shared memory.
-template <int FORM>
-constexpr auto gdn_form_kernel =
-    linear_kernel<4, 32, true, false, kStageNorm, 2, kThreads, 3, true, true, true, false, FORM>;
+// The GDN form's kernel for a value of FERN_CUDA_GDN_FUSE (gdn_proj_step): 1 the state after the rows, 2 prefetched
+// into shared memory, both capped at 72 registers (out_proj's blocks beside the step's); 3 as 2 at 80 registers.
+using GdnKernel = void (*)(QW, Mats, int, const float*, RouteTail, InNorm);
+GdnKernel gdn_form_kernel(int form) {
+  return form == 1 ? gdn_proj_kernel<1, 72> : form == 2 ? gdn_proj_kernel<2, 72> : gdn_proj_kernel<2, 80>;
+}
 
 size_t gdn_form_smem(int form, int64_t in) {
-  return x_smem_bytes<4>(in, 32) + (form == 2 ? size_t(kGdnDk) * gdn::kCols * sizeof(float) : 0);
+  return x_smem_bytes<4>(in, 32) + (form >= 2 ? size_t(kGdnDk) * gdn::kCols * sizeof(float) : 0);
 }
 
 // The GDN form's grid on this GPU: every block resident at once (the step blocks wait for their group), the key
@@ -1236,13 +1256,12 @@ struct GdnGrid {
   int shift = 0, blocks = 0;
 };
 GdnGrid gdn_grid(const Ctx& c, int Hk, int form, size_t smem) {
-  thread_local size_t cached_smem[3] = {SIZE_MAX, SIZE_MAX, SIZE_MAX};
-  thread_local int per_sm[3] = {0, 0, 0};
+  thread_local size_t cached_smem[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+  thread_local int per_sm[4] = {0, 0, 0, 0};
   if (smem != cached_smem[form]) {
-    const cudaError_t e =
-        form == 2 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[form], gdn_form_kernel<2>, kThreads, smem)
-                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[form], gdn_form_kernel<1>, kThreads, smem);
-    if (e != cudaSuccess) per_sm[form] = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[form], gdn_form_kernel(form), kThreads, smem) !=
+        cudaSuccess)
+      per_sm[form] = 0;
     cached_smem[form] = smem;
   }
   const int resident = std::min(per_sm[form], 3) * c.sms;
@@ -1259,7 +1278,7 @@ GdnGrid gdn_grid(const Ctx& c, int Hk, int form, size_t smem) {
 }  // namespace
 
 bool gdn_proj_step_ok(const Ctx& c, const QW* ws, int n, const GdnShape& sh, int form) {
-  if (n != 4 || (form != 1 && form != 2) || !linear_multi_contiguous(ws, n)) return false;
+  if (n != 4 || form < 1 || form > 3 || !linear_multi_contiguous(ws, n)) return false;
   const QW& w = ws[0];
   const bool shape = sh.Dk == kGdnDk && sh.Dv == kGdnDv && sh.Hv == kGdnVPerK * sh.Hk && sh.kernel == 4 &&
                      sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv && w.out == sh.conv_dim &&
@@ -1297,10 +1316,7 @@ void gdn_proj_step(const Ctx& c, int form, const QW* ws, const float* x, const f
   a.counters = c.counters;
   const Mats m = make_mats(ws, ys, 4);
   const int rows = static_cast<int>(ws[0].out + ws[1].out + ws[2].out + ws[3].out);
-  if (form == 2)
-    launch(c, "linear_kernel", gdn_form_kernel<2>, dim3(g.blocks, 1), kThreads, smem, ws[0], m, rows, x, tail, nm);
-  else
-    launch(c, "linear_kernel", gdn_form_kernel<1>, dim3(g.blocks, 1), kThreads, smem, ws[0], m, rows, x, tail, nm);
+  launch(c, "gdn_proj_kernel", gdn_form_kernel(form), dim3(g.blocks, 1), kThreads, smem, ws[0], m, rows, x, tail, nm);
 }
 
 bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,

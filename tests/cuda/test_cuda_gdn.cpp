@@ -258,15 +258,15 @@ std::vector<std::vector<float>> run_mixer(uint64_t seed, int steps, int64_t* fus
   return all;
 }
 
-// Both fused forms (1: the step blocks request their state after their rows; 2: into shared memory at the start)
-// against the two launches (0).
+// The fused forms (1: the step blocks request their state after their rows; 2: into shared memory at the start;
+// both at 72 registers; 3: as 2 at 80) against the two launches (0).
 TEST(CudaGdn, FusedProjectionsAndStepSameBits) {
   FERN_REQUIRE_GPU();
   constexpr int kSteps = 6;
   const char* names[] = {"mixed", "z", "b", "a", "y", "out", "recurrent state", "conv state"};
-  const char* forms[] = {"0", "1", "2"};
-  std::vector<std::vector<float>> got[3];
-  for (int fuse = 0; fuse < 3; ++fuse) {
+  const char* forms[] = {"0", "1", "2", "3"};
+  std::vector<std::vector<float>> got[4];
+  for (int fuse = 0; fuse < 4; ++fuse) {
     test::EnvGuard g("FERN_CUDA_GDN_FUSE", forms[fuse]);
     int64_t fused = -1;
     got[fuse] = run_mixer(41, kSteps, &fused);

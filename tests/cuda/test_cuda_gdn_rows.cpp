@@ -1,8 +1,8 @@
 // The row assignment of the GDN form of the input projections' kernel (cuda/gdn_rows.h, linear.cu gdn_proj_step),
 // checked on the host for the grids the kernel can get: every row of the table qkv | z | b | a taken exactly once,
 // a key head's step blocks waiting for exactly the blocks that count in at its counter (a count too high hangs the
-// kernel, too low lets a step read rows not yet written), every (value head, column block) stepped once, and the b
-// and a rows in the grid's first blocks. The walk over row groups is the kernel's: warp gw of a region takes row
+// kernel, too low lets a step read rows not yet written), every (value head, column block) stepped once, the b and a
+// rows in the grid's first blocks and the step blocks right after them. The walk over row groups is the kernel's: warp gw of a region takes row
 // groups gw, gw + warps, ... of two rows each. No GPU needed.
 #include <gtest/gtest.h>
 
@@ -75,6 +75,13 @@ void check(int Hk, int shift, int grid, int W = 8) {
   for (int kh = 0; kh < Hk; ++kh) EXPECT_EQ(arrivals[size_t(kh)], cuda::gdn_need(shift)) << "key head " << kh;
   EXPECT_EQ(stepped.size(), size_t(Hv * cuda::kGdnColBlocks));
   EXPECT_LT(last_ba_block, first_group_block) << "the b and a rows' blocks start first";
+  // The step blocks next, one after another (on SMs of their own where blocks go round-robin).
+  for (int b = 0; b < grid; ++b) {
+    const GdnRows r = cuda::gdn_rows(Hk, conv_dim, shift, b, grid, 0, W);
+    const bool step = r.kh >= 0 && r.blk < cuda::kGdnDuty;
+    const int first = cuda::gdn_ba_blocks(Hk, W);
+    EXPECT_EQ(step, b >= first && b < first + Hk * cuda::kGdnDuty) << "block " << b;
+  }
 }
 
 // The H200 (132 SMs, three blocks per SM: groups of 16, a pool of 140), a 108-SM GPU, the smallest grids that
