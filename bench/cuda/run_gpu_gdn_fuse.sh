@@ -4,9 +4,10 @@
 # state after their rows; 2: into shared memory at the launch's start; both at 72 registers; 3: as 2 at 80) against
 # the two launches (0). The whole-model test first under a short timeout (a broken handoff hangs, it does not
 # fail), then the step kernel's tests (its body moved to gdn_step.cuh), the 4K decode step's timeline under each
-# value, and `fern bench` decode with --decode-switch FERN_CUDA_GDN_FUSE=0,1,2,3, one process per length of
-# GF_LENGTHS (default "4096 131072"). From the repository root; carry [".carry/debs"] (and .carry/tl-head.tar /
-# .commit to build an archived commit, bench/gpu_prelude.sh). Files under $OUT.
+# value, `fern bench` decode with --decode-switch FERN_CUDA_GDN_FUSE=0,1,2,3, one process per length of GF_LENGTHS
+# (default "4096 131072"), then compute-sanitizer memcheck of the fused forms' test. From the repository root; carry
+# [".carry/debs"] (and .carry/tl-head.tar / .commit to build an archived commit, bench/gpu_prelude.sh). Files under
+# $OUT.
 set -u
 source bench/gpu_prelude.sh
 gpu_unpack_head tl-head
@@ -28,4 +29,10 @@ done
 for len in ${GF_LENGTHS:-4096 131072}; do  # one process per length: a length cut off by the call's limit loses only itself
   gpu_decode_switch FERN_CUDA_GDN_FUSE=0,1,2,3 "$len" 240 "decode_$len"
 done
+# compute-sanitizer memcheck of the fused forms' test (GF_MEMCHECK=0 skips it), last: it has the call's leftover time.
+if [ "${GF_MEMCHECK:-1}" = 1 ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+  timeout 150 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 9 build/cuda_test_cuda_gdn \
+    --gtest_filter=CudaGdn.FusedProjectionsAndStepSameBits >"$OUT/memcheck.log" 2>&1
+  note "memcheck (fused forms) rc $?: $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log") ($(elapsed))"
+fi
 gpu_summary
