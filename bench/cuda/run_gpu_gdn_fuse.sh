@@ -22,7 +22,9 @@ note "cuda_test_cuda_gdn rc $?: $(grep -c '^\[       OK' "$OUT/t_gdn.log") OK ($
 timeout 120 build/cuda_test_cuda_forward --gtest_filter=CudaForward.LeanGdnKernelSameLogits >"$OUT/t_lean.log" 2>&1
 note "LeanGdnKernelSameLogits rc $? ($(elapsed))"
 for v in 0 1 2 3; do
-  FERN_CUDA_GDN_FUSE=$v timeout 60 build/bench/bench_cuda_decode timeline 4096 9 >"$OUT/tl_fuse$v.log" 2>&1
+  # the per-position table too (start lag, duration, advance of every launch): out_proj's lag after the fused launch
+  # says whether its blocks still became resident early (notes v39 section 2, registers)
+  FERN_CUDA_GDN_FUSE=$v timeout 60 build/bench/bench_cuda_decode timeline 4096 9 "$OUT/tl_pos$v.txt" >"$OUT/tl_fuse$v.log" 2>&1
   note "[FERN_CUDA_GDN_FUSE=$v] rc $?: $(grep -m1 '^step:' "$OUT/tl_fuse$v.log" | cut -c1-60)"
   grep -E '^(linear_kernel|gdn_kernel|gdn_proj_kernel)' "$OUT/tl_fuse$v.log" | head -8
 done
