@@ -6,6 +6,9 @@
 // launch of an empty kernel of the same grid subtracted:
 //   handoff        the fused MoE's form: each block writes its share of h (H values), fence + atomic arrival, polls
 //                  until all blocks arrived, then reads all of h from L2 (H floats) and sums it;
+//   handoff / S    the same within S groups of blocks (block b in group b mod S), each with its own counter and
+//                  H / S values of h, read only by its own blocks: the fused MoE by slot groups (S = 9: eight
+//                  experts and the shared one; docs/notes/cuda-decode-v39-gdn-fused.md section 6);
 //   red f32        each block adds its D partials to out by scalar float reductions (red.global.add.f32);
 //   red v4         the same with 16-byte vector reductions (sm_90: atomicAdd on float4);
 //   red s64        64-bit fixed-point reductions (the order of the additions cannot change the bits);
@@ -89,32 +92,36 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(float* out, unsigned l
   }
 }
 
-// The handoff: block b writes h[b * per .. b * per + per), then counts itself in and waits for the whole grid (all
-// blocks resident: one per SM), then every thread reads its share of all of h and the block's sum goes to sink[b].
-__global__ void __launch_bounds__(kThreads) handoff_kernel(float* h, int H, unsigned* counter, float* sink) {
+// The handoff among the S groups of blocks (S = 1: the whole grid; all blocks resident: one per SM). Block b is in
+// group g = b mod S, of n blocks, rank r = b / S there; group g's slice of h is [g Hs, g Hs + Hs), Hs = H / S. The
+// block writes its rank's share of the slice, counts itself in at counter[g] and waits for its group, then every
+// thread reads its share of the slice and the block's sum goes to sink[b].
+__global__ void __launch_bounds__(kThreads) handoff_kernel(float* h, int H, int S, unsigned* counter, float* sink) {
   __shared__ float red[kThreads / 32];
   __shared__ unsigned target;
   const int b = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
-  const int per = (H + G - 1) / G;
+  const int g = b % S, r = b / S, n = (G - g + S - 1) / S, Hs = H / S;
+  const int per = (Hs + n - 1) / n;
+  float* hs = h + g * Hs;
   if (threadIdx.x == 0) {
-    // Launches run in stream order, so the counter holds a multiple of G plus this launch's arrivals so far, and
+    // Launches run in stream order, so the counter holds a multiple of n plus this launch's arrivals so far, and
     // this block has not arrived yet.
-    const unsigned c = *reinterpret_cast<volatile unsigned*>(counter);
-    target = (c / G + 1) * G;
+    const unsigned c = *reinterpret_cast<volatile unsigned*>(counter + g);
+    target = (c / n + 1) * n;
   }
   for (int i = static_cast<int>(threadIdx.x); i < per; i += kThreads)
-    if (b * per + i < H) h[b * per + i] = partial(b, i);
+    if (r * per + i < Hs) hs[r * per + i] = partial(b, i);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    atomicAdd(counter, 1u);
-    while (*reinterpret_cast<volatile unsigned*>(counter) < target) {
+    atomicAdd(counter + g, 1u);
+    while (*reinterpret_cast<volatile unsigned*>(counter + g) < target) {
     }
     __threadfence();
   }
   __syncthreads();
   float s = 0.f;
-  for (int i = static_cast<int>(threadIdx.x); i < H; i += kThreads) s += __ldcg(h + i);
+  for (int i = static_cast<int>(threadIdx.x); i < Hs; i += kThreads) s += __ldcg(hs + i);
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
   __syncthreads();
@@ -148,16 +155,18 @@ int main(int argc, char** argv) {
     FERN_CUDA_CHECK(cudaMalloc(&out64, sizeof(unsigned long long) * D));
     FERN_CUDA_CHECK(cudaMalloc(&h, sizeof(float) * H));
     FERN_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * sms));
-    FERN_CUDA_CHECK(cudaMalloc(&counter, sizeof(unsigned)));
-    FERN_CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned)));
+    constexpr int kMaxGroups = 16;
+    FERN_CUDA_CHECK(cudaMalloc(&counter, sizeof(unsigned) * kMaxGroups));
+    FERN_CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned) * kMaxGroups));
     const size_t smem = sizeof(float) * D;
 
     // The launch of mode m with grid G: one call of the form's kernel.
     struct Mode {
       std::string name;
-      int form, C;  // form: 0..2 reductions, 3 handoff, 4 empty
+      int form, C;  // form: 0..2 reductions, 3 handoff (C: its groups), 4 empty
     };
-    std::vector<Mode> modes = {{"empty", 4, 1}, {"handoff", 3, 1}, {"red f32", 0, 1}, {"red s64", 2, 1}};
+    std::vector<Mode> modes = {{"empty", 4, 1},     {"handoff", 3, 1}, {"handoff / 9", 3, 9},
+                               {"handoff / 16", 3, 16}, {"red f32", 0, 1}, {"red s64", 2, 1}};
     if (major >= 9) {
       modes.push_back({"red v4", 1, 1});
       for (int C : {2, 4, 8}) {
@@ -169,7 +178,7 @@ int main(int argc, char** argv) {
       if (m.form == 4) {
         empty_kernel<<<G, kThreads, 0, g_stream>>>();
       } else if (m.form == 3) {
-        handoff_kernel<<<G, kThreads, 0, g_stream>>>(h, H, counter, sink);
+        handoff_kernel<<<G, kThreads, 0, g_stream>>>(h, H, m.C, counter, sink);
       } else {
         // No PDL: each launch starts after the previous one has finished and its sums are visible.
         auto pick = [&](auto k) {
@@ -198,7 +207,7 @@ int main(int argc, char** argv) {
     std::printf("%-24s %5s %12s %12s %6s\n", "mode", "grid", "us/launch", "minus empty", "check");
     double empty_us = 0.0;
     for (const Mode& m : modes) {
-      const int G = m.C > 1 ? sms / m.C * m.C : sms;
+      const int G = m.C > 1 && m.form != 3 ? sms / m.C * m.C : sms;  // whole clusters
       // Check one launch.
       FERN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * D, g_stream));
       FERN_CUDA_CHECK(cudaMemsetAsync(out64, 0, sizeof(unsigned long long) * D, g_stream));
@@ -220,12 +229,13 @@ int main(int argc, char** argv) {
           ok = m.form == 2 ? static_cast<long long>(got64[i]) == want64 : got[i] == want;
         }
       } else if (m.form == 3) {
+        // Block 0's sum: group 0's slice, written by the blocks b = 0, S, 2 S, ... (rank b / S).
         float got = 0.f;
         FERN_CUDA_CHECK(cudaMemcpy(&got, sink, sizeof(float), cudaMemcpyDeviceToHost));
-        const int per = (H + G - 1) / G;
+        const int S = m.C, n = (G + S - 1) / S, Hs = H / S, per = (Hs + n - 1) / n;
         double want = 0.0;
-        for (int b = 0; b < G; ++b)
-          for (int i = 0; i < per && b * per + i < H; ++i) want += partial(b, i);
+        for (int r = 0; r < n; ++r)
+          for (int i = 0; i < per && r * per + i < Hs; ++i) want += partial(r * S, i);
         ok = got == static_cast<float>(want);
       }
       const double us = bench::graph_median_ms(g_stream, [&] {
