@@ -9,6 +9,8 @@
 //   handoff / S    the same within S groups of blocks (block b in group b mod S), each with its own counter and
 //                  H / S values of h, read only by its own blocks: the fused MoE by slot groups (S = 9: eight
 //                  experts and the shared one; docs/notes/cuda-decode-v39-gdn-fused.md section 6);
+//   red s64 / S    that form's sum of the slots: each group's blocks split the D outputs among them and add their
+//                  share by 64-bit fixed-point reductions, so every output gets S additions (not one per block);
 //   red f32        each block adds its D partials to out by scalar float reductions (red.global.add.f32);
 //   red v4         the same with 16-byte vector reductions (sm_90: atomicAdd on float4);
 //   red s64        64-bit fixed-point reductions (the order of the additions cannot change the bits);
@@ -92,6 +94,16 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(float* out, unsigned l
   }
 }
 
+// red s64 / S: block b (group g = b mod S of n blocks, rank r = b / S) adds its partials for outputs
+// [r D / n, (r + 1) D / n) by 64-bit fixed-point reductions.
+__global__ void __launch_bounds__(kThreads) slot_sum_kernel(unsigned long long* out64, int D, int S) {
+  const int b = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
+  const int g = b % S, r = b / S, n = (G - g + S - 1) / S;
+  const int i0 = r * D / n, i1 = (r + 1) * D / n;
+  for (int i = i0 + static_cast<int>(threadIdx.x); i < i1; i += kThreads)
+    atomicAdd(out64 + i, static_cast<unsigned long long>(to_fixed(partial(b, i))));
+}
+
 // The handoff among the S groups of blocks (S = 1: the whole grid; all blocks resident: one per SM). Block b is in
 // group g = b mod S, of n blocks, rank r = b / S there; group g's slice of h is [g Hs, g Hs + Hs), Hs = H / S. The
 // block writes its rank's share of the slice, counts itself in at counter[g] and waits for its group, then every
@@ -163,10 +175,11 @@ int main(int argc, char** argv) {
     // The launch of mode m with grid G: one call of the form's kernel.
     struct Mode {
       std::string name;
-      int form, C;  // form: 0..2 reductions, 3 handoff (C: its groups), 4 empty
+      int form, C;  // form: 0..2 reductions, 3 handoff (C: its groups), 4 empty, 5 the slots' sum (C: groups)
     };
-    std::vector<Mode> modes = {{"empty", 4, 1},     {"handoff", 3, 1}, {"handoff / 9", 3, 9},
-                               {"handoff / 16", 3, 16}, {"red f32", 0, 1}, {"red s64", 2, 1}};
+    std::vector<Mode> modes = {{"empty", 4, 1},         {"handoff", 3, 1}, {"handoff / 9", 3, 9},
+                               {"handoff / 16", 3, 16}, {"red f32", 0, 1}, {"red s64", 2, 1},
+                               {"red s64 / 9", 5, 9}};
     if (major >= 9) {
       modes.push_back({"red v4", 1, 1});
       for (int C : {2, 4, 8}) {
@@ -179,6 +192,8 @@ int main(int argc, char** argv) {
         empty_kernel<<<G, kThreads, 0, g_stream>>>();
       } else if (m.form == 3) {
         handoff_kernel<<<G, kThreads, 0, g_stream>>>(h, H, m.C, counter, sink);
+      } else if (m.form == 5) {
+        slot_sum_kernel<<<G, kThreads, 0, g_stream>>>(out64, D, m.C);
       } else {
         // No PDL: each launch starts after the previous one has finished and its sums are visible.
         auto pick = [&](auto k) {
@@ -207,7 +222,7 @@ int main(int argc, char** argv) {
     std::printf("%-24s %5s %12s %12s %6s\n", "mode", "grid", "us/launch", "minus empty", "check");
     double empty_us = 0.0;
     for (const Mode& m : modes) {
-      const int G = m.C > 1 && m.form != 3 ? sms / m.C * m.C : sms;  // whole clusters
+      const int G = m.C > 1 && m.form <= 2 ? sms / m.C * m.C : sms;  // whole clusters
       // Check one launch.
       FERN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * D, g_stream));
       FERN_CUDA_CHECK(cudaMemsetAsync(out64, 0, sizeof(unsigned long long) * D, g_stream));
@@ -228,6 +243,15 @@ int main(int argc, char** argv) {
           }
           ok = m.form == 2 ? static_cast<long long>(got64[i]) == want64 : got[i] == want;
         }
+      } else if (m.form == 5) {
+        std::vector<unsigned long long> got64(D);
+        FERN_CUDA_CHECK(cudaMemcpy(got64.data(), out64, sizeof(unsigned long long) * D, cudaMemcpyDeviceToHost));
+        std::vector<long long> want(D, 0);
+        for (int b = 0; b < G; ++b) {
+          const int S = m.C, g = b % S, r = b / S, n = (G - g + S - 1) / S;
+          for (int i = r * D / n; i < (r + 1) * D / n; ++i) want[i] += to_fixed(partial(b, i));
+        }
+        for (int i = 0; i < D && ok; ++i) ok = static_cast<long long>(got64[i]) == want[i];
       } else if (m.form == 3) {
         // Block 0's sum: group 0's slice, written by the blocks b = 0, S, 2 S, ... (rank b / S).
         float got = 0.f;
