@@ -78,15 +78,19 @@ void CudaBackend::gdn_mixer(Tensor out, Tensor h, Tensor norm_w, float eps, Tens
                             Tensor b, Tensor a, Tensor y, const GdnWeights& w, const ModelConfig& cfg,
                             SequenceState& state, int layer) {
   const int form = env_choice("FERN_CUDA_GDN_FUSE", {"0", "1", "2", "3"}, 0);
-  const bool wanted = form != 0 && env_choice("FERN_CUDA_NORM_FOLD", {"0", "1"}, 1) == 1;
-  const cuda::GdnShape sh = gdn_shape(cfg);
   const int64_t H = h.dim(-1), V = cfg.gdn_value_dim();
   const LinearWeight* const ws[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
-  cuda::QW q[4];
-  for (int i = 0; i < 4; ++i) q[i] = cuda::make_qw(*ws[i]);
+  const cuda::GdnShape sh = gdn_shape(cfg);
   const cuda::Ctx c = ctx(0, kMoeFusedCounterBase);  // the GDN counters' slice
-  if (!wanted || h.numel() != H || norm_w.numel() != H || xn.numel() != H || !gdn_out_fused_(mixed, w, cfg) ||
-      ws[0]->in != H || !cuda::gdn_proj_step_ok(c, q, 4, sh, form)) {
+  // The fused launch's checks, the cheap ones first (the default, form 0, and prompt rows stop at them).
+  bool fused = form != 0 && h.numel() == H && norm_w.numel() == H && xn.numel() == H && ws[0]->in == H &&
+               env_choice("FERN_CUDA_NORM_FOLD", {"0", "1"}, 1) == 1 && gdn_out_fused_(mixed, w, cfg);
+  cuda::QW q[4];
+  if (fused) {
+    for (int i = 0; i < 4; ++i) q[i] = cuda::make_qw(*ws[i]);
+    fused = cuda::gdn_proj_step_ok(c, q, 4, sh, form);
+  }
+  if (!fused) {
     Backend::gdn_mixer(out, h, norm_w, eps, xn, mixed, z, b, a, y, w, cfg, state, layer);
     return;
   }

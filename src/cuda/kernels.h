@@ -234,9 +234,10 @@ void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const
 // (y, conv_state, state), the same bits as linear_multi_norm then gdn_step_raw. Each key head's group of blocks
 // hands its rows to the step's blocks of that head; every block must be resident at once (gdn_proj_step_ok checks
 // it for this GPU). Uses counters[0, 2 Hk). The real model's head shape only (Dk = Dv = 128, Hv = 2 Hk, 4 taps,
-// 4-bit rows of 2,048 in groups of 64, the digit GEMV switches on). form 1: the step blocks request their state after
-// their rows; 2: into shared memory at the launch's start (both at 72 registers, so that out_proj's blocks fit
-// beside a step block); 3: as 2 at 80 registers.
+// 4-bit rows of 2,048 in groups of 64). gdn_proj_step_ok also asks for the switches under which linear_multi_norm
+// takes the same digit kernel (the same bits); gdn_proj_step itself refuses only what the kernel cannot take. form
+// 1: the step blocks request their state after their rows; 2: into shared memory at the launch's start (both at 72
+// registers, so that out_proj's blocks fit beside a step block); 3: as 2 at 80 registers.
 bool gdn_proj_step_ok(const Ctx& c, const QW* ws, int n, const GdnShape& sh, int form = 1);
 void gdn_proj_step(const Ctx& c, int form, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
                    float* const* ys, const GdnShape& sh, const float* conv_w, const float* A_log,

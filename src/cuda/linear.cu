@@ -1277,32 +1277,38 @@ GdnGrid gdn_grid(const Ctx& c, int Hk, int form, size_t smem) {
 }
 }  // namespace
 
-bool gdn_proj_step_ok(const Ctx& c, const QW* ws, int n, const GdnShape& sh, int form) {
-  if (n != 4 || form < 1 || form > 3 || !linear_multi_contiguous(ws, n)) return false;
+namespace {
+// What the GDN form itself needs (gdn_proj_step checks it again, without gdn_proj_step_ok's switches): the real head
+// shape, the four matrices contiguous, 4-bit rows of 2,048 in groups of 64, the counters [0, 2 Hk), and a grid that
+// fits the GPU at once (its blocks 0 where not).
+GdnGrid gdn_form_grid(const Ctx& c, const QW* ws, int n, const GdnShape& sh, int form) {
+  if (n != 4 || form < 1 || form > 3 || !linear_multi_contiguous(ws, n)) return {};
   const QW& w = ws[0];
   const bool shape = sh.Dk == kGdnDk && sh.Dv == kGdnDv && sh.Hv == kGdnVPerK * sh.Hk && sh.kernel == 4 &&
                      sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv && w.out == sh.conv_dim &&
                      ws[1].out == int64_t(sh.Hv) * sh.Dv && ws[2].out == sh.Hv && ws[3].out == sh.Hv;
-  // The matrices as linear_multi_norm takes them into its three-blocks-per-SM digit kernel (launch_bits: packed rows
-  // of one pass, the norm's row in two float4s per thread; the same switches), so that both forms compute the same
-  // bits, and the counters: the step's [0, Hk) and the groups' [Hk, 2 Hk).
+  if (!shape || w.bits != 4 || w.gs != 64 || w.in != 2048 || c.counters == nullptr || c.n_counters < 2 * sh.Hk)
+    return {};
+  return gdn_grid(c, sh.Hk, form, gdn_form_smem(form, w.in));
+}
+}  // namespace
+
+bool gdn_proj_step_ok(const Ctx& c, const QW* ws, int n, const GdnShape& sh, int form) {
+  if (gdn_form_grid(c, ws, n, sh, form).blocks == 0) return false;
+  // The switches as linear_multi_norm takes the matrices into its three-blocks-per-SM digit kernel (launch_bits:
+  // packed rows of one pass, the norm's row in two float4s per thread), so that both forms compute the same bits.
   const Mats m = make_mats(ws, std::vector<float*>(4, nullptr).data(), 4);
   const int rows = static_cast<int>(ws[0].out + ws[1].out + ws[2].out + ws[3].out);
-  if (!shape || w.bits != 4 || w.gs != 64 || w.in != 2048 || !gemv_sb(w, m) || !gemv_q8() || !gemv_contig(w, m) ||
-      gemv_occupancy() != 3 || gemv_wide(c, rows) || gemv_tc_wanted(rows) || c.counters == nullptr ||
-      c.n_counters < 2 * sh.Hk)
-    return false;
-  return gdn_grid(c, sh.Hk, form, gdn_form_smem(form, w.in)).blocks > 0;
+  return gemv_sb(ws[0], m) && gemv_q8() && gemv_contig(ws[0], m) && gemv_occupancy() == 3 && !gemv_wide(c, rows) &&
+         !gemv_tc_wanted(rows);
 }
 
 void gdn_proj_step(const Ctx& c, int form, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
                    float* const* ys, const GdnShape& sh, const float* conv_w, const float* A_log,
                    const float* dt_bias, float* conv_state, float* state, float* y) {
-  FERN_CU_CHECK(gdn_proj_step_ok(c, ws, 4, sh, form),
-                "gdn_proj_step: shapes, formats, form or GPU the fused launch does not take");
+  const GdnGrid g = gdn_form_grid(c, ws, 4, sh, form);
+  FERN_CU_CHECK(g.blocks > 0, "gdn_proj_step: shapes, formats, form or GPU the fused launch does not take");
   const InNorm nm = input_norm(ws[0], norm_w, eps, xn, "gdn_proj_step");
-  const size_t smem = gdn_form_smem(form, ws[0].in);
-  const GdnGrid g = gdn_grid(c, sh.Hk, form, smem);
   RouteTail tail;
   GdnArgs& a = tail.gdn;
   a.sh = sh;
@@ -1316,7 +1322,8 @@ void gdn_proj_step(const Ctx& c, int form, const QW* ws, const float* x, const f
   a.counters = c.counters;
   const Mats m = make_mats(ws, ys, 4);
   const int rows = static_cast<int>(ws[0].out + ws[1].out + ws[2].out + ws[3].out);
-  launch(c, "gdn_proj_kernel", gdn_form_kernel(form), dim3(g.blocks, 1), kThreads, smem, ws[0], m, rows, x, tail, nm);
+  launch(c, "gdn_proj_kernel", gdn_form_kernel(form), dim3(g.blocks, 1), kThreads, gdn_form_smem(form, ws[0].in),
+         ws[0], m, rows, x, tail, nm);
 }
 
 bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,
