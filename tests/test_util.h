@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace fern::test {
@@ -47,13 +48,18 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Runs body() once under each value of the environment switch `name` (EnvGuard), each run traced as name=value.
+// Runs body() once under each value of the environment switch `name` (EnvGuard), each run traced as name=value; a
+// body that takes a const char* gets the value (for nesting: one switch's loop inside another's).
 template <class F>
 void each_value(const char* name, std::initializer_list<const char*> values, F&& body) {
   for (const char* v : values) {
     EnvGuard g(name, v);
     SCOPED_TRACE(std::string(name) + "=" + v);
-    body();
+    if constexpr (std::is_invocable_v<F&, const char*>) {
+      body(v);
+    } else {
+      body();
+    }
   }
 }
 

@@ -201,7 +201,7 @@ std::vector<std::vector<float>> run_mixer(uint64_t seed, int steps, int64_t* fus
   const Tensor in_norm = vec(H, 1.0f, 0.3f, seed + 10);  // around 1, as trained RMSNorm weights are
   std::vector<LinearWeight> proj = {gpu->to_device(hw.in_proj_qkv), gpu->to_device(hw.in_proj_z),
                                     gpu->to_device(hw.in_proj_b), gpu->to_device(hw.in_proj_a)};
-  test::group_on_device(*gpu, proj);  // the region lives as long as the backend
+  test::group_on_device(*gpu, proj);
   GdnWeights dw;
   dw.in_proj_qkv = proj[0];
   dw.in_proj_z = proj[1];

@@ -117,17 +117,15 @@ TEST(CudaLinear, PipelineDepths) {
 TEST(CudaLinear, WideBlocks) {
   FERN_REQUIRE_GPU();
   test::EnvGuard cuda_cores("FERN_CUDA_GEMV_TC", "0");
-  for (const char* w : {"1", "0"})
-  for (const char* nb : {"2", "3"}) {
-    test::EnvGuard wide("FERN_CUDA_GEMV_WIDE", w);
-    test::EnvGuard depth("FERN_CUDA_GEMV_NB", nb);
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_WIDE=") + w + " FERN_CUDA_GEMV_NB=" + nb);
-    for (const Case& c : {Case{"wide qkv", 8192, 2048, 4, 64, 1}, Case{"wide out_proj", 2048, 4096, 4, 64, 1},
-                          Case{"wide odd rows", 40001, 2048, 4, 64, 1}, Case{"wide T=3", 1000, 2048, 4, 64, 3},
-                          Case{"wide 8-bit", 33333, 1024, 8, 64, 1}, Case{"wide bf16", 515, 2048, 16, 0, 2},
-                          Case{"wide narrow (256 threads)", 300, 256, 4, 64, 1}})
-      run_case(c);
-  }
+  test::each_value("FERN_CUDA_GEMV_WIDE", {"1", "0"}, [] {
+    test::each_value("FERN_CUDA_GEMV_NB", {"2", "3"}, [] {
+      for (const Case& c : {Case{"wide qkv", 8192, 2048, 4, 64, 1}, Case{"wide out_proj", 2048, 4096, 4, 64, 1},
+                            Case{"wide odd rows", 40001, 2048, 4, 64, 1}, Case{"wide T=3", 1000, 2048, 4, 64, 3},
+                            Case{"wide 8-bit", 33333, 1024, 8, 64, 1}, Case{"wide bf16", 515, 2048, 16, 0, 2},
+                            Case{"wide narrow (256 threads)", 300, 256, 4, 64, 1}})
+        run_case(c);
+    });
+  });
 }
 
 // Three 256-thread blocks per SM for the 4-bit rows of 32 lanes with more than two blocks' work per SM
@@ -158,20 +156,18 @@ TEST(CudaLinear, ThreeBlocksPerSm) {
 // or row gives NMSE > 1e-3.
 TEST(CudaLinear, TensorCoreLoop) {
   FERN_REQUIRE_GPU();
-  for (const char* tc : {"1", "0"})
-  for (const char* nb : {"2", "3"}) {
-    if (tc[0] == '0' && nb[0] == '3') continue;
-    test::EnvGuard on("FERN_CUDA_GEMV_TC", tc);
-    test::EnvGuard depth("FERN_CUDA_GEMV_TC_NB", nb);
-    SCOPED_TRACE(std::string("FERN_CUDA_GEMV_TC=") + tc + " FERN_CUDA_GEMV_TC_NB=" + nb);
-    for (const Case& c : {Case{"tc qkv", 8192, 2048, 4, 64, 1}, Case{"tc out_proj", 2048, 4096, 4, 64, 1},
-                          Case{"tc odd rows", 37, 2048, 4, 64, 1}, Case{"tc one row", 1, 2048, 4, 64, 1},
-                          Case{"tc whole tiles", 40001, 2048, 4, 64, 1}, Case{"tc T=3", 33797, 1024, 4, 64, 3},
-                          Case{"tc narrow", 45, 192, 4, 64, 1}, Case{"tc group 128", 129, 640, 4, 128, 2},
-                          Case{"tc K=64", 17, 64, 4, 64, 1}, Case{"tc T=5", 1000, 2048, 4, 64, 5},
-                          Case{"tc expert down", 2048, 512, 4, 64, 1}})
-      run_case(c);
-  }
+  test::each_value("FERN_CUDA_GEMV_TC", {"1", "0"}, [](const char* tc) {
+    test::each_value("FERN_CUDA_GEMV_TC_NB", {"2", "3"}, [tc](const char* nb) {
+      if (tc[0] == '0' && nb[0] == '3') return;  // the CUDA-core loop has no item buffers to vary
+      for (const Case& c : {Case{"tc qkv", 8192, 2048, 4, 64, 1}, Case{"tc out_proj", 2048, 4096, 4, 64, 1},
+                            Case{"tc odd rows", 37, 2048, 4, 64, 1}, Case{"tc one row", 1, 2048, 4, 64, 1},
+                            Case{"tc whole tiles", 40001, 2048, 4, 64, 1}, Case{"tc T=3", 33797, 1024, 4, 64, 3},
+                            Case{"tc narrow", 45, 192, 4, 64, 1}, Case{"tc group 128", 129, 640, 4, 128, 2},
+                            Case{"tc K=64", 17, 64, 4, 64, 1}, Case{"tc T=5", 1000, 2048, 4, 64, 5},
+                            Case{"tc expert down", 2048, 512, 4, 64, 1}})
+        run_case(c);
+    });
+  });
 }
 
 // The bulk-copy ring GEMV (linear_ring.cu: one token row, 4-bit in groups of 64, K a multiple of 512 with three
@@ -206,19 +202,18 @@ TEST(CudaLinear, BulkCopyRing) {
     EXPECT_EQ(ring, tc);
   }
   test::EnvGuard on("FERN_CUDA_HEAD_RING", "1");
-  for (const char* copy : {"tile", "rows"})
-  for (const char* tiles : {"1", "2"}) {
-    test::EnvGuard copy_form("FERN_CUDA_HEAD_RING_COPY", copy);
-    test::EnvGuard stage_tiles("FERN_CUDA_HEAD_RING_TILES", tiles);
-    SCOPED_TRACE(std::string("FERN_CUDA_HEAD_RING_COPY=") + copy + " FERN_CUDA_HEAD_RING_TILES=" + tiles);
-    for (const Case& c : {Case{"ring lm_head", 248320, 2048, 4, 64, 1}, Case{"ring 40001 rows", 40001, 2048, 4, 64, 1},
-                          Case{"ring one row", 1, 2048, 4, 64, 1}, Case{"ring odd rows", 37, 2048, 4, 64, 1},
-                          Case{"ring 3001 rows", 3001, 2048, 4, 64, 1}, Case{"ring K=512", 1000, 512, 4, 64, 1},
-                          Case{"ring K=4096", 2049, 4096, 4, 64, 1}, Case{"ring K=1536", 777, 1536, 4, 64, 1},
-                          Case{"ring refused T=2", 1000, 2048, 4, 64, 2}, Case{"ring refused group 32", 77, 1024, 4, 32, 1},
-                          Case{"ring refused K=640", 129, 640, 4, 64, 1}, Case{"ring refused 8-bit", 300, 2048, 8, 64, 1}})
-      run_case(c);
-  }
+  test::each_value("FERN_CUDA_HEAD_RING_COPY", {"tile", "rows"}, [] {
+    test::each_value("FERN_CUDA_HEAD_RING_TILES", {"1", "2"}, [] {
+      for (const Case& c :
+           {Case{"ring lm_head", 248320, 2048, 4, 64, 1}, Case{"ring 40001 rows", 40001, 2048, 4, 64, 1},
+            Case{"ring one row", 1, 2048, 4, 64, 1}, Case{"ring odd rows", 37, 2048, 4, 64, 1},
+            Case{"ring 3001 rows", 3001, 2048, 4, 64, 1}, Case{"ring K=512", 1000, 512, 4, 64, 1},
+            Case{"ring K=4096", 2049, 4096, 4, 64, 1}, Case{"ring K=1536", 777, 1536, 4, 64, 1},
+            Case{"ring refused T=2", 1000, 2048, 4, 64, 2}, Case{"ring refused group 32", 77, 1024, 4, 32, 1},
+            Case{"ring refused K=640", 129, 640, 4, 64, 1}, Case{"ring refused 8-bit", 300, 2048, 8, 64, 1}})
+        run_case(c);
+    });
+  });
   {
     test::EnvGuard depth("FERN_CUDA_HEAD_RING_STAGES", "3");  // 19 tiles per block: the ring wraps six times
     run_case(Case{"ring three stages", 40001, 2048, 4, 64, 1});
