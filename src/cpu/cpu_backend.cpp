@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "cpu/arena.h"
 #include "cpu/cpu_backend.h"
@@ -188,6 +190,17 @@ class CpuBackend final : public Backend {
     check_act(x, "linear x", {-1, w.in});
     check_act(out, "linear out", {x.dim(0), w.out});
     cpu::linear(out.ptr<float>(), x.ptr<float>(), x.dim(0), w, threads_);
+  }
+
+  void linear_multi(std::span<const Tensor> outs, Tensor x, std::span<const LinearWeight* const> ws) override {
+    FERN_CHECK(outs.size() == ws.size(), "linear_multi: {} outputs for {} weights", outs.size(), ws.size());
+    std::vector<cpu::LinearJob> jobs;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      check_act(x, "linear x", {-1, ws[i]->in});
+      check_act(outs[i], "linear out", {x.dim(0), ws[i]->out});
+      jobs.push_back({outs[i].ptr<float>(), x.ptr<float>(), x.dim(0), ws[i]});
+    }
+    cpu::linear_many(jobs, threads_);
   }
 
   void gdn_core(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,

@@ -3,6 +3,7 @@
 // tensors and calls these; tests call them directly too. `nt` is the OpenMP thread count of a parallel region.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "cpu/cpu_backend.h"
 #include "model/config.h"
@@ -15,9 +16,20 @@ namespace fern::cpu {
 void validate_linear(const LinearWeight& w);
 // Row n of a plain (non-stacked) weight, dequantized to fp32: dst[k] = W[n, k], k < w.in.
 void dequant_row(const LinearWeight& w, int64_t n, float* dst);
-// out[t, n] = sum_k x[t, k] W[n, k] for t < T, n < w.out. Each weight row is dequantized once per call and every
-// output is the same fp32 dot product whatever T is (so results do not depend on how a prompt is chunked).
+// out[t, n] = sum_k x[t, k] W[n, k] for t < T, n < w.out. The weight is read once per call, and every output is
+// the same fp32 computation whatever T is and whatever the thread count (so results do not depend on how a prompt
+// is chunked).
 void linear(float* out, const float* x, int64_t T, const LinearWeight& w, int nt);
+// Several products in one parallel region (a layer's projections, the MoE's experts): jobs[i].out = jobs[i].x
+// W_i^T, each output the same as linear() gives it. One region instead of one per matrix saves a barrier and the
+// idle tail of each.
+struct LinearJob {
+  float* out;
+  const float* x;
+  int64_t T;
+  const LinearWeight* w;
+};
+void linear_many(std::span<const LinearJob> jobs, int nt);
 
 // ---- embed.cpp ----
 // out[t] = row ids[t] of the (possibly quantized) table; throws fern::Error for an id outside [0, rows).

@@ -1,9 +1,12 @@
-// Dense (bf16/f32) and MLX affine (4/8-bit) matrix products: out = x W^T. A block of weight rows is dequantized
-// into a small per-thread buffer and then multiplied with every input row, so the weight is read once per call
-// and never copied whole.
+// Dense (bf16/f32) and MLX affine (4/8-bit) matrix products: out = x W^T. Affine weights are multiplied straight
+// from their packed codes, each code converted once for up to four input rows; a block of dense rows is converted
+// into a small per-thread buffer and then multiplied with every input row. Either way the weight is read once per
+// call and never copied whole.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/bf16.h"
@@ -85,85 +88,113 @@ void dequant_row(const LinearWeight& w, int64_t n, float* dst) {
 namespace {
 
 // Affine weights are multiplied group by group without forming W: with the codes q of a group as floats,
-//   sum_k x_k (s q_k + b) = s (q . x) + b sum_k x_k.
-// Codes are read word-parallel: lane m holds word m of the group and code r of every word is taken in turn. x is
-// permuted once per call into that order, xp[j*g + r*W + m] = x[j*g + P*m + r] (P codes per word, W words per
-// group), so each group is W lanes of contiguous products, summed lane by lane in a fixed order.
+//   sum_k x_k (s q_k + b) = s (q . x) + b sum_k x_k,
+// both terms per lane of the group (below), so that they meet, and mostly cancel (b is about -8 s), before the
+// group's share is added to the output.
+// Codes are read word-parallel: lane m holds word m of the group and code r of every word is taken in turn. Code r
+// is not shifted down: word & (mask << bits r) is exactly the float q 2^(bits r), and x is scaled by 2^-(bits r) to
+// match, so each product is the same q x (a power-of-two scaling is exact) for one instruction less per code. The
+// top code is shifted down instead (its mask would reach the sign bit of the conversion). x is permuted and scaled
+// once per call into that order, xp[j*g + r*W + m] = x[j*g + P*m + r] 2^-(bits r) (P codes per word, W words per
+// group; no scaling for r = P - 1), so each group is W lanes of contiguous products.
 struct AffineLayout {
-  int64_t g, ng, P, W;
+  int64_t g, ng, P, W, bits;
   explicit AffineLayout(const LinearWeight& w)
-      : g(w.group_size), ng(w.in / w.group_size), P(32 / w.bits), W(w.group_size / (32 / w.bits)) {}
+      : g(w.group_size), ng(w.in / w.group_size), P(32 / w.bits), W(w.group_size / (32 / w.bits)), bits(w.bits) {}
+  // What code r is multiplied by in xp: 2^-(bits r), or 1 for the top code.
+  float code_scale(int64_t r) const { return r == P - 1 ? 1.0f : std::ldexp(1.0f, -int(bits * r)); }
 };
 
-void permute_input(const AffineLayout& L, const float* x, float* xp, float* xsum) {
+void permute_input(const AffineLayout& L, const float* x, float* xp, float* xl) {
   for (int64_t j = 0; j < L.ng; ++j) {
     const float* xg = x + j * L.g;
     float* pg = xp + j * L.g;
-    for (int64_t r = 0; r < L.P; ++r)
-      for (int64_t m = 0; m < L.W; ++m) pg[r * L.W + m] = xg[L.P * m + r];
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t k = 0; k < L.g; ++k) s += xg[k];
-    xsum[j] = s;
+    for (int64_t r = 0; r < L.P; ++r) {
+      const float c = L.code_scale(r);
+      for (int64_t m = 0; m < L.W; ++m) pg[r * L.W + m] = xg[L.P * m + r] * c;
+    }
+    for (int64_t m = 0; m < L.W; ++m) {
+      float s = 0.0f;
+      for (int64_t r = 0; r < L.P; ++r) s += xg[L.P * m + r];
+      xl[j * L.W + m] = s;
+    }
   }
 }
 
 constexpr int64_t kMaxLanes = 64;   // W = group_size * bits / 32 <= 64 for groups up to 256 at 8 bits
 constexpr int64_t kMaxGroups = 64;  // groups whose scales are converted at once
+constexpr int64_t kTile = 16;       // input rows that pass over a block of weight rows together
 
-// One group's q . x, the codes either still packed (CodeFromWords) or unpacked earlier (CodeFromFloats): the same
-// float operations in the same order either way, so decode and prefill give bitwise-equal rows.
-struct CodeFromWords {
+// Code r of lane m as a float: q 2^(bits r) for r < P - 1 (`low`), q for the top code (`top`). kBits is the code
+// width when the caller knows it at compile time (0: the runtime `bits`).
+template <int kBits>
+struct Codes {
   const uint32_t* words;
-  int bits;
-  uint32_t mask;
-  float operator()(int64_t r, int64_t m) const { return static_cast<float>((words[m] >> (int(r) * bits)) & mask); }
-};
-struct CodeFromFloats {
-  const float* q;
-  int64_t W;
-  float operator()(int64_t r, int64_t m) const { return q[r * W + m]; }
+  int bits_rt;
+  int width() const { return kBits ? kBits : bits_rt; }
+  float low(int64_t r, int64_t m) const {
+    const uint32_t mask = ((1u << width()) - 1u) << (int(r) * width());
+    return static_cast<float>(static_cast<int32_t>(words[m] & mask));
+  }
+  float top(int64_t P, int64_t m) const { return static_cast<float>(words[m] >> (int(P - 1) * width())); }
 };
 
-// P and W are template parameters for the common layouts (g64 at 4 and 8 bits) so the lane loop is fully unrolled
-// and vectorized; 0 means "use the runtime values".
-template <int kP, int kW, class Code>
-FERN_CPU_INLINE float group_dot(const Code& code, const float* xp, int64_t P_rt, int64_t W_rt) {
+// For kT input rows at once, v[t][m] += s (lane m's part of one group's q . x_t) + b (lane m's part of the group's
+// sum of x_t): each code is converted once and multiplied into every row. Row t's operations are the same, in the
+// same order, whatever kT is, so a row's result does not depend on how many rows were taken with it (decode and
+// prefill give bitwise-equal rows). The lanes are summed only once per output, after every group: a horizontal sum
+// per group would put a chain of dependent additions on every 64 weights. P and W are template parameters for the
+// common layouts (g64 at 4 and 8 bits) so the lane loop is fully unrolled and vectorized; 0 means "use the runtime
+// values". xp[t] and xl[t] point at the group's permuted x and lane sums of row t.
+template <int kP, int kW, int kT>
+FERN_CPU_INLINE void group_lanes(const Codes<kP ? 32 / kP : 0>& code, const float* const* xp, const float* const* xl,
+                                 int64_t P_rt, int64_t W_rt, float s, float b, float (*v)[kW ? kW : kMaxLanes]) {
   const int64_t P = kP ? kP : P_rt, W = kW ? kW : W_rt;
-  float acc[kW ? kW : kMaxLanes];
-  for (int64_t m = 0; m < W; ++m) acc[m] = 0.0f;
-  for (int64_t r = 0; r < P; ++r) {
-    const float* xr = xp + r * W;
+  float acc[kT][kW ? kW : kMaxLanes];
 #pragma omp simd
-    for (int64_t m = 0; m < W; ++m) acc[m] += code(r, m) * xr[m];
+  for (int64_t m = 0; m < W; ++m) {
+    const float c = code.low(0, m);
+    for (int t = 0; t < kT; ++t) acc[t][m] = c * xp[t][m];
   }
-  float s = 0.0f;
-  for (int64_t m = 0; m < W; ++m) s += acc[m];
-  return s;
-}
-
-// Codes of row n, in the permuted order, as floats (for calls with several input rows).
-FERN_CPU_INLINE void unpack_codes(const LinearWeight& w, const AffineLayout& L, int64_t n, float* qb) {
-  const uint32_t* q = w.w.ptr<uint32_t>() + n * (w.in * w.bits / 32);
-  const CodeFromWords code{nullptr, w.bits, (1u << w.bits) - 1u};
-  for (int64_t j = 0; j < L.ng; ++j) {
-    CodeFromWords c = code;
-    c.words = q + j * L.W;
-    float* d = qb + j * L.g;
-    for (int64_t r = 0; r < L.P; ++r)
+  for (int64_t r = 1; r < P - 1; ++r) {
 #pragma omp simd
-      for (int64_t m = 0; m < L.W; ++m) d[r * L.W + m] = c(r, m);
+    for (int64_t m = 0; m < W; ++m) {
+      const float c = code.low(r, m);
+      for (int t = 0; t < kT; ++t) acc[t][m] += c * xp[t][r * W + m];
+    }
+  }
+#pragma omp simd
+  for (int64_t m = 0; m < W; ++m) {
+    const float c = code.top(P, m);
+    for (int t = 0; t < kT; ++t) v[t][m] += s * (acc[t][m] + c * xp[t][(P - 1) * W + m]) + b * xl[t][m];
   }
 }
 
-// out[t, n] for input rows t in [t0, t1), the row's codes packed (`row`, when qb is null) or unpacked (`qb`).
-template <int kP, int kW>
-FERN_CPU_INLINE void affine_row(float* out, const float* xp, const float* xsum, const LinearWeight& w,
-                                const AffineLayout& L, int64_t n, const uint32_t* row, const float* qb, int64_t t0,
-                                int64_t t1) {
-  const int64_t N = w.out, K = w.in, ng = L.ng;
-  const uint32_t mask = (1u << w.bits) - 1u;
+// The sum of W lanes by halving (lane m + h into lane m, h = ceil(W / 2), and again on the first h lanes): a fixed
+// order, so the bits do not depend on the compiler, with a chain of log2 W additions instead of W.
+FERN_CPU_INLINE float lane_sum(float* l, int64_t W) {
+  while (W > 1) {
+    const int64_t h = (W + 1) / 2;
+#pragma omp simd
+    for (int64_t m = 0; m < W - h; ++m) l[m] += l[m + h];
+    W = h;
+  }
+  return l[0];
+}
+
+// out[t, n] for kT input rows t0.. of one weight row (`row`, its packed words): per input row, the lane sums of
+// every group, then the lanes summed in order.
+template <int kP, int kW, int kT>
+FERN_CPU_INLINE void affine_row(float* out, const float* xp, const float* xl, const LinearWeight& w,
+                                const AffineLayout& L, int64_t n, const uint32_t* row, int64_t t0) {
+  constexpr int64_t kLanes = kW ? kW : kMaxLanes;
+  const int64_t N = w.out, K = w.in, ng = L.ng, W = kW ? kW : L.W;
+  const int64_t lanes_per_row = ng * W;
   float sc[kMaxGroups], bi[kMaxGroups];
+  float lanes[kT][kLanes];
+  const float* xr[kT];
+  const float* xs[kT];
+  for (int t = 0; t < kT; ++t) std::fill_n(lanes[t], W, 0.0f);
   for (int64_t j0 = 0; j0 < ng; j0 += kMaxGroups) {
     // Scales and biases of up to kMaxGroups groups, converted once for all the input rows.
     const int64_t nj = std::min(kMaxGroups, ng - j0);
@@ -171,52 +202,50 @@ FERN_CPU_INLINE void affine_row(float* out, const float* xp, const float* xsum, 
       sc[j] = load_f(w.scales, n * ng + j0 + j);
       bi[j] = load_f(w.biases, n * ng + j0 + j);
     }
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* xr = xp + t * K;
-      const float* xs = xsum + t * ng;
-      float acc = j0 == 0 ? 0.0f : out[t * N + n];
-      for (int64_t j = 0; j < nj; ++j) {
-        const int64_t jj = j0 + j;
-        const float d = qb ? group_dot<kP, kW>(CodeFromFloats{qb + jj * L.g, L.W}, xr + jj * L.g, L.P, L.W)
-                           : group_dot<kP, kW>(CodeFromWords{row + jj * L.W, w.bits, mask}, xr + jj * L.g, L.P,
-                                               L.W);
-        acc += sc[j] * d + bi[j] * xs[jj];
+    for (int64_t j = 0; j < nj; ++j) {
+      const int64_t jj = j0 + j;
+      for (int t = 0; t < kT; ++t) {
+        xr[t] = xp + (t0 + t) * K + jj * L.g;
+        xs[t] = xl + (t0 + t) * lanes_per_row + jj * W;
       }
-      out[t * N + n] = acc;
+      group_lanes<kP, kW, kT>(Codes<kP ? 32 / kP : 0>{row + jj * L.W, w.bits}, xr, xs, L.P, L.W, sc[j], bi[j],
+                              lanes);
+    }
+  }
+  for (int t = 0; t < kT; ++t) out[(t0 + t) * N + n] = lane_sum(lanes[t], W);
+}
+
+// Rows [n0, n0 + nr) of an affine product, straight from the packed words. The input rows are taken a tile at a
+// time, so that a tile of x stays in cache while every row of the block passes over it, and within a tile four at
+// a time (each code converted once for up to four products).
+template <int kP, int kW>
+FERN_CPU_INLINE void affine_rows_impl(float* out, const float* xp, const float* xl, int64_t T,
+                                      const LinearWeight& w, const AffineLayout& L, int64_t n0, int64_t nr) {
+  constexpr int kT = 4;
+  const int64_t words_per_row = w.in * w.bits / 32;
+  const uint32_t* words = w.w.ptr<uint32_t>();
+  for (int64_t t0 = 0; t0 < T; t0 += kTile) {
+    const int64_t t1 = std::min(T, t0 + kTile);
+    for (int64_t n = n0; n < n0 + nr; ++n) {
+      const uint32_t* row = words + n * words_per_row;
+      int64_t t = t0;
+      for (; t + kT <= t1; t += kT) affine_row<kP, kW, kT>(out, xp, xl, w, L, n, row, t);
+      if (t1 - t == 3) affine_row<kP, kW, 3>(out, xp, xl, w, L, n, row, t);
+      if (t1 - t == 2) affine_row<kP, kW, 2>(out, xp, xl, w, L, n, row, t);
+      if (t1 - t == 1) affine_row<kP, kW, 1>(out, xp, xl, w, L, n, row, t);
     }
   }
 }
 
-// Rows [n0, n0 + nr) of an affine product. A single input row reads the packed words directly. With several, the
-// block's codes are unpacked into `buf` (nr * K floats) once, and the input rows are taken a tile at a time so
-// that a tile of x stays in cache while every row of the block passes over it.
-template <int kP, int kW>
-FERN_CPU_INLINE void affine_rows_impl(float* out, const float* xp, const float* xsum, int64_t T,
-                                      const LinearWeight& w, const AffineLayout& L, int64_t n0, int64_t nr,
-                                      float* buf) {
-  constexpr int64_t kTile = 16;
-  const int64_t K = w.in, words_per_row = K * w.bits / 32;
-  const uint32_t* words = w.w.ptr<uint32_t>();
-  if (T == 1) {
-    for (int64_t n = n0; n < n0 + nr; ++n)
-      affine_row<kP, kW>(out, xp, xsum, w, L, n, words + n * words_per_row, nullptr, 0, 1);
-    return;
-  }
-  for (int64_t r = 0; r < nr; ++r) unpack_codes(w, L, n0 + r, buf + r * K);
-  for (int64_t t0 = 0; t0 < T; t0 += kTile)
-    for (int64_t r = 0; r < nr; ++r)
-      affine_row<kP, kW>(out, xp, xsum, w, L, n0 + r, nullptr, buf + r * K, t0, std::min(T, t0 + kTile));
-}
-
 FERN_CPU_CLONES
-void affine_rows(float* out, const float* xp, const float* xsum, int64_t T, const LinearWeight& w,
-                 const AffineLayout& L, int64_t n0, int64_t nr, float* buf) {
+void affine_rows(float* out, const float* xp, const float* xl, int64_t T, const LinearWeight& w,
+                 const AffineLayout& L, int64_t n0, int64_t nr) {
   if (w.bits == 4 && L.W == 8)
-    affine_rows_impl<8, 8>(out, xp, xsum, T, w, L, n0, nr, buf);
+    affine_rows_impl<8, 8>(out, xp, xl, T, w, L, n0, nr);
   else if (w.bits == 8 && L.W == 16)
-    affine_rows_impl<4, 16>(out, xp, xsum, T, w, L, n0, nr, buf);
+    affine_rows_impl<4, 16>(out, xp, xl, T, w, L, n0, nr);
   else
-    affine_rows_impl<0, 0>(out, xp, xsum, T, w, L, n0, nr, buf);
+    affine_rows_impl<0, 0>(out, xp, xl, T, w, L, n0, nr);
 }
 
 // Rows [n0, n0 + nr) of a dense product, each row converted to fp32 once.
@@ -230,35 +259,60 @@ void dense_rows(float* out, const float* x, int64_t T, const LinearWeight& w, in
 
 }  // namespace
 
-void linear(float* out, const float* x, int64_t T, const LinearWeight& w, int nt) {
-  validate_linear(w);
-  const int64_t N = w.out, K = w.in;
-  const bool affine = w.kind == LinearWeight::Kind::Affine;
+void linear_many(std::span<const LinearJob> jobs, int nt) {
   // Rows per block: each input row is reused from L1 for the whole block.
   constexpr int64_t kRows = 8;
-  const int64_t nblocks = (N + kRows - 1) / kRows;
-  std::optional<AffineLayout> L;
-  std::vector<float> xp, xsum;
-  if (affine) {
-    L.emplace(w);
-    if (L->W > kMaxLanes) fail("linear weight {}: group size {} too large", w.name, w.group_size);
-    xp.resize(T * K);
-    xsum.resize(T * L->ng);
-    for (int64_t t = 0; t < T; ++t) permute_input(*L, x + t * K, &xp[t * K], &xsum[t * L->ng]);
+  struct Prepared {
+    std::optional<AffineLayout> L;
+    std::vector<float> xp, xl;  // affine: x permuted and scaled, its lane sums
+    int64_t first_block = 0;
+  };
+  std::vector<Prepared> prep(jobs.size());
+  int64_t nblocks = 0, work = 0, K_max = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const LinearJob& j = jobs[i];
+    validate_linear(*j.w);
+    const int64_t K = j.w->in;
+    Prepared& p = prep[i];
+    if (j.w->kind == LinearWeight::Kind::Affine) {
+      p.L.emplace(*j.w);
+      if (p.L->W > kMaxLanes) fail("linear weight {}: group size {} too large", j.w->name, j.w->group_size);
+      p.xp.resize(j.T * K);
+      p.xl.resize(j.T * p.L->ng * p.L->W);
+      for (int64_t t = 0; t < j.T; ++t)
+        permute_input(*p.L, j.x + t * K, &p.xp[t * K], &p.xl[t * p.L->ng * p.L->W]);
+    } else {
+      K_max = std::max(K_max, K);
+    }
+    p.first_block = nblocks;
+    nblocks += j.T > 0 ? (j.w->out + kRows - 1) / kRows : 0;
+    work += j.w->out * K * j.T;
   }
-  const bool par = N * K * T >= kParallelWork && nblocks > 1;
+  const bool par = work >= kParallelWork && nblocks > 1;
+  // Every output is computed by one thread the same way whichever thread it is, so the schedule does not change
+  // the bits; dynamic, since the blocks of different jobs differ in cost.
+  const int64_t chunk = std::max<int64_t>(1, nblocks / (std::max(nt, 1) * 8));
 #pragma omp parallel num_threads(nt) if (par)
   {
-    std::vector<float> buf(kRows * K);
-#pragma omp for schedule(static)
+    std::vector<float> buf(K_max * kRows);  // dense rows converted to fp32
+    size_t i = 0;
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t blk = 0; blk < nblocks; ++blk) {
-      const int64_t n0 = blk * kRows, nr = std::min(kRows, N - n0);
-      if (affine)
-        affine_rows(out, xp.data(), xsum.data(), T, w, *L, n0, nr, buf.data());
+      while (i + 1 < jobs.size() && prep[i + 1].first_block <= blk) ++i;
+      while (prep[i].first_block > blk) --i;
+      const LinearJob& j = jobs[i];
+      const int64_t n0 = (blk - prep[i].first_block) * kRows, nr = std::min(kRows, j.w->out - n0);
+      if (prep[i].L)
+        affine_rows(j.out, prep[i].xp.data(), prep[i].xl.data(), j.T, *j.w, *prep[i].L, n0, nr);
       else
-        dense_rows(out, x, T, w, n0, nr, buf.data());
+        dense_rows(j.out, j.x, j.T, *j.w, n0, nr, buf.data());
     }
   }
+}
+
+void linear(float* out, const float* x, int64_t T, const LinearWeight& w, int nt) {
+  const LinearJob job{out, x, T, &w};
+  linear_many({&job, 1}, nt);
 }
 
 }  // namespace fern::cpu

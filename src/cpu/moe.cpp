@@ -9,20 +9,6 @@
 #include "cpu/simd.h"
 
 namespace fern::cpu {
-namespace {
-
-// out[r] = down(silu(gate(x[r])) * up(x[r])) for R rows.
-void swiglu_mlp(float* out, const float* x, int64_t R, const LinearWeight& gate, const LinearWeight& up,
-                const LinearWeight& down, int nt) {
-  const int64_t I = gate.out;
-  std::vector<float> g(R * I), u(R * I);
-  linear(g.data(), x, R, gate, nt);
-  linear(u.data(), x, R, up, nt);
-  for (int64_t i = 0; i < R * I; ++i) g[i] = silu(g[i]) * u[i];
-  linear(out, g.data(), R, down, nt);
-}
-
-}  // namespace
 
 void moe_route(const float* router_logits, int64_t T, int64_t E, int k, bool renormalise, int32_t* idx,
                float* weight) {
@@ -69,29 +55,83 @@ void moe(float* out, const float* x, int64_t T, const MoeWeights& w, const Model
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(E);
   for (int64_t t = 0; t < T; ++t)
     for (int i = 0; i < k; ++i) by_expert[idx[t * k + i]].push_back({t, wt[t * k + i]});
+  if (w.shared_expert_gate.out != 1) fail("shared expert gate {} has {} outputs (want 1)", w.shared_expert_gate.name,
+                                          w.shared_expert_gate.out);
 
-  // Experts in ascending index order, so every token's weighted sum is accumulated in the same order whatever
-  // the other tokens of the call chose.
+  // Each selected expert's SwiGLU on its rows, y_e[r] = down(silu(gate(x_e[r])) * up(x_e[r])), and the shared
+  // expert's on every row. Experts are taken in ascending order in batches of about kBatchRows rows: a batch's gate
+  // and up products in one parallel region, its down products in another (a decode step's eight experts are one
+  // batch, with the shared expert and its gate logit), and its outputs added to `out` before the next batch, so that
+  // the buffers stay small and warm whatever the prompt length. Every token's sum is accumulated in ascending expert
+  // order whatever the other tokens of the call chose, the shared expert's last (scaled by sigmoid(x . w_seg)).
+  constexpr int64_t kBatchRows = 64;
+  struct Mlp {
+    int64_t e = 0;                      // expert index, or -1 for the shared expert
+    LinearWeight gate, up, down;        // its matrices
+    int64_t R = 0;                      // rows
+    std::vector<float> x, g, u, y;      // its rows (routed experts), gate and up products, output
+  };
+  std::vector<Mlp> batch(E + 1);  // a slot per expert; the vectors keep their capacity from batch to batch
+  std::vector<float> sg(T);
+  std::vector<LinearJob> jobs;
   std::fill(out, out + T * H, 0.0f);
-  std::vector<float> xe, ye;
+  int64_t n = 0, rows_in_batch = 0;
+  auto run_batch = [&](bool with_shared) {
+    jobs.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      Mlp& m = batch[i];
+      if (m.up.out != m.gate.out || m.down.in != m.gate.out)
+        fail("expert matrices {} / {} / {}: {} gate rows, {} up rows, {} down inputs", m.gate.name, m.up.name,
+             m.down.name, m.gate.out, m.up.out, m.down.in);
+      m.g.resize(m.R * m.gate.out);
+      m.u.resize(m.R * m.up.out);
+      m.y.resize(m.R * H);
+      const float* xm = m.e < 0 ? x : m.x.data();
+      jobs.push_back({m.g.data(), xm, m.R, &m.gate});
+      jobs.push_back({m.u.data(), xm, m.R, &m.up});
+    }
+    if (with_shared) jobs.push_back({sg.data(), x, T, &w.shared_expert_gate});
+    linear_many(jobs, nt);
+    jobs.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      Mlp& m = batch[i];
+      for (size_t j = 0; j < m.g.size(); ++j) m.g[j] = silu(m.g[j]) * m.u[j];
+      jobs.push_back({m.y.data(), m.g.data(), m.R, &m.down});
+    }
+    linear_many(jobs, nt);
+    for (int64_t i = 0; i < n; ++i) {
+      const Mlp& m = batch[i];
+      if (m.e < 0) {
+        for (int64_t t = 0; t < T; ++t) axpy(out + t * H, sigmoid(sg[t]), &m.y[t * H], H);
+      } else {
+        const auto& rows = by_expert[m.e];
+        for (int64_t r = 0; r < m.R; ++r) axpy(out + rows[r].first * H, rows[r].second, &m.y[r * H], H);
+      }
+    }
+    n = 0;
+    rows_in_batch = 0;
+  };
   for (int64_t e = 0; e < E; ++e) {
     const auto& rows = by_expert[e];
     if (rows.empty()) continue;
-    const int64_t R = static_cast<int64_t>(rows.size());
-    xe.resize(R * H);
-    ye.resize(R * H);
-    for (int64_t r = 0; r < R; ++r) std::copy_n(x + rows[r].first * H, H, &xe[r * H]);
-    swiglu_mlp(ye.data(), xe.data(), R, w.gate.expert(e), w.up.expert(e), w.down.expert(e), nt);
-    for (int64_t r = 0; r < R; ++r) axpy(out + rows[r].first * H, rows[r].second, &ye[r * H], H);
+    Mlp& m = batch[n++];
+    m.e = e;
+    m.gate = w.gate.expert(e);
+    m.up = w.up.expert(e);
+    m.down = w.down.expert(e);
+    m.R = static_cast<int64_t>(rows.size());
+    m.x.resize(m.R * H);
+    for (int64_t r = 0; r < m.R; ++r) std::copy_n(x + rows[r].first * H, H, &m.x[r * H]);
+    rows_in_batch += m.R;
+    if (rows_in_batch >= kBatchRows) run_batch(false);
   }
-
-  // Shared expert, scaled per token by sigmoid(x . w_seg).
-  std::vector<float> shared(T * H), sg(T);
-  swiglu_mlp(shared.data(), x, T, w.shared_gate, w.shared_up, w.shared_down, nt);
-  if (w.shared_expert_gate.out != 1) fail("shared expert gate {} has {} outputs (want 1)", w.shared_expert_gate.name,
-                                          w.shared_expert_gate.out);
-  linear(sg.data(), x, T, w.shared_expert_gate, nt);
-  for (int64_t t = 0; t < T; ++t) axpy(out + t * H, sigmoid(sg[t]), &shared[t * H], H);
+  Mlp& shared = batch[n++];
+  shared.e = -1;
+  shared.gate = w.shared_gate;
+  shared.up = w.shared_up;
+  shared.down = w.shared_down;
+  shared.R = T;
+  run_batch(true);
 }
 
 }  // namespace fern::cpu

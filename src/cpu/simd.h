@@ -7,7 +7,7 @@
 // Hot kernels are compiled twice, for AVX2 and for the baseline, and the loader picks one at start-up (GCC function
 // multiversioning), so the build needs no -march flag. Their helpers must be inlined to get the AVX2 code too.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define FERN_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#define FERN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define FERN_CPU_CLONES
 #endif

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "core/bf16.h"
@@ -52,6 +53,61 @@ TEST(CpuLinear, MatchesDoubleReference) {
   std::printf("linear vs double reference: worst NMSE %.3g\n", worst);
   // The quantizer makes a negative scale whenever a group's maximum dominates: about half of them.
   EXPECT_GT(negative_scales, 100);
+}
+
+TEST(CpuLinear, OtherGroupSizes) {
+  // The MLX format allows other group sizes: 32 and 128 (lane counts 4..32), and 96, whose 12 or 24 lanes are not a
+  // power of two (the lanes' final sum halves an odd count). Input-row counts 1..6 take every tail of the
+  // four-row blocks.
+  double worst = 0;
+  for (int group : {32, 96, 128})
+    for (int bits : {4, 8})
+      for (int64_t T : {1, 2, 3, 5, 6}) {
+        test::OwnedStorage st;
+        const int64_t N = 19, K = group == 96 ? 576 : 768;
+        const uint64_t seed = uint64_t(group * 100 + bits * 10 + T);
+        LinearWeight w = test::make_linear(st, "test.w", test::randn(size_t(N * K), seed, 0.05f), 0, N, K, bits, group);
+        auto x = test::randn(size_t(T * K), seed + 1);
+        std::vector<float> got(T * N);
+        cpu::linear(got.data(), x.data(), T, w, 2);
+        auto ref = ref_linear(x, T, w);
+        const double e = test::nmse(got.data(), ref.data(), ref.size());
+        // As MatchesDoubleReference: fp32 sums of K <= 768 terms, ~1e-13; a lane or group mix-up gives > 1e-3.
+        EXPECT_LT(e, 1e-11) << "group " << group << " bits " << bits << " T " << T;
+        worst = std::max(worst, e);
+      }
+  std::printf("other group sizes vs double reference: worst NMSE %.3g\n", worst);
+}
+
+TEST(CpuLinear, ManyProductsInOneRegionEqualSeparateCalls) {
+  // linear_many (a layer's projections, a batch of experts) gives each output exactly what linear() gives it,
+  // whatever the jobs beside it: affine 4- and 8-bit and dense weights of different shapes, row counts and inputs.
+  test::OwnedStorage st;
+  const struct {
+    int64_t out, in, T;
+    int bits;
+  } specs[] = {{300, 512, 1, 4}, {40, 2048, 3, 8}, {7, 128, 9, 16}, {513, 256, 1, 4}, {64, 64, 0, 4}};
+  std::vector<LinearWeight> ws;
+  std::vector<std::vector<float>> xs, many, one;
+  for (size_t i = 0; i < std::size(specs); ++i) {
+    const auto& sp = specs[i];
+    ws.push_back(test::make_linear(st, "w" + std::to_string(i), test::randn(size_t(sp.out * sp.in), 20 + i, 0.05f), 0,
+                                   sp.out, sp.in, sp.bits));
+    xs.push_back(test::randn(size_t(std::max<int64_t>(sp.T, 1) * sp.in), 40 + i));
+    many.emplace_back(size_t(sp.T * sp.out), -1.0f);
+    one.emplace_back(size_t(sp.T * sp.out), -2.0f);
+  }
+  for (int threads : {1, 2}) {
+    std::vector<cpu::LinearJob> jobs;
+    for (size_t i = 0; i < ws.size(); ++i) jobs.push_back({many[i].data(), xs[i].data(), specs[i].T, &ws[i]});
+    cpu::linear_many(jobs, threads);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      cpu::linear(one[i].data(), xs[i].data(), specs[i].T, ws[i], threads);
+      EXPECT_EQ(many[i], one[i]) << "job " << i << ", " << threads << " threads";
+    }
+  }
+  // A job with rows must have been written (the row-less one leaves nothing to compare).
+  EXPECT_NE(many[0][0], -1.0f);
 }
 
 TEST(CpuLinear, RowsAreIndependentOfBatchAndThreads) {
