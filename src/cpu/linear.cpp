@@ -290,14 +290,16 @@ void linear_many(std::span<const LinearJob> jobs, int nt) {
   }
   const bool par = work >= kParallelWork && nblocks > 1;
   // Every output is computed by one thread the same way whichever thread it is, so the schedule does not change
-  // the bits; dynamic, since the blocks of different jobs differ in cost.
+  // the bits. Blocks of equal cost (one job, or jobs of the same rows and width: a layer's projections) are split
+  // statically; else dynamically (a MoE batch: experts with different row counts).
+  bool uniform = true;
+  for (const LinearJob& j : jobs) uniform = uniform && j.T == jobs[0].T && j.w->in == jobs[0].w->in;
   const int64_t chunk = std::max<int64_t>(1, nblocks / (std::max(nt, 1) * 8));
 #pragma omp parallel num_threads(nt) if (par)
   {
     std::vector<float> buf(K_max * kRows);  // dense rows converted to fp32
     size_t i = 0;
-#pragma omp for schedule(dynamic, chunk)
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
+    auto block = [&](int64_t blk) {
       while (i + 1 < jobs.size() && prep[i + 1].first_block <= blk) ++i;
       while (prep[i].first_block > blk) --i;
       const LinearJob& j = jobs[i];
@@ -306,6 +308,13 @@ void linear_many(std::span<const LinearJob> jobs, int nt) {
         affine_rows(j.out, prep[i].xp.data(), prep[i].xl.data(), j.T, *j.w, *prep[i].L, n0, nr);
       else
         dense_rows(j.out, j.x, j.T, *j.w, n0, nr, buf.data());
+    };
+    if (uniform) {
+#pragma omp for schedule(static)
+      for (int64_t blk = 0; blk < nblocks; ++blk) block(blk);
+    } else {
+#pragma omp for schedule(dynamic, chunk)
+      for (int64_t blk = 0; blk < nblocks; ++blk) block(blk);
     }
   }
 }
