@@ -264,8 +264,15 @@ void linear_many(std::span<const LinearJob> jobs, int nt) {
   constexpr int64_t kRows = 8;
   struct Prepared {
     std::optional<AffineLayout> L;
-    std::vector<float> xp, xl;  // affine: x permuted and scaled, its lane sums
+    std::vector<float> xp, xl;  // affine: x permuted and scaled, its lane sums (unless an earlier job's serve)
+    const float* xp_at = nullptr;
+    const float* xl_at = nullptr;
     int64_t first_block = 0;
+  };
+  // Two affine jobs read the same permutation when they take the same input rows in the same layout.
+  auto same_input = [&](const LinearJob& a, const LinearJob& b) {
+    return a.x == b.x && a.T == b.T && a.w->kind == b.w->kind && a.w->in == b.w->in &&
+           a.w->group_size == b.w->group_size && a.w->bits == b.w->bits;
   };
   std::vector<Prepared> prep(jobs.size());
   int64_t nblocks = 0, work = 0, K_max = 0;
@@ -277,10 +284,20 @@ void linear_many(std::span<const LinearJob> jobs, int nt) {
     if (j.w->kind == LinearWeight::Kind::Affine) {
       p.L.emplace(*j.w);
       if (p.L->W > kMaxLanes) fail("linear weight {}: group size {} too large", j.w->name, j.w->group_size);
-      p.xp.resize(j.T * K);
-      p.xl.resize(j.T * p.L->ng * p.L->W);
-      for (int64_t t = 0; t < j.T; ++t)
-        permute_input(*p.L, j.x + t * K, &p.xp[t * K], &p.xl[t * p.L->ng * p.L->W]);
+      // An expert's gate and up, a layer's projections: one permutation of their shared input.
+      for (size_t e = 0; e < i && !p.xp_at; ++e)
+        if (same_input(jobs[e], j)) {
+          p.xp_at = prep[e].xp_at;
+          p.xl_at = prep[e].xl_at;
+        }
+      if (!p.xp_at) {
+        p.xp.resize(j.T * K);
+        p.xl.resize(j.T * p.L->ng * p.L->W);
+        for (int64_t t = 0; t < j.T; ++t)
+          permute_input(*p.L, j.x + t * K, &p.xp[t * K], &p.xl[t * p.L->ng * p.L->W]);
+        p.xp_at = p.xp.data();
+        p.xl_at = p.xl.data();
+      }
     } else {
       K_max = std::max(K_max, K);
     }
@@ -305,7 +322,7 @@ void linear_many(std::span<const LinearJob> jobs, int nt) {
       const LinearJob& j = jobs[i];
       const int64_t n0 = (blk - prep[i].first_block) * kRows, nr = std::min(kRows, j.w->out - n0);
       if (prep[i].L)
-        affine_rows(j.out, prep[i].xp.data(), prep[i].xl.data(), j.T, *j.w, *prep[i].L, n0, nr);
+        affine_rows(j.out, prep[i].xp_at, prep[i].xl_at, j.T, *j.w, *prep[i].L, n0, nr);
       else
         dense_rows(j.out, j.x, j.T, *j.w, n0, nr, buf.data());
     };

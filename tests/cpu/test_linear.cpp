@@ -82,24 +82,30 @@ TEST(CpuLinear, OtherGroupSizes) {
 TEST(CpuLinear, ManyProductsInOneRegionEqualSeparateCalls) {
   // linear_many (a layer's projections, a batch of experts) gives each output exactly what linear() gives it,
   // whatever the jobs beside it: affine 4- and 8-bit and dense weights of different shapes, row counts and inputs.
+  // Jobs 5-7 take job 0's input: 5 in its layout (it reads job 0's permutation), 6 at 8 bits and 7 in groups of
+  // 128 (each its own).
   test::OwnedStorage st;
   const struct {
     int64_t out, in, T;
-    int bits;
-  } specs[] = {{300, 512, 1, 4}, {40, 2048, 3, 8}, {7, 128, 9, 16}, {513, 256, 1, 4}, {64, 64, 0, 4}};
+    int bits, group;
+    int input_of;  // the job whose input rows this one takes (itself: its own)
+  } specs[] = {{300, 512, 1, 4, 64, 0}, {40, 2048, 3, 8, 64, 1}, {7, 128, 9, 16, 64, 2}, {513, 256, 1, 4, 64, 3},
+               {64, 64, 0, 4, 64, 4},   {77, 512, 1, 4, 64, 0},  {33, 512, 1, 8, 64, 0}, {21, 512, 1, 4, 128, 0}};
   std::vector<LinearWeight> ws;
   std::vector<std::vector<float>> xs, many, one;
   for (size_t i = 0; i < std::size(specs); ++i) {
     const auto& sp = specs[i];
     ws.push_back(test::make_linear(st, "w" + std::to_string(i), test::randn(size_t(sp.out * sp.in), 20 + i, 0.05f), 0,
-                                   sp.out, sp.in, sp.bits));
-    xs.push_back(test::randn(size_t(std::max<int64_t>(sp.T, 1) * sp.in), 40 + i));
+                                   sp.out, sp.in, sp.bits, sp.group));
+    xs.push_back(size_t(sp.input_of) == i ? test::randn(size_t(std::max<int64_t>(sp.T, 1) * sp.in), 40 + i)
+                                          : xs[size_t(sp.input_of)]);
     many.emplace_back(size_t(sp.T * sp.out), -1.0f);
     one.emplace_back(size_t(sp.T * sp.out), -2.0f);
   }
   for (int threads : {1, 2}) {
     std::vector<cpu::LinearJob> jobs;
-    for (size_t i = 0; i < ws.size(); ++i) jobs.push_back({many[i].data(), xs[i].data(), specs[i].T, &ws[i]});
+    for (size_t i = 0; i < ws.size(); ++i)
+      jobs.push_back({many[i].data(), xs[size_t(specs[i].input_of)].data(), specs[i].T, &ws[i]});
     cpu::linear_many(jobs, threads);
     for (size_t i = 0; i < ws.size(); ++i) {
       cpu::linear(one[i].data(), xs[i].data(), specs[i].T, ws[i], threads);
