@@ -71,11 +71,15 @@ void moe(float* out, const float* x, int64_t T, const MoeWeights& w, const Model
     int64_t R = 0;                      // rows
     std::vector<float> x, g, u, y;      // its rows (routed experts), gate and up products, output
   };
-  std::vector<Mlp> batch(E + 1);  // a slot per expert; the vectors keep their capacity from batch to batch
+  int64_t n = 0, rows_in_batch = 0;  // experts in the batch, their rows
+  std::vector<Mlp> batch;  // the batch's experts; slots (and their vectors' capacity) are kept from batch to batch
+  auto next_slot = [&]() -> Mlp& {
+    if (n == static_cast<int64_t>(batch.size())) batch.emplace_back();
+    return batch[n++];
+  };
   std::vector<float> sg(T);
   std::vector<LinearJob> jobs;
   std::fill(out, out + T * H, 0.0f);
-  int64_t n = 0, rows_in_batch = 0;
   auto run_batch = [&](bool with_shared) {
     jobs.clear();
     for (int64_t i = 0; i < n; ++i) {
@@ -114,7 +118,7 @@ void moe(float* out, const float* x, int64_t T, const MoeWeights& w, const Model
   for (int64_t e = 0; e < E; ++e) {
     const auto& rows = by_expert[e];
     if (rows.empty()) continue;
-    Mlp& m = batch[n++];
+    Mlp& m = next_slot();
     m.e = e;
     m.gate = w.gate.expert(e);
     m.up = w.up.expert(e);
@@ -125,7 +129,7 @@ void moe(float* out, const float* x, int64_t T, const MoeWeights& w, const Model
     rows_in_batch += m.R;
     if (rows_in_batch >= kBatchRows) run_batch(false);
   }
-  Mlp& shared = batch[n++];
+  Mlp& shared = next_slot();
   shared.e = -1;
   shared.gate = w.shared_gate;
   shared.up = w.shared_up;

@@ -4,8 +4,9 @@
 #pragma once
 #include <cstdint>
 
-// Hot kernels are compiled twice, for AVX2 and for the baseline, and the loader picks one at start-up (GCC function
-// multiversioning), so the build needs no -march flag. Their helpers must be inlined to get the AVX2 code too.
+// Hot kernels are compiled twice, for x86-64-v3 (AVX2 with FMA: the `avx2` target alone has no FMA) and for the
+// baseline, and the loader picks one at start-up (GCC function multiversioning), so the build needs no -march flag.
+// Their helpers must be inlined to get the x86-64-v3 code too.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
 #define FERN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
