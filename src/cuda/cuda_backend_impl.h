@@ -62,9 +62,6 @@ class CudaBackend : public Backend {
                 SequenceState& state, int layer) override;
   void gdn_core_linear(Tensor out, Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w,
                        const ModelConfig& cfg, SequenceState& state, int layer) override;
-  void gdn_mixer(Tensor out, Tensor h, Tensor norm_w, float eps, Tensor xn, Tensor mixed, Tensor z, Tensor b,
-                 Tensor a, Tensor y, const GdnWeights& w, const ModelConfig& cfg, SequenceState& state,
-                 int layer) override;
   void attn_core(Tensor o, Tensor qg, Tensor k, Tensor v, const AttnWeights& w, const ModelConfig& cfg,
                  SequenceState& state, int layer) override;
   void moe(Tensor out, Tensor x, const MoeWeights& w, const ModelConfig& cfg) override;
@@ -103,8 +100,6 @@ class CudaBackend : public Backend {
   int sm_count() const { return sms_; }
   // MoE routers run inside the mixers' output projections so far (FERN_CUDA_MOE_FOLD; for tests).
   int64_t moe_folds() const { return moe_folds_; }
-  // GDN mixers run as one launch of projections and step (gdn_mixer, FERN_CUDA_GDN_FUSE) since construction.
-  int64_t gdn_fused() const { return gdn_fused_; }
   // Bytes of device memory the scratch arena holds (it only grows: the peak of all forward calls so far).
   size_t scratch_reserved() const { return arena_->reserved(); }
   // The most scratch any forward call has held at once (the sum of its live allocations, aligned): what the
@@ -150,10 +145,6 @@ class CudaBackend : public Backend {
   // (backend_{gdn,attn,moe}_{decode,prefill}.cpp); the public ops check shapes and dispatch on T.
   void gdn_decode_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
                    SequenceState& state, int layer);
-  // gdn_core_linear's one-token form (backend_gdn_decode.cpp): whether it applies (the step kernel, then the gated
-  // norm inside out_proj), and its out_proj once y holds the step's raw output.
-  bool gdn_out_fused_(Tensor mixed, const GdnWeights& w, const ModelConfig& cfg) const;
-  void gdn_out_proj_(Tensor out, Tensor y, Tensor z, const GdnWeights& w, const ModelConfig& cfg);
   void gdn_prefill_(Tensor y, Tensor mixed, Tensor z, Tensor b, Tensor a, const GdnWeights& w, const ModelConfig& cfg,
                     SequenceState& state, int layer, bool norm = true);
   // gdn_core's checks and dispatch; norm false leaves y with the raw delta-rule outputs (a caller that applies the
@@ -197,7 +188,6 @@ class CudaBackend : public Backend {
   MoeAhead ahead_, folded_;
   long long* fold_pre_ = nullptr;  // the fold's fixed-point pre-logits (kFoldPreMax strided), zero between uses
   int64_t moe_folds_ = 0;
-  int64_t gdn_fused_ = 0;
   int folded_stride_ = cuda::kFoldStride;
   std::unordered_map<const void*, const void*> fold_packed_;  // router codes -> its route_fold_pack copy
 

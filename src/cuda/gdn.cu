@@ -38,9 +38,6 @@ struct PdlInputs {
     bg = bgate[h];
     ag = agate[h];
   }
-  __device__ __forceinline__ float state_at(const float* S, int i, int Dv, int j, int) const {
-    return S[int64_t(i) * Dv + j];
-  }
 };
 
 // MAXKS, LEAN: step_block's. The recurrent and conv states of this layer were last written by this layer's kernel

@@ -37,9 +37,7 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1
 // Where the step's inputs come from, and how the block waits for them (In):
 //   in.wait()             after the loads that do not depend on the inputs' writer are requested;
 //   in.mixed_at(ch)       channel ch of the projected row (q | k | v, before the conv), after the wait;
-//   in.gates(h, bg, ag)   the head's b and a projections, after the wait;
-//   in.state_at(S, i, Dv, j, jj)  the recurrent state's row i, column j = cb * 32 + jj of this head (S: the head's
-//                         [Dk, Dv]), from wherever the state is (requested before the wait when early).
+//   in.gates(h, bg, ag)   the head's b and a projections, after the wait.
 // MAXKS: conv taps held in registers (4 for the model; 8 for longer kernels).
 // LEAN: the real model's shape fixed at compile time (Dk = Dv = 128, MAXKS taps, the state requested before the
 // wait), so that the bound checks and the second copy of the state loads are not compiled (28,672 -> 15,744 bytes
@@ -72,7 +70,7 @@ __device__ __forceinline__ void step_block(const GdnShape& sh, int h, int cb, in
   auto load_state = [&] {
 #pragma unroll
     for (int ii = 0; ii < kMaxRows; ++ii)
-      if (ii < R) s[ii] = in.state_at(S, sl * R + ii, Dv, j, jj);
+      if (ii < R) s[ii] = S[int64_t(sl * R + ii) * Dv + j];
   };
   float cw[kConvPer][MAXKS], cs[kConvPer][MAXKS - 1];
   auto load_conv_state = [&] {

@@ -228,20 +228,6 @@ void gdn_gated_norm(const Ctx& c, const GdnShape& sh, int T, const float* z, con
 void gdn_step(const Ctx& c, const GdnShape& sh, int t, const float* mixed, const float* z, const float* b,
               const float* a, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
               float* conv_state, float* state, float* y, bool early_state = false);
-// A GDN mixer's input projections and its step for one token in one launch (linear.cu, the GDN form of
-// linear_multi_norm's kernel; docs/notes/cuda-decode-v39-gdn-fused.md): ys[0..3] = rmsnorm(x) * norm_w times ws =
-// in_proj_qkv | z | b | a (contiguous, weight_group.h), then gdn_step_raw's outputs and state updates from them
-// (y, conv_state, state), the same bits as linear_multi_norm then gdn_step_raw. Each key head's group of blocks
-// hands its rows to the step's blocks of that head; every block must be resident at once (gdn_proj_step_ok checks
-// it for this GPU). Uses counters[0, 2 Hk). The real model's head shape only (Dk = Dv = 128, Hv = 2 Hk, 4 taps,
-// 4-bit rows of 2,048 in groups of 64). gdn_proj_step_ok also asks for the switches under which linear_multi_norm
-// takes the same digit kernel (the same bits); gdn_proj_step itself refuses only what the kernel cannot take. form
-// 1: the step blocks request their state after their rows; 2: into shared memory at the launch's start (both at 72
-// registers, so that out_proj's blocks fit beside a step block); 3: as 2 at 80 registers.
-bool gdn_proj_step_ok(const Ctx& c, const QW* ws, int n, const GdnShape& sh, int form = 1);
-void gdn_proj_step(const Ctx& c, int form, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
-                   float* const* ys, const GdnShape& sh, const float* conv_w, const float* A_log,
-                   const float* dt_bias, float* conv_state, float* state, float* y);
 
 // ---- Gated attention (MODEL.md 2.3) ----
 struct AttnShape {

@@ -23,13 +23,9 @@
 #include <vector>
 
 #include "core/env.h"
-#include "cuda/gdn_rows.h"
-#include "cuda/gdn_step.cuh"
 #include "cuda/gemv_tc.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
-#include "cuda/linear_ring.h"
-#include "cuda/ptx.cuh"
 #include "cuda/qdot.cuh"
 #include "cuda/topk.cuh"
 
@@ -59,22 +55,7 @@ struct FoldArgs {
   int stride = 0;
 };
 
-// The GDN form's operands (GDN kernels: gdn_proj_step): Hk << group_shift of the grid's blocks are the key heads'
-// groups, the rest the pool (gdn_rows.h); the step's weights and states are gdn_step_raw's.
-struct GdnArgs {
-  GdnShape sh{};
-  int group_shift = 0;  // log2 of the blocks per key head
-  const float* conv_w = nullptr;
-  const float* A_log = nullptr;
-  const float* dt_bias = nullptr;
-  float* conv_state = nullptr;
-  float* state = nullptr;
-  float* y = nullptr;
-  int* counters = nullptr;  // [0, Hk) the step's conv counters (gdn_step_raw's), [Hk, 2 Hk) the groups' arrivals
-};
-
-// Top-k tail of the fused router (ROUTE kernels only), the fold's arguments (FOLD kernels only), or the GDN step's
-// (GDN kernels only).
+// Top-k tail of the fused router (ROUTE kernels only), or the fold's arguments (FOLD kernels only).
 struct RouteTail {
   int topk = 0;
   int32_t* ids = nullptr;
@@ -82,7 +63,6 @@ struct RouteTail {
   float* sgate = nullptr;
   int* counters = nullptr;  // one per token row, zero between launches (the last block resets its own)
   FoldArgs fold;
-  GdnArgs gdn;
 };
 
 // Optional RMSNorm of the input row, computed by every block while staging it (linear_multi_norm: a layer's input
@@ -332,56 +312,11 @@ struct FoldRows {
 template <int NT>
 constexpr int kFoldRows = NT / 32 * kRPI;
 
-// The step's inputs in the GDN form (gdn_step.cuh's In): the q/k/v rows that the group's blocks stored and the b
-// and a that the pool's stored, read through L2 once all of them have counted in at *arrivals (a poll by thread 0,
-// then a barrier). SMEM_STATE (GDN 2): the state's 32 columns from shared memory (gdn_prefetch_state).
-template <bool SMEM_STATE>
-struct GroupInputs {
-  const float* mixed;
-  const float* b;
-  const float* a;
-  const int* arrivals;
-  int need;
-  const float* st;  // SMEM_STATE: [Dk][32]
-  __device__ __forceinline__ void wait() const {
-    if (threadIdx.x == 0) {
-      while (ld_acquire(arrivals) < need) {
-      }
-    }
-    __syncthreads();
-  }
-  __device__ __forceinline__ float mixed_at(int ch) const { return __ldcg(mixed + ch); }
-  __device__ __forceinline__ void gates(int h, float& bg, float& ag) const {
-    bg = __ldcg(b + h);
-    ag = __ldcg(a + h);
-  }
-  __device__ __forceinline__ float state_at(const float* S, int i, int Dv, int j, int jj) const {
-    if constexpr (SMEM_STATE) return st[i * gdn::kCols + jj];
-    return S[int64_t(i) * Dv + j];
-  }
-};
-
-// GDN 2: columns [cb * 32, cb * 32 + 32) of value head h's state [kGdnDk][kGdnDv] into dst [kGdnDk][32] by 16-byte
-// asynchronous copies (one committed group per thread; the step's caller waits for it).
-__device__ __forceinline__ void gdn_prefetch_state(const float* state, int h, int cb, float* dst) {
-  const float* S = state + int64_t(h) * kGdnDk * kGdnDv + cb * gdn::kCols;
-  constexpr int kPerRow = gdn::kCols / 4;  // 16-byte pieces of a row's 32 columns
-  for (int c = threadIdx.x; c < kGdnDk * kPerRow; c += gdn::kThreads) {
-    const int i = c / kPerRow, q = c % kPerRow;
-    ptx::cp_async16(dst + i * gdn::kCols + q * 4, S + int64_t(i) * kGdnDv + q * 4);
-  }
-  ptx::cp_commit();
-}
-
-// GDN (1 or 2; only through gdn_proj_kernel): the GDN form, with the step blocks' state requested after their rows
-// (1) or into shared memory at the start (2).
 template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
-          bool CONTIG = false, bool Q8 = false, bool FOLD = false, int GDN = 0>
-__device__ __forceinline__ void linear_body(const QW& A, const Mats& M, int rows, const float* x, const RouteTail& tail,
-                                            const InNorm& nm) {
+          bool CONTIG = false, bool Q8 = false, bool FOLD = false>
+__global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
+                                                          RouteTail tail, InNorm nm) {
   static_assert(MULTI || !ROUTE, "the fused router has two matrices");
-  static_assert(GDN == 0 || (CONTIG && Q8 && !ROUTE && !FOLD && NT == gdn::kThreads),
-                "the GDN form: the contiguous input projections on digits, 256 threads");
   static_assert(!FOLD || (!MULTI && SB && LPR == 32), "the fold: one packed matrix, 32 lanes per row");
   static_assert(!Q8 || (SB && STAGE == kStageNorm), "the digit form: packed rows with the input norm");
   static_assert(!SB || (BITS == 4 && LPR == 32), "packed scales: 4-bit rows, 32 lanes per row");
@@ -397,24 +332,17 @@ __device__ __forceinline__ void linear_body(const QW& A, const Mats& M, int rows
   const int nc = (CPR + 2 * LPR - 1) / (2 * LPR);  // pipeline steps per row group
   const int lane = threadIdx.x & 31;
   const int sub = lane % LPR, rslot = lane / LPR;
-  GdnRows gr{};
-  if constexpr (GDN != 0) {
-    const GdnArgs& g = tail.gdn;
-    gr = gdn_rows(g.sh.Hk, g.sh.conv_dim, g.group_shift, blockIdx.x, gridDim.x, threadIdx.x / 32, NT / 32);
-  }
-  const int vrows = GDN != 0 ? gr.n : rows;  // GDN: the region's virtual rows (gr.row maps them onto the table)
-  const int warps = GDN != 0 ? gr.warps : gridDim.x * (NT / 32);
-  const int gw = GDN != 0 ? gr.gw : blockIdx.x * (NT / 32) + threadIdx.x / 32;
-  const int ngroups = (vrows + RPW - 1) / RPW;
+  const int warps = gridDim.x * (NT / 32);
+  const int gw = blockIdx.x * (NT / 32) + threadIdx.x / 32;
+  const int ngroups = (rows + RPW - 1) / RPW;
   const int S = (gw < ngroups ? (ngroups - 1 - gw) / warps + 1 : 0) * nc;
 
   int lg = gw, lci = 0;  // row group and chunk pass of the next step to load
   auto load_step = [&](StepBuf& Bf) {
 #pragma unroll
     for (int r = 0; r < kRPI; ++r) {
-      const int vrow = lg * RPW + r * RS + rslot;
-      const bool ok = vrow < vrows;
-      const int row = GDN != 0 ? gr.row(vrow) : vrow;
+      const int row = lg * RPW + r * RS + rslot;
+      const bool ok = row < rows;
       ChunkMat m = ma;
       int rr = row;
       if constexpr (MULTI && !CONTIG) {
@@ -461,15 +389,6 @@ __device__ __forceinline__ void linear_body(const QW& A, const Mats& M, int rows
     if (i < S) load_step(buf[i]);
   InputStage<STAGE, NT, (MINB > 1)> in;
   in.before_wait(nm, K, t);
-  // GDN 2: a step block's 32 state columns of its head into shared memory after the staging's, requested now (the
-  // state was last written by this layer's launch of the previous token, at least two launches back: gdn.cu's rule)
-  // so that they have landed when the step needs them, instead of a round trip after the block's rows.
-  float* gdn_st = nullptr;
-  if constexpr (GDN == 2) {
-    gdn_st = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + x_smem_bytes<4>(K, 32));
-    if (gr.kh >= 0 && gr.blk < kGdnDuty)
-      gdn_prefetch_state(tail.gdn.state, gr.kh * kGdnVPerK + gr.blk / kGdnColBlocks, gr.blk % kGdnColBlocks, gdn_st);
-  }
   // FOLD: the router's codes, scales and biases for this block's rows and the norm weight there are weights too.
   constexpr int kFR = kFoldRows<NT>;
   __shared__ float fold_nw[FOLD ? kFR : 1], fold_x[FOLD ? kFR : 1];
@@ -539,9 +458,8 @@ __device__ __forceinline__ void linear_body(const QW& A, const Mats& M, int rows
         float v = acc[r];
 #pragma unroll
         for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        const int vrow = cg * RPW + r * RS + rslot;
-        if (sub == 0 && vrow < vrows) {
-          const int row = GDN != 0 ? gr.row(vrow) : vrow;
+        const int row = cg * RPW + r * RS + rslot;
+        if (sub == 0 && row < rows) {
           const int q = mat_of<MULTI>(M.start, row);
           const int r0 = MULTI ? M.start[q] : 0;
           const int nq = MULTI ? M.start[q + 1] - r0 : rows;
@@ -588,58 +506,6 @@ __device__ __forceinline__ void linear_body(const QW& A, const Mats& M, int rows
       if (threadIdx.x == 0) tail.counters[t] = 0;
     }
   }
-  if constexpr (GDN != 0) {
-    // Every block counts in where its rows are awaited: a group's block at its key head's counter, the pool's
-    // first blocks at the counters of the heads whose b or a rows they hold. kGdnDuty blocks of each group then run
-    // the step of one value head and 32 state columns, waiting only for their own key head's rows (not the grid,
-    // nor a launch boundary), with the step's weights and states requested before that wait. The other blocks
-    // leave, so that the next launch becomes resident as early as after the unfused projections.
-    const GdnArgs& gd = tail.gdn;
-    const int Hk = gd.sh.Hk;
-    __syncthreads();  // every warp's rows stored (before thread 0's fence)
-    if (threadIdx.x == 0) {
-      __threadfence();
-      if (gr.kh >= 0) {
-        atomicAdd(gd.counters + Hk + gr.kh, 1);
-      } else {
-        const int w0 = gr.gw;  // thread 0's warp is the block's first
-#pragma unroll 1
-        for (int w = w0; w < w0 + NT / 32; ++w) {
-          const int kh = gdn_ba_head(w, Hk);
-          if (kh >= 0) atomicAdd(gd.counters + Hk + kh, 1);
-        }
-      }
-    }
-    const int r = gr.blk;
-    if (gr.kh < 0 || r >= kGdnDuty) return;
-    static_assert(kGdnColBlocks * gdn::kCols == kGdnDv, "the step's blocks of 32 state columns");
-    const int h = gr.kh * kGdnVPerK + r / kGdnColBlocks, cb = r % kGdnColBlocks;
-    int* arrivals = gd.counters + Hk + gr.kh;
-    if constexpr (GDN == 2) {
-      ptx::cp_wait<0>();  // this thread's state copies (long landed: requested before the rows)
-      __syncthreads();    // everyone's
-    }
-    GroupInputs<GDN == 2> in{M.y[0], M.y[2], M.y[3], arrivals, gdn_need(gd.group_shift), gdn_st};
-    gdn::step_block<4, true>(gd.sh, h, cb, gr.kh, kGdnDuty, in, gd.conv_w, gd.A_log, gd.dt_bias, gd.conv_state,
-                             gd.state, gd.y, gd.counters + gr.kh, true, arrivals);
-  }
-}
-
-template <int BITS, int LPR, bool MULTI, bool ROUTE, int STAGE, int NB, int NT, int MINB = 1, bool SB = false,
-          bool CONTIG = false, bool Q8 = false, bool FOLD = false>
-__global__ void __launch_bounds__(NT, MINB) linear_kernel(QW A, Mats M, int rows, const float* x,
-                                                          RouteTail tail, InNorm nm) {
-  linear_body<BITS, LPR, MULTI, ROUTE, STAGE, NB, NT, MINB, SB, CONTIG, Q8, FOLD>(A, M, rows, x, tail, nm);
-}
-
-// The GDN form (gdn_proj_step): the input projections' three-blocks-per-SM digit kernel with the step's tail, its
-// registers capped at REGS instead of launch bounds. At 72 a step block (8 warps x 72) and an out_proj block (the
-// FOLD kernel, 8 warps x 184) fill an SM's 65,536 registers exactly, so that out_proj's blocks become resident, and
-// request their weights, while the step runs, as they do beside the step kernel (8 warps x 64); at 80 (the
-// projections' own cap) they cannot.
-template <int FORM, int REGS>
-__global__ void __maxnreg__(REGS) gdn_proj_kernel(QW A, Mats M, int rows, const float* x, RouteTail tail, InNorm nm) {
-  linear_body<4, 32, true, false, kStageNorm, 2, kThreads, 3, true, true, true, false, FORM>(A, M, rows, x, tail, nm);
 }
 
 // ---- The tensor-core GEMV (4-bit, groups a multiple of 64; gemv_tc.cuh for the inner loop) ----
@@ -997,19 +863,9 @@ bool launch_tc(const Ctx& c, const QW& a, const Mats& m, int rows, const float* 
   return true;
 }
 
-// Where one token row of a plain 4-bit GEMV takes the bulk-copy ring kernel (linear_ring.cu) when linear_ring_ok
-// holds: by default never (measured on the H200 for lm_head: 109.5 and 112.9 us in its first two forms against 95.2
-// and 96.2 for linear_tc_kernel, decode 4K 728.1 / 725.0 against 734.7 / 734.1 tok/s; docs/notes/
-// cuda-decode-v37-head-ring.md). FERN_CUDA_HEAD_RING=1 takes it for every eligible GEMV, =N > 1 from N rows
-// (lm_head: 65536), =0 never (read at every call, for comparisons).
-bool head_ring_wanted(int rows) { return rows_switch("FERN_CUDA_HEAD_RING", rows, false); }
-
 template <bool MULTI, bool ROUTE, int STAGE = kStagePlain>
 void launch_any(const Ctx& c, const QW& a, const Mats& m, int rows, const float* x, const RouteTail& tail, int T,
                 const InNorm& nm = InNorm{}) {
-  if constexpr (!MULTI && !ROUTE && STAGE == kStagePlain) {
-    if (T == 1 && head_ring_wanted(rows) && linear_ring_ok(c, a)) return linear_ring(c, a, x, m.y[0]);
-  }
   if constexpr (!ROUTE) {
     if (launch_tc<MULTI, STAGE>(c, a, m, rows, x, T, nm)) return;
   }
@@ -1235,95 +1091,6 @@ void linear_gated_norm(const Ctx& c, const QW& w, const float* y, const float* z
     return;
   }
   launch_any<false, false, kStageGatedNorm>(c, w, m, rows, y, RouteTail{}, 1, nm);
-}
-
-namespace {
-// The GDN form's kernel for a value of FERN_CUDA_GDN_FUSE (gdn_proj_step): 1 the state after the rows, 2 prefetched
-// into shared memory, both capped at 72 registers (out_proj's blocks beside the step's); 3 as 2 at 80 registers.
-using GdnKernel = void (*)(QW, Mats, int, const float*, RouteTail, InNorm);
-GdnKernel gdn_form_kernel(int form) {
-  return form == 1 ? gdn_proj_kernel<1, 72> : form == 2 ? gdn_proj_kernel<2, 72> : gdn_proj_kernel<2, 80>;
-}
-
-size_t gdn_form_smem(int form, int64_t in) {
-  return x_smem_bytes<4>(in, 32) + (form >= 2 ? size_t(kGdnDk) * gdn::kCols * sizeof(float) : 0);
-}
-
-// The GDN form's grid on this GPU: every block resident at once (the step blocks wait for their group), the key
-// heads' groups of 16 blocks each (two row groups per warp at the real shape) where that leaves a pool of at least
-// 4 blocks per key head for the z rows, else groups of kGdnDuty blocks; 0 blocks where neither fits.
-struct GdnGrid {
-  int shift = 0, blocks = 0;
-};
-GdnGrid gdn_grid(const Ctx& c, int Hk, int form, size_t smem) {
-  thread_local size_t cached_smem[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
-  thread_local int per_sm[4] = {0, 0, 0, 0};
-  if (smem != cached_smem[form]) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[form], gdn_form_kernel(form), kThreads, smem) !=
-        cudaSuccess)
-      per_sm[form] = 0;
-    cached_smem[form] = smem;
-  }
-  const int resident = std::min(per_sm[form], 3) * c.sms;
-  GdnGrid g;
-  for (int shift : {4, 3}) {
-    if (resident >= (Hk << shift) + 4 * Hk) {
-      g.shift = shift;
-      g.blocks = resident;
-      return g;
-    }
-  }
-  return g;
-}
-}  // namespace
-
-namespace {
-// What the GDN form itself needs (gdn_proj_step checks it again, without gdn_proj_step_ok's switches): the real head
-// shape, the four matrices contiguous, 4-bit rows of 2,048 in groups of 64, the counters [0, 2 Hk), and a grid that
-// fits the GPU at once (its blocks 0 where not).
-GdnGrid gdn_form_grid(const Ctx& c, const QW* ws, int n, const GdnShape& sh, int form) {
-  if (n != 4 || form < 1 || form > 3 || !linear_multi_contiguous(ws, n)) return {};
-  const QW& w = ws[0];
-  const bool shape = sh.Dk == kGdnDk && sh.Dv == kGdnDv && sh.Hv == kGdnVPerK * sh.Hk && sh.kernel == 4 &&
-                     sh.conv_dim == 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv && w.out == sh.conv_dim &&
-                     ws[1].out == int64_t(sh.Hv) * sh.Dv && ws[2].out == sh.Hv && ws[3].out == sh.Hv;
-  if (!shape || w.bits != 4 || w.gs != 64 || w.in != 2048 || c.counters == nullptr || c.n_counters < 2 * sh.Hk)
-    return {};
-  return gdn_grid(c, sh.Hk, form, gdn_form_smem(form, w.in));
-}
-}  // namespace
-
-bool gdn_proj_step_ok(const Ctx& c, const QW* ws, int n, const GdnShape& sh, int form) {
-  if (gdn_form_grid(c, ws, n, sh, form).blocks == 0) return false;
-  // The switches as linear_multi_norm takes the matrices into its three-blocks-per-SM digit kernel (launch_bits:
-  // packed rows of one pass, the norm's row in two float4s per thread), so that both forms compute the same bits.
-  const Mats m = make_mats(ws, std::vector<float*>(4, nullptr).data(), 4);
-  const int rows = static_cast<int>(ws[0].out + ws[1].out + ws[2].out + ws[3].out);
-  return gemv_sb(ws[0], m) && gemv_q8() && gemv_contig(ws[0], m) && gemv_occupancy() == 3 && !gemv_wide(c, rows) &&
-         !gemv_tc_wanted(rows);
-}
-
-void gdn_proj_step(const Ctx& c, int form, const QW* ws, const float* x, const float* norm_w, float eps, float* xn,
-                   float* const* ys, const GdnShape& sh, const float* conv_w, const float* A_log,
-                   const float* dt_bias, float* conv_state, float* state, float* y) {
-  const GdnGrid g = gdn_form_grid(c, ws, 4, sh, form);
-  FERN_CU_CHECK(g.blocks > 0, "gdn_proj_step: shapes, formats, form or GPU the fused launch does not take");
-  const InNorm nm = input_norm(ws[0], norm_w, eps, xn, "gdn_proj_step");
-  RouteTail tail;
-  GdnArgs& a = tail.gdn;
-  a.sh = sh;
-  a.group_shift = g.shift;
-  a.conv_w = conv_w;
-  a.A_log = A_log;
-  a.dt_bias = dt_bias;
-  a.conv_state = conv_state;
-  a.state = state;
-  a.y = y;
-  a.counters = c.counters;
-  const Mats m = make_mats(ws, ys, 4);
-  const int rows = static_cast<int>(ws[0].out + ws[1].out + ws[2].out + ws[3].out);
-  launch(c, "gdn_proj_kernel", gdn_form_kernel(form), dim3(g.blocks, 1), kThreads, gdn_form_smem(form, ws[0].in),
-         ws[0], m, rows, x, tail, nm);
 }
 
 bool route_fused(const Ctx& c, const QW& router, const QW& shared_gate, const float* x, float* logits,

@@ -36,12 +36,15 @@ struct MixerScratch {
 
 // The mixers take the residual stream h and the layer's input norm: xn = RMSNorm(h) is computed with the
 // projections (rmsnorm_linear_multi; a backend may fold the norm into the projection kernel).
-// Gated DeltaNet mixer (MODEL.md 2.4): the four projections of one input (one launch where supported), then conv,
-// gates, delta rule, gated norm and out_proj -> [T, H] (Backend::gdn_mixer: a backend may fuse the projections
-// with the step, and run the gated norm inside out_proj).
+// Gated DeltaNet mixer (MODEL.md 2.4): projections, then the fused core with the output projection.
 void gdn_mixer(Backend& be, const GdnWeights& w, const ModelConfig& cfg, SequenceState& st, int layer, Tensor h,
                Tensor norm_w, float eps, Tensor xn, MixerScratch& s, Tensor out) {
-  be.gdn_mixer(out, h, norm_w, eps, xn, s.mixed, s.z, s.b, s.a, s.y, w, cfg, st, layer);
+  const Tensor proj_out[] = {s.mixed, s.z, s.b, s.a};  // four projections of one input: one launch where supported
+  const LinearWeight* const proj_w[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
+  be.rmsnorm_linear_multi(proj_out, h, norm_w, eps, xn, proj_w);
+  // Conv, gates, delta rule, gated norm (gdn_core), then out_proj -> [T, H]; a backend may run the gated norm
+  // inside the projection.
+  be.gdn_core_linear(out, s.y, s.mixed, s.z, s.b, s.a, w, cfg, st, layer);
 }
 
 // Gated attention mixer (MODEL.md 2.3).

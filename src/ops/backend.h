@@ -112,19 +112,6 @@ class Backend {
     gdn_core(y, mixed, z, b, a, w, cfg, state, layer);
     linear(out, y, w.out_proj);
   }
-  // The whole Gated DeltaNet mixer (MODEL.md 2.4): the layer's input norm and projections, mixed | z | b | a =
-  // rmsnorm(h, norm_w, eps) (in_proj_qkv | in_proj_z | in_proj_b | in_proj_a)^T, then gdn_core_linear(out, y,
-  // mixed, z, b, a, ...). xn, mixed, z, b, a and y are scratch of those ops' shapes (contents afterwards unspecified
-  // but for the state). A backend may run the projections and the core's step in one launch (the CUDA decode path,
-  // FERN_CUDA_GDN_FUSE); by default, rmsnorm_linear_multi, then gdn_core_linear.
-  virtual void gdn_mixer(Tensor out, Tensor h, Tensor norm_w, float eps, Tensor xn, Tensor mixed, Tensor z, Tensor b,
-                         Tensor a, Tensor y, const GdnWeights& w, const ModelConfig& cfg, SequenceState& state,
-                         int layer) {
-    const Tensor proj_out[] = {mixed, z, b, a};
-    const LinearWeight* const proj_w[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
-    rmsnorm_linear_multi(proj_out, h, norm_w, eps, xn, proj_w);
-    gdn_core_linear(out, y, mixed, z, b, a, w, cfg, state, layer);
-  }
   // Gated attention core, MODEL.md 2.3 steps 3-7: q/k RMSNorm, partial RoPE at positions state.pos + t, append
   // k and v to the KV cache, causal GQA attention over [0, state.pos + t], o *= sigmoid(gate).
   // qg [T, heads*head_dim*2] (per head [query | gate]), k and v [T, kv_heads*head_dim] -> o [T, heads*head_dim].

@@ -170,60 +170,6 @@ TEST(CudaLinear, TensorCoreLoop) {
   });
 }
 
-// The bulk-copy ring GEMV (linear_ring.cu: one token row, 4-bit in groups of 64, K a multiple of 512 with three
-// stages in a block's shared memory, sm_90+; opt-in: FERN_CUDA_HEAD_RING=1 for every eligible GEMV, =N from N rows,
-// unset or =0 for none).
-// 1. Where the tensor-core kernel's warps share a tile's K blocks (8,192 rows: two tiles per block) both add a row's
-// items in K order from the same item sums: the same bits. The ring's run takes FERN_CUDA_GEMV_TC=0, so that a ring
-// that silently fell back would run the CUDA-core loop, whose bits differ, and fail the comparison.
-// 2. Against the CPU (run_case's bound, the same arithmetic), in each fill form (one copy per stage or per row, one
-// or two tiles per stage): lm_head, partial last tiles and stages (one row, 37, 3,001 and 40,001 rows: 2,501 tiles
-// over 132 blocks, 19 per block, so an odd one left in the two-tile form), the narrowest and widest widths (512: two
-// K blocks, six warps without items; 4,096: sixteen K blocks, two per warp, five one-tile stages, and in the two-tile
-// form too few stages fit: it falls back), 1,536; and shapes it refuses, which must fall back and stay correct (two
-// token rows, groups of 32, K = 640, 8-bit). Then three stages only, and unknown values of the switches refused.
-TEST(CudaLinear, BulkCopyRing) {
-  FERN_REQUIRE_GPU();
-  int major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  if (major >= 9) {
-    const Case c{"ring shared tiles", 8192, 2048, 4, 64, 1};
-    std::vector<float> ring, tc;
-    {
-      test::EnvGuard on("FERN_CUDA_HEAD_RING", "1");
-      test::EnvGuard cores("FERN_CUDA_GEMV_TC", "0");
-      ring = run_case(c);
-    }
-    {
-      test::EnvGuard off("FERN_CUDA_HEAD_RING", "0");
-      test::EnvGuard tc_on("FERN_CUDA_GEMV_TC", "1");
-      tc = run_case(c);
-    }
-    EXPECT_EQ(ring, tc);
-  }
-  test::EnvGuard on("FERN_CUDA_HEAD_RING", "1");
-  test::each_value("FERN_CUDA_HEAD_RING_COPY", {"tile", "rows"}, [] {
-    test::each_value("FERN_CUDA_HEAD_RING_TILES", {"1", "2"}, [] {
-      for (const Case& c :
-           {Case{"ring lm_head", 248320, 2048, 4, 64, 1}, Case{"ring 40001 rows", 40001, 2048, 4, 64, 1},
-            Case{"ring one row", 1, 2048, 4, 64, 1}, Case{"ring odd rows", 37, 2048, 4, 64, 1},
-            Case{"ring 3001 rows", 3001, 2048, 4, 64, 1}, Case{"ring K=512", 1000, 512, 4, 64, 1},
-            Case{"ring K=4096", 2049, 4096, 4, 64, 1}, Case{"ring K=1536", 777, 1536, 4, 64, 1},
-            Case{"ring refused T=2", 1000, 2048, 4, 64, 2}, Case{"ring refused group 32", 77, 1024, 4, 32, 1},
-            Case{"ring refused K=640", 129, 640, 4, 64, 1}, Case{"ring refused 8-bit", 300, 2048, 8, 64, 1}})
-        run_case(c);
-    });
-  });
-  {
-    test::EnvGuard depth("FERN_CUDA_HEAD_RING_STAGES", "3");  // 19 tiles per block: the ring wraps six times
-    run_case(Case{"ring three stages", 40001, 2048, 4, 64, 1});
-  }
-  for (const char* var : {"FERN_CUDA_HEAD_RING", "FERN_CUDA_HEAD_RING_COPY", "FERN_CUDA_HEAD_RING_TILES"}) {
-    test::EnvGuard bad(var, "ring");
-    EXPECT_THROW(run_case(Case{"ring refused value", 64, 2048, 4, 64, 1}), std::exception) << var;
-  }
-}
-
 TEST(CudaLinear, BadWeightIsAnError) {
   FERN_REQUIRE_GPU();
   auto gpu = test::make_gpu();
