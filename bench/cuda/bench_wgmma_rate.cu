@@ -20,6 +20,14 @@
 //   turns, q codes, bias by MMA  the form that takes the bias term off the chain: codes q (one bf16x2 subtraction
 //             more per register), acc += s P per tile, and per 32 tiles (an item at K = 2,048) 4 MMAs of K 16 for
 //             the bias term (b per group against the sums' hi/lo pieces) and acc += P (not counted in TFLOP/s);
+// and the int8 rows (docs/notes/cuda-prefill-v34-int8-digits-precision.md: x as two int8 digits d1, d0 per 64-wide
+// group, u8 codes, wgmma m64nNk32 .s32.u8.s8 at twice the bf16 rate; 4 MMAs per 64-wide tile instead of 8, the same
+// multiply-adds per tile, so TFLOP/s and clocks per tile compare with the bf16 rows):
+//   i8 pipe   4 MMAs per tile into one int32 partial, never waiting (the int8 pipe's rate);
+//   i8 shift  the d1 MMAs, wait, the partial shifted by 8 bits, the d0 MMAs into it, wait, then the promotion
+//             acc += s float(P) + c xs; codes unpacked to u8 each tile (two LOP3 and a shift per word);
+//   i8 two partials  the d1 and d0 MMAs into two partials issued together, one wait, acc += s1 float(P1) + s0
+//             float(P0) + c xs (two warpgroups only: with three, 168 registers per thread, it spills);
 // in register-A (RS, the loop's form) and shared-memory-A (SS) forms, at token widths 64, 96 and 128 and with one,
 // two or three MMA warpgroups. TFLOP/s count the MMAs' multiply-adds (hi and lo both) against the H200's 989 TFLOP/s
 // of dense bf16. The operands are arbitrary finite bf16 values (the rate does not depend on them); a sum of each
@@ -206,6 +214,124 @@ __global__ void __launch_bounds__(W * 128, 1) rate_kernel(int iters, float* out)
   out[blockIdx.x * blockDim.x + tid] = sum;
 }
 
+
+// d (64 x N int32, N / 2 per thread) += A (64 x 32 u8, registers; the m16n8k32 fragment layout) B^T (N x 32 s8,
+// descriptor); acc == 0 overwrites. Only the bench uses it (the width the int8 rows need).
+#define FERN_I8_D8(b)                                                                                             \
+  "+r"(d[b]), "+r"(d[b + 1]), "+r"(d[b + 2]), "+r"(d[b + 3]), "+r"(d[b + 4]), "+r"(d[b + 5]), "+r"(d[b + 6]), \
+      "+r"(d[b + 7])
+__device__ __forceinline__ void mma_u8s8_rs_n128(int (&d)[64], const uint32_t (&a)[4], uint64_t db, int acc) {
+#if FERN_HAS_WGMMA
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+               "{%64, %65, %66, %67}, %68, p;\n}\n"
+               : FERN_I8_D8(0), FERN_I8_D8(8), FERN_I8_D8(16), FERN_I8_D8(24), FERN_I8_D8(32), FERN_I8_D8(40),
+                 FERN_I8_D8(48), FERN_I8_D8(56)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+#else
+  (void)d, (void)a, (void)db, (void)acc;
+  __trap();
+#endif
+}
+#undef FERN_I8_D8
+template <int R>
+__device__ __forceinline__ void fence_int(int (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+enum I8Chain { kI8Pipe, kI8Shift, kI8TwoParts };
+
+template <int W, I8Chain C>
+__global__ void __launch_bounds__(W * 128, 1) rate_i8_kernel(int iters, float* out) {
+  constexpr int N = 128;
+  extern __shared__ unsigned char rate_raw[];
+  auto& sm = wgmma::smem_at_atom<RateSmem<W, N>>(rate_raw);
+  const int tid = threadIdx.x, lane = tid & 31;
+  {
+    uint32_t* w = reinterpret_cast<uint32_t*>(&sm);
+    const int words = static_cast<int>(sizeof(RateSmem<W, N>) / 4);
+    for (int i = tid; i < words; i += W * 128) w[i] = (i * 2654435761u) & 0x3f3f3f3fu;
+  }
+  wgmma::fence_proxy_async();
+  __syncthreads();
+  const int r0 = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
+  uint32_t a[2][4];
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[ks][i] = (tid * 131u + ks * 17u + i) & 0x0f0f0f0fu;
+  const float s0 = 1.0f + tid * 1e-3f, c0 = 0.5f - tid * 1e-3f;
+  float acc[N / 2];
+  int p1[N / 2], p0[C == kI8TwoParts ? N / 2 : 1];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f, p1[i] = 0;
+#pragma unroll
+  for (int i = 0; i < int(sizeof(p0) / sizeof(p0[0])); ++i) p0[i] = 0;
+  for (int it = 0; it < iters; ++it) {
+    if constexpr (C != kI8Pipe) {  // u8 codes from 4-bit words: low nibbles, then high nibbles
+      const uint4 u = sm.codes[r0][it & 1], v = sm.codes[r0 + 8][it & 1];
+      a[0][0] = u.x & 0x0f0f0f0fu, a[0][1] = v.x & 0x0f0f0f0fu, a[0][2] = (u.x >> 4) & 0x0f0f0f0fu;
+      a[0][3] = (v.x >> 4) & 0x0f0f0f0fu, a[1][0] = u.y & 0x0f0f0f0fu, a[1][1] = v.y & 0x0f0f0f0fu;
+      a[1][2] = (u.y >> 4) & 0x0f0f0f0fu, a[1][3] = (v.y >> 4) & 0x0f0f0f0fu;
+    }
+    fence_int(p1);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks)
+      mma_u8s8_rs_n128(p1, a[ks], wgmma::desc_sw128(&sm.bhi[32 * ks]), C == kI8Pipe || ks > 0);
+    if constexpr (C == kI8Shift) {
+      wgmma::commit();
+      wgmma::wait<0>();
+      fence_int(p1);
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) p1[i] <<= 8;
+      fence_int(p1);
+      wgmma::fence();
+    }
+    if constexpr (C == kI8TwoParts) {
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks)
+        mma_u8s8_rs_n128(p0, a[ks], wgmma::desc_sw128(&sm.blo[32 * ks]), ks > 0);
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) mma_u8s8_rs_n128(p1, a[ks], wgmma::desc_sw128(&sm.blo[32 * ks]), 1);
+    }
+    wgmma::commit();
+    if constexpr (C == kI8Pipe) {
+      wgmma::wait<1>();
+    } else {
+      wgmma::wait<0>();
+      fence_int(p1);
+      if constexpr (C == kI8TwoParts) fence_int(p0);
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j) {
+        const float2 x = *reinterpret_cast<const float2*>(&sm.xs[8 * j + 2 * (lane & 3)]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float v = float(p1[4 * j + i]);
+          if constexpr (C == kI8TwoParts) v = fmaf(256.0f, v, float(p0[4 * j + i]));
+          acc[4 * j + i] = fmaf(i & 2 ? c0 : s0, v, fmaf(i & 2 ? s0 : c0, i & 1 ? x.y : x.x, acc[4 * j + i]));
+        }
+      }
+    }
+  }
+  wgmma::wait<0>();
+  fence_int(p1);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) sum += acc[i] + float(p1[i]);
+  if constexpr (C == kI8TwoParts) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) sum += float(p0[i]);
+  }
+  out[blockIdx.x * blockDim.x + tid] = sum;
+}
+
 template <int W, int N, bool SS, Chain C>
 void row(const char* name, int sms, float* out) {
   constexpr size_t smem = sizeof(RateSmem<W, N>) + 1024;
@@ -223,6 +349,27 @@ void row(const char* name, int sms, float* out) {
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
   const double clk = ms * 1e-3 * khz * 1e3 / iters;
   std::printf("| %-28s | %d | %3d | %s | %8.3f | %6.1f | %5.1f%% | %7.0f |\n", name, W, N, SS ? "SS" : "RS", ms, tf,
+              100.0 * tf / 989.0, clk);
+}
+
+
+template <int W, I8Chain C>
+void row_i8(const char* name, int sms, float* out) {
+  constexpr int N = 128;
+  constexpr size_t smem = sizeof(RateSmem<W, N>) + 1024;
+  const size_t ask = smem < 120 * 1024 ? 120 * 1024 : smem;
+  FERN_CUDA_CHECK(cudaFuncSetAttribute(rate_i8_kernel<W, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(ask)));
+  const int iters = 4096;
+  const double ms = bench::median_ms(nullptr, [&] { rate_i8_kernel<W, C><<<sms, W * 128, ask>>>(iters, out); });
+  FERN_CUDA_CHECK(cudaGetLastError());
+  // The same multiply-adds per tile as the bf16 rows (64 K x hi and lo); against the bf16 peak, as they are.
+  const double flops = 2.0 * sms * W * double(iters) * 8 * 64 * N * 16;
+  const double tf = flops / (ms * 1e-3) / 1e12;
+  int khz = 0;
+  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  const double clk = ms * 1e-3 * khz * 1e3 / iters;
+  std::printf("| %-28s | %d | %3d | %s | %8.3f | %6.1f | %5.1f%% | %7.0f |\n", name, W, N, "RS", ms, tf,
               100.0 * tf / 989.0, clk);
 }
 
@@ -267,6 +414,11 @@ int main() {
   row<2, 128, false, kBiasMma>("turns, q codes, bias by MMA", sms, out);
   row<2, 96, false, kBiasMma>("turns, q codes, bias by MMA", sms, out);
   row<2, 64, false, kBiasMma>("turns, q codes, bias by MMA", sms, out);
+  row_i8<1, kI8Pipe>("i8 pipe", sms, out);
+  row_i8<2, kI8Pipe>("i8 pipe", sms, out);
+  row_i8<2, kI8Shift>("i8 shift", sms, out);
+  row_i8<3, kI8Shift>("i8 shift", sms, out);
+  row_i8<2, kI8TwoParts>("i8 two partials", sms, out);
   FERN_CUDA_CHECK(cudaFree(out));
   return 0;
 }
