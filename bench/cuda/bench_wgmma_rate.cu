@@ -26,6 +26,9 @@
 //   i8 pipe   4 MMAs per tile into one int32 partial, never waiting (the int8 pipe's rate);
 //   i8 shift  the d1 MMAs, wait, the partial shifted by 8 bits, the d0 MMAs into it, wait, then the promotion
 //             acc += s float(P) + c xs; codes unpacked to u8 each tile (two LOP3 and a shift per word);
+//   i8 shift, turns, 1 FMA  the shift chain with the warpgroups issuing in turns (two turns per tile, one per digit:
+//             a warpgroup shifts while the next one's MMAs run) and one FMA per value (acc += s float(P): the bias
+//             term left to MMAs, as the bf16 "turns, q codes, bias by MMA" row, not counted here);
 //   i8 two partials  the d1 and d0 MMAs into two partials issued together, one wait, acc += s1 float(P1) + s0
 //             float(P0) + c xs (two warpgroups only: with three, 168 registers per thread, it spills);
 // in register-A (RS, the loop's form) and shared-memory-A (SS) forms, at token widths 64, 96 and 128 and with one,
@@ -244,7 +247,7 @@ __device__ __forceinline__ void fence_int(int (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-enum I8Chain { kI8Pipe, kI8Shift, kI8TwoParts };
+enum I8Chain { kI8Pipe, kI8Shift, kI8TwoParts, kI8ShiftTurns };
 
 template <int W, I8Chain C>
 __global__ void __launch_bounds__(W * 128, 1) rate_i8_kernel(int iters, float* out) {
@@ -272,6 +275,9 @@ __global__ void __launch_bounds__(W * 128, 1) rate_i8_kernel(int iters, float* o
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f, p1[i] = 0;
 #pragma unroll
   for (int i = 0; i < int(sizeof(p0) / sizeof(p0[0])); ++i) p0[i] = 0;
+  constexpr bool turns = C == kI8ShiftTurns;
+  const int wg = tid >> 7;
+  if (turns && wg == W - 1) turn_arrive<W>(wg);
   for (int it = 0; it < iters; ++it) {
     if constexpr (C != kI8Pipe) {  // u8 codes from 4-bit words: low nibbles, then high nibbles
       const uint4 u = sm.codes[r0][it & 1], v = sm.codes[r0 + 8][it & 1];
@@ -280,17 +286,20 @@ __global__ void __launch_bounds__(W * 128, 1) rate_i8_kernel(int iters, float* o
       a[1][2] = (u.y >> 4) & 0x0f0f0f0fu, a[1][3] = (v.y >> 4) & 0x0f0f0f0fu;
     }
     fence_int(p1);
+    if constexpr (turns) turn_sync<W>(wg);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks)
       mma_u8s8_rs_n128(p1, a[ks], wgmma::desc_sw128(&sm.bhi[32 * ks]), C == kI8Pipe || ks > 0);
-    if constexpr (C == kI8Shift) {
+    if constexpr (C == kI8Shift || turns) {
       wgmma::commit();
+      if constexpr (turns) turn_arrive<W>(wg);
       wgmma::wait<0>();
       fence_int(p1);
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) p1[i] <<= 8;
       fence_int(p1);
+      if constexpr (turns) turn_sync<W>(wg);
       wgmma::fence();
     }
     if constexpr (C == kI8TwoParts) {
@@ -302,24 +311,31 @@ __global__ void __launch_bounds__(W * 128, 1) rate_i8_kernel(int iters, float* o
       for (int ks = 0; ks < 2; ++ks) mma_u8s8_rs_n128(p1, a[ks], wgmma::desc_sw128(&sm.blo[32 * ks]), 1);
     }
     wgmma::commit();
+    if constexpr (turns) turn_arrive<W>(wg);
     if constexpr (C == kI8Pipe) {
       wgmma::wait<1>();
     } else {
       wgmma::wait<0>();
       fence_int(p1);
       if constexpr (C == kI8TwoParts) fence_int(p0);
+      if constexpr (turns) {
 #pragma unroll
-      for (int j = 0; j < N / 8; ++j) {
-        const float2 x = *reinterpret_cast<const float2*>(&sm.xs[8 * j + 2 * (lane & 3)]);
+        for (int i = 0; i < N / 2; ++i) acc[i] = fmaf(i & 2 ? c0 : s0, float(p1[i]), acc[i]);
+      } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float v = float(p1[4 * j + i]);
-          if constexpr (C == kI8TwoParts) v = fmaf(256.0f, v, float(p0[4 * j + i]));
-          acc[4 * j + i] = fmaf(i & 2 ? c0 : s0, v, fmaf(i & 2 ? s0 : c0, i & 1 ? x.y : x.x, acc[4 * j + i]));
+        for (int j = 0; j < N / 8; ++j) {
+          const float2 x = *reinterpret_cast<const float2*>(&sm.xs[8 * j + 2 * (lane & 3)]);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float v = float(p1[4 * j + i]);
+            if constexpr (C == kI8TwoParts) v = fmaf(256.0f, v, float(p0[4 * j + i]));
+            acc[4 * j + i] = fmaf(i & 2 ? c0 : s0, v, fmaf(i & 2 ? s0 : c0, i & 1 ? x.y : x.x, acc[4 * j + i]));
+          }
         }
       }
     }
   }
+  if (turns && wg == 0) turn_sync<W>(wg);  // the last warpgroup's final arrival
   wgmma::wait<0>();
   fence_int(p1);
   float sum = 0.0f;
@@ -419,6 +435,8 @@ int main() {
   row_i8<2, kI8Shift>("i8 shift", sms, out);
   row_i8<3, kI8Shift>("i8 shift", sms, out);
   row_i8<2, kI8TwoParts>("i8 two partials", sms, out);
+  row_i8<2, kI8ShiftTurns>("i8 shift, turns, 1 FMA", sms, out);
+  row_i8<3, kI8ShiftTurns>("i8 shift, turns, 1 FMA", sms, out);
   FERN_CUDA_CHECK(cudaFree(out));
   return 0;
 }
