@@ -348,45 +348,35 @@ __global__ void __launch_bounds__(W * 128, 1) rate_i8_kernel(int iters, float* o
   out[blockIdx.x * blockDim.x + tid] = sum;
 }
 
-template <int W, int N, bool SS, Chain C>
-void row(const char* name, int sms, float* out) {
-  constexpr size_t smem = sizeof(RateSmem<W, N>) + 1024;
+// Times `kernel` (sms blocks of W warpgroups, 4,096 tiles each, one block per SM) and prints its row. TFLOP/s count
+// a tile's multiply-adds as the bf16 loop's (64 K x hi and lo), whatever MMAs the kernel runs for them, against the
+// H200's dense bf16 peak; clk: clocks per iteration (each warpgroup one tile) at the SM clock the run reports
+// (cudaDevAttrClockRate, the maximum).
+void time_row(const char* name, int W, int N, const char* form, int sms, void (*kernel)(int, float*), size_t smem,
+              float* out) {
   // At least 120 KB so that one block holds an SM alone, as the loop's blocks do.
   const size_t ask = smem < 120 * 1024 ? 120 * 1024 : smem;
-  FERN_CUDA_CHECK(cudaFuncSetAttribute(rate_kernel<W, N, SS, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(ask)));
+  FERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ask)));
   const int iters = 4096;
-  const double ms = bench::median_ms(nullptr, [&] { rate_kernel<W, N, SS, C><<<sms, W * 128, ask>>>(iters, out); });
+  const double ms = bench::median_ms(nullptr, [&] { kernel<<<sms, W * 128, ask>>>(iters, out); });
   FERN_CUDA_CHECK(cudaGetLastError());
   const double flops = 2.0 * sms * W * double(iters) * 8 * 64 * N * 16;
   const double tf = flops / (ms * 1e-3) / 1e12;
-  // Clocks per tile and warpgroup at the SM clock the run reports (cudaDevAttrClockRate, the maximum).
   int khz = 0;
   FERN_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
   const double clk = ms * 1e-3 * khz * 1e3 / iters;
-  std::printf("| %-28s | %d | %3d | %s | %8.3f | %6.1f | %5.1f%% | %7.0f |\n", name, W, N, SS ? "SS" : "RS", ms, tf,
+  std::printf("| %-28s | %d | %3d | %s | %8.3f | %6.1f | %5.1f%% | %7.0f |\n", name, W, N, form, ms, tf,
               100.0 * tf / 989.0, clk);
 }
 
+template <int W, int N, bool SS, Chain C>
+void row(const char* name, int sms, float* out) {
+  time_row(name, W, N, SS ? "SS" : "RS", sms, rate_kernel<W, N, SS, C>, sizeof(RateSmem<W, N>) + 1024, out);
+}
 
 template <int W, I8Chain C>
 void row_i8(const char* name, int sms, float* out) {
-  constexpr int N = 128;
-  constexpr size_t smem = sizeof(RateSmem<W, N>) + 1024;
-  const size_t ask = smem < 120 * 1024 ? 120 * 1024 : smem;
-  FERN_CUDA_CHECK(cudaFuncSetAttribute(rate_i8_kernel<W, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(ask)));
-  const int iters = 4096;
-  const double ms = bench::median_ms(nullptr, [&] { rate_i8_kernel<W, C><<<sms, W * 128, ask>>>(iters, out); });
-  FERN_CUDA_CHECK(cudaGetLastError());
-  // The same multiply-adds per tile as the bf16 rows (64 K x hi and lo); against the bf16 peak, as they are.
-  const double flops = 2.0 * sms * W * double(iters) * 8 * 64 * N * 16;
-  const double tf = flops / (ms * 1e-3) / 1e12;
-  int khz = 0;
-  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-  const double clk = ms * 1e-3 * khz * 1e3 / iters;
-  std::printf("| %-28s | %d | %3d | %s | %8.3f | %6.1f | %5.1f%% | %7.0f |\n", name, W, N, "RS", ms, tf,
-              100.0 * tf / 989.0, clk);
+  time_row(name, W, 128, "RS", sms, rate_i8_kernel<W, C>, sizeof(RateSmem<W, 128>) + 1024, out);
 }
 
 }  // namespace
