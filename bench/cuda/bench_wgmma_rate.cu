@@ -241,11 +241,6 @@ __device__ __forceinline__ void mma_u8s8_rs_n128(int (&d)[64], const uint32_t (&
 #endif
 }
 #undef FERN_I8_D8
-template <int R>
-__device__ __forceinline__ void fence_int(int (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
 
 enum I8Chain { kI8Pipe, kI8Shift, kI8TwoParts, kI8ShiftTurns };
 
@@ -285,7 +280,7 @@ __global__ void __launch_bounds__(W * 128, 1) rate_i8_kernel(int iters, float* o
       a[0][3] = (v.x >> 4) & 0x0f0f0f0fu, a[1][0] = u.y & 0x0f0f0f0fu, a[1][1] = v.y & 0x0f0f0f0fu;
       a[1][2] = (u.y >> 4) & 0x0f0f0f0fu, a[1][3] = (v.y >> 4) & 0x0f0f0f0fu;
     }
-    fence_int(p1);
+    wgmma::fence_operand(p1);
     if constexpr (turns) turn_sync<W>(wg);
     wgmma::fence();
 #pragma unroll
@@ -295,10 +290,10 @@ __global__ void __launch_bounds__(W * 128, 1) rate_i8_kernel(int iters, float* o
       wgmma::commit();
       if constexpr (turns) turn_arrive<W>(wg);
       wgmma::wait<0>();
-      fence_int(p1);
+      wgmma::fence_operand(p1);
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) p1[i] <<= 8;
-      fence_int(p1);
+      wgmma::fence_operand(p1);
       if constexpr (turns) turn_sync<W>(wg);
       wgmma::fence();
     }
@@ -316,8 +311,8 @@ __global__ void __launch_bounds__(W * 128, 1) rate_i8_kernel(int iters, float* o
       wgmma::wait<1>();
     } else {
       wgmma::wait<0>();
-      fence_int(p1);
-      if constexpr (C == kI8TwoParts) fence_int(p0);
+      wgmma::fence_operand(p1);
+      if constexpr (C == kI8TwoParts) wgmma::fence_operand(p0);
       if constexpr (turns) {
 #pragma unroll
         for (int i = 0; i < N / 2; ++i) acc[i] = fmaf(i & 2 ? c0 : s0, float(p1[i]), acc[i]);
@@ -337,7 +332,7 @@ __global__ void __launch_bounds__(W * 128, 1) rate_i8_kernel(int iters, float* o
   }
   if (turns && wg == 0) turn_sync<W>(wg);  // the last warpgroup's final arrival
   wgmma::wait<0>();
-  fence_int(p1);
+  wgmma::fence_operand(p1);
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) sum += acc[i] + float(p1[i]);

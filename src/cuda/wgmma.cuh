@@ -71,11 +71,17 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
-// Keeps the compiler from moving accesses of an accumulator register across the asynchronous MMAs.
+// Keeps the compiler from moving accesses of an accumulator register across the asynchronous MMAs (fp32
+// accumulators, and the int32 ones of the 8-bit MMAs).
 template <int R>
 __device__ __forceinline__ void fence_operand(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void fence_operand(int (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
 // The wgmma wrappers, two per width N and operand type (bf16, f16; the accumulator d: N / 2 fp32 registers per
