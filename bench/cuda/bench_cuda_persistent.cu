@@ -7,10 +7,11 @@
 // word, or a dequantising FMA per 4-bit weight: a crude consumer, ALU- and shared-load-bound, not the real
 // kernels' arithmetic) and writes its piece of the next vector. The routed experts' bytes may not be requested
 // before the barrier that ends the phase before them (the top-k picks them).
-// Usage: bench_cuda_persistent [context (4096)] [chunk KB (16)] [lean (0)] [ring KB (192)]; lean 1: the barrier's
-// arrival as one red.release.gpu instead of a fence and an atomic; lean 2: that, and no dependent vector read;
-// lean 3 (persistent modes): no barrier, each piece of the vector written with its phase in one 8-byte store and
-// polled for by its readers.
+// Usage: bench_cuda_persistent [context (4096)] [chunk KB (16)] [lean (0)] [ring KB (192)] [in flight (ring/chunk)]
+// lean 1: the barrier's arrival as one red.release.gpu instead of a fence and an atomic; lean 2: that, and no
+// dependent vector read; lean 3 (persistent modes): no barrier, each piece of the vector written with its phase in
+// one 8-byte store and polled for by its readers. In flight: a block's copies requested and not yet landed, at most
+// (the ring may still hold landed chunks ahead; the memory system's queues hold at most that many per SM).
 // Modes:
 //   launches   one launch per phase (with PDL, or plain stream order): a block requests its weights before
 //              griddepcontrol.wait (once it is resident, i.e. once the previous launch's blocks have left), the
@@ -20,7 +21,10 @@
 //              experts' still after their barrier, and nothing behind them in the ring before them);
 //   ahead      as prefetch, the routed experts' bytes too (as if the routing were known: the streaming ceiling);
 //   barriers   the persistent schedule with no weight bytes: barriers and dependent reads alone;
-//   one phase  every byte of the step as one phase of one persistent launch (the ring's streaming rate).
+//   one phase  every byte of the step as one phase of one persistent launch (the ring's streaming rate);
+//   barriers + stream  the barriers of `barriers` while each block's producer streams its share of every byte into
+//              the ring beside them, consumed by nobody: what the boundaries cost under a concurrent stream (if
+//              they are independent of it, this takes the longer of the two, not their sum).
 // Every block sums the 32-bit words it consumed; the total is checked against the host's sum of the pool (every
 // chunk read once: none twice, none missed).
 #include <cuda_runtime.h>
@@ -68,6 +72,10 @@ struct Args {
   unsigned long long* sum;
   float* sink;
   int chunk, slots;  // bytes per bulk copy and ring slot (a multiple of 16); slots x chunk = the ring
+  int inflight;      // at most this many of a block's copies requested and not yet landed (<= slots)
+  const Phase* stream;  // mode 8: the producer streams these phases' bytes on its own (each slot reused once its
+                        // copy has landed, nothing consumed) while the consumers run `phases` (no bytes): the
+                        // boundaries under a concurrent stream
 };
 
 [[maybe_unused]] __device__ __forceinline__ int first_chunk(int p, int b, int G) { return (b - (p * 37) % G + G) % G; }
@@ -90,6 +98,26 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
     passed = a.p0;
   }
   __syncthreads();
+  if (warp == 0 && a.stream) {
+    if (lane == 0) {
+      pdl_wait();
+      int k = 0;
+      for (int p = a.p0; p < a.p1; ++p) {
+        const Phase ph = a.stream[p];
+        const int nch = int((ph.bytes + chunk - 1) / chunk);
+        for (int c = first_chunk(p, b, G); c < nch; c += G, ++k) {
+          const int s = k % slots;
+          if (k >= a.inflight) ptx::mbar_wait(&full[(k - a.inflight) % slots], ((k - a.inflight) / slots) & 1);
+          if (k >= slots) ptx::mbar_wait(&full[s], ((k / slots) - 1) & 1);  // the slot's last copy has landed
+          const uint32_t len = uint32_t(ph.bytes - int64_t(c) * chunk < chunk ? ph.bytes - int64_t(c) * chunk : chunk);
+          ptx::mbar_arrive_expect_tx(&full[s], len);
+          ptx::bulk_copy_g2s(ring + s * chunk, a.pool + ph.off + int64_t(c) * chunk, len, &full[s]);
+        }
+      }
+      for (int j = k - slots < 0 ? 0 : k - slots; j < k; ++j) ptx::mbar_wait(&full[j % slots], (j / slots) & 1);
+    }
+    return;
+  }
   if (warp == 0) {
     if (lane == 0) {
       bool waited = false;  // griddepcontrol.wait done (launches: the routed bytes only after it)
@@ -108,6 +136,9 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
         for (int c = first_chunk(p, b, G); c < nch; c += G, ++k) {
           const int s = k % slots;
           ptx::mbar_wait(&empty[s], ((k / slots) & 1) ^ 1);
+          // The cap on copies in flight: copy k - inflight must have landed (its slot's last use is that copy,
+          // since inflight <= slots, so the parity names it whether or not its consumers have released it).
+          if (k >= a.inflight) ptx::mbar_wait(&full[(k - a.inflight) % slots], ((k - a.inflight) / slots) & 1);
           const uint32_t len = uint32_t(ph.bytes - int64_t(c) * chunk < chunk ? ph.bytes - int64_t(c) * chunk : chunk);
           ptx::mbar_arrive_expect_tx(&full[s], len);
           ptx::bulk_copy_g2s(ring + s * chunk, a.pool + ph.off + int64_t(c) * chunk, len, &full[s]);
@@ -293,6 +324,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "chunk and ring (KB): 4 to 48 slots of at least 4 KB, the ring at most 192 KB\n");
     return 2;
   }
+  const int inflight = argc > 5 ? std::atoi(argv[5]) : kRing / chunk;
+  if (inflight < 1 || inflight > kRing / chunk) {
+    std::fprintf(stderr, "copies in flight: 1 to the ring's slots\n");
+    return 2;
+  }
   int64_t total = 0;
   std::vector<Phase> ph = step_phases(ctx, total);
   const int np = int(ph.size());
@@ -348,10 +384,11 @@ int main(int argc, char** argv) {
     cuda::launch(c, "step_kernel", step_kernel, dim3(sms), dim3(kThreads), smem, args);
   };
   // One step in a mode: 0 launches (PDL), 1 serial, 2 prefetch, 3 barriers, 4 ahead, 5 launches (no PDL), 6 launches
-  // with no bytes (PDL), 7 every byte in one persistent phase.
+  // with no bytes (PDL), 7 every byte in one persistent phase, 8 the barriers of mode 3 while the producers stream
+  // every byte beside them (consumed by nobody).
   auto step = [&](int mode, int fma) {
     Args a{pool,
-           mode == 3 || mode == 6 ? d_none
+           mode == 3 || mode == 6 || mode == 8 ? d_none
            : mode == 7            ? d_one
                                   : d_ph,
            0,
@@ -366,7 +403,9 @@ int main(int argc, char** argv) {
            sum,
            sink,
            chunk,
-           kRing / chunk};
+           kRing / chunk,
+           inflight,
+           mode == 8 ? d_ph : nullptr};
     if (mode == 0 || mode == 5 || mode == 6) {
       for (int p = 0; p < np; ++p) {
         a.p0 = p;
@@ -380,24 +419,25 @@ int main(int argc, char** argv) {
       launch(a, false);
     }
   };
-  const char* names[8] = {"launches (one per phase, PDL)", "persistent, serial",    "persistent, prefetch",
+  const char* names[9] = {"launches (one per phase, PDL)", "persistent, serial",    "persistent, prefetch",
                           "persistent, barriers only",     "persistent, all ahead", "launches (no PDL)",
-                          "launches, no bytes (PDL)",      "persistent, one phase"};
+                          "launches, no bytes (PDL)",      "persistent, one phase",
+                          "persistent, barriers + stream"};
   std::printf(
       "== one decode step's memory side at context %lld: %d phases, %.1f MB, %d SMs, %d-thread blocks, %d x %d KB "
-      "ring ==\n",
-      (long long)ctx, np, total / 1e6, sms, kThreads, kRing / chunk, chunk / 1024);
+      "ring, at most %d copies in flight per block ==\n",
+      (long long)ctx, np, total / 1e6, sms, kThreads, kRing / chunk, chunk / 1024, inflight);
   std::printf("%-32s %-6s %10s %10s %10s %8s\n", "mode", "work", "us/step", "GB/s", "tok/s", "sum");
   for (int fma : {0, 1}) {
-    for (int mode : {0, 5, 6, 1, 2, 4, 3, 7}) {
-      if ((mode == 3 || mode == 5 || mode == 6 || mode == 7) && fma == 1) continue;
+    for (int mode : {0, 5, 6, 1, 2, 4, 3, 7, 8}) {
+      if ((mode == 3 || mode == 5 || mode == 6 || mode == 7 || mode == 8) && fma == 1) continue;
       if (fma == 1 && lean != 0) continue;
       FERN_CUDA_CHECK(cudaMemsetAsync(sum, 0, 8, s));
       step(mode, fma);
       unsigned long long got = 0;
       FERN_CUDA_CHECK(cudaMemcpyAsync(&got, sum, 8, cudaMemcpyDeviceToHost, s));
       FERN_CUDA_CHECK(cudaStreamSynchronize(s));
-      const bool ok = got == (mode == 3 || mode == 6 ? 0ull : expected);
+      const bool ok = got == (mode == 3 || mode == 6 || mode == 8 ? 0ull : expected);
       const int steps = 8;
       const double ms = bench::graph_median_ms(
                             s,
@@ -406,7 +446,7 @@ int main(int argc, char** argv) {
                             },
                             5) /
                         steps;
-      const double bytes = mode == 3 || mode == 6 ? 0.0 : double(total);
+      const double bytes = mode == 3 || mode == 6 ? 0.0 : double(total);  // mode 8: the stream's rate
       std::printf("%-32s %-6s %10.1f %10.0f %10.1f %8s\n", names[mode], fma ? "fma" : "add", ms * 1e3, bytes / 1e6 / ms,
                   1e3 / ms, ok ? "ok" : "WRONG");
     }
