@@ -26,7 +26,10 @@
 //              the ring beside them, consumed by nobody: what the boundaries cost under a concurrent stream (if
 //              they are independent of it, this takes the longer of the two, not their sum).
 // Every block sums the 32-bit words it consumed; the total is checked against the host's sum of the pool (every
-// chunk read once: none twice, none missed).
+// chunk read once: none twice, none missed). For the persistent modes the table also gives where the consumers wait
+// (their thread 0's clocks, per step, mean over blocks / the largest block): for their chunks to land, and at the
+// boundaries (lean 3: the polling read of the pieces; otherwise the counter's arrival and wait).
+// docs/notes/cuda-decode-v35-persistent-ceiling.md section 6 asks which of the two adds in the waiting modes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -73,6 +76,8 @@ struct Args {
   float* sink;
   int chunk, slots;  // bytes per bulk copy and ring slot (a multiple of 16); slots x chunk = the ring
   int inflight;      // at most this many of a block's copies requested and not yet landed (<= slots)
+  unsigned long long* waits;  // non-null: consumer thread 0's clocks waiting for its chunks [0] and at the
+                              // boundaries [1], summed over blocks, and the largest block's [2], [3]
   const Phase* stream;  // mode 8: the producer streams these phases' bytes on its own (each slot reused once its
                         // copy has landed, nothing consumed) while the consumers run `phases` (no bytes): the
                         // boundaries under a concurrent stream
@@ -151,6 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
   unsigned long long words = 0;
   float acc = 0.0f;
   int k = 0;
+  long long t_data = 0, t_bound = 0;  // (a.waits) clocks in the chunks' and the boundaries' waits
   pdl_wait();
   for (int p = a.p0; p < a.p1; ++p) {
     const Phase ph = a.phases[p];
@@ -166,6 +172,7 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
       constexpr int kPer = 16;  // pieces per thread: blocks * kAct <= 256 * kPer
       uint2 v[kPer];
       bool ready;
+      const long long t0 = clock64();
       do {
 #pragma unroll
         for (int j = 0; j < kPer; ++j) {
@@ -181,6 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
         for (int j = 0; j < kPer; ++j)
           if (tc + j * 32 * kConsumerWarps < nact) ready = ready && (p == a.p0 || v[j].y == unsigned(p));
       } while (!ready);
+      t_bound += clock64() - t0;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         const int i = tc + j * 32 * kConsumerWarps;
@@ -194,7 +202,9 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
     const int nch = int((ph.bytes + chunk - 1) / chunk);
     for (int c = first_chunk(p, b, G); c < nch; c += G, ++k) {
       const int s = k % slots;
+      const long long t0 = clock64();
       ptx::mbar_wait(&full[s], (k / slots) & 1);
+      t_data += clock64() - t0;
       const int len = int(ph.bytes - int64_t(c) * chunk < chunk ? ph.bytes - int64_t(c) * chunk : chunk);
       const uint4* w = reinterpret_cast<const uint4*>(ring + s * chunk);
       for (int i = tc; i < len / 16; i += 32 * kConsumerWarps) {
@@ -231,6 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
     }
     if (p + 1 < a.p1 && a.lean != 3) {
       ptx::bar_sync(1, 32 * kConsumerWarps);
+      const long long t0 = clock64();
       if (tc == 0) {
         if (a.lean) {
           asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.counter) : "memory");
@@ -246,6 +257,7 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
         passed = p + 1;
       }
       ptx::bar_sync(1, 32 * kConsumerWarps);
+      t_bound += clock64() - t0;
     }
   }
   // One atomic per block (one per thread, 33,792 on one address, took ~28 us per launch).
@@ -258,6 +270,12 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
     unsigned long long t = 0;
     for (int w = 0; w < kConsumerWarps; ++w) t += warp_words[w];
     atomicAdd(a.sum, t);
+    if (a.waits != nullptr) {
+      atomicAdd(a.waits + 0, static_cast<unsigned long long>(t_data));
+      atomicAdd(a.waits + 1, static_cast<unsigned long long>(t_bound));
+      atomicMax(a.waits + 2, static_cast<unsigned long long>(t_data));
+      atomicMax(a.waits + 3, static_cast<unsigned long long>(t_bound));
+    }
   }
   if (acc == 12345.0f) a.sink[b] = acc;  // keeps the FMAs
   pdl_trigger();
@@ -363,7 +381,8 @@ int main(int argc, char** argv) {
   FERN_CUDA_CHECK(cudaMemcpy(d_one, &one, sizeof(Phase), cudaMemcpyHostToDevice));
   unsigned* counter = nullptr;
   float *act = nullptr, *sink = nullptr;
-  unsigned long long* sum = nullptr;
+  unsigned long long *sum = nullptr, *waits = nullptr;
+  FERN_CUDA_CHECK(cudaMalloc(&waits, 4 * sizeof(unsigned long long)));
   FERN_CUDA_CHECK(cudaMalloc(&counter, 4));
   const size_t act_bytes = sizeof(uint2) * 2 * sms * kAct;
   FERN_CUDA_CHECK(cudaMalloc(&act, act_bytes));
@@ -386,7 +405,7 @@ int main(int argc, char** argv) {
   // One step in a mode: 0 launches (PDL), 1 serial, 2 prefetch, 3 barriers, 4 ahead, 5 launches (no PDL), 6 launches
   // with no bytes (PDL), 7 every byte in one persistent phase, 8 the barriers of mode 3 while the producers stream
   // every byte beside them (consumed by nobody).
-  auto step = [&](int mode, int fma) {
+  auto step = [&](int mode, int fma, unsigned long long* wait_clocks = nullptr) {
     Args a{pool,
            mode == 3 || mode == 6 || mode == 8 ? d_none
            : mode == 7            ? d_one
@@ -405,6 +424,7 @@ int main(int argc, char** argv) {
            chunk,
            kRing / chunk,
            inflight,
+           wait_clocks,
            mode == 8 ? d_ph : nullptr};
     if (mode == 0 || mode == 5 || mode == 6) {
       for (int p = 0; p < np; ++p) {
@@ -427,7 +447,12 @@ int main(int argc, char** argv) {
       "== one decode step's memory side at context %lld: %d phases, %.1f MB, %d SMs, %d-thread blocks, %d x %d KB "
       "ring, at most %d copies in flight per block ==\n",
       (long long)ctx, np, total / 1e6, sms, kThreads, kRing / chunk, chunk / 1024, inflight);
-  std::printf("%-32s %-6s %10s %10s %10s %8s\n", "mode", "work", "us/step", "GB/s", "tok/s", "sum");
+  // Consumer thread 0's waits, per step: for its chunks to land and at the boundaries (mean over blocks / the
+  // largest block), in us at the peak clock (cudaDevAttrClockRate), from `steps` uncaptured steps after the timing.
+  int khz = 0;
+  FERN_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
+  std::printf("%-32s %-6s %10s %10s %10s %8s %15s %15s\n", "mode", "work", "us/step", "GB/s", "tok/s", "sum",
+              "chunk waits", "boundary waits");
   for (int fma : {0, 1}) {
     for (int mode : {0, 5, 6, 1, 2, 4, 3, 7, 8}) {
       if ((mode == 3 || mode == 5 || mode == 6 || mode == 7 || mode == 8) && fma == 1) continue;
@@ -447,8 +472,19 @@ int main(int argc, char** argv) {
                             5) /
                         steps;
       const double bytes = mode == 3 || mode == 6 ? 0.0 : double(total);  // mode 8: the stream's rate
-      std::printf("%-32s %-6s %10.1f %10.0f %10.1f %8s\n", names[mode], fma ? "fma" : "add", ms * 1e3, bytes / 1e6 / ms,
-                  1e3 / ms, ok ? "ok" : "WRONG");
+      char chunk_w[32] = "-", bound_w[32] = "-";
+      if (mode != 0 && mode != 5 && mode != 6) {
+        FERN_CUDA_CHECK(cudaMemsetAsync(waits, 0, 4 * sizeof(unsigned long long), s));
+        for (int i = 0; i < steps; ++i) step(mode, fma, waits);
+        unsigned long long w[4] = {};
+        FERN_CUDA_CHECK(cudaMemcpyAsync(w, waits, sizeof(w), cudaMemcpyDeviceToHost, s));
+        FERN_CUDA_CHECK(cudaStreamSynchronize(s));
+        const double us = 1e3 / double(khz) / steps;  // clocks -> us per step
+        std::snprintf(chunk_w, sizeof(chunk_w), "%.0f / %.0f", w[0] * us / sms, w[2] * us);
+        std::snprintf(bound_w, sizeof(bound_w), "%.0f / %.0f", w[1] * us / sms, w[3] * us);
+      }
+      std::printf("%-32s %-6s %10.1f %10.0f %10.1f %8s %15s %15s\n", names[mode], fma ? "fma" : "add", ms * 1e3,
+                  bytes / 1e6 / ms, 1e3 / ms, ok ? "ok" : "WRONG", chunk_w, bound_w);
     }
   }
   FERN_CUDA_CHECK(cudaGetLastError());
@@ -460,5 +496,6 @@ int main(int argc, char** argv) {
   cudaFree(act);
   cudaFree(sink);
   cudaFree(sum);
+  cudaFree(waits);
   return 0;
 }
