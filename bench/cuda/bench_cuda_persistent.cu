@@ -84,6 +84,11 @@ struct Args {
 };
 
 [[maybe_unused]] __device__ __forceinline__ int first_chunk(int p, int b, int G) { return (b - (p * 37) % G + G) % G; }
+// Bytes of chunk c of a phase (the last one may be short).
+[[maybe_unused]] __device__ __forceinline__ uint32_t chunk_len(const Phase& ph, int c, int chunk) {
+  const int64_t left = ph.bytes - int64_t(c) * chunk;
+  return uint32_t(left < chunk ? left : chunk);
+}
 
 __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -103,6 +108,16 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
     passed = a.p0;
   }
   __syncthreads();
+  // Copy k of this block (chunk c of phase ph) into its slot, once the slot is free (the caller's wait) and at most
+  // a.inflight copies are in flight: copy k - inflight must have landed (that slot's last use is that copy, since
+  // inflight <= slots, so the parity names it whether or not its consumers have released it).
+  auto request = [&](int k, const Phase& ph, int c) {
+    const int s = k % slots;
+    if (k >= a.inflight) ptx::mbar_wait(&full[(k - a.inflight) % slots], ((k - a.inflight) / slots) & 1);
+    const uint32_t len = chunk_len(ph, c, chunk);
+    ptx::mbar_arrive_expect_tx(&full[s], len);
+    ptx::bulk_copy_g2s(ring + s * chunk, a.pool + ph.off + int64_t(c) * chunk, len, &full[s]);
+  };
   if (warp == 0 && a.stream) {
     if (lane == 0) {
       pdl_wait();
@@ -111,15 +126,11 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
         const Phase ph = a.stream[p];
         const int nch = int((ph.bytes + chunk - 1) / chunk);
         for (int c = first_chunk(p, b, G); c < nch; c += G, ++k) {
-          const int s = k % slots;
-          if (k >= a.inflight) ptx::mbar_wait(&full[(k - a.inflight) % slots], ((k - a.inflight) / slots) & 1);
-          if (k >= slots) ptx::mbar_wait(&full[s], ((k / slots) - 1) & 1);  // the slot's last copy has landed
-          const uint32_t len = uint32_t(ph.bytes - int64_t(c) * chunk < chunk ? ph.bytes - int64_t(c) * chunk : chunk);
-          ptx::mbar_arrive_expect_tx(&full[s], len);
-          ptx::bulk_copy_g2s(ring + s * chunk, a.pool + ph.off + int64_t(c) * chunk, len, &full[s]);
+          if (k >= slots) ptx::mbar_wait(&full[k % slots], ((k / slots) - 1) & 1);  // the slot's last copy landed
+          request(k, ph, c);
         }
       }
-      for (int j = k - slots < 0 ? 0 : k - slots; j < k; ++j) ptx::mbar_wait(&full[j % slots], (j / slots) & 1);
+      for (int j = max(k - slots, 0); j < k; ++j) ptx::mbar_wait(&full[j % slots], (j / slots) & 1);
     }
     return;
   }
@@ -139,14 +150,8 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
           waited = true;
         }
         for (int c = first_chunk(p, b, G); c < nch; c += G, ++k) {
-          const int s = k % slots;
-          ptx::mbar_wait(&empty[s], ((k / slots) & 1) ^ 1);
-          // The cap on copies in flight: copy k - inflight must have landed (its slot's last use is that copy,
-          // since inflight <= slots, so the parity names it whether or not its consumers have released it).
-          if (k >= a.inflight) ptx::mbar_wait(&full[(k - a.inflight) % slots], ((k - a.inflight) / slots) & 1);
-          const uint32_t len = uint32_t(ph.bytes - int64_t(c) * chunk < chunk ? ph.bytes - int64_t(c) * chunk : chunk);
-          ptx::mbar_arrive_expect_tx(&full[s], len);
-          ptx::bulk_copy_g2s(ring + s * chunk, a.pool + ph.off + int64_t(c) * chunk, len, &full[s]);
+          ptx::mbar_wait(&empty[k % slots], ((k / slots) & 1) ^ 1);  // its consumers have released the slot
+          request(k, ph, c);
         }
       }
     }
@@ -205,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Args a) {
       const long long t0 = clock64();
       ptx::mbar_wait(&full[s], (k / slots) & 1);
       t_data += clock64() - t0;
-      const int len = int(ph.bytes - int64_t(c) * chunk < chunk ? ph.bytes - int64_t(c) * chunk : chunk);
+      const int len = int(chunk_len(ph, c, chunk));
       const uint4* w = reinterpret_cast<const uint4*>(ring + s * chunk);
       for (int i = tc; i < len / 16; i += 32 * kConsumerWarps) {
         const uint4 v = w[i];
@@ -405,9 +410,11 @@ int main(int argc, char** argv) {
   // One step in a mode: 0 launches (PDL), 1 serial, 2 prefetch, 3 barriers, 4 ahead, 5 launches (no PDL), 6 launches
   // with no bytes (PDL), 7 every byte in one persistent phase, 8 the barriers of mode 3 while the producers stream
   // every byte beside them (consumed by nobody).
+  // Modes whose consumers read no bytes (their sum is 0).
+  auto reads_nothing = [](int mode) { return mode == 3 || mode == 6 || mode == 8; };
   auto step = [&](int mode, int fma, unsigned long long* wait_clocks = nullptr) {
     Args a{pool,
-           mode == 3 || mode == 6 || mode == 8 ? d_none
+           reads_nothing(mode) ? d_none
            : mode == 7            ? d_one
                                   : d_ph,
            0,
@@ -462,7 +469,7 @@ int main(int argc, char** argv) {
       unsigned long long got = 0;
       FERN_CUDA_CHECK(cudaMemcpyAsync(&got, sum, 8, cudaMemcpyDeviceToHost, s));
       FERN_CUDA_CHECK(cudaStreamSynchronize(s));
-      const bool ok = got == (mode == 3 || mode == 6 || mode == 8 ? 0ull : expected);
+      const bool ok = got == (reads_nothing(mode) ? 0ull : expected);
       const int steps = 8;
       const double ms = bench::graph_median_ms(
                             s,
