@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "engine/logit_scan.h"
 
 namespace fern {
 
@@ -15,24 +16,12 @@ uint64_t fresh_seed() {
   return (uint64_t(rd()) << 32) ^ uint64_t(rd());
 }
 
-// Indices of the `k` largest logits, sorted by decreasing logit (ties: lower index first).
-void top_indices(std::span<const float> logits, size_t k, std::vector<int32_t>& idx) {
-  idx.resize(logits.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  k = std::min(k, idx.size());
-  if (k * 4 >= idx.size()) {
-    std::sort(idx.begin(), idx.end(), better);  // a heap-based partial sort of most of the array is slower
-  } else {
-    std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(), better);
-    std::sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), better);
-  }
-  idx.resize(k);
-}
-
 }  // namespace
 
 int32_t argmax(std::span<const float> logits) {
+  const LogitScan scan = scan_logits(logits.data(), logits.size());
+  if (!scan.has_nan && !logits.empty())  // the common case, vectorized; with NaN the scalar loop skips them
+    return static_cast<int32_t>(first_index_of(logits.data(), logits.size(), scan.max));
   int32_t best = -1;
   float bv = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -82,76 +71,93 @@ void Sampler::apply_penalties(std::span<float> logits) const {
 
 int32_t Sampler::sample(std::span<float> logits) {
   FERN_CHECK(!logits.empty(), "sampling from empty logits");
-  for (float v : logits)
-    if (std::isnan(v)) fail("the model produced NaN logits");
+  float* v = logits.data();
+  const size_t n = logits.size();
+  // The penalties cannot turn a number into NaN (every term is finite), so one scan after them checks for NaN
+  // and finds the maximum.
   apply_penalties(logits);
-  if (p_.temperature <= 0.0f) return argmax(logits);
+  const LogitScan scan = scan_logits(v, n);
+  if (scan.has_nan) fail("the model produced NaN logits");
+  if (p_.temperature <= 0.0f) return static_cast<int32_t>(first_index_of(v, n, scan.max));
 
   const float inv_t = 1.0f / p_.temperature;
-  float mx = -INFINITY;
-  for (float& v : logits) {
-    v *= inv_t;
-    mx = std::max(mx, v);
+  scale_logits(v, n, inv_t);
+  const float mx = scan.max * inv_t;  // rounding is monotonic: the largest scaled value
+  if (!std::isfinite(mx)) return static_cast<int32_t>(first_index_of(v, n, mx));  // nothing to weigh
+  const bool top_k = p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n;
+
+  if (!top_k && p_.top_p >= 1.0f) {
+    // Every token weighs in (min-p aside): the weights in one vectorized pass, then a walk in index order that
+    // skips whole blocks by their sums.
+    const float floor = p_.min_p > 0.0f ? mx + std::log(p_.min_p) : -INFINITY;
+    weights_.resize(n);
+    const double total = exp_weights(v, n, mx, floor, weights_.data(), block_sums_);
+    double r = uniform() * total;
+    for (size_t b = 0; b < block_sums_.size(); ++b) {
+      if (r >= block_sums_[b]) {
+        r -= block_sums_[b];
+        continue;
+      }
+      const size_t hi = std::min(n, (b + 1) * kWeightBlock);
+      for (size_t i = b * kWeightBlock; i < hi; ++i) {
+        r -= weights_[i];
+        if (r < 0) return static_cast<int32_t>(i);
+      }
+      // The block's sum was added in another order: a sliver of r is left for the next block.
+    }
+    for (size_t i = n; i-- > 0;)
+      if (weights_[i] > 0.0f) return static_cast<int32_t>(i);
+    return static_cast<int32_t>(first_index_of(v, n, mx));
   }
-  if (!std::isfinite(mx)) return argmax(logits);  // every logit -inf (or +inf): nothing to weigh
 
   // Candidates: the top-k (sorted), or for top-p alone a sorted prefix grown until it holds top_p of the mass
-  // (exact, and avoids sorting the whole vocabulary on every token), or every token.
-  std::vector<int32_t> cand;
-  bool sorted = false;
+  // (exact, and avoids sorting the whole vocabulary on every token).
+  std::vector<int32_t>& cand = candidates_;
   double z_all = 0;
-  if (p_.top_k == 0 && p_.top_p < 1.0f)
-    for (float v : logits) z_all += std::exp(double(v - mx));
-  if (p_.top_k > 0) {
-    top_indices(logits, static_cast<size_t>(p_.top_k), cand);
-    sorted = true;
-  } else if (p_.top_p < 1.0f) {
-    // Past a few thousand candidates the distribution is flat: one full sort is cheaper than more doubling.
-    for (size_t k = 256;; k = k >= 4096 ? logits.size() : k * 4) {
-      top_indices(logits, k, cand);
-      double mass = 0;
-      for (int32_t i : cand) mass += std::exp(double(logits[i] - mx));
-      if (mass >= double(p_.top_p) * z_all || cand.size() == logits.size()) break;
-    }
-    sorted = true;
+  if (top_k) {
+    top_k_indices(v, n, static_cast<size_t>(p_.top_k), cand);
   } else {
-    cand.resize(logits.size());
-    std::iota(cand.begin(), cand.end(), 0);
+    weights_.resize(n);
+    z_all = exp_weights(v, n, mx, -INFINITY, weights_.data(), block_sums_);
+    for (size_t k = 64;; k = k >= 16384 ? n : k * 16) {
+      top_k_indices(v, n, std::min(k, n), cand);
+      double mass = 0;
+      for (int32_t i : cand) mass += std::exp(double(v[i] - mx));
+      if (mass >= double(p_.top_p) * z_all || cand.size() == n) break;
+    }
   }
 
   // Normaliser over the candidate set (top-k renormalises; otherwise the whole vocabulary).
-  if (sorted && p_.top_p < 1.0f) {
+  if (p_.top_p < 1.0f) {
     double z = z_all;
-    if (p_.top_k > 0) {
+    if (top_k) {
       z = 0;
-      for (int32_t i : cand) z += std::exp(double(logits[i] - mx));
+      for (int32_t i : cand) z += std::exp(double(v[i] - mx));
     }
     double cum = 0;
     size_t keep = 0;
     while (keep < cand.size()) {
-      cum += std::exp(double(logits[cand[keep]] - mx)) / z;
+      cum += std::exp(double(v[cand[keep]] - mx)) / z;
       ++keep;
       if (cum >= double(p_.top_p)) break;
     }
     cand.resize(std::max<size_t>(keep, 1));
   }
   if (p_.min_p > 0.0f) {
-    // p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p); the max is the first candidate or mx.
-    float best = -INFINITY;
-    for (int32_t i : cand) best = std::max(best, logits[i]);
-    const float thr = best + std::log(p_.min_p);
-    std::erase_if(cand, [&](int32_t i) { return logits[i] < thr; });
+    // p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p); the candidates are sorted, the first is the max.
+    const float thr = v[cand.front()] + std::log(p_.min_p);
+    std::erase_if(cand, [&](int32_t i) { return v[i] < thr; });
   }
   double total = 0;
-  for (int32_t i : cand) total += std::exp(double(logits[i] - mx));
+  for (int32_t i : cand) total += std::exp(double(v[i] - mx));
   double r = uniform() * total;
   for (int32_t i : cand) {
-    r -= std::exp(double(logits[i] - mx));
+    r -= std::exp(double(v[i] - mx));
     if (r < 0) return i;
   }
   // Rounding left a sliver of mass: the last candidate with non-zero weight.
   for (auto it = cand.rbegin(); it != cand.rend(); ++it)
-    if (std::exp(double(logits[*it] - mx)) > 0) return *it;
+    if (std::exp(double(v[*it] - mx)) > 0) return *it;
   return cand.front();
 }
 

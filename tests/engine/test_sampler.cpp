@@ -1,6 +1,6 @@
 // Sampler: greedy, reproducibility with a seed, the sampled distribution against softmax for temperature, top-k,
-// top-p and min-p, penalties and logit bias, and the fast top-p path against a full-sort reference at the real
-// vocabulary size.
+// top-p and min-p, penalties and logit bias, and the fast paths (top-p's growing prefix, top-k's selection, the
+// temperature-only walk over weight blocks) against exact references at the real vocabulary size.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -209,6 +209,103 @@ TEST(Sampler, TopPPrefixPathEqualsFullSortReference) {
         }
       }
       EXPECT_EQ(got, want) << "scale " << scale << " seed " << seed;
+    }
+  }
+}
+
+// Temperature alone (and with min-p) walks every token's weight in index order, skipping whole blocks by their
+// sums. Against the exact walk (double exp, r = u * total): the token must be the one whose interval of the
+// cumulative weight holds u * total, up to the weights' rounding (2e-6 of the total covers the float block sums
+// and the float exp; an off-by-one token or a wrong block is off by a whole token's weight, far more for the
+// tokens these draws land on). Real vocabulary, peaked and flat logits.
+TEST(Sampler, TemperatureWalkMatchesTheExactCumulativeWeight) {
+  for (float scale : {0.5f, 3.0f, 8.0f}) {
+    std::vector<float> base = test::randn(248320, 31, scale);
+    for (float min_p : {0.0f, 0.05f}) {
+      int exact = 0;
+      for (uint64_t seed = 0; seed < 8; ++seed) {
+        SamplingParams sp;
+        sp.temperature = 0.9f;
+        sp.min_p = min_p;
+        sp.seed = seed;
+        Sampler s(sp);
+        std::vector<float> l = base;
+        const int32_t got = s.sample(l);
+
+        Sampler twin(sp);
+        const double u = twin.uniform();
+        std::vector<float> t = base;
+        for (auto& x : t) x *= 1.0f / sp.temperature;
+        const float mx = *std::max_element(t.begin(), t.end());
+        const float floor = min_p > 0 ? mx + std::log(min_p) : -INFINITY;
+        std::vector<double> cum(t.size() + 1, 0.0);
+        for (size_t i = 0; i < t.size(); ++i) cum[i + 1] = cum[i] + (t[i] >= floor ? std::exp(double(t[i] - mx)) : 0.0);
+        const double r = u * cum.back(), tol = 2e-6 * cum.back();
+        ASSERT_GE(got, 0);
+        EXPECT_GE(r, cum[size_t(got)] - tol) << "scale " << scale << " seed " << seed;
+        EXPECT_LE(r, cum[size_t(got) + 1] + tol) << "scale " << scale << " seed " << seed;
+        EXPECT_GE(t[size_t(got)], floor);
+        exact += r >= cum[size_t(got)] && r < cum[size_t(got) + 1];
+      }
+      EXPECT_GE(exact, 7) << "scale " << scale << ": most draws land well inside their token's interval";
+    }
+  }
+}
+
+// A vocabulary of four weight blocks with the mass on tokens at and around the blocks' edges: the walk that skips
+// blocks by their sums must give every token its softmax probability.
+TEST(Sampler, TemperatureAcrossWeightBlocksMatchesSoftmax) {
+  std::vector<float> l(1000, -4.0f);
+  const size_t heavy[] = {0, 255, 256, 257, 511, 512, 767, 999};
+  for (size_t i = 0; i < std::size(heavy); ++i) l[heavy[i]] = 1.0f + 0.25f * float(i);
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.seed = 77;
+  auto f = frequencies(sp, l, kDraws);
+  auto p = softmax(l, 1.0);
+  double rest_f = 1.0, rest_p = 1.0;
+  for (size_t i : heavy) {
+    EXPECT_NEAR(f[i], p[i], kFreqTol) << "token " << i;
+    rest_f -= f[i];
+    rest_p -= p[i];
+  }
+  EXPECT_NEAR(rest_f, rest_p, kFreqTol) << "the 992 light tokens together";
+}
+
+// top-k at the real vocabulary (the selection skips blocks below its threshold) picks exactly what a full sort
+// would for the same random number.
+TEST(Sampler, TopKAtTheRealVocabularyEqualsFullSortReference) {
+  std::vector<float> base = test::randn(248320, 41, 3.0f);
+  for (int k : {1, 20, 50, 1000}) {
+    for (uint64_t seed = 0; seed < 4; ++seed) {
+      SamplingParams sp;
+      sp.temperature = 0.7f;
+      sp.top_k = k;
+      sp.seed = seed;
+      Sampler s(sp);
+      std::vector<float> l = base;
+      const int32_t got = s.sample(l);
+
+      Sampler twin(sp);
+      const double u = twin.uniform();
+      std::vector<float> t = base;
+      for (auto& x : t) x *= 1.0f / sp.temperature;
+      std::vector<int32_t> idx(t.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return t[a] > t[b]; });
+      const float mx = t[idx[0]];
+      double total = 0;
+      for (int i = 0; i < k; ++i) total += std::exp(double(t[idx[i]] - mx));
+      double r = u * total;
+      int32_t want = idx[k - 1];
+      for (int i = 0; i < k; ++i) {
+        r -= std::exp(double(t[idx[i]] - mx));
+        if (r < 0) {
+          want = idx[i];
+          break;
+        }
+      }
+      EXPECT_EQ(got, want) << "k " << k << " seed " << seed;
     }
   }
 }
