@@ -164,4 +164,24 @@ FERN_CPU_CLONES void top_k_indices(const float* v, size_t n, size_t k, std::vect
   for (size_t j = 0; j < buf.size(); ++j) out[j] = buf[j].second;
 }
 
+void value_bucket_masses(const float* v, const float* w, size_t n, std::vector<double>& mass) {
+  // Four histograms taken in turn, so that neighbouring tokens in one bucket do not wait on each other's add.
+  constexpr size_t kWays = 4;
+  std::vector<double> ways(kWays * kValueBuckets, 0.0);
+  size_t i = 0;
+  for (; i + kWays <= n; i += kWays)
+    for (size_t j = 0; j < kWays; ++j) ways[j * kValueBuckets + value_bucket(v[i + j])] += double(w[i + j]);
+  for (; i < n; ++i) ways[value_bucket(v[i])] += double(w[i]);
+  mass.assign(kValueBuckets, 0.0);
+  for (size_t b = 0; b < kValueBuckets; ++b)
+    for (size_t j = 0; j < kWays; ++j) mass[b] += ways[j * kValueBuckets + b];
+}
+
+void bucket_indices_sorted(const float* v, size_t n, uint32_t bucket, std::vector<int32_t>& out) {
+  out.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (value_bucket(v[i]) == bucket) out.push_back(static_cast<int32_t>(i));
+  std::sort(out.begin(), out.end(), [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+}
+
 }  // namespace fern

@@ -33,6 +33,24 @@ float exp_nonpositive(float x);
 inline constexpr size_t kWeightBlock = 256;
 double exp_weights(const float* v, size_t n, float max, float floor, float* w, std::vector<double>& block_sums);
 
+// Order-preserving key of a float: a larger value has a larger key (-0 just below +0). NaN must not occur.
+inline uint32_t order_key(float x) {
+  const uint32_t bits = __builtin_bit_cast(uint32_t, x);
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+
+// Value buckets: the top 12 bits of order_key (sign, exponent and 3 mantissa bits, so a bucket spans at most
+// 1/8 of a power of two), numbered upward with the values.
+inline constexpr int kValueBucketShift = 20;
+inline constexpr size_t kValueBuckets = size_t(1) << (32 - kValueBucketShift);
+inline uint32_t value_bucket(float x) { return order_key(x) >> kValueBucketShift; }
+
+// mass[b] = the sum (in double) of w[i] over the i with value_bucket(v[i]) == b; `mass` gets kValueBuckets entries.
+void value_bucket_masses(const float* v, const float* w, size_t n, std::vector<double>& mass);
+
+// The indices i with value_bucket(v[i]) == bucket, sorted by decreasing value, ties by the lower index.
+void bucket_indices_sorted(const float* v, size_t n, uint32_t bucket, std::vector<int32_t>& out);
+
 // Indices of the k largest values of v[0, n) (k <= n), sorted by decreasing value, ties broken by the lower index.
 // NaN must not occur. One pass that keeps at most 2k candidates above a rising threshold, skipping 16-value blocks
 // whose largest value is below it: O(n) with a vectorized test for most of the vocabulary when k is small.

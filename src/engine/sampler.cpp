@@ -110,8 +110,8 @@ int32_t Sampler::sample(std::span<float> logits) {
     return static_cast<int32_t>(first_index_of(v, n, mx));
   }
 
-  // Candidates: the top-k (sorted), or for top-p alone a sorted prefix grown until it holds top_p of the mass
-  // (exact, and avoids sorting the whole vocabulary on every token).
+  // Candidates: the top-k (sorted), or for top-p alone the 64 or 1,024 best when they hold top_p of the mass
+  // (exact, and avoids sorting the vocabulary), else value buckets.
   std::vector<int32_t>& cand = candidates_;
   double z_all = 0;
   if (top_k) {
@@ -119,12 +119,17 @@ int32_t Sampler::sample(std::span<float> logits) {
   } else {
     weights_.resize(n);
     z_all = exp_weights(v, n, mx, -INFINITY, weights_.data(), block_sums_);
-    for (size_t k = 64;; k = k >= 16384 ? n : k * 16) {
+    bool found = false;
+    for (size_t k : {size_t(64), size_t(1024)}) {
       top_k_indices(v, n, std::min(k, n), cand);
       double mass = 0;
       for (int32_t i : cand) mass += std::exp(double(v[i] - mx));
-      if (mass >= double(p_.top_p) * z_all || cand.size() == n) break;
+      if (mass >= double(p_.top_p) * z_all || cand.size() == n) {
+        found = true;
+        break;
+      }
     }
+    if (!found) return sample_nucleus_by_buckets(v, n, z_all);
   }
 
   // Normaliser over the candidate set (top-k renormalises; otherwise the whole vocabulary).
@@ -159,6 +164,59 @@ int32_t Sampler::sample(std::span<float> logits) {
   for (auto it = cand.rbegin(); it != cand.rend(); ++it)
     if (std::exp(double(v[*it] - mx)) > 0) return *it;
   return cand.front();
+}
+
+int32_t Sampler::sample_nucleus_by_buckets(const float* v, size_t n, double z_all) {
+  // The nucleus in decreasing order of value, without sorting the vocabulary: value buckets hold contiguous ranges
+  // of values, so walking their masses from the top bucket down is walking the sorted tokens a bucket at a time;
+  // only the bucket where the nucleus ends and the bucket the draw lands in are sorted. Weights are weights_ (set
+  // by the caller for every token), the same numbers the block sums were made of.
+  value_bucket_masses(v, weights_.data(), n, bucket_mass_);
+  const double target = double(p_.top_p) * z_all;
+  double above = 0;  // mass of the buckets above the cut bucket
+  size_t cut = kValueBuckets;
+  while (cut-- > 0) {
+    if (above + bucket_mass_[cut] >= target) break;
+    above += bucket_mass_[cut];
+  }
+  if (cut >= kValueBuckets) {  // rounding kept the target out of reach: the whole vocabulary is the nucleus
+    cut = 0;
+    while (cut + 1 < kValueBuckets && bucket_mass_[cut] == 0.0) ++cut;
+    above -= bucket_mass_[cut];
+  }
+  std::vector<int32_t>& in_cut = candidates_;
+  bucket_indices_sorted(v, n, static_cast<uint32_t>(cut), in_cut);
+  double total = above;
+  size_t keep = 0;
+  while (keep < in_cut.size()) {
+    total += weights_[in_cut[keep]];
+    ++keep;
+    if (total >= target) break;
+  }
+  in_cut.resize(keep);
+
+  double r = uniform() * total;
+  std::vector<int32_t> in_bucket;
+  for (size_t b = kValueBuckets; b-- > cut + 1;) {
+    if (bucket_mass_[b] == 0.0) continue;
+    if (r >= bucket_mass_[b]) {
+      r -= bucket_mass_[b];
+      continue;
+    }
+    bucket_indices_sorted(v, n, static_cast<uint32_t>(b), in_bucket);
+    for (int32_t i : in_bucket) {
+      r -= weights_[i];
+      if (r < 0) return i;
+    }
+    // The bucket's sum was added in another order: a sliver of r is left for the next bucket.
+  }
+  for (int32_t i : in_cut) {
+    r -= weights_[i];
+    if (r < 0) return i;
+  }
+  for (auto it = in_cut.rbegin(); it != in_cut.rend(); ++it)
+    if (weights_[*it] > 0.0f) return *it;
+  return static_cast<int32_t>(first_index_of(v, n, scan_logits(v, n).max));
 }
 
 }  // namespace fern

@@ -1,7 +1,7 @@
 // The sampler's vectorized vocabulary passes (engine/logit_scan.h) against plain references: the NaN scan and the
 // maximum, the first index of a value, exp of non-positive numbers against the double exp, the sampling weights
-// and their block sums, and the top-k selection against a full sort, at the real vocabulary size and at lengths
-// that leave partial vector steps and partial weight blocks.
+// and their block sums, the top-k selection against a full sort, and the value buckets of top-p's flat path, at
+// the real vocabulary size and at lengths that leave partial vector steps and partial weight blocks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -139,6 +139,38 @@ TEST(LogitScan, TopKEqualsAFullSortWithTiesAndInfinities) {
   std::vector<int32_t> got;
   top_k_indices(ninf.data(), ninf.size(), 5, got);
   EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2, 3, 4}));
+}
+
+TEST(LogitScan, OrderKeysAndValueBuckets) {
+  const std::vector<float> ordered = {-INFINITY, -3.0e38f, -2.5f, -1.0f, -1e-30f, -0.0f, 0.0f, 1e-30f,
+                                      1.0f,      1.124f,   1.126f, 2.0f, 3.0e38f, INFINITY};
+  for (size_t i = 0; i + 1 < ordered.size(); ++i)
+    EXPECT_LT(order_key(ordered[i]), order_key(ordered[i + 1])) << ordered[i] << " " << ordered[i + 1];
+  EXPECT_EQ(value_bucket(1.0f), value_bucket(1.124f));  // a bucket spans 1/8 of a power of two: [1, 1.125)
+  EXPECT_LT(value_bucket(1.124f), value_bucket(1.126f));
+
+  for (size_t n : {size_t(17), size_t(1000), kVocab}) {
+    std::vector<float> v = test::randn(n, 500 + n, 2.0f);
+    for (size_t i = 0; i < n; i += 7) v[i] = std::round(v[i] * 8.0f) / 8.0f;  // ties inside buckets
+    std::vector<float> w = test::randu(n, 600 + n, 0.0f, 1.0f);
+    std::vector<double> mass;
+    value_bucket_masses(v.data(), w.data(), n, mass);
+    ASSERT_EQ(mass.size(), kValueBuckets);
+    std::vector<double> want(kValueBuckets, 0.0);
+    for (size_t i = 0; i < n; ++i) want[value_bucket(v[i])] += double(w[i]);
+    for (size_t b = 0; b < kValueBuckets; ++b) EXPECT_NEAR(mass[b], want[b], 1e-12 * (1.0 + want[b])) << b;
+
+    std::vector<int32_t> all(n);
+    std::iota(all.begin(), all.end(), 0);
+    std::stable_sort(all.begin(), all.end(), [&](int32_t a, int32_t b) { return v[a] > v[b]; });
+    for (uint32_t bucket : {value_bucket(v[0]), value_bucket(v[n / 2]), value_bucket(0.3f), value_bucket(-9.0f)}) {
+      std::vector<int32_t> got, ref;
+      bucket_indices_sorted(v.data(), n, bucket, got);
+      for (int32_t i : all)
+        if (value_bucket(v[i]) == bucket) ref.push_back(i);
+      EXPECT_EQ(got, ref) << "n " << n << " bucket " << bucket;
+    }
+  }
 }
 
 }  // namespace

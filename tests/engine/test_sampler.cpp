@@ -166,12 +166,13 @@ TEST(Sampler, RepetitionPenaltyAndLogitBias) {
   EXPECT_FLOAT_EQ(l[2], -5.0f);       // bias added
 }
 
-// The top-p path grows a sorted prefix instead of sorting the vocabulary; it must pick exactly what a full sort
-// would, for the same random number. Real vocabulary size, peaked and flat logits.
+// The top-p path takes the 64 or 1,024 best, or walks value buckets, instead of sorting the vocabulary; it must
+// pick exactly what a full sort would, for the same random number. Real vocabulary size, peaked and flat logits.
 TEST(Sampler, TopPPrefixPathEqualsFullSortReference) {
-  for (float scale : {0.5f, 3.0f}) {
+  // Scale 12: the nucleus is among the 64 best; 0.5 and 3: it is not among the 1,024 best (value buckets).
+  for (float scale : {0.5f, 3.0f, 12.0f}) {
     std::vector<float> base = test::randn(248320, 21, scale);
-    for (uint64_t seed = 0; seed < 6; ++seed) {
+    for (uint64_t seed = 0; seed < 10; ++seed) {
       SamplingParams sp;
       sp.temperature = 0.8f;
       sp.top_p = 0.9f;
