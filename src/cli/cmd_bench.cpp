@@ -23,6 +23,7 @@
 #include "core/bf16.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "model/cost.h"
 #include "model/forward.h"
 
@@ -64,6 +65,14 @@ struct Options {
   int runs = 3;
   int threads = 0;
   bool host_loop = false;  // decode through Engine::decode (logits to the host every step) even on CUDA
+  // The host loop picks each token with the server's Sampler and these parameters (temperature 0: greedy), so that
+  // it times what a served request pays per token.
+  SamplingParams sampling = [] {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.seed = 1;
+    return p;
+  }();
   std::string json_path, md_path;
   // "NAME=v1,v2,...": decode once per value of the environment switch NAME in each run, the values interleaved
   // run by run (same weights, same process: a comparison that drift between processes or machines cannot blur).
@@ -196,7 +205,7 @@ Stat stat_of(std::vector<double> v) {
 // Times `steps` greedy decode steps, `runs` times. On CUDA (unless --host-loop) one step (forward + argmax writing
 // the next token into the input slot) is captured as a CUDA graph and replayed back to back: no host round trip
 // between steps, which is how a decode loop that streams ids asynchronously runs. Elsewhere each step goes
-// through Engine::decode and the host picks the argmax.
+// through Engine::decode and the host picks the token with the Sampler (--temperature etc.), as the server does.
 std::vector<double> time_decode(Engine& engine, SequenceState& st, const Options& o, int32_t first_token,
                                 bool* used_graph) {
   std::vector<double> rates;
@@ -231,16 +240,19 @@ std::vector<double> time_decode(Engine& engine, SequenceState& st, const Options
 #endif
   std::vector<float> logits;
   int32_t next = first_token;
+  Sampler sampler(o.sampling);
   for (int i = 0; i < o.warmup; ++i) {
     engine.decode(st, next, logits);
-    next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    next = sampler.sample(logits);
+    sampler.accept(next);
   }
   for (int r = 0; r < o.runs; ++r) {
     engine.backend().synchronize();
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < o.steps; ++i) {
       engine.decode(st, next, logits);
-      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      next = sampler.sample(logits);
+      sampler.accept(next);
     }
     engine.backend().synchronize();
     rates.push_back(o.steps / seconds_since(t0));
@@ -322,6 +334,9 @@ int run_bench(const Options& o) {
       ::unsetenv(name.c_str());
     }
   } else if (o.phase == "decode" || o.phase == "both") {
+    if (o.host_loop || engine.backend().device() != Device::Cuda)
+      md += fmt::format("host loop, tokens sampled with temperature {} top_p {} top_k {} min_p {}\n\n",
+                        o.sampling.temperature, o.sampling.top_p, o.sampling.top_k, o.sampling.min_p);
     md += "| context | tok/s (median) | min-max | bytes/token | GB/s | % of H200 roofline |\n|---:|---:|---:|---:|---:|---:|\n";
     for (int64_t L : lengths) {
       bool graph = false;
@@ -336,6 +351,9 @@ int run_bench(const Options& o) {
                          {"tok_s_max", s.max}, {"runs", o.runs}, {"steps", o.steps},
                          {"bytes_per_token", cost.total()}, {"weight_bytes", cost.weight_bytes},
                          {"gb_s", gbs}, {"roofline_tok_s", roof}, {"cuda_graph", graph}});
+      if (!graph)
+        results.back()["host_sampling"] = {{"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p},
+                                           {"top_k", o.sampling.top_k}, {"min_p", o.sampling.min_p}};
       log::info("decode ctx {}: {:.1f} tok/s", L, s.median);
     }
   }
@@ -401,6 +419,11 @@ Command reg("bench", "Measure decode and prefill throughput against the roofline
   app.add_option("--runs", o->runs, "Timed runs per length (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--threads", o->threads, "CPU threads (0 = all)");
   app.add_flag("--host-loop", o->host_loop, "Decode through the host (logits copied back each step) even on CUDA");
+  app.add_option("--temperature", o->sampling.temperature, "Host loop: sampling temperature (0 = greedy)")
+      ->check(CLI::Range(0.0, 2.0));
+  app.add_option("--top-p", o->sampling.top_p, "Host loop: top-p")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--top-k", o->sampling.top_k, "Host loop: top-k (0 = off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--min-p", o->sampling.min_p, "Host loop: min-p")->check(CLI::Range(0.0, 1.0));
   app.add_option("--decode-switch", o->decode_switch,
                  "NAME=v1,v2,...: decode once per value of environment switch NAME in every run (interleaved)");
   app.add_option("--prefill-chunk", o->prefill_chunks,
