@@ -87,9 +87,10 @@ int64_t Generator::start_from_prefix(const GenerateRequest& req) {
 }
 
 GenerateResult Generator::generate(const GenerateRequest& req, const std::function<void(const std::string&)>& on_text,
-                                   const std::function<bool()>& cancelled) {
+                                   const std::function<bool()>& cancelled,
+                                   const std::function<void(const TokenLogprob&)>& on_logprob) {
   try {
-    return generate_impl(req, on_text, cancelled);
+    return generate_impl(req, on_text, cancelled, on_logprob);
   } catch (...) {
     st_tokens_.clear();  // the working state may be part-way through a step: never continue from it
     throw;
@@ -98,12 +99,14 @@ GenerateResult Generator::generate(const GenerateRequest& req, const std::functi
 
 GenerateResult Generator::generate_impl(const GenerateRequest& req,
                                         const std::function<void(const std::string&)>& on_text,
-                                        const std::function<bool()>& cancelled) {
+                                        const std::function<bool()>& cancelled,
+                                        const std::function<void(const TokenLogprob&)>& on_logprob) {
   const int64_t ctx = engine_.max_context();
   const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
   if (n_prompt == 0) fail("the prompt is empty");
   if (n_prompt >= ctx) fail("the prompt has {} tokens; the context holds {}", n_prompt, ctx);
   const int32_t V = static_cast<int32_t>(engine_.config().vocab_size);
+  FERN_CHECK(req.top_logprobs <= 20, "top_logprobs {} (at most 20)", req.top_logprobs);
   for (int32_t t : req.prompt)
     if (t < 0 || t >= V) fail("prompt token id {} is outside the model's vocabulary ({})", t, V);
 
@@ -159,6 +162,8 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
     }
     int32_t tok;
     const size_t i = res.output.size();
+    // Log-probabilities from the raw logits, before the sampler scales them in place.
+    if (req.top_logprobs >= 0) logprobs_.compute(logits_, req.top_logprobs);
     if (i < req.forced.size()) {
       tok = req.forced[i];
     } else if (!req.forced.empty() && !req.forced_is_prefix) {
@@ -174,6 +179,10 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
       res.finish = FinishReason::Stop;
       ended_with_im_end = tok == im_end_;
       break;
+    }
+    if (req.top_logprobs >= 0) {
+      res.logprobs.push_back(logprobs_.entry(tok));
+      if (on_logprob) on_logprob(res.logprobs.back());
     }
     auto r = stops.push(dec.push(tok));
     emit(r.text);

@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/session_cache.h"
+#include "engine/token_logprobs.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fern {
@@ -39,6 +40,10 @@ struct GenerateRequest {
   // With forced tokens: continue by sampling after them (a forced prefix, e.g. "<tool_call>\n<function=" for
   // tool_choice "required") instead of ending.
   bool forced_is_prefix = false;
+  // -1: no log-probabilities. 0..20: each output token's log-probability and that many of the most likely
+  // alternatives (token_logprobs.h), reported through on_logprob and in the result. The eos token that ends the
+  // generation gets none (it has no text).
+  int top_logprobs = -1;
 };
 
 struct GenerateResult {
@@ -47,6 +52,7 @@ struct GenerateResult {
   int64_t cached_tokens = 0;       // prompt tokens restored from a snapshot (not prefilled)
   int64_t completion_tokens = 0;   // tokens sampled (the eos token included)
   std::vector<int32_t> output;     // sampled tokens (eos included)
+  std::vector<TokenLogprob> logprobs;  // with top_logprobs >= 0: one per output token but a final eos
   std::string text;                // everything passed to on_text
   double prefill_seconds = 0, decode_seconds = 0, ttft_seconds = 0;
 };
@@ -65,8 +71,10 @@ class Generator {
   // on_text gets the next piece of output text (never half of a UTF-8 character, never part of a stop string).
   // `cancelled` is polled between prefill chunks and before every decode step. Throws fern::Error on bad input
   // (prompt empty or not shorter than the context) and on model failures (NaN logits).
+  // on_logprob (with req.top_logprobs >= 0) gets each token's entry before the token's text goes to on_text.
   GenerateResult generate(const GenerateRequest& req, const std::function<void(const std::string&)>& on_text,
-                          const std::function<bool()>& cancelled = {});
+                          const std::function<bool()>& cancelled = {},
+                          const std::function<void(const TokenLogprob&)>& on_logprob = {});
 
   // Drops the working state's contents (the next request starts from a snapshot or from scratch).
   void reset();
@@ -77,7 +85,8 @@ class Generator {
 
  private:
   GenerateResult generate_impl(const GenerateRequest& req, const std::function<void(const std::string&)>& on_text,
-                               const std::function<bool()>& cancelled);
+                               const std::function<bool()>& cancelled,
+                               const std::function<void(const TokenLogprob&)>& on_logprob);
   // Brings the working state to tokens[0, n) with n >= `keep` tokens shared; returns how many are already in it.
   int64_t start_from_prefix(const GenerateRequest& req);
   bool is_eos(int32_t t) const;
@@ -90,6 +99,7 @@ class Generator {
   std::vector<int32_t> st_tokens_;  // tokens the working state holds
   std::string st_key_;              // the session key of the request that left them
   std::vector<float> logits_;
+  LogprobCalculator logprobs_;
   int32_t im_end_ = -1, newline_ = -1;
 };
 

@@ -1,6 +1,7 @@
 // POST /v1/chat/completions and POST /v1/completions: validate, render and tokenize on the HTTP thread, queue a
 // job for the engine worker, then answer in one JSON body or as an SSE stream (API.md 14.2 / 14.3).
 #include <chrono>
+#include <cmath>
 #include <ctime>
 
 #include "core/log.h"
@@ -78,14 +79,37 @@ std::string finish_reason(const GenerateResult& r, bool tool_calls) {
   return "stop";
 }
 
-json chunk_json(const ResponseCtx& c, const json& delta_or_text, const json& finish) {
+// One entry of `logprobs.content` (API.md 14.2): the token's text (raw bytes; the JSON dump replaces a partial
+// UTF-8 character with U+FFFD) and its bytes, its log-probability (-9999 for -inf, which JSON cannot carry, as
+// OpenAI does) and the alternatives.
+json logprob_entry(const TokenLogprob& e, const Tokenizer& tok) {
+  auto one = [&](int32_t id, float lp) {
+    const std::string text = tok.token_text(id);
+    json bytes = json::array();
+    for (unsigned char b : text) bytes.push_back(int(b));
+    return json{{"token", text}, {"logprob", std::isfinite(lp) ? double(lp) : -9999.0}, {"bytes", bytes}};
+  };
+  json entry = one(e.id, e.logprob);
+  json top = json::array();
+  for (const auto& [id, lp] : e.top) top.push_back(one(id, lp));
+  entry["top_logprobs"] = top;
+  return entry;
+}
+
+json logprob_entries(const std::vector<TokenLogprob>& entries, const Tokenizer& tok) {
+  json content = json::array();
+  for (const auto& e : entries) content.push_back(logprob_entry(e, tok));
+  return content;
+}
+
+json chunk_json(const ResponseCtx& c, const json& delta_or_text, const json& finish, const json& logprobs = nullptr) {
   json choice = {{"index", 0}};
   if (c.chat) {
     choice["delta"] = delta_or_text;
   } else {
     choice["text"] = delta_or_text.value("text", "");
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs;
   choice["finish_reason"] = finish;
   json ch = {{"id", c.id},
              {"object", c.chat ? "chat.completion.chunk" : "text_completion"},
@@ -104,6 +128,9 @@ struct StreamCtx {
   std::shared_ptr<Job> job;
   OutputShaper shaper;
   ConnectionWatch watch;
+  const Tokenizer* tok = nullptr;
+  bool logprobs = false;
+  std::vector<TokenLogprob> lp_pending;  // entries not yet sent: they ride on the next chunk that has choices
   bool sent_first = false;
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
   StreamCtx(ResponseCtx r, std::shared_ptr<Job> j, OutputShaper s, ConnectionWatch w)
@@ -188,6 +215,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     p.gen.stop = ar.stop;
     p.gen.ignore_eos = ar.ignore_eos;
     p.gen.cache_key = ar.cache_key;
+    p.gen.top_logprobs = ar.top_logprobs;
 
     auto job = std::make_shared<Job>();
     job->gen = std::move(p.gen);
@@ -228,6 +256,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       rc.thinking = shaper.thinking();
       const GenerateResult& r = job->result;
       json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r, shaper.has_tool_calls())}};
+      if (ar.top_logprobs >= 0) choice["logprobs"] = {{"content", logprob_entries(r.logprobs, tok)}, {"refusal", nullptr}};
       if (chat) choice["message"] = shaper.message();
       else choice["text"] = shaper.text();
       json body = {{"id", rc.id},
@@ -242,6 +271,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     }
 
     auto sc = std::make_shared<StreamCtx>(rc, job, std::move(shaper), watch);
+    sc->tok = &tok;
+    sc->logprobs = ar.top_logprobs >= 0;
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
@@ -260,10 +291,17 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
             json first = sc->rc.chat ? json{{"role", "assistant"}, {"content", ""}} : json{{"text", ""}};
             if (!write(sse(chunk_json(sc->rc, first, nullptr)))) return fail_client();
           }
+          // Pending logprob entries go with the next chunk that carries choices.
+          auto entries = [&]() -> json {
+            if (!sc->logprobs || sc->lp_pending.empty()) return nullptr;
+            json c = {{"content", logprob_entries(sc->lp_pending, *sc->tok)}};
+            sc->lp_pending.clear();
+            return c;
+          };
           bool finished = false;
-          std::string text = sc->job->take(100ms, finished);
+          std::string text = sc->job->take(100ms, finished, sc->logprobs ? &sc->lp_pending : nullptr);
           for (const auto& d : sc->shaper.push(text))
-            if (!write(sse(chunk_json(sc->rc, d, nullptr)))) return fail_client();
+            if (!write(sse(chunk_json(sc->rc, d, nullptr, entries())))) return fail_client();
           if (finished) {
             std::unique_lock lk(sc->job->mu);
             if (sc->job->error) {
@@ -276,10 +314,10 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
               const GenerateResult r = sc->job->result;
               lk.unlock();
               for (const auto& d : sc->shaper.finish())
-                if (!write(sse(chunk_json(sc->rc, d, nullptr)))) return fail_client();
+                if (!write(sse(chunk_json(sc->rc, d, nullptr, entries())))) return fail_client();
               sc->rc.thinking = sc->shaper.thinking();
               json empty = sc->rc.chat ? json::object() : json{{"text", ""}};
-              if (!write(sse(chunk_json(sc->rc, empty, finish_reason(r, sc->shaper.has_tool_calls())))))
+              if (!write(sse(chunk_json(sc->rc, empty, finish_reason(r, sc->shaper.has_tool_calls()), entries()))))
                 return fail_client();
               if (sc->rc.include_usage) {
                 json u = {{"id", sc->rc.id},

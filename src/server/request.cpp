@@ -276,13 +276,19 @@ void parse_common(const json& body, ApiRequest& r, const RequestLimits& lim) {
       if (s.size() > lim.max_stop_bytes)
         throw bad_request(fmt::format("stop sequences may be at most {} bytes", lim.max_stop_bytes), "stop");
   }
+  // Chat: `logprobs: true` (with `top_logprobs` alternatives, 0 by default). The completions endpoint's older form
+  // (an integer, with text offsets) is not offered. `top_logprobs` without `logprobs` is validated and ignored.
+  bool want_logprobs = false;
   if (present(body, "logprobs")) {
     const json& lp = body["logprobs"];
-    bool on = lp.is_boolean() ? lp.get<bool>() : (lp.is_number_integer() ? lp.get<int64_t>() != 0 : true);
-    if (!lp.is_boolean() && !lp.is_number_integer()) wrong_type("logprobs", "a boolean", lp);
-    if (on) throw bad_request("logprobs are not supported by this server", "logprobs");
+    if (!lp.is_boolean() && !lp.is_number_integer()) wrong_type("logprobs", r.chat ? "a boolean" : "an integer", lp);
+    want_logprobs = lp.is_boolean() ? lp.get<bool>() : lp.get<int64_t>() != 0;
+    if (want_logprobs && !r.chat)
+      throw bad_request("logprobs are supported on /v1/chat/completions only", "logprobs");
+    if (want_logprobs && !lp.is_boolean()) wrong_type("logprobs", "a boolean", lp);
   }
-  if (present(body, "top_logprobs")) get_int(body, "top_logprobs", 0, 20);
+  const int64_t top_logprobs = present(body, "top_logprobs") ? get_int(body, "top_logprobs", 0, 20) : 0;
+  if (want_logprobs) r.top_logprobs = static_cast<int>(top_logprobs);
   if (present(body, "echo") && get_bool(body, "echo")) throw bad_request("echo is not supported", "echo");
   if (present(body, "response_format")) {
     const json& rf = body["response_format"];

@@ -44,6 +44,7 @@ struct ApiRequest {
   std::optional<bool> enable_thinking;
   bool preserve_thinking = false;
   std::string cache_key;                // prompt_cache_key
+  int top_logprobs = -1;                // chat: -1 without `logprobs`, else `top_logprobs` (0 when absent)
   bool ignore_eos = false;              // vendor extra: generate up to max_tokens
   std::optional<std::string> forced_output;  // test-only
 };

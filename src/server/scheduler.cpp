@@ -5,11 +5,15 @@
 
 namespace fern::server {
 
-std::string Job::take(std::chrono::milliseconds timeout, bool& finished) {
+std::string Job::take(std::chrono::milliseconds timeout, bool& finished, std::vector<TokenLogprob>* logprobs) {
   std::unique_lock lk(mu);
   if (pending.empty() && !done) cv.wait_for(lk, timeout, [&] { return !pending.empty() || done; });
   std::string out;
   out.swap(pending);
+  if (logprobs) {
+    logprobs->insert(logprobs->end(), pending_logprobs.begin(), pending_logprobs.end());
+    pending_logprobs.clear();
+  }
   finished = done;
   return out;
 }
@@ -93,7 +97,11 @@ void Scheduler::run() {
               job->pending += text;
               job->cv.notify_all();
             },
-            [&] { return job->cancel.load(); });
+            [&] { return job->cancel.load(); },
+            [&](const TokenLogprob& e) {
+              std::lock_guard lk(job->mu);
+              job->pending_logprobs.push_back(e);
+            });
         if (res.finish != FinishReason::Cancelled)
           metrics_.generation_done(res.prompt_tokens, res.cached_tokens, res.completion_tokens, res.ttft_seconds,
                                    res.decode_seconds);

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "engine/generator.h"
 #include "server/metrics.h"
@@ -25,13 +26,15 @@ struct Job {
   std::mutex mu;
   std::condition_variable cv;
   std::string pending;        // output text not yet taken by the handler
+  std::vector<TokenLogprob> pending_logprobs;  // with gen.top_logprobs >= 0: entries not yet taken
   bool started = false;
   bool done = false;
   GenerateResult result;
   std::optional<std::string> error;  // the generation failed (e.g. NaN logits); message for the client
 
-  // Moves the pending text out; waits up to `timeout` for text or the end.
-  std::string take(std::chrono::milliseconds timeout, bool& finished);
+  // Moves the pending text out (and the pending logprob entries into *logprobs, when given); waits up to `timeout`
+  // for text or the end.
+  std::string take(std::chrono::milliseconds timeout, bool& finished, std::vector<TokenLogprob>* logprobs = nullptr);
 };
 
 class Scheduler {

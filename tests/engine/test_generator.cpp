@@ -176,6 +176,43 @@ TEST_F(GeneratorTest, StopStringsAndForcedTokens) {
   EXPECT_EQ(p.text.rfind("Prefix:", 0), 0u);
 }
 
+// top_logprobs: one entry per output token but the final eos, streamed through on_logprob before the token's text;
+// greedy picks the most likely token, so each entry's token is its own first alternative; probabilities add up to
+// at most 1; the same tokens come out as without logprobs (the sampler sees the same logits).
+TEST_F(GeneratorTest, LogprobsPerTokenAndGreedyPicksTheTopOne) {
+  Generator gen(*engine_, *tok_, nullptr, gopt());
+  GenerateRequest req;
+  req.prompt = chat_prompt(nlohmann::json::array({{{"role", "user"}, {"content", "Count to ten."}}}));
+  req.max_tokens = 12;
+  req.sampling.temperature = 0.0f;
+  const auto plain = gen.generate(req, {});
+  req.top_logprobs = 3;
+  std::vector<TokenLogprob> streamed;
+  const auto r = gen.generate(req, {}, {}, [&](const TokenLogprob& e) { streamed.push_back(e); });
+  EXPECT_EQ(r.output, plain.output);
+  const size_t want = r.output.size() - (r.finish == FinishReason::Stop ? 1 : 0);
+  ASSERT_EQ(r.logprobs.size(), want);
+  ASSERT_EQ(streamed.size(), want);
+  for (size_t i = 0; i < want; ++i) {
+    const TokenLogprob& e = r.logprobs[i];
+    EXPECT_EQ(e.id, r.output[i]);
+    EXPECT_EQ(streamed[i].id, e.id);
+    ASSERT_EQ(e.top.size(), 3u);
+    EXPECT_EQ(e.top[0].first, e.id) << i;
+    EXPECT_EQ(e.top[0].second, e.logprob) << i;
+    EXPECT_LE(e.logprob, 0.0f);
+    EXPECT_GE(e.top[0].second, e.top[1].second);
+    EXPECT_GE(e.top[1].second, e.top[2].second);
+    EXPECT_LE(std::exp(e.top[0].second) + std::exp(e.top[1].second) + std::exp(e.top[2].second), 1.0 + 1e-5);
+  }
+  // Sampled tokens get their own entry, whatever their rank.
+  req.sampling.temperature = 1.5f;
+  req.sampling.seed = 5;
+  const auto s = gen.generate(req, {});
+  ASSERT_FALSE(s.logprobs.empty());
+  for (size_t i = 0; i < s.logprobs.size(); ++i) EXPECT_EQ(s.logprobs[i].id, s.output[i]);
+}
+
 TEST_F(GeneratorTest, SnapshotBudgetEvictsLeastRecentlyUsed) {
   Backend& be = engine_->backend();
   const size_t per40 = be.state_bytes(engine_->config(), 40);

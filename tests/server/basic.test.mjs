@@ -1,5 +1,6 @@
 // Plain and streamed completions through the official openai SDK against the real `fern serve` (demo model):
-// content, finish_reason, usage (with include_usage), /v1/models, seeds, stop strings, /health and /metrics.
+// content, finish_reason, usage (with include_usage), /v1/models, seeds, stop strings, logprobs, /health and
+// /metrics.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer, client, MODEL, metric } from './helpers.mjs';
@@ -156,6 +157,45 @@ test('completions endpoint: plain and streamed agree', async () => {
   let text = '';
   for await (const ch of stream) text += ch.choices[0]?.text ?? '';
   assert.equal(text, r.choices[0].text);
+});
+
+test('logprobs: one entry per token with its bytes and alternatives; streamed entries equal the plain ones', async () => {
+  const params = {
+    model: MODEL,
+    messages: user('Name three colours'),
+    max_tokens: 8,
+    temperature: 0,
+    ignore_eos: true,
+    logprobs: true,
+    top_logprobs: 3,
+    chat_template_kwargs: { enable_thinking: false },
+  };
+  const r = await openai.chat.completions.create(params);
+  const c = r.choices[0];
+  const entries = c.logprobs.content;
+  assert.equal(entries.length, r.usage.completion_tokens);
+  for (const e of entries) {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(e.logprob <= 0, `a log-probability: ${e.logprob}`);
+    assert.ok(Array.isArray(e.bytes) && e.bytes.length > 0);
+    assert.equal(e.top_logprobs.length, 3);
+    // Greedy: the chosen token is the most likely one.
+    assert.equal(e.top_logprobs[0].token, e.token);
+    assert.equal(e.top_logprobs[0].logprob, e.logprob);
+    assert.ok(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob);
+    assert.ok(e.top_logprobs.reduce((s, t) => s + Math.exp(t.logprob), 0) <= 1 + 1e-5);
+  }
+  // The tokens' bytes spell the reply.
+  assert.equal(Buffer.from(entries.flatMap((e) => e.bytes)).toString('utf8'), c.message.content);
+
+  const stream = await openai.chat.completions.create({ ...params, stream: true });
+  const streamed = [];
+  for await (const ch of stream) streamed.push(...(ch.choices[0]?.logprobs?.content ?? []));
+  assert.deepEqual(streamed, entries);
+
+  const plain = await openai.chat.completions.create({ ...params, logprobs: false });
+  assert.equal(plain.choices[0].logprobs, null);
+  assert.equal(plain.choices[0].message.content, c.message.content);
 });
 
 test('/health answers ok and /metrics counts tokens', async () => {

@@ -73,6 +73,15 @@ TEST(Request, DefaultsAndCompletionsPrompts) {
   ApiRequest t = parse_request(R"({"messages":[{"role":"user","content":"x"}],
     "tools":[{"type":"function","function":{"name":"g"}}]})", true, limits());
   EXPECT_EQ(t.tool_choice, ToolChoice::Auto);  // auto by default when tools are given
+  EXPECT_EQ(r.top_logprobs, -1);
+  const char* lp = R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":5})";
+  EXPECT_EQ(parse_request(lp, true, limits()).top_logprobs, 5);
+  EXPECT_EQ(parse_request(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", true, limits()).top_logprobs,
+            0);
+  // top_logprobs alone is validated and ignored, as before; logprobs false or 0 is no logprobs.
+  EXPECT_EQ(parse_request(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", true, limits()).top_logprobs,
+            -1);
+  EXPECT_EQ(parse_request(R"({"prompt":"x","logprobs":0})", false, limits()).top_logprobs, -1);
   ApiRequest c = parse_request(R"({"prompt":"Once"})", false, limits());
   EXPECT_EQ(c.prompt, "Once");
   ApiRequest ids = parse_request(R"({"prompt":[1,2,3]})", false, limits());
@@ -105,7 +114,9 @@ TEST(Request, RejectionsNameTheParameter) {
       {R"({"messages":[{"role":"user","content":"x"}],"seed":1.5})", "seed"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"abc":1}})", "logit_bias"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"151936":1}})", "logit_bias"},
-      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":"yes"})", "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":2})", "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
       {R"({"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}})",
        "stream_options.include_usage"},
       {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"})", "tool_choice"},
@@ -123,6 +134,7 @@ TEST(Request, RejectionsNameTheParameter) {
   }
   EXPECT_EQ(reject(R"({"prompt":[1,151936]})", false).param, "prompt");
   EXPECT_EQ(reject(R"({"prompt":"x","echo":true})", false).param, "echo");
+  EXPECT_EQ(reject(R"({"prompt":"x","logprobs":2})", false).param, "logprobs");  // the older form is not offered
 }
 
 TEST(Request, MalformedBodiesAndDepthLimit) {
