@@ -1,5 +1,7 @@
 #include "engine/generator.h"
 
+#include "engine/token_constraint.h"
+
 #include <algorithm>
 
 #include "core/error.h"
@@ -26,6 +28,18 @@ std::vector<int32_t> default_eos_ids(const ModelConfig& cfg, const Tokenizer& to
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
+}
+
+int32_t Generator::sample_constrained(Sampler& sampler, const JsonMatcher& m) {
+  raw_logits_.assign(logits_.begin(), logits_.end());
+  const int32_t first = sampler.sample(logits_);
+  if (vocab_->allowed(m, first, opt_.eos_ids)) return first;
+  // The draw would break the JSON: mask every token that would, and draw again with the same parameters. Exact for
+  // greedy and for temperature alone (a rejected draw leaves the others' proportions); with top-k / top-p the
+  // cut is made again among the allowed tokens.
+  logits_.swap(raw_logits_);
+  if (vocab_->mask(m, logits_, opt_.eos_ids) == 0) return -1;
+  return sampler.sample(logits_);
 }
 
 std::vector<int64_t> chat_snapshot_points(std::span<const int32_t> prompt, const Tokenizer& tok) {
@@ -145,6 +159,11 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
   const int64_t max_new = req.max_tokens > 0 ? std::min(req.max_tokens, room) : room;
   Sampler sampler(req.sampling);
   sampler.set_prompt(req.prompt);
+  std::unique_ptr<JsonMatcher> matcher;
+  if (req.json_schema) {
+    if (!vocab_) vocab_ = std::make_unique<ConstrainedVocab>(tok_, engine_.config().vocab_size);
+    matcher = std::make_unique<JsonMatcher>(req.json_schema, req.json_allows_tool_call);
+  }
   IncrementalDecoder dec(tok_, /*skip_special=*/true);
   StopMatcher stops(req.stop);
   auto emit = [&](const std::string& s) {
@@ -168,9 +187,17 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
       tok = req.forced[i];
     } else if (!req.forced.empty() && !req.forced_is_prefix) {
       tok = opt_.eos_ids.empty() ? 0 : opt_.eos_ids.front();
+    } else if (matcher) {
+      tok = sample_constrained(sampler, *matcher);
+      if (tok < 0) {  // nothing may follow (the value is whole and the eos tokens are ignored): end here
+        res.finish = FinishReason::Stop;
+        break;
+      }
     } else {
       tok = sampler.sample(logits_);
     }
+    // Forced tokens are not checked; if one breaks the JSON, the rest of the reply is not constrained either.
+    if (matcher && !is_eos(tok) && !matcher->feed(vocab_->bytes(tok))) matcher.reset();
     if (res.output.empty()) res.ttft_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     res.output.push_back(tok);
     res.completion_tokens++;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/json_constraint.h"
 #include "engine/sampler.h"
 #include "engine/session_cache.h"
 #include "engine/token_logprobs.h"
@@ -44,6 +45,10 @@ struct GenerateRequest {
   // alternatives (token_logprobs.h), reported through on_logprob and in the result. The eos token that ends the
   // generation gets none (it has no text).
   int top_logprobs = -1;
+  // Structured output: the reply is a JSON value of this schema (tokens that would break it are never sampled;
+  // the eos token only once the value is whole). Forced tokens are not checked.
+  std::shared_ptr<const JsonSchema> json_schema;
+  bool json_allows_tool_call = false;  // the reply may instead be a tool call ("<tool_call>...", unconstrained)
 };
 
 struct GenerateResult {
@@ -98,8 +103,14 @@ class Generator {
   std::unique_ptr<SequenceState> st_;
   std::vector<int32_t> st_tokens_;  // tokens the working state holds
   std::string st_key_;              // the session key of the request that left them
+  // Picks a token that keeps the constrained reply valid: a plain draw first, and when it would break the JSON,
+  // another draw from the logits with every such token masked. -1 when no token may come next.
+  int32_t sample_constrained(Sampler& sampler, const JsonMatcher& m);
+
   std::vector<float> logits_;
+  std::vector<float> raw_logits_;   // structured output: the logits before the first draw changed them
   LogprobCalculator logprobs_;
+  std::unique_ptr<class ConstrainedVocab> vocab_;  // built at the first structured request
   int32_t im_end_ = -1, newline_ = -1;
 };
 

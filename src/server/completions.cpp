@@ -159,7 +159,12 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       co.kind = rt.template_kind;
       co.add_generation_prompt = true;
       const bool force_tool = ar.tool_choice == ToolChoice::Required || ar.tool_choice == ToolChoice::Named;
-      co.enable_thinking = ar.enable_thinking.value_or(true) && !(force_tool && !ar.forced_output);
+      if (force_tool && ar.json_schema)
+        throw bad_request("a required or named tool_choice cannot be combined with a JSON response_format",
+                          "response_format");
+      // Structured output constrains the reply from its first token, so it runs without a thinking block.
+      co.enable_thinking =
+          ar.enable_thinking.value_or(true) && !(force_tool && !ar.forced_output) && !ar.json_schema;
       co.preserve_thinking = ar.preserve_thinking;
       const json tools = ar.tool_choice == ToolChoice::None ? json(nullptr) : ar.tools;
       std::string text;
@@ -216,6 +221,9 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     p.gen.ignore_eos = ar.ignore_eos;
     p.gen.cache_key = ar.cache_key;
     p.gen.top_logprobs = ar.top_logprobs;
+    p.gen.json_schema = ar.json_schema;
+    // Offered tools stay usable: the reply may be a tool call instead of the JSON value.
+    p.gen.json_allows_tool_call = chat && ar.json_schema && ar.tool_choice == ToolChoice::Auto;
 
     auto job = std::make_shared<Job>();
     job->gen = std::move(p.gen);

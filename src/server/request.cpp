@@ -3,6 +3,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/error.h"
 #include "core/log.h"
 #include "server/api_error.h"
 
@@ -294,8 +295,28 @@ void parse_common(const json& body, ApiRequest& r, const RequestLimits& lim) {
     const json& rf = body["response_format"];
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
       throw bad_request("'response_format' must be an object with a 'type'", "response_format");
-    if (rf["type"] != "text")
-      throw bad_request("'response_format' types other than \"text\" are not supported", "response_format");
+    const std::string type = rf["type"].get<std::string>();
+    if (type == "json_object") {
+      r.json_schema = JsonSchema::any_object();
+    } else if (type == "json_schema") {
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+        throw bad_request("'response_format.json_schema' must be an object with a 'schema'",
+                          "response_format.json_schema");
+      const json& js = rf["json_schema"];
+      if (!js.contains("schema") || !(js["schema"].is_object() || js["schema"].is_boolean()))
+        throw bad_request("'response_format.json_schema.schema' must be a JSON Schema object",
+                          "response_format.json_schema.schema");
+      try {
+        r.json_schema = JsonSchema::compile(js["schema"]);
+      } catch (const fern::InternalError&) {
+        throw;
+      } catch (const Error& e) {
+        throw bad_request(std::string("response_format.json_schema.") + e.what(), "response_format.json_schema.schema");
+      }
+    } else if (type != "text") {
+      throw bad_request("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+                        "response_format.type");
+    }
   }
   if (present(body, "prompt_cache_key")) {
     if (!body["prompt_cache_key"].is_string()) wrong_type("prompt_cache_key", "a string", body["prompt_cache_key"]);

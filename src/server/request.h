@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/json_constraint.h"
 #include "engine/sampler.h"
 
 namespace fern::server {
@@ -45,6 +46,7 @@ struct ApiRequest {
   bool preserve_thinking = false;
   std::string cache_key;                // prompt_cache_key
   int top_logprobs = -1;                // chat: -1 without `logprobs`, else `top_logprobs` (0 when absent)
+  std::shared_ptr<const JsonSchema> json_schema;  // response_format json_object / json_schema; null for text
   bool ignore_eos = false;              // vendor extra: generate up to max_tokens
   std::optional<std::string> forced_output;  // test-only
 };

@@ -116,7 +116,7 @@ const badChat = [
   ['tool_choice naming an unknown function', { messages: msgs, tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }, 'tool_choice'],
   ['tool_choice required without tools', { messages: msgs, tool_choice: 'required' }, 'tool_choice'],
   ['assistant tool_call arguments not JSON', { messages: [...msgs, { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{oops' } }] }] }, 'messages[1].tool_calls[0].function.arguments'],
-  ['response_format json_schema', { messages: msgs, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }, 'response_format'],
+  ['response_format json_schema with an unsupported keyword', { messages: msgs, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { not: {} } } } }, 'response_format.json_schema.schema'],
   ['reasoning_effort "extreme"', { messages: msgs, reasoning_effort: 'extreme' }, 'reasoning_effort'],
   ['chat_template_kwargs.enable_thinking "no"', { messages: msgs, chat_template_kwargs: { enable_thinking: 'no' } }, 'chat_template_kwargs.enable_thinking'],
 ];

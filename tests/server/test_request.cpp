@@ -82,6 +82,17 @@ TEST(Request, DefaultsAndCompletionsPrompts) {
   EXPECT_EQ(parse_request(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", true, limits()).top_logprobs,
             -1);
   EXPECT_EQ(parse_request(R"({"prompt":"x","logprobs":0})", false, limits()).top_logprobs, -1);
+  EXPECT_EQ(r.json_schema, nullptr);
+  EXPECT_NE(parse_request(R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+                          true, limits()).json_schema,
+            nullptr);
+  EXPECT_NE(parse_request(R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+                             "json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":{}}}}})",
+                          true, limits()).json_schema,
+            nullptr);
+  EXPECT_EQ(parse_request(R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"text"}})", true,
+                          limits()).json_schema,
+            nullptr);
   ApiRequest c = parse_request(R"({"prompt":"Once"})", false, limits());
   EXPECT_EQ(c.prompt, "Once");
   ApiRequest ids = parse_request(R"({"prompt":[1,2,3]})", false, limits());
@@ -115,6 +126,14 @@ TEST(Request, RejectionsNameTheParameter) {
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"abc":1}})", "logit_bias"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"151936":1}})", "logit_bias"},
       {R"({"messages":[{"role":"user","content":"x"}],"logprobs":"yes"})", "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}})", "response_format.type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
+       "response_format.json_schema"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{}}})",
+       "response_format.json_schema.schema"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+          "json_schema":{"schema":{"type":"object","patternProperties":{}}}}})",
+       "response_format.json_schema.schema"},
       {R"({"messages":[{"role":"user","content":"x"}],"logprobs":2})", "logprobs"},
       {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
       {R"({"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}})",
@@ -166,7 +185,9 @@ TEST(Request, MutatedBodiesOnlyEverGiveApiErrors) {
       R"({"model":"m","messages":[{"role":"user","content":"Hello"},{"role":"assistant","content":null,)"
       R"("tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":[1,2]}"}}]},)"
       R"({"role":"tool","tool_call_id":"c","content":"ok"}],"tools":[{"type":"function","function":{"name":"f",)"
-      R"("parameters":{"type":"object"}}}],"temperature":0.7,"stop":["x"],"logit_bias":{"5":1},"max_tokens":9})";
+      R"("parameters":{"type":"object"}}}],"temperature":0.7,"stop":["x"],"logit_bias":{"5":1},"max_tokens":9,)"
+      R"("response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"type":"object","properties":{)"
+      R"("a":{"type":"array","items":{"$ref":"#/$defs/d"}}},"$defs":{"d":{"enum":[1,"x"]}}}}}})";
   std::mt19937 rng(1234);
   const std::string alphabet = "{}[]\":,0123456789-.eE truefalsn\\u\xff";
   int accepted = 0, rejected = 0;
