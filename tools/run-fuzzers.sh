@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 JOBS=${JOBS:-$(nproc)}
-TARGETS=(fuzz_tokenizer fuzz_tokenizer_json fuzz_tool_parser fuzz_chat_format)
+TARGETS=(fuzz_tokenizer fuzz_tokenizer_json fuzz_tool_parser fuzz_chat_format fuzz_json_schema)
 
 CC=${FUZZ_CC:-clang} CXX=${FUZZ_CXX:-clang++} cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DFERN_FUZZ=ON -DFERN_TESTS=OFF -DFERN_CUDA=OFF >/dev/null

@@ -207,6 +207,7 @@ class SchemaCompiler {
         else if (t == "null") n.types |= JsonSchema::kNull;
         else fail("{}.type: unknown type '{}'", where, t.substr(0, 100));
       }
+      if (n.types == 0) fail("{}.type: an empty list allows no value", where);
     } else {
       if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties"))
         n.types |= JsonSchema::kObject;
@@ -369,7 +370,8 @@ bool JsonMatcher::complete() const {
 bool JsonMatcher::in_free_string() const {
   if (free_ || done_ || depth_ == 0) return false;
   const Frame& f = stack_[size_t(depth_ - 1)];
-  return f.kind == Kind::String && !f.flag && f.hex == 0 && f.u8_left == 0 && schema_->node(f.node).max_length < 0;
+  return f.kind == Kind::String && !f.flag && f.hex == 0 && f.bits == 0 && f.u8_left == 0 &&
+         schema_->node(f.node).max_length < 0;
 }
 
 bool JsonMatcher::push(const Frame& f) {
@@ -484,19 +486,45 @@ bool JsonMatcher::step(uint8_t c) {
       return true;
     }
     case Kind::String: {
+      // \u escapes make UTF-16 code units: a high surrogate (D800-DBFF) must be followed by "\u" and a low one
+      // (DC00-DFFF), a lone low one is refused, both digit by digit so that no accepted prefix is a dead end.
+      // String frames keep the escape's value in `cand` and a pending high surrogate in `bits`.
       if (f.hex > 0) {
         if (!is_hex(c)) return false;
-        if (--f.hex == 0) f.count++;
+        const uint64_t d = is_digit(c) ? uint64_t(c - '0') : uint64_t((c | 0x20) - 'a' + 10);
+        const int pos = 4 - f.hex;
+        if (f.bits == 1) {
+          if ((pos == 0 && d != 0xD) || (pos == 1 && d < 0xC)) return false;
+        } else if (pos == 1 && f.cand == 0xD && d >= 0xC) {
+          return false;
+        }
+        f.cand = f.cand * 16 + d;
+        if (--f.hex == 0) {
+          if (f.bits == 1) {
+            f.bits = 0;
+            f.count++;
+          } else if (f.cand >= 0xD800 && f.cand <= 0xDBFF) {
+            f.bits = 1;
+          } else {
+            f.count++;
+          }
+        }
         return true;
       }
       if (f.flag) {
         f.flag = false;
         if (c == 'u') {
           f.hex = 4;
+          f.cand = 0;
           return true;
         }
-        if (!std::strchr("\"\\/bfnrt", c)) return false;
+        if (f.bits == 1 || c == 0 || !std::strchr("\"\\/bfnrt", c)) return false;
         f.count++;
+        return true;
+      }
+      if (f.bits == 1) {  // after a high surrogate only "\u" may come
+        if (c != '\\') return false;
+        f.flag = true;
         return true;
       }
       if (f.u8_left > 0) return utf8_step(f.u8_left, f.u8_lo, f.u8_hi, c) != 0;
@@ -530,11 +558,12 @@ bool JsonMatcher::step(uint8_t c) {
         case kNumZero:
         case kNumInt:
           if (f.sub == kNumInt && is_digit(c)) return digit(kNumInt);
-          if (c == '.' && !int_only) {
+          // '.' and 'e' need a digit after them: not at the digit limit (an accepted prefix is never a dead end).
+          if (c == '.' && !int_only && f.count < kMaxDigits) {
             f.sub = kNumDot;
             return true;
           }
-          if ((c == 'e' || c == 'E') && !int_only) {
+          if ((c == 'e' || c == 'E') && !int_only && f.count < kMaxDigits) {
             f.sub = kNumE;
             return true;
           }
@@ -543,7 +572,7 @@ bool JsonMatcher::step(uint8_t c) {
           return is_digit(c) && digit(kNumFrac);
         case kNumFrac:
           if (is_digit(c)) return digit(kNumFrac);
-          if (c == 'e' || c == 'E') {
+          if ((c == 'e' || c == 'E') && f.count < kMaxDigits) {
             f.sub = kNumE;
             return true;
           }
@@ -600,13 +629,15 @@ bool JsonMatcher::step(uint8_t c) {
             f.ws = 0;
             return true;
           }
-          if (f.u8_left == 0 && (c < 0x20 || c == '\\')) return false;
-          if (utf8_step(f.u8_left, f.u8_lo, f.u8_hi, c) == 0) return false;
+          const bool char_start = f.u8_left == 0;
+          if (char_start && (c < 0x20 || c == '\\')) return false;
           uint64_t next = 0;
           for (size_t i = 0; i < n.keys.size(); ++i)
             if ((f.cand >> i & 1) && int32_t(n.keys[i].size()) > f.key_len && uint8_t(n.keys[i][size_t(f.key_len)]) == c)
               next |= uint64_t(1) << i;
-          if (next == 0 && (n.additional < 0 || f.key_len >= kMaxFreeKey)) return false;
+          // An undeclared key may grow to kMaxFreeKey bytes; a character already begun may always be finished.
+          if (next == 0 && (n.additional < 0 || (char_start && f.key_len >= kMaxFreeKey))) return false;
+          if (utf8_step(f.u8_left, f.u8_lo, f.u8_hi, c) == 0) return false;
           f.cand = next;
           f.key_len++;
           return true;

@@ -65,6 +65,25 @@ TEST(JsonConstraint, AnyObjectAcceptsJsonObjectsOnly) {
   JsonMatcher open(s);
   EXPECT_EQ(refused_at(open, "{\"a\": 12"), -1);
   EXPECT_FALSE(open.complete());
+
+  // UTF-8 and UTF-16 escapes: whole characters only, surrogates in pairs, refused at the first byte that cannot be
+  // completed (no accepted prefix is a dead end).
+  EXPECT_TRUE(whole(s, R"({"a":"\ud83d\ude00 \u00e9"})"));
+  EXPECT_TRUE(whole(s, "{\"a\":\"\xf0\x9f\x98\x80\"}"));
+  const std::pair<std::string, int> enc[] = {
+      {R"({"a":"\ud83d"})", 12},          // a high surrogate must be followed by a low one
+      {R"({"a":"\ude00"})", 9},           // a lone low surrogate: refused at its second digit
+      {R"({"a":"\ud83d\u0041"})", 14},    // not a low surrogate
+      {std::string("{\"a\":\"\\\0\"}", 10), 7},  // backslash then NUL
+      {"{\"a\":\"\xc3\"}", 7},           // a character cut off
+      {"{\"a\":\"\xed\xa0\x80\"}", 7},     // a surrogate in UTF-8
+      {"{\"a\":\"\xc0\xaf\"}", 6},          // an overlong form
+      {"{\"a\":" + std::string(24, '1') + ".", 29},  // no room for a fraction digit after 24 digits
+      {"{\"a\":1e123", 9}};                // exponents of two digits
+  for (const auto& [text, at] : enc) {
+    JsonMatcher m(s);
+    EXPECT_EQ(refused_at(m, text), at) << text;
+  }
 }
 
 TEST(JsonConstraint, SchemaPropertiesRequiredLengthsAndEnums) {
@@ -132,7 +151,7 @@ TEST(JsonConstraint, LimitsToolCallEscapeAndRefusedSchemas) {
                           R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})",
                           R"({"$ref": "#/$defs/missing"})", R"({"$ref": "http://example.com/s.json"})",
                           R"({"enum": [{"a": 1}]})", R"({"type": "string", "minLength": 5, "maxLength": 2})", "false",
-                          R"({"properties": {"a\"b": {}}})"})
+                          R"({"properties": {"a\"b": {}}})", R"({"type": []})"})
     EXPECT_THROW(JsonSchema::compile(json::parse(bad)), Error) << bad;
   // Annotations and narrowing keywords are accepted (not enforced).
   EXPECT_NO_THROW(schema(R"({"type": "string", "format": "date", "pattern": "^a", "description": "d", "title": "t"})"));
