@@ -215,6 +215,7 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
     emit(r.text);
     if (r.stopped) {
       res.finish = FinishReason::Stop;
+      res.stop_sequence = stops.matched();
       break;
     }
     if (res.completion_tokens >= max_new) break;  // Length

@@ -59,6 +59,7 @@ struct GenerateResult {
   std::vector<int32_t> output;     // sampled tokens (eos included)
   std::vector<TokenLogprob> logprobs;  // with top_logprobs >= 0: one per output token but a final eos
   std::string text;                // everything passed to on_text
+  std::string stop_sequence;       // the stop string that ended the reply (empty when none did)
   double prefill_seconds = 0, decode_seconds = 0, ttft_seconds = 0;
 };
 

@@ -18,7 +18,13 @@ StopMatcher::Result StopMatcher::push(const std::string& text) {
   }
   // Earliest stop occurrence wins (so the emitted text is the shortest correct prefix).
   size_t first = std::string::npos;
-  for (const auto& s : stops_) first = std::min(first, held_.find(s));
+  for (const auto& s : stops_) {
+    const size_t at = held_.find(s);
+    if (at < first) {
+      first = at;
+      matched_ = s;
+    }
+  }
   if (first != std::string::npos) {
     r.text = held_.substr(0, first);
     r.stopped = stopped_ = true;

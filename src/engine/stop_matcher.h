@@ -19,11 +19,14 @@ class StopMatcher {
   // End of generation: whatever is still held back.
   std::string flush();
   bool stopped() const { return stopped_; }
+  // After a stop: the stop string found (the first listed, where several end at the same place).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
   bool stopped_ = false;
+  std::string matched_;
 };
 
 }  // namespace fern

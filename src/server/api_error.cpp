@@ -15,6 +15,16 @@ nlohmann::json error_json(const ApiError& e) {
   return {{"error", err}};
 }
 
+nlohmann::json anthropic_error_json(const ApiError& e) {
+  std::string type = e.type;
+  if (e.code == "request_too_large") type = "request_too_large";
+  else if (type == "unavailable_error") type = "overloaded_error";
+  else if (type == "server_error") type = "api_error";
+  else if (type != "rate_limit_error" && type != "authentication_error" && type != "not_found_error")
+    type = "invalid_request_error";
+  return {{"type", "error"}, {"error", {{"type", type}, {"message", e.what()}}}};
+}
+
 std::string dump_json(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
 }  // namespace fern::server

@@ -23,6 +23,8 @@ struct ApiError : std::runtime_error {
 ApiError bad_request(const std::string& message, const std::string& param = "", const std::string& code = "");
 
 nlohmann::json error_json(const ApiError& e);
+// The same error in the Anthropic Messages API's envelope: {"type": "error", "error": {"type", "message"}}.
+nlohmann::json anthropic_error_json(const ApiError& e);
 // Serialises JSON for the wire; invalid UTF-8 inside strings is replaced (never throws).
 std::string dump_json(const nlohmann::json& j);
 

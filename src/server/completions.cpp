@@ -34,26 +34,9 @@ OrderedChat ordered_chat(const std::string& body, bool with_tools) {
   return c;
 }
 
-struct Prepared {
-  GenerateRequest gen;
-  std::optional<OutputParserOptions> parser;  // chat only
-  bool thinking = false;
-  bool detect_think = false;  // thinking is on but the template leaves "<think>" to the model (Qwen3)
-};
-
 bool ends_with(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
-
-// Everything a response needs besides the output.
-struct ResponseCtx {
-  bool chat = true;
-  std::string id, model;
-  int64_t created = 0;
-  bool include_usage = false;
-  bool thinking = false;
-  int32_t think_end_id = -1;
-};
 
 json usage_json(const ResponseCtx& c, const GenerateResult& r) {
   int64_t reasoning = 0;
@@ -139,6 +122,104 @@ struct StreamCtx {
 
 }  // namespace
 
+Prepared Server::Impl::prepare(const ApiRequest& ar, const std::string& body, bool chat) {
+  const Tokenizer& tok = *rt.tokenizer;
+  Prepared p;
+  if (chat) {
+    ChatOptions co;
+    co.kind = rt.template_kind;
+    co.add_generation_prompt = true;
+    const bool force_tool = ar.tool_choice == ToolChoice::Required || ar.tool_choice == ToolChoice::Named;
+    if (force_tool && ar.json_schema)
+      throw bad_request("a required or named tool_choice cannot be combined with a JSON response_format",
+                        "response_format");
+    // Structured output constrains the reply from its first token, so it runs without a thinking block.
+    co.enable_thinking =
+        ar.enable_thinking.value_or(true) && !(force_tool && !ar.forced_output) && !ar.json_schema;
+    co.preserve_thinking = ar.preserve_thinking;
+    const json tools = ar.tool_choice == ToolChoice::None ? json(nullptr) : ar.tools;
+    std::string text;
+    try {
+      // Request text is marked literal, so a user who types "<|im_start|>" gets text, not the control token
+      // (RELIABILITY.md T27); the ids are otherwise those of encode(text).
+      const OrderedChat oc = ordered_chat(body, !tools.is_null());
+      RenderedChat rc = render_chat_marked(oc.messages, oc.tools, co);
+      text = std::move(rc.text);
+      p.gen.prompt = tok.encode_marked(text, rc.literal);
+    } catch (const InternalError&) {
+      throw;
+    } catch (const Error& e) {
+      throw bad_request(std::string("messages: ") + e.what(), "messages");
+    }
+    p.thinking = ends_with(text, "<think>\n");
+    p.detect_think = co.enable_thinking && !p.thinking;
+    OutputParserOptions po;
+    po.thinking = p.thinking;
+    po.tools = tools;
+    p.parser = std::move(po);
+    p.gen.snapshot_at = chat_snapshot_points(p.gen.prompt, tok);
+    p.gen.snapshot_reply = true;
+    if (force_tool && !ar.forced_output) {
+      std::string prefix = "<tool_call>\n<function=";
+      if (ar.tool_choice == ToolChoice::Named) prefix += ar.named_tool + ">\n";
+      p.gen.forced = tok.encode(prefix);
+      p.gen.forced_is_prefix = true;
+    }
+  } else {
+    p.gen.prompt = ar.prompt_is_tokens ? ar.prompt_tokens : tok.encode(ar.prompt);
+    p.gen.snapshot_at = {static_cast<int64_t>(p.gen.prompt.size())};
+  }
+  if (ar.forced_output) {
+    p.gen.forced = tok.encode(*ar.forced_output);
+    if (im_end_id >= 0) p.gen.forced.push_back(im_end_id);
+    p.gen.forced_is_prefix = false;
+  }
+  const int64_t n_prompt = static_cast<int64_t>(p.gen.prompt.size());
+  const int64_t ctx = rt.engine->max_context();
+  if (n_prompt == 0) throw bad_request("the prompt is empty after tokenization", chat ? "messages" : "prompt");
+  if (n_prompt >= ctx) {
+    ApiError e = bad_request(
+        fmt::format("This model's maximum context length is {} tokens. However, your request has {} prompt tokens "
+                    "(at least one token must be left for the completion). Please shorten the {}.",
+                    ctx, n_prompt, chat ? "messages" : "prompt"),
+        chat ? "messages" : "prompt", "context_length_exceeded");
+    e.extra = {{"n_prompt_tokens", n_prompt}, {"n_ctx", ctx}};
+    throw e;
+  }
+  p.gen.max_tokens = ar.max_tokens;  // clamped to the room left in the context by the generator
+  p.gen.sampling = ar.sampling;
+  p.gen.stop = ar.stop;
+  p.gen.ignore_eos = ar.ignore_eos;
+  p.gen.cache_key = ar.cache_key;
+  p.gen.top_logprobs = ar.top_logprobs;
+  p.gen.json_schema = ar.json_schema;
+  // Offered tools stay usable: the reply may be a tool call instead of the JSON value.
+  p.gen.json_allows_tool_call = chat && ar.json_schema && ar.tool_choice == ToolChoice::Auto;
+  return p;
+}
+
+Submitted Server::Impl::submit(const ApiRequest& ar, const std::string& body, bool chat) {
+  Prepared p = prepare(ar, body, chat);
+  auto job = std::make_shared<Job>();
+  job->gen = std::move(p.gen);
+  if (!scheduler->submit(job))
+    throw ApiError(429, "rate_limit_error",
+                   fmt::format("the server is busy ({} requests queued); retry later", opt.max_queue), "",
+                   "queue_full");
+  open_requests++;
+
+  Submitted sub{job, {}, std::move(p)};
+  ResponseCtx& rc = sub.rc;
+  rc.chat = chat;
+  rc.id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  rc.model = rt.model_id;
+  rc.created = static_cast<int64_t>(std::time(nullptr));
+  rc.include_usage = ar.include_usage;
+  rc.thinking = sub.prep.thinking;
+  rc.think_end_id = think_end_id;
+  return sub;
+}
+
 void Server::Impl::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
   try {
     if (draining) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "shutting_down");
@@ -153,94 +234,10 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
                      "model", "model_not_found");
 
     const Tokenizer& tok = *rt.tokenizer;
-    Prepared p;
-    if (chat) {
-      ChatOptions co;
-      co.kind = rt.template_kind;
-      co.add_generation_prompt = true;
-      const bool force_tool = ar.tool_choice == ToolChoice::Required || ar.tool_choice == ToolChoice::Named;
-      if (force_tool && ar.json_schema)
-        throw bad_request("a required or named tool_choice cannot be combined with a JSON response_format",
-                          "response_format");
-      // Structured output constrains the reply from its first token, so it runs without a thinking block.
-      co.enable_thinking =
-          ar.enable_thinking.value_or(true) && !(force_tool && !ar.forced_output) && !ar.json_schema;
-      co.preserve_thinking = ar.preserve_thinking;
-      const json tools = ar.tool_choice == ToolChoice::None ? json(nullptr) : ar.tools;
-      std::string text;
-      try {
-        // Request text is marked literal, so a user who types "<|im_start|>" gets text, not the control token
-        // (RELIABILITY.md T27); the ids are otherwise those of encode(text).
-        const OrderedChat oc = ordered_chat(req.body, !tools.is_null());
-        RenderedChat rc = render_chat_marked(oc.messages, oc.tools, co);
-        text = std::move(rc.text);
-        p.gen.prompt = tok.encode_marked(text, rc.literal);
-      } catch (const InternalError&) {
-        throw;
-      } catch (const Error& e) {
-        throw bad_request(std::string("messages: ") + e.what(), "messages");
-      }
-      p.thinking = ends_with(text, "<think>\n");
-      p.detect_think = co.enable_thinking && !p.thinking;
-      OutputParserOptions po;
-      po.thinking = p.thinking;
-      po.tools = tools;
-      p.parser = std::move(po);
-      p.gen.snapshot_at = chat_snapshot_points(p.gen.prompt, tok);
-      p.gen.snapshot_reply = true;
-      if (force_tool && !ar.forced_output) {
-        std::string prefix = "<tool_call>\n<function=";
-        if (ar.tool_choice == ToolChoice::Named) prefix += ar.named_tool + ">\n";
-        p.gen.forced = tok.encode(prefix);
-        p.gen.forced_is_prefix = true;
-      }
-    } else {
-      p.gen.prompt = ar.prompt_is_tokens ? ar.prompt_tokens : tok.encode(ar.prompt);
-      p.gen.snapshot_at = {static_cast<int64_t>(p.gen.prompt.size())};
-    }
-    if (ar.forced_output) {
-      p.gen.forced = tok.encode(*ar.forced_output);
-      if (im_end_id >= 0) p.gen.forced.push_back(im_end_id);
-      p.gen.forced_is_prefix = false;
-    }
-    const int64_t n_prompt = static_cast<int64_t>(p.gen.prompt.size());
-    const int64_t ctx = rt.engine->max_context();
-    if (n_prompt == 0) throw bad_request("the prompt is empty after tokenization", chat ? "messages" : "prompt");
-    if (n_prompt >= ctx) {
-      ApiError e = bad_request(
-          fmt::format("This model's maximum context length is {} tokens. However, your request has {} prompt tokens "
-                      "(at least one token must be left for the completion). Please shorten the {}.",
-                      ctx, n_prompt, chat ? "messages" : "prompt"),
-          chat ? "messages" : "prompt", "context_length_exceeded");
-      e.extra = {{"n_prompt_tokens", n_prompt}, {"n_ctx", ctx}};
-      throw e;
-    }
-    p.gen.max_tokens = ar.max_tokens;  // clamped to the room left in the context by the generator
-    p.gen.sampling = ar.sampling;
-    p.gen.stop = ar.stop;
-    p.gen.ignore_eos = ar.ignore_eos;
-    p.gen.cache_key = ar.cache_key;
-    p.gen.top_logprobs = ar.top_logprobs;
-    p.gen.json_schema = ar.json_schema;
-    // Offered tools stay usable: the reply may be a tool call instead of the JSON value.
-    p.gen.json_allows_tool_call = chat && ar.json_schema && ar.tool_choice == ToolChoice::Auto;
-
-    auto job = std::make_shared<Job>();
-    job->gen = std::move(p.gen);
-    if (!scheduler->submit(job))
-      throw ApiError(429, "rate_limit_error",
-                     fmt::format("the server is busy ({} requests queued); retry later", opt.max_queue), "",
-                     "queue_full");
-    open_requests++;
-
-    ResponseCtx rc;
-    rc.chat = chat;
-    rc.id = random_id(chat ? "chatcmpl-" : "cmpl-");
-    rc.model = rt.model_id;
-    rc.created = static_cast<int64_t>(std::time(nullptr));
-    rc.include_usage = ar.include_usage;
-    rc.thinking = p.thinking;
-    rc.think_end_id = think_end_id;
+    Submitted sub = submit(ar, req.body, chat);
+    ResponseCtx& rc = sub.rc;
+    const Prepared& p = sub.prep;
+    auto job = sub.job;
     OutputShaper shaper(p.parser, ar.parallel_tool_calls, p.detect_think);
     ConnectionWatch watch(req.remote_addr, req.remote_port, req.local_port);
 

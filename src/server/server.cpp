@@ -40,14 +40,14 @@ void Server::Impl::send_json(httplib::Response& res, int status, const json& bod
   res.set_content(dump_json(body), "application/json");
 }
 
-void Server::Impl::send_error(httplib::Response& res, const ApiError& e) {
+void Server::Impl::send_error(httplib::Response& res, const ApiError& e, bool anthropic) {
   if (e.status == 429 || e.status == 503) {
     int secs = std::max(1, static_cast<int>(std::ceil(scheduler->recent_job_seconds())));
     res.set_header("Retry-After", std::to_string(secs));
   }
   // The SDKs retry 5xx and 429 by default; a deterministic failure must not be retried.
   if (e.status >= 400 && e.status < 500 && e.status != 429) res.set_header("x-should-retry", "false");
-  send_json(res, e.status, error_json(e));
+  send_json(res, e.status, anthropic ? anthropic_error_json(e) : error_json(e));
 }
 
 void Server::Impl::setup_routes() {
@@ -70,13 +70,17 @@ void Server::Impl::setup_routes() {
       return httplib::Server::HandlerResponse::Handled;
     }
     if (opt.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // The key as OpenAI clients send it, or as Anthropic clients do (x-api-key).
     std::string auth = req.get_header_value("Authorization");
-    const std::string want = "Bearer " + opt.api_key;
-    if (auth != want) {
-      send_error(res, ApiError(401, "authentication_error",
-                               auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
-                                            : "invalid API key",
-                               "", "invalid_api_key"));
+    const std::string x_key = req.get_header_value("x-api-key");
+    if (auth != "Bearer " + opt.api_key && x_key != opt.api_key) {
+      send_error(res,
+                 ApiError(401, "authentication_error",
+                          auth.empty() && x_key.empty()
+                              ? "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+                              : "invalid API key",
+                          "", "invalid_api_key"),
+                 req.path.rfind("/v1/messages", 0) == 0);
       metrics.request_done(401);
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -145,7 +149,14 @@ void Server::Impl::setup_routes() {
     http.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_completion(req, res, true); });
   for (const char* path : {"/v1/completions", "/completions"})
     http.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_completion(req, res, false); });
-  for (const char* path : {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"})
+  http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_messages(req, res, false);
+  });
+  http.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_messages(req, res, true);
+  });
+  for (const char* path : {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+                           "/v1/messages"})
     http.Get(path, [this](const httplib::Request&, httplib::Response& res) {
       send_error(res, ApiError(405, "invalid_request_error", "use POST for this endpoint"));
     });

@@ -1,10 +1,11 @@
 // Internal state of the server shared by its source files (server.cpp: setup, routes, lifecycle;
-// completions.cpp: the two inference endpoints).
+// completions.cpp: the two OpenAI inference endpoints; messages.cpp: the Anthropic one).
 #pragma once
 #include <httplib.h>
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/generator.h"
@@ -14,8 +15,36 @@
 #include "server/request.h"
 #include "server/scheduler.h"
 #include "server/server.h"
+#include "tokenizer/output_parser.h"
 
 namespace fern::server {
+
+// A chat or completions request turned into a generation request (chat template rendered, tokenized, checked
+// against the context).
+struct Prepared {
+  GenerateRequest gen;
+  std::optional<OutputParserOptions> parser;  // chat only
+  bool thinking = false;
+  bool detect_think = false;  // thinking is on but the template leaves "<think>" to the model (Qwen3)
+};
+
+// Everything a response needs besides the output.
+struct ResponseCtx {
+  bool chat = true;
+  std::string id, model;
+  int64_t created = 0;
+  bool include_usage = false;
+  bool thinking = false;
+  int32_t think_end_id = -1;
+};
+
+// A request queued for the engine, with what its response needs (the OpenAI and the Anthropic endpoints answer it
+// each in their own format).
+struct Submitted {
+  std::shared_ptr<Job> job;
+  ResponseCtx rc;
+  Prepared prep;  // its `gen` moved into the job
+};
 
 struct Server::Impl {
   Impl(Runtime& rt, ServerOptions opt);
@@ -37,7 +66,15 @@ struct Server::Impl {
 
   void setup_routes();
   void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat);
-  void send_error(httplib::Response& res, const ApiError& e);
+  // Renders and tokenizes a parsed request (`body`: the JSON it was parsed from, for the tools' key order). Throws
+  // ApiError (400, e.g. for a prompt the context cannot hold).
+  Prepared prepare(const ApiRequest& ar, const std::string& body, bool chat);
+  // prepare(), then queues the request and counts it in open_requests. Throws ApiError (also 429).
+  Submitted submit(const ApiRequest& ar, const std::string& body, bool chat);
+  // POST /v1/messages and /v1/messages/count_tokens (the Anthropic Messages API, messages.cpp).
+  void handle_messages(const httplib::Request& req, httplib::Response& res, bool count_only);
+  // anthropic: the Messages API's envelope instead of OpenAI's.
+  void send_error(httplib::Response& res, const ApiError& e, bool anthropic = false);
   void send_json(httplib::Response& res, int status, const nlohmann::json& body);
 };
 

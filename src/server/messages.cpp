@@ -1,0 +1,385 @@
+// POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages API over the same engine, so that clients
+// written for it (agents, the official SDKs) work unchanged. A request is translated into the chat request the
+// OpenAI endpoint takes (system prompt, text, tool calls and tool results, thinking), validated and queued the same
+// way, and the output parser's deltas go back as Anthropic content blocks (thinking, text, tool_use), whole or as
+// the SSE events of a stream.
+#include <chrono>
+
+#include "core/log.h"
+#include "server/connection_watch.h"
+#include "server/output_shaper.h"
+#include "server/server_impl.h"
+
+namespace fern::server {
+
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A text field: a string, or a list of {"type": "text"} blocks (joined).
+std::string text_of(const ojson& c, const std::string& where) {
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) throw bad_request(where + " must be a string or a list of text blocks", where);
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const ojson& b = c[i];
+    if (!b.is_object() || b.value("type", "") != "text" || !b.contains("text") || !b["text"].is_string())
+      throw bad_request(fmt::format("{}[{}]: only text blocks are supported here", where, i), where);
+    if (!out.empty()) out += "\n";
+    out += b["text"].get<std::string>();
+  }
+  return out;
+}
+
+// The Anthropic request as the chat request of the OpenAI endpoint (key order kept, for the tools' schemas).
+ojson to_chat(const ojson& a) {
+  if (!a.is_object()) throw bad_request("the request body must be a JSON object");
+  if (!a.contains("max_tokens")) throw bad_request("max_tokens is required", "max_tokens");
+  ojson c = ojson::object();
+  ojson msgs = ojson::array();
+  if (a.contains("system") && !a["system"].is_null())
+    msgs.push_back({{"role", "system"}, {"content", text_of(a["system"], "system")}});
+  if (!a.contains("messages") || !a["messages"].is_array() || a["messages"].empty())
+    throw bad_request("messages must be a non-empty list", "messages");
+  const ojson& in = a["messages"];
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string where = fmt::format("messages[{}]", i);
+    const ojson& m = in[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content"))
+      throw bad_request(where + " must be an object with a role and content", where);
+    const std::string role = m["role"].get<std::string>();
+    if (role != "user" && role != "assistant") throw bad_request(where + ".role must be user or assistant", where + ".role");
+    const ojson& content = m["content"];
+    if (content.is_string()) {
+      msgs.push_back({{"role", role}, {"content", content}});
+      continue;
+    }
+    if (!content.is_array()) throw bad_request(where + ".content must be a string or a list of blocks", where + ".content");
+    ojson assistant = {{"role", "assistant"}, {"content", ""}};
+    std::string text, reasoning;
+    ojson calls = ojson::array();
+    auto flush_user_text = [&] {
+      if (!text.empty()) msgs.push_back({{"role", "user"}, {"content", text}});
+      text.clear();
+    };
+    for (size_t k = 0; k < content.size(); ++k) {
+      const std::string bw = fmt::format("{}.content[{}]", where, k);
+      const ojson& b = content[k];
+      if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) throw bad_request(bw + " must be a block", bw);
+      const std::string type = b["type"].get<std::string>();
+      if (type == "text") {
+        if (!b.contains("text") || !b["text"].is_string()) throw bad_request(bw + ".text must be a string", bw);
+        if (!text.empty()) text += "\n";
+        text += b["text"].get<std::string>();
+      } else if (type == "tool_result" && role == "user") {
+        flush_user_text();
+        if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
+          throw bad_request(bw + ".tool_use_id must be a string", bw + ".tool_use_id");
+        std::string result = b.contains("content") && !b["content"].is_null() ? text_of(b["content"], bw + ".content") : "";
+        if (b.value("is_error", false)) result = "Error: " + result;
+        msgs.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
+      } else if (type == "tool_use" && role == "assistant") {
+        if (!b.contains("id") || !b["id"].is_string() || !b.contains("name") || !b["name"].is_string())
+          throw bad_request(bw + " needs a string id and name", bw);
+        const ojson input = b.contains("input") ? b["input"] : ojson::object();
+        if (!input.is_object()) throw bad_request(bw + ".input must be an object", bw + ".input");
+        calls.push_back({{"id", b["id"]},
+                         {"type", "function"},
+                         {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
+      } else if (type == "thinking" && role == "assistant") {
+        if (b.contains("thinking") && b["thinking"].is_string()) reasoning += b["thinking"].get<std::string>();
+      } else if (type == "redacted_thinking" && role == "assistant") {
+        // Encrypted reasoning of another model: nothing this one can read.
+      } else {
+        throw bad_request(fmt::format("{}: '{}' blocks are not supported in {} messages", bw, type.substr(0, 50), role),
+                          bw + ".type");
+      }
+    }
+    if (role == "user") {
+      flush_user_text();
+    } else {
+      assistant["content"] = text;
+      if (!reasoning.empty()) assistant["reasoning_content"] = reasoning;
+      if (!calls.empty()) {
+        assistant["tool_calls"] = calls;
+        if (text.empty()) assistant["content"] = nullptr;
+      }
+      msgs.push_back(assistant);
+    }
+  }
+  c["messages"] = msgs;
+  c["max_tokens"] = a["max_tokens"];
+  // test_forced_output: honoured only by a server started with --test-forced-output (SERVER.md).
+  for (const char* k : {"temperature", "top_p", "top_k", "stream", "test_forced_output"})
+    if (a.contains(k)) c[k] = a[k];
+  if (a.contains("stop_sequences")) c["stop"] = a["stop_sequences"];
+  if (a.contains("tools") && !a["tools"].is_null()) {
+    if (!a["tools"].is_array()) throw bad_request("tools must be a list", "tools");
+    ojson tools = ojson::array();
+    for (size_t i = 0; i < a["tools"].size(); ++i) {
+      const ojson& t = a["tools"][i];
+      const std::string tw = fmt::format("tools[{}]", i);
+      if (!t.is_object()) throw bad_request(tw + " must be an object", tw);
+      if (t.contains("type") && t["type"] != "custom")
+        throw bad_request(tw + ": only custom tools (name, description, input_schema) are supported", tw + ".type");
+      ojson f = {{"name", t.value("name", ojson())}};
+      if (t.contains("description")) f["description"] = t["description"];
+      if (t.contains("input_schema")) f["parameters"] = t["input_schema"];
+      tools.push_back({{"type", "function"}, {"function", f}});
+    }
+    c["tools"] = tools;
+  }
+  if (a.contains("tool_choice") && !a["tool_choice"].is_null()) {
+    const ojson& tc = a["tool_choice"];
+    const std::string type = tc.is_object() ? tc.value("type", "") : "";
+    if (type == "auto") c["tool_choice"] = "auto";
+    else if (type == "any") c["tool_choice"] = "required";
+    else if (type == "none") c["tool_choice"] = "none";
+    else if (type == "tool") c["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc.value("name", ojson())}}}};
+    else throw bad_request("tool_choice.type must be auto, any, tool or none", "tool_choice");
+    if (tc.value("disable_parallel_tool_use", false)) c["parallel_tool_calls"] = false;
+  }
+  // Anthropic's default is no extended thinking; {"type": "enabled"} turns the model's thinking on.
+  bool thinking = false;
+  if (a.contains("thinking") && a["thinking"].is_object()) thinking = a["thinking"].value("type", "") == "enabled";
+  c["chat_template_kwargs"] = {{"enable_thinking", thinking}};
+  return c;
+}
+
+// The finished message's content blocks from the chat message of the output parser.
+json content_blocks(const json& msg) {
+  json blocks = json::array();
+  if (msg.contains("reasoning_content") && msg["reasoning_content"].is_string() &&
+      !msg["reasoning_content"].get<std::string>().empty())
+    blocks.push_back({{"type", "thinking"}, {"thinking", msg["reasoning_content"]}, {"signature", ""}});
+  if (msg.contains("content") && msg["content"].is_string() && !msg["content"].get<std::string>().empty())
+    blocks.push_back({{"type", "text"}, {"text", msg["content"]}});
+  if (msg.contains("tool_calls"))
+    for (const auto& tc : msg["tool_calls"]) {
+      json input = json::parse(tc["function"].value("arguments", "{}"), nullptr, /*allow_exceptions=*/false);
+      if (!input.is_object()) input = json::object();
+      blocks.push_back({{"type", "tool_use"}, {"id", tc["id"]}, {"name", tc["function"]["name"]}, {"input", input}});
+    }
+  return blocks;
+}
+
+std::string stop_reason(const GenerateResult& r, bool tool_calls) {
+  if (r.finish != FinishReason::Stop) return "max_tokens";
+  if (tool_calls) return "tool_use";
+  return r.stop_sequence.empty() ? "end_turn" : "stop_sequence";
+}
+
+json stop_sequence(const GenerateResult& r) {
+  return r.finish == FinishReason::Stop && !r.stop_sequence.empty() ? json(r.stop_sequence) : json(nullptr);
+}
+
+json usage(const GenerateResult& r) {
+  return {{"input_tokens", r.prompt_tokens - r.cached_tokens},
+          {"cache_creation_input_tokens", 0},
+          {"cache_read_input_tokens", r.cached_tokens},
+          {"output_tokens", r.completion_tokens}};
+}
+
+std::string event(const char* name, const json& data) {
+  return std::string("event: ") + name + "\ndata: " + dump_json(data) + "\n\n";
+}
+
+// The stream's content blocks as the parser's deltas open and extend them.
+struct BlockStream {
+  int index = -1;
+  std::string open;  // "", "thinking", "text", "tool_use"
+  // Events for one delta object of the output shaper.
+  std::string push(const json& d) {
+    std::string out;
+    auto start = [&](const std::string& type, const json& block) {
+      out += close();
+      open = type;
+      ++index;
+      out += event("content_block_start", {{"type", "content_block_start"}, {"index", index}, {"content_block", block}});
+    };
+    auto delta = [&](const json& dl) {
+      out += event("content_block_delta", {{"type", "content_block_delta"}, {"index", index}, {"delta", dl}});
+    };
+    if (d.contains("reasoning_content")) {
+      if (open != "thinking") start("thinking", {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+      delta({{"type", "thinking_delta"}, {"thinking", d["reasoning_content"]}});
+    }
+    if (d.contains("content") && d["content"].is_string() && !d["content"].get<std::string>().empty()) {
+      if (open != "text") start("text", {{"type", "text"}, {"text", ""}});
+      delta({{"type", "text_delta"}, {"text", d["content"]}});
+    }
+    if (d.contains("tool_calls"))
+      for (const auto& tc : d["tool_calls"]) {
+        if (tc.contains("id"))
+          start("tool_use", {{"type", "tool_use"}, {"id", tc["id"]}, {"name", tc["function"]["name"]}, {"input", json::object()}});
+        const std::string args = tc.contains("function") ? tc["function"].value("arguments", "") : "";
+        if (!args.empty()) delta({{"type", "input_json_delta"}, {"partial_json", args}});
+      }
+    return out;
+  }
+  std::string close() {
+    if (open.empty()) return "";
+    open.clear();
+    return event("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
+  }
+};
+
+struct MessageStream {
+  std::shared_ptr<Job> job;
+  OutputShaper shaper;
+  ConnectionWatch watch;
+  std::string id, model;
+  int64_t prompt_tokens = 0;
+  BlockStream blocks;
+  bool sent_first = false;
+  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
+void Server::Impl::handle_messages(const httplib::Request& req, httplib::Response& res, bool count_only) {
+  auto fail_with = [&](const ApiError& e) {
+    send_error(res, e, /*anthropic=*/true);
+    metrics.request_done(e.status);
+  };
+  try {
+    if (draining) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "shutting_down");
+    std::string ctype = req.get_header_value("Content-Type");
+    if (!ctype.empty() && ctype.find("json") == std::string::npos)
+      throw bad_request("Content-Type must be application/json");
+    if (json_nesting_depth(req.body) > limits.max_json_depth)
+      throw bad_request(fmt::format("the request JSON is nested deeper than {} levels", limits.max_json_depth));
+    ojson a;
+    try {
+      a = ojson::parse(req.body);
+    } catch (const ojson::parse_error& e) {
+      throw bad_request(fmt::format("the request body is not valid JSON (error at byte {})", e.byte));
+    }
+    if (count_only && a.is_object() && !a.contains("max_tokens")) a["max_tokens"] = 1;  // not needed to count
+    // Any model name is served by the one model (clients written for the API send their own names).
+    const std::string body = to_chat(a).dump();
+    const ApiRequest ar = parse_request(body, true, limits);
+    if (count_only) {
+      const Prepared p = prepare(ar, body, true);
+      send_json(res, 200, {{"input_tokens", int64_t(p.gen.prompt.size())}});
+      metrics.request_done(200);
+      return;
+    }
+    Submitted sub = submit(ar, body, true);
+    const int64_t n_prompt = int64_t(sub.job->gen.prompt.size());
+    const std::string id = random_id("msg_");
+    OutputShaper shaper(sub.prep.parser, ar.parallel_tool_calls, sub.prep.detect_think);
+    ConnectionWatch watch(req.remote_addr, req.remote_port, req.local_port);
+
+    if (!ar.stream) {
+      struct Done {
+        std::atomic<int>& n;
+        ~Done() { n--; }
+      } done_guard{open_requests};
+      bool finished = false;
+      while (!finished) {
+        shaper.push(sub.job->take(200ms, finished));
+        if (!finished && watch.closed()) {
+          sub.job->cancel = true;
+          log::info("client went away; request cancelled");
+          return;
+        }
+      }
+      std::lock_guard lk(sub.job->mu);
+      if (sub.job->error) throw ApiError(500, "server_error", "generation failed: " + *sub.job->error);
+      shaper.finish();
+      const GenerateResult& r = sub.job->result;
+      const json body_out = {{"id", id},
+                             {"type", "message"},
+                             {"role", "assistant"},
+                             {"model", rt.model_id},
+                             {"content", content_blocks(shaper.message())},
+                             {"stop_reason", stop_reason(r, shaper.has_tool_calls())},
+                             {"stop_sequence", stop_sequence(r)},
+                             {"usage", usage(r)}};
+      send_json(res, 200, body_out);
+      metrics.request_done(200);
+      return;
+    }
+
+    auto ms = std::make_shared<MessageStream>(
+        MessageStream{sub.job, std::move(shaper), watch, id, rt.model_id, n_prompt, {}, false, {}});
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [ms](size_t, httplib::DataSink& sink) -> bool {
+          auto write = [&](const std::string& s) {
+            ms->last_write = std::chrono::steady_clock::now();
+            return s.empty() || sink.write(s.data(), s.size());
+          };
+          auto fail_client = [&] {
+            ms->job->cancel = true;
+            return false;
+          };
+          if (!ms->sent_first) {
+            ms->sent_first = true;
+            const json start = {{"type", "message_start"},
+                                {"message",
+                                 {{"id", ms->id},
+                                  {"type", "message"},
+                                  {"role", "assistant"},
+                                  {"model", ms->model},
+                                  {"content", json::array()},
+                                  {"stop_reason", nullptr},
+                                  {"stop_sequence", nullptr},
+                                  {"usage", {{"input_tokens", ms->prompt_tokens}, {"output_tokens", 0}}}}}};
+            if (!write(event("message_start", start))) return fail_client();
+          }
+          bool finished = false;
+          const std::string text = ms->job->take(100ms, finished);
+          for (const auto& d : ms->shaper.push(text))
+            if (!write(ms->blocks.push(d))) return fail_client();
+          if (finished) {
+            std::unique_lock lk(ms->job->mu);
+            if (ms->job->error) {
+              write(event("error", anthropic_error_json(ApiError(500, "server_error",
+                                                                 "generation failed: " + *ms->job->error))));
+            } else {
+              const GenerateResult r = ms->job->result;
+              lk.unlock();
+              for (const auto& d : ms->shaper.finish())
+                if (!write(ms->blocks.push(d))) return fail_client();
+              if (!write(ms->blocks.close())) return fail_client();
+              const json delta = {{"type", "message_delta"},
+                                  {"delta",
+                                   {{"stop_reason", stop_reason(r, ms->shaper.has_tool_calls())},
+                                    {"stop_sequence", stop_sequence(r)}}},
+                                  {"usage", usage(r)}};
+              if (!write(event("message_delta", delta))) return fail_client();
+              if (!write(event("message_stop", {{"type", "message_stop"}}))) return fail_client();
+            }
+            sink.done();
+            return true;
+          }
+          if (ms->watch.closed()) return fail_client();
+          if (std::chrono::steady_clock::now() - ms->last_write > 5s && !write(event("ping", {{"type", "ping"}})))
+            return fail_client();
+          return true;
+        },
+        [this, ms](bool success) {
+          if (!success) ms->job->cancel = true;
+          metrics.request_done(200);
+          open_requests--;
+        });
+  } catch (const ApiError& e) {
+    fail_with(e);
+  } catch (const InternalError& e) {
+    log::error("internal error in a request: {}", e.what());
+    fail_with(ApiError(500, "server_error", std::string("internal error: ") + e.what()));
+  } catch (const Error& e) {
+    fail_with(bad_request(e.what()));
+  } catch (const std::exception& e) {
+    log::error("unexpected exception in a request: {}", e.what());
+    fail_with(ApiError(500, "server_error", std::string("internal error: ") + e.what()));
+  }
+}
+
+}  // namespace fern::server
