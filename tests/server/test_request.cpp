@@ -7,6 +7,7 @@
 #include <random>
 
 #include "server/api_error.h"
+#include "server/anthropic_request.h"
 #include "server/request.h"
 
 namespace fern::server {
@@ -217,4 +218,81 @@ TEST(Request, MutatedBodiesOnlyEverGiveApiErrors) {
 }
 
 }  // namespace
+// The Anthropic Messages request becomes the chat request: system first, tool calls on the assistant message, each
+// tool_result a tool message before the user's text, tools and tool_choice mapped, thinking off unless enabled.
+TEST(Request, AnthropicMessagesBecomeChatRequests) {
+  const auto a = nlohmann::ordered_json::parse(R"({"model":"claude-x","max_tokens":7,"system":[{"type":"text","text":"S"}],
+    "messages":[{"role":"user","content":"Q"},
+      {"role":"assistant","content":[{"type":"thinking","thinking":"T"},{"type":"text","text":"A"},
+        {"type":"tool_use","id":"t1","name":"f","input":{"z":1,"a":2}}]},
+      {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"R"}],
+        "is_error":true},{"type":"text","text":"U"}]}],
+    "tools":[{"name":"f","description":"d","input_schema":{"type":"object","properties":{"z":{},"a":{}}}}],
+    "tool_choice":{"type":"any","disable_parallel_tool_use":true},"stop_sequences":["x"],"temperature":0.5})");
+  const auto c = chat_from_anthropic(a);
+  EXPECT_EQ(c["messages"].dump(),
+            R"([{"role":"system","content":"S"},{"role":"user","content":"Q"},{"role":"assistant","content":"A",)"
+            R"("reasoning_content":"T","tool_calls":[{"id":"t1","type":"function","function":{"name":"f",)"
+            R"("arguments":"{\"z\":1,\"a\":2}"}}]},{"role":"tool","tool_call_id":"t1","content":"Error: R"},)"
+            R"({"role":"user","content":"U"}])");
+  EXPECT_EQ(c["tools"][0]["function"]["parameters"]["properties"].dump(), R"({"z":{},"a":{}})");  // key order kept
+  EXPECT_EQ(c["tool_choice"], "required");
+  EXPECT_EQ(c["parallel_tool_calls"], false);
+  EXPECT_EQ(c["stop"][0], "x");
+  EXPECT_EQ(c["chat_template_kwargs"]["enable_thinking"], false);
+  EXPECT_FALSE(c.contains("model"));
+  const ApiRequest r = parse_request(c.dump(), true, limits());
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_EQ(r.tool_choice, ToolChoice::Required);
+  for (const char* bad : {R"({"messages":[{"role":"user","content":"Q"}]})",                       // no max_tokens
+                          R"({"max_tokens":5,"messages":[]})",
+                          R"({"max_tokens":5,"messages":[{"role":"system","content":"Q"}]})",
+                          R"({"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image"}]}]})",
+                          R"({"max_tokens":5,"messages":[{"role":"user","content":[{"type":7}]}]})",
+                          R"({"max_tokens":5,"messages":[{"role":"user","content":"Q"}],"tools":[{"type":"bash_20250124"}]})",
+                          R"({"max_tokens":5,"messages":[{"role":"user","content":"Q"}],"tool_choice":{"type":3}})"}) {
+    try {
+      chat_from_anthropic(nlohmann::ordered_json::parse(bad));
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << bad;
+    }
+  }
+}
+
+// Random mutations of an Anthropic body: translation and parsing return or throw ApiError 400, nothing else.
+TEST(Request, MutatedAnthropicBodiesOnlyEverGiveApiErrors) {
+  const std::string seed_body =
+      R"({"model":"m","max_tokens":9,"system":"S","messages":[{"role":"user","content":"Hi"},{"role":"assistant",)"
+      R"("content":[{"type":"text","text":"a"},{"type":"tool_use","id":"t","name":"f","input":{"q":[1]}}]},)"
+      R"({"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"ok","is_error":false}]}],)"
+      R"("tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"},)"
+      R"("thinking":{"type":"enabled","budget_tokens":9},"stop_sequences":["x"]})";
+  std::mt19937 rng(77);
+  const std::string alphabet = "{}[]\":,0123456789-.eE truefalsn\\u\xff";
+  int translated = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string b = seed_body;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < edits; ++k) {
+      const size_t pos = rng() % b.size();
+      switch (rng() % 3) {
+        case 0: b[pos] = alphabet[rng() % alphabet.size()]; break;
+        case 1: b.erase(pos, 1 + rng() % 8); break;
+        default: b = b.substr(0, pos) + alphabet[rng() % alphabet.size()] + b.substr(pos); break;
+      }
+      if (b.empty()) b.push_back('{');
+    }
+    const auto j = nlohmann::ordered_json::parse(b, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) continue;
+    try {
+      parse_request(chat_from_anthropic(j).dump(), true, limits());
+      ++translated;
+    } catch (const ApiError& e) {
+      ASSERT_EQ(e.status, 400);
+    }
+  }
+  EXPECT_GT(translated, 100);
+}
+
 }  // namespace fern::server
