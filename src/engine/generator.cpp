@@ -1,12 +1,11 @@
 #include "engine/generator.h"
 
-#include "engine/token_constraint.h"
-
 #include <algorithm>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/stop_matcher.h"
+#include "engine/token_constraint.h"
 
 namespace fern {
 

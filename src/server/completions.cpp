@@ -220,6 +220,19 @@ Submitted Server::Impl::submit(const ApiRequest& ar, const std::string& body, bo
   return sub;
 }
 
+bool Server::Impl::collect(Job& job, OutputShaper& shaper, const ConnectionWatch& watch) {
+  bool finished = false;
+  while (!finished) {
+    shaper.push(job.take(200ms, finished));
+    if (!finished && watch.closed()) {
+      job.cancel = true;
+      log::info("client went away; request cancelled");
+      return false;
+    }
+  }
+  return true;
+}
+
 void Server::Impl::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
   try {
     if (draining) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "shutting_down");
@@ -242,19 +255,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     ConnectionWatch watch(req.remote_addr, req.remote_port, req.local_port);
 
     if (!ar.stream) {
-      struct Done {
-        std::atomic<int>& n;
-        ~Done() { n--; }
-      } done_guard{open_requests};
-      bool finished = false;
-      while (!finished) {
-        shaper.push(job->take(200ms, finished));
-        if (!finished && watch.closed()) {
-          job->cancel = true;
-          log::info("client went away; request cancelled");
-          return;
-        }
-      }
+      OpenRequest done{open_requests};
+      if (!collect(*job, shaper, watch)) return;
       std::lock_guard lk(job->mu);
       if (job->error) throw ApiError(500, "server_error", "generation failed: " + *job->error);
       shaper.finish();

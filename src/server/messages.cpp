@@ -145,19 +145,8 @@ void Server::Impl::handle_messages(const httplib::Request& req, httplib::Respons
     ConnectionWatch watch(req.remote_addr, req.remote_port, req.local_port);
 
     if (!ar.stream) {
-      struct Done {
-        std::atomic<int>& n;
-        ~Done() { n--; }
-      } done_guard{open_requests};
-      bool finished = false;
-      while (!finished) {
-        shaper.push(sub.job->take(200ms, finished));
-        if (!finished && watch.closed()) {
-          sub.job->cancel = true;
-          log::info("client went away; request cancelled");
-          return;
-        }
-      }
+      OpenRequest done{open_requests};
+      if (!collect(*sub.job, shaper, watch)) return;
       std::lock_guard lk(sub.job->mu);
       if (sub.job->error) throw ApiError(500, "server_error", "generation failed: " + *sub.job->error);
       shaper.finish();

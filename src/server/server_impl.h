@@ -71,11 +71,20 @@ struct Server::Impl {
   Prepared prepare(const ApiRequest& ar, const std::string& body, bool chat);
   // prepare(), then queues the request and counts it in open_requests. Throws ApiError (also 429).
   Submitted submit(const ApiRequest& ar, const std::string& body, bool chat);
+  // A non-streamed answer: feeds the job's output to the shaper until the job ends. False when the client went
+  // away first (the job is then cancelled and nothing is to be sent).
+  bool collect(Job& job, class OutputShaper& shaper, const class ConnectionWatch& watch);
   // POST /v1/messages and /v1/messages/count_tokens (the Anthropic Messages API, messages.cpp).
   void handle_messages(const httplib::Request& req, httplib::Response& res, bool count_only);
   // anthropic: the Messages API's envelope instead of OpenAI's.
   void send_error(httplib::Response& res, const ApiError& e, bool anthropic = false);
   void send_json(httplib::Response& res, int status, const nlohmann::json& body);
+};
+
+// Counts a request out of open_requests when its handler returns (the non-streamed answers).
+struct OpenRequest {
+  std::atomic<int>& n;
+  ~OpenRequest() { n--; }
 };
 
 // Random suffix for response and tool-call ids.

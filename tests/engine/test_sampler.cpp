@@ -41,6 +41,29 @@ constexpr double kFreqTol = 0.006;
 
 const std::vector<float> kLogits = {1.0f, 2.5f, -0.5f, 0.3f, 2.0f, -3.0f, 0.9f, 1.7f};
 
+// One draw of the sampler on a copy of `base`, with what a reference needs to make the same draw: the random number
+// a twin sampler with the same seed takes first, and the logits scaled by the temperature as the sampler scales them.
+struct Draw {
+  int32_t got;
+  double u;
+  std::vector<float> scaled;
+};
+Draw draw(const SamplingParams& sp, const std::vector<float>& base) {
+  Sampler s(sp);
+  std::vector<float> l = base;
+  Draw d{s.sample(l), Sampler(sp).uniform(), base};
+  for (auto& x : d.scaled) x *= 1.0f / sp.temperature;
+  return d;
+}
+
+// Indices by decreasing value, ties to the lower index.
+std::vector<int32_t> sorted_order(const std::vector<float>& t) {
+  std::vector<int32_t> idx(t.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return t[a] > t[b]; });
+  return idx;
+}
+
 TEST(Sampler, GreedyIsArgmaxLowestIndexOnTies) {
   SamplingParams sp;
   sp.temperature = 0;
@@ -177,18 +200,9 @@ TEST(Sampler, TopPPrefixPathEqualsFullSortReference) {
       sp.temperature = 0.8f;
       sp.top_p = 0.9f;
       sp.seed = seed;
-      Sampler s(sp);
-      std::vector<float> l = base;
-      int32_t got = s.sample(l);
-
-      Sampler twin(sp);
-      double u = twin.uniform();
-      std::vector<float> t = base;
-      for (auto& x : t) x /= sp.temperature;
-      float mx = *std::max_element(t.begin(), t.end());
-      std::vector<int32_t> idx(t.size());
-      std::iota(idx.begin(), idx.end(), 0);
-      std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return t[a] > t[b] || (t[a] == t[b] && a < b); });
+      const auto [got, u, t] = draw(sp, base);
+      const float mx = *std::max_element(t.begin(), t.end());
+      const std::vector<int32_t> idx = sorted_order(t);
       double z = 0;
       for (float x : t) z += std::exp(double(x - mx));
       double cum = 0;
@@ -229,14 +243,7 @@ TEST(Sampler, TemperatureWalkMatchesTheExactCumulativeWeight) {
         sp.temperature = 0.9f;
         sp.min_p = min_p;
         sp.seed = seed;
-        Sampler s(sp);
-        std::vector<float> l = base;
-        const int32_t got = s.sample(l);
-
-        Sampler twin(sp);
-        const double u = twin.uniform();
-        std::vector<float> t = base;
-        for (auto& x : t) x *= 1.0f / sp.temperature;
+        const auto [got, u, t] = draw(sp, base);
         const float mx = *std::max_element(t.begin(), t.end());
         const float floor = min_p > 0 ? mx + std::log(min_p) : -INFINITY;
         std::vector<double> cum(t.size() + 1, 0.0);
@@ -283,17 +290,8 @@ TEST(Sampler, TopKAtTheRealVocabularyEqualsFullSortReference) {
       sp.temperature = 0.7f;
       sp.top_k = k;
       sp.seed = seed;
-      Sampler s(sp);
-      std::vector<float> l = base;
-      const int32_t got = s.sample(l);
-
-      Sampler twin(sp);
-      const double u = twin.uniform();
-      std::vector<float> t = base;
-      for (auto& x : t) x *= 1.0f / sp.temperature;
-      std::vector<int32_t> idx(t.size());
-      std::iota(idx.begin(), idx.end(), 0);
-      std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return t[a] > t[b]; });
+      const auto [got, u, t] = draw(sp, base);
+      const std::vector<int32_t> idx = sorted_order(t);
       const float mx = t[idx[0]];
       double total = 0;
       for (int i = 0; i < k; ++i) total += std::exp(double(t[idx[i]] - mx));
