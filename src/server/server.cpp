@@ -149,6 +149,10 @@ void Server::Impl::setup_routes() {
     http.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_completion(req, res, true); });
   for (const char* path : {"/v1/completions", "/completions"})
     http.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_completion(req, res, false); });
+  for (const char* path : {"/tokenize", "/v1/tokenize"})
+    http.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res, false); });
+  for (const char* path : {"/detokenize", "/v1/detokenize"})
+    http.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res, true); });
   http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
     handle_messages(req, res, false);
   });

@@ -74,6 +74,8 @@ struct Server::Impl {
   // A non-streamed answer: feeds the job's output to the shaper until the job ends. False when the client went
   // away first (the job is then cancelled and nothing is to be sent).
   bool collect(Job& job, class OutputShaper& shaper, const class ConnectionWatch& watch);
+  // POST /tokenize and /detokenize (tokenize.cpp).
+  void handle_tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
   // POST /v1/messages and /v1/messages/count_tokens (the Anthropic Messages API, messages.cpp).
   void handle_messages(const httplib::Request& req, httplib::Response& res, bool count_only);
   // anthropic: the Messages API's envelope instead of OpenAI's.

@@ -1,6 +1,6 @@
 // Plain and streamed completions through the official openai SDK against the real `fern serve` (demo model):
-// content, finish_reason, usage (with include_usage), /v1/models, seeds, stop strings, logprobs, /health and
-// /metrics.
+// content, finish_reason, usage (with include_usage), /v1/models, seeds, stop strings, logprobs, /tokenize and
+// /detokenize, /health and /metrics.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer, client, MODEL, metric } from './helpers.mjs';
@@ -196,6 +196,26 @@ test('logprobs: one entry per token with its bytes and alternatives; streamed en
   const plain = await openai.chat.completions.create({ ...params, logprobs: false });
   assert.equal(plain.choices[0].logprobs, null);
   assert.equal(plain.choices[0].message.content, c.message.content);
+});
+
+test('/tokenize counts what a request would prefill; /detokenize gives the text back', async () => {
+  const post = async (path, body) => {
+    const r = await fetch(`${server.base}${path}`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify(body) });
+    return { status: r.status, body: await r.json() };
+  };
+  const t = await post('/tokenize', { prompt: 'Hello there, world' });
+  assert.equal(t.status, 200);
+  assert.equal(t.body.count, t.body.tokens.length);
+  assert.equal(t.body.max_model_len, 4096);
+  const d = await post('/v1/detokenize', { tokens: t.body.tokens });
+  assert.equal(d.body.prompt, 'Hello there, world');
+  const messages = user('Count my tokens');
+  const m = await post('/v1/tokenize', { model: MODEL, messages });
+  const r = await openai.chat.completions.create({ model: MODEL, messages, max_tokens: 1 });
+  assert.equal(m.body.count, r.usage.prompt_tokens);
+  assert.equal((await post('/detokenize', { tokens: [-1] })).status, 400);
+  assert.equal((await post('/tokenize', {})).status, 400);
 });
 
 test('/health answers ok and /metrics counts tokens', async () => {
