@@ -149,6 +149,8 @@ void Server::Impl::setup_routes() {
     http.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_completion(req, res, true); });
   for (const char* path : {"/v1/completions", "/completions"})
     http.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_completion(req, res, false); });
+  for (const char* path : {"/v1/responses", "/responses"})
+    http.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_responses(req, res); });
   for (const char* path : {"/tokenize", "/v1/tokenize"})
     http.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res, false); });
   for (const char* path : {"/detokenize", "/v1/detokenize"})

@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <memory>
+#include <deque>
+#include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <string>
 
 #include "engine/generator.h"
@@ -46,6 +49,19 @@ struct Submitted {
   Prepared prep;  // its `gen` moved into the job
 };
 
+// Stored Responses API conversations (previous_response_id), as chat messages; the most recent kCapacity.
+class ResponseStore {
+ public:
+  static constexpr size_t kCapacity = 256;
+  void put(const std::string& id, nlohmann::ordered_json messages);
+  std::optional<nlohmann::ordered_json> get(const std::string& id) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::deque<std::string> order_;
+  std::unordered_map<std::string, nlohmann::ordered_json> by_id_;
+};
+
 struct Server::Impl {
   Impl(Runtime& rt, ServerOptions opt);
 
@@ -74,6 +90,9 @@ struct Server::Impl {
   // A non-streamed answer: feeds the job's output to the shaper until the job ends. False when the client went
   // away first (the job is then cancelled and nothing is to be sent).
   bool collect(Job& job, class OutputShaper& shaper, const class ConnectionWatch& watch);
+  std::unique_ptr<ResponseStore> responses = std::make_unique<ResponseStore>();
+  // POST /v1/responses (the OpenAI Responses API, responses.cpp).
+  void handle_responses(const httplib::Request& req, httplib::Response& res);
   // POST /tokenize and /detokenize (tokenize.cpp).
   void handle_tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
   // POST /v1/messages and /v1/messages/count_tokens (the Anthropic Messages API, messages.cpp).

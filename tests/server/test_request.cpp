@@ -9,6 +9,7 @@
 #include "server/api_error.h"
 #include "server/anthropic_request.h"
 #include "server/request.h"
+#include "server/responses_request.h"
 
 namespace fern::server {
 namespace {
@@ -287,6 +288,75 @@ TEST(Request, MutatedAnthropicBodiesOnlyEverGiveApiErrors) {
     if (j.is_discarded()) continue;
     try {
       parse_request(chat_from_anthropic(j).dump(), true, limits());
+      ++translated;
+    } catch (const ApiError& e) {
+      ASSERT_EQ(e.status, 400);
+    }
+  }
+  EXPECT_GT(translated, 100);
+}
+
+// The Responses request becomes the chat request: instructions first, the stored conversation, a reasoning item
+// and function calls on one assistant message, their outputs as tool messages, text.format as response_format.
+TEST(Request, ResponsesRequestsBecomeChatRequests) {
+  const auto history = nlohmann::ordered_json::parse(R"([{"role":"user","content":"Before"}])");
+  const auto r = nlohmann::ordered_json::parse(R"({"model":"m","instructions":"I","max_output_tokens":9,"input":[
+      {"role":"user","content":[{"type":"input_text","text":"Q"}]},
+      {"type":"reasoning","summary":[{"type":"summary_text","text":"R"}]},
+      {"type":"function_call","call_id":"c1","name":"f","arguments":"{\"x\":1}"},
+      {"type":"function_call_output","call_id":"c1","output":"out"}],
+    "tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},
+    "text":{"format":{"type":"json_object"}},"reasoning":{"effort":"none"}})");
+  const auto c = chat_from_responses(r, &history);
+  EXPECT_EQ(c["messages"].dump(),
+            R"([{"role":"system","content":"I"},{"role":"user","content":"Before"},{"role":"user","content":"Q"},)"
+            R"({"role":"assistant","content":null,"reasoning_content":"R","tool_calls":[{"id":"c1","type":"function",)"
+            R"("function":{"name":"f","arguments":"{\"x\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"out"}])");
+  EXPECT_EQ(c["max_tokens"], 9);
+  EXPECT_EQ(c["response_format"]["type"], "json_object");
+  EXPECT_EQ(c["reasoning_effort"], "none");
+  const ApiRequest a = parse_request(c.dump(), true, limits());
+  EXPECT_EQ(a.tool_choice, ToolChoice::Named);
+  EXPECT_NE(a.json_schema, nullptr);
+  for (const char* bad : {R"({"input":7})", R"({"model":"m"})", R"({"input":[{"type":"web_search_call"}]})",
+                          R"({"input":"x","tools":[{"type":"file_search"}]})",
+                          R"({"input":[{"type":"function_call","call_id":1}]})",
+                          R"({"input":"x","text":{"format":{"type":"yaml"}}})"}) {
+    try {
+      chat_from_responses(nlohmann::ordered_json::parse(bad), nullptr);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << bad;
+    }
+  }
+}
+
+// Random mutations of a Responses body: translation and parsing return or throw ApiError 400, nothing else.
+TEST(Request, MutatedResponsesBodiesOnlyEverGiveApiErrors) {
+  const std::string seed_body =
+      R"({"model":"m","instructions":"I","max_output_tokens":9,"input":[{"role":"user","content":"Hi"},)"
+      R"({"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output",)"
+      R"("call_id":"c","output":"ok"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],)"
+      R"("text":{"format":{"type":"json_schema","name":"s","schema":{"type":"object"}}},"reasoning":{"effort":"low"}})";
+  std::mt19937 rng(99);
+  const std::string alphabet = "{}[]\":,0123456789-.eE truefalsn\\u\xff";
+  int translated = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string b = seed_body;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < edits; ++k) {
+      const size_t pos = rng() % b.size();
+      switch (rng() % 3) {
+        case 0: b[pos] = alphabet[rng() % alphabet.size()]; break;
+        case 1: b.erase(pos, 1 + rng() % 8); break;
+        default: b = b.substr(0, pos) + alphabet[rng() % alphabet.size()] + b.substr(pos); break;
+      }
+      if (b.empty()) b.push_back('{');
+    }
+    const auto j = nlohmann::ordered_json::parse(b, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) continue;
+    try {
+      parse_request(chat_from_responses(j, nullptr).dump(), true, limits());
       ++translated;
     } catch (const ApiError& e) {
       ASSERT_EQ(e.status, 400);
