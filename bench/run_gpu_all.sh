@@ -7,7 +7,8 @@
 #   32K and 128K (2 runs, with the scratch it held), 6. fern eval of the CUDA backend against HF transformers on a
 #   `small` synthetic checkpoint with peaked logits.
 # Logs under $OUT; a summary last. Steps are skipped once the time budget (BUDGET seconds) is spent. Knobs: ALL_BISECT=0
-# and ALL_EVAL=0 skip steps 3 and 6, ALL_NODE=0 skips step 4, ALL_DECODE=0 the decode bench; ALL_TESTS="names" runs
+# and ALL_EVAL=0 skip steps 3 and 6, ALL_NODE=0 skips step 4, ALL_DECODE=0 the decode bench, ALL_SERVED=0 the served
+# decode (host loop at temperature 1); ALL_TESTS="names" runs
 # only those CUDA test binaries; ALL_DECODE_ALT="VAR=VALUE" repeats the decode bench with that switch; ALL_MICRO=1
 # adds the MoE and dense GEMM micro-benchmarks (ablation rows, tile-loop
 # columns); ALL_GEMV=1 adds bench_cuda_decode's GEMV table (cold and warm L2); PREFILL_LENGTHS (default
@@ -55,6 +56,13 @@ if [ "${ALL_DECODE:-1}" = 1 ] && [ "$(left)" -gt 110 ]; then
   timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
     --json "$OUT/decode.json" >"$OUT/bench_decode.log" 2>&1
   note "decode: $(grep -oE "decode ctx [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode.log" | tr "\n" " ") ($(elapsed))"
+fi
+# The served decode path (Engine::decode eagerly, the logits to the host, the server's Sampler at temperature 1, the
+# server's default): what a request through `fern serve` gets, against the graph loop above. ALL_SERVED=0 skips it.
+if [ "${ALL_SERVED:-1}" = 1 ] && [ "$(left)" -gt 110 ]; then
+  timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096 --runs 3 \
+    --host-loop --temperature 1 --json "$OUT/decode_served.json" >"$OUT/bench_decode_served.log" 2>&1
+  note "decode served (host loop, T 1): $(grep -oE "decode ctx [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode_served.log" | tr "\n" " ") ($(elapsed))"
 fi
 # ALL_DECODE_ALT="VAR=VALUE": the decode bench once more with that switch (a default under question, same call).
 if [ -n "${ALL_DECODE_ALT:-}" ] && [ "$(left)" -gt 110 ]; then
