@@ -2,7 +2,8 @@
 // unchanged). A request is translated into the chat request (responses_request.h), queued the same way, and the
 // output parser's deltas go back as output items (reasoning, message, function_call), whole or as the stream's
 // typed events. Responses are kept (`store`, the default) as their conversation's chat messages, so that a request
-// with previous_response_id continues one without sending it again; the store holds the most recent 256.
+// with previous_response_id continues one without sending it again; the store holds the most recent 256 (at most
+// 256 MiB of them).
 #include <chrono>
 #include <ctime>
 
@@ -19,11 +20,15 @@ using ojson = nlohmann::ordered_json;
 using namespace std::chrono_literals;
 
 void ResponseStore::put(const std::string& id, ojson messages) {
+  const size_t bytes = messages.dump().size();
   std::lock_guard lk(mu_);
   order_.push_back(id);
-  by_id_[id] = std::move(messages);
-  while (order_.size() > kCapacity) {
-    by_id_.erase(order_.front());
+  bytes_ += bytes;
+  by_id_[id] = Entry{std::move(messages), bytes};
+  while (order_.size() > kCapacity || (bytes_ > kMaxBytes && order_.size() > 1)) {
+    auto it = by_id_.find(order_.front());
+    bytes_ -= it->second.bytes;
+    by_id_.erase(it);
     order_.pop_front();
   }
 }
@@ -32,7 +37,7 @@ std::optional<ojson> ResponseStore::get(const std::string& id) const {
   std::lock_guard lk(mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return std::nullopt;
-  return it->second;
+  return it->second.messages;
 }
 
 namespace {

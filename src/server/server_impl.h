@@ -49,17 +49,24 @@ struct Submitted {
   Prepared prep;  // its `gen` moved into the job
 };
 
-// Stored Responses API conversations (previous_response_id), as chat messages; the most recent kCapacity.
+// Stored Responses API conversations (previous_response_id), as chat messages: the most recent kCapacity, and
+// fewer when they hold more than kMaxBytes of JSON (request bodies may be large; the store must not grow with them).
 class ResponseStore {
  public:
   static constexpr size_t kCapacity = 256;
+  static constexpr size_t kMaxBytes = size_t(256) << 20;
   void put(const std::string& id, nlohmann::ordered_json messages);
   std::optional<nlohmann::ordered_json> get(const std::string& id) const;
 
  private:
+  struct Entry {
+    nlohmann::ordered_json messages;
+    size_t bytes = 0;
+  };
   mutable std::mutex mu_;
   std::deque<std::string> order_;
-  std::unordered_map<std::string, nlohmann::ordered_json> by_id_;
+  std::unordered_map<std::string, Entry> by_id_;
+  size_t bytes_ = 0;
 };
 
 struct Server::Impl {
