@@ -105,19 +105,52 @@ json chunk_json(const ResponseCtx& c, const json& delta_or_text, const json& fin
 
 std::string sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
 
-// Streaming state of one response, owned by the chunked content provider.
-struct StreamCtx {
-  ResponseCtx rc;
-  std::shared_ptr<Job> job;
-  OutputShaper shaper;
-  ConnectionWatch watch;
-  const Tokenizer* tok = nullptr;
-  bool logprobs = false;
-  std::vector<TokenLogprob> lp_pending;  // entries not yet sent: they ride on the next chunk that has choices
-  bool sent_first = false;
-  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
-  StreamCtx(ResponseCtx r, std::shared_ptr<Job> j, OutputShaper s, ConnectionWatch w)
-      : rc(std::move(r)), job(std::move(j)), shaper(std::move(s)), watch(w) {}
+// The OpenAI chat / completions stream (API.md 14.3): chunks of deltas, the finish chunk, the usage chunk, [DONE].
+class ChatEvents : public EventSource {
+ public:
+  ChatEvents(ResponseCtx rc, OutputShaper shaper, const Tokenizer* tok, bool logprobs)
+      : rc_(std::move(rc)), shaper_(std::move(shaper)), tok_(tok), logprobs_(logprobs) {}
+  bool wants_logprobs() const override { return logprobs_; }
+  std::string start() override {
+    return sse(chunk_json(rc_, rc_.chat ? json{{"role", "assistant"}, {"content", ""}} : json{{"text", ""}}, nullptr));
+  }
+  std::string output(const std::string& text, std::vector<TokenLogprob>& lp) override {
+    std::string out;
+    for (const auto& d : shaper_.push(text)) out += sse(chunk_json(rc_, d, nullptr, entries(lp)));
+    return out;
+  }
+  std::string finish(const GenerateResult& r, std::vector<TokenLogprob>& lp) override {
+    std::string out;
+    for (const auto& d : shaper_.finish()) out += sse(chunk_json(rc_, d, nullptr, entries(lp)));
+    rc_.thinking = shaper_.thinking();
+    const json empty = rc_.chat ? json::object() : json{{"text", ""}};
+    out += sse(chunk_json(rc_, empty, finish_reason(r, shaper_.has_tool_calls()), entries(lp)));
+    if (rc_.include_usage)
+      out += sse({{"id", rc_.id},
+                  {"object", rc_.chat ? "chat.completion.chunk" : "text_completion"},
+                  {"created", rc_.created},
+                  {"model", rc_.model},
+                  {"choices", json::array()},
+                  {"usage", usage_json(rc_, r)}});
+    return out + "data: [DONE]\n\n";
+  }
+  std::string failure(const std::string& message) override {
+    const json err = {{"error", {{"message", message}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}};
+    return sse(err) + "data: [DONE]\n\n";
+  }
+
+ private:
+  // Pending logprob entries ride on the next chunk that carries choices.
+  json entries(std::vector<TokenLogprob>& lp) {
+    if (!logprobs_ || lp.empty()) return nullptr;
+    json c = {{"content", logprob_entries(lp, *tok_)}};
+    lp.clear();
+    return c;
+  }
+  ResponseCtx rc_;
+  OutputShaper shaper_;
+  const Tokenizer* tok_;
+  bool logprobs_;
 };
 
 }  // namespace
@@ -277,94 +310,9 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       return;
     }
 
-    auto sc = std::make_shared<StreamCtx>(rc, job, std::move(shaper), watch);
-    sc->tok = &tok;
-    sc->logprobs = ar.top_logprobs >= 0;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [sc](size_t, httplib::DataSink& sink) -> bool {
-          auto write = [&](const std::string& s) {
-            sc->last_write = std::chrono::steady_clock::now();
-            return sink.write(s.data(), s.size());
-          };
-          auto fail_client = [&] {
-            sc->job->cancel = true;
-            return false;
-          };
-          if (!sc->sent_first) {
-            sc->sent_first = true;
-            json first = sc->rc.chat ? json{{"role", "assistant"}, {"content", ""}} : json{{"text", ""}};
-            if (!write(sse(chunk_json(sc->rc, first, nullptr)))) return fail_client();
-          }
-          // Pending logprob entries go with the next chunk that carries choices.
-          auto entries = [&]() -> json {
-            if (!sc->logprobs || sc->lp_pending.empty()) return nullptr;
-            json c = {{"content", logprob_entries(sc->lp_pending, *sc->tok)}};
-            sc->lp_pending.clear();
-            return c;
-          };
-          bool finished = false;
-          std::string text = sc->job->take(100ms, finished, sc->logprobs ? &sc->lp_pending : nullptr);
-          for (const auto& d : sc->shaper.push(text))
-            if (!write(sse(chunk_json(sc->rc, d, nullptr, entries())))) return fail_client();
-          if (finished) {
-            std::unique_lock lk(sc->job->mu);
-            if (sc->job->error) {
-              json err = {{"error", {{"message", "generation failed: " + *sc->job->error},
-                                     {"type", "server_error"},
-                                     {"param", nullptr},
-                                     {"code", nullptr}}}};
-              write(sse(err));
-            } else {
-              const GenerateResult r = sc->job->result;
-              lk.unlock();
-              for (const auto& d : sc->shaper.finish())
-                if (!write(sse(chunk_json(sc->rc, d, nullptr, entries())))) return fail_client();
-              sc->rc.thinking = sc->shaper.thinking();
-              json empty = sc->rc.chat ? json::object() : json{{"text", ""}};
-              if (!write(sse(chunk_json(sc->rc, empty, finish_reason(r, sc->shaper.has_tool_calls()), entries()))))
-                return fail_client();
-              if (sc->rc.include_usage) {
-                json u = {{"id", sc->rc.id},
-                          {"object", sc->rc.chat ? "chat.completion.chunk" : "text_completion"},
-                          {"created", sc->rc.created},
-                          {"model", sc->rc.model},
-                          {"choices", json::array()},
-                          {"usage", usage_json(sc->rc, r)}};
-                if (!write(sse(u))) return fail_client();
-              }
-            }
-            write("data: [DONE]\n\n");
-            sink.done();
-            return true;
-          }
-          if (sc->watch.closed()) return fail_client();
-          // A comment line keeps proxies and clients from timing out during a long queue wait or prefill.
-          if (std::chrono::steady_clock::now() - sc->last_write > 5s && !write(": keep-alive\n\n"))
-            return fail_client();
-          return true;
-        },
-        [this, sc](bool success) {
-          if (!success) sc->job->cancel = true;  // the client went away or the write failed
-          metrics.request_done(200);
-          open_requests--;
-        });
-  } catch (const ApiError& e) {
-    send_error(res, e);
-    metrics.request_done(e.status);
-  } catch (const InternalError& e) {
-    log::error("internal error in a request: {}", e.what());
-    send_error(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
-    metrics.request_done(500);
-  } catch (const Error& e) {
-    send_error(res, bad_request(e.what()));
-    metrics.request_done(400);
-  } catch (const std::exception& e) {
-    log::error("unexpected exception in a request: {}", e.what());
-    send_error(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
-    metrics.request_done(500);
+    stream_job(res, job, watch, std::make_shared<ChatEvents>(rc, std::move(shaper), &tok, ar.top_logprobs >= 0));
+  } catch (...) {
+    answer_exception(res);
   }
 }
 

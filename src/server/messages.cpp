@@ -3,9 +3,6 @@
 // OpenAI endpoint takes (system prompt, text, tool calls and tool results, thinking), validated and queued the same
 // way, and the output parser's deltas go back as Anthropic content blocks (thinking, text, tool_use), whole or as
 // the SSE events of a stream.
-#include <chrono>
-
-#include "core/log.h"
 #include "server/anthropic_request.h"
 #include "server/connection_watch.h"
 #include "server/output_shaper.h"
@@ -15,7 +12,6 @@ namespace fern::server {
 
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
-using namespace std::chrono_literals;
 
 namespace {
 
@@ -97,24 +93,52 @@ struct BlockStream {
   }
 };
 
-struct MessageStream {
-  std::shared_ptr<Job> job;
-  OutputShaper shaper;
-  ConnectionWatch watch;
-  std::string id, model;
-  int64_t prompt_tokens = 0;
-  BlockStream blocks;
-  bool sent_first = false;
-  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+// The Messages stream: message_start, the content blocks' events, message_delta, message_stop.
+class MessageEvents : public EventSource {
+ public:
+  MessageEvents(OutputShaper shaper, std::string id, std::string model, int64_t prompt_tokens)
+      : shaper_(std::move(shaper)), id_(std::move(id)), model_(std::move(model)), prompt_tokens_(prompt_tokens) {}
+  std::string start() override {
+    return event("message_start", {{"type", "message_start"},
+                                   {"message",
+                                    {{"id", id_},
+                                     {"type", "message"},
+                                     {"role", "assistant"},
+                                     {"model", model_},
+                                     {"content", json::array()},
+                                     {"stop_reason", nullptr},
+                                     {"stop_sequence", nullptr},
+                                     {"usage", {{"input_tokens", prompt_tokens_}, {"output_tokens", 0}}}}}});
+  }
+  std::string output(const std::string& text, std::vector<TokenLogprob>&) override {
+    std::string out;
+    for (const auto& d : shaper_.push(text)) out += blocks_.push(d);
+    return out;
+  }
+  std::string finish(const GenerateResult& r, std::vector<TokenLogprob>&) override {
+    std::string out;
+    for (const auto& d : shaper_.finish()) out += blocks_.push(d);
+    out += blocks_.close();
+    const json delta = {{"type", "message_delta"},
+                        {"delta", {{"stop_reason", stop_reason(r, shaper_.has_tool_calls())}, {"stop_sequence", stop_sequence(r)}}},
+                        {"usage", usage(r)}};
+    return out + event("message_delta", delta) + event("message_stop", {{"type", "message_stop"}});
+  }
+  std::string failure(const std::string& message) override {
+    return event("error", anthropic_error_json(ApiError(500, "server_error", message)));
+  }
+  std::string keep_alive() override { return event("ping", {{"type", "ping"}}); }
+
+ private:
+  OutputShaper shaper_;
+  std::string id_, model_;
+  int64_t prompt_tokens_;
+  BlockStream blocks_;
 };
 
 }  // namespace
 
 void Server::Impl::handle_messages(const httplib::Request& req, httplib::Response& res, bool count_only) {
-  auto fail_with = [&](const ApiError& e) {
-    send_error(res, e, /*anthropic=*/true);
-    metrics.request_done(e.status);
-  };
   try {
     if (draining) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "shutting_down");
     std::string ctype = req.get_header_value("Content-Type");
@@ -164,81 +188,9 @@ void Server::Impl::handle_messages(const httplib::Request& req, httplib::Respons
       return;
     }
 
-    auto ms = std::make_shared<MessageStream>(
-        MessageStream{sub.job, std::move(shaper), watch, id, rt.model_id, n_prompt, {}, false, {}});
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [ms](size_t, httplib::DataSink& sink) -> bool {
-          auto write = [&](const std::string& s) {
-            ms->last_write = std::chrono::steady_clock::now();
-            return s.empty() || sink.write(s.data(), s.size());
-          };
-          auto fail_client = [&] {
-            ms->job->cancel = true;
-            return false;
-          };
-          if (!ms->sent_first) {
-            ms->sent_first = true;
-            const json start = {{"type", "message_start"},
-                                {"message",
-                                 {{"id", ms->id},
-                                  {"type", "message"},
-                                  {"role", "assistant"},
-                                  {"model", ms->model},
-                                  {"content", json::array()},
-                                  {"stop_reason", nullptr},
-                                  {"stop_sequence", nullptr},
-                                  {"usage", {{"input_tokens", ms->prompt_tokens}, {"output_tokens", 0}}}}}};
-            if (!write(event("message_start", start))) return fail_client();
-          }
-          bool finished = false;
-          const std::string text = ms->job->take(100ms, finished);
-          for (const auto& d : ms->shaper.push(text))
-            if (!write(ms->blocks.push(d))) return fail_client();
-          if (finished) {
-            std::unique_lock lk(ms->job->mu);
-            if (ms->job->error) {
-              write(event("error", anthropic_error_json(ApiError(500, "server_error",
-                                                                 "generation failed: " + *ms->job->error))));
-            } else {
-              const GenerateResult r = ms->job->result;
-              lk.unlock();
-              for (const auto& d : ms->shaper.finish())
-                if (!write(ms->blocks.push(d))) return fail_client();
-              if (!write(ms->blocks.close())) return fail_client();
-              const json delta = {{"type", "message_delta"},
-                                  {"delta",
-                                   {{"stop_reason", stop_reason(r, ms->shaper.has_tool_calls())},
-                                    {"stop_sequence", stop_sequence(r)}}},
-                                  {"usage", usage(r)}};
-              if (!write(event("message_delta", delta))) return fail_client();
-              if (!write(event("message_stop", {{"type", "message_stop"}}))) return fail_client();
-            }
-            sink.done();
-            return true;
-          }
-          if (ms->watch.closed()) return fail_client();
-          if (std::chrono::steady_clock::now() - ms->last_write > 5s && !write(event("ping", {{"type", "ping"}})))
-            return fail_client();
-          return true;
-        },
-        [this, ms](bool success) {
-          if (!success) ms->job->cancel = true;
-          metrics.request_done(200);
-          open_requests--;
-        });
-  } catch (const ApiError& e) {
-    fail_with(e);
-  } catch (const InternalError& e) {
-    log::error("internal error in a request: {}", e.what());
-    fail_with(ApiError(500, "server_error", std::string("internal error: ") + e.what()));
-  } catch (const Error& e) {
-    fail_with(bad_request(e.what()));
-  } catch (const std::exception& e) {
-    log::error("unexpected exception in a request: {}", e.what());
-    fail_with(ApiError(500, "server_error", std::string("internal error: ") + e.what()));
+    stream_job(res, sub.job, watch, std::make_shared<MessageEvents>(std::move(shaper), id, rt.model_id, n_prompt));
+  } catch (...) {
+    answer_exception(res, /*anthropic=*/true);
   }
 }
 

@@ -4,10 +4,8 @@
 // typed events. Responses are kept (`store`, the default) as their conversation's chat messages, so that a request
 // with previous_response_id continues one without sending it again; the store holds the most recent 256 (at most
 // 256 MiB of them).
-#include <chrono>
 #include <ctime>
 
-#include "core/log.h"
 #include "server/connection_watch.h"
 #include "server/output_shaper.h"
 #include "server/responses_request.h"
@@ -17,7 +15,6 @@ namespace fern::server {
 
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
-using namespace std::chrono_literals;
 
 void ResponseStore::put(const std::string& id, ojson messages) {
   const size_t bytes = messages.dump().size();
@@ -215,19 +212,51 @@ struct ItemStream {
   }
 };
 
-struct ResponsesStream {
-  std::shared_ptr<Job> job;
-  OutputShaper shaper;
-  ConnectionWatch watch;
-  ResponseHead head;
-  ItemStream items;
-  bool thinking = false;
-  int32_t think_end_id = -1;
-  bool store = true;
-  ojson conversation;  // the request's messages, for the store
-  ResponseStore* responses = nullptr;
-  bool sent_first = false;
-  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+// The Responses stream: response.created / in_progress, the output items' events, response.completed (or
+// incomplete). The finished conversation goes to the store.
+class ResponseEvents : public EventSource {
+ public:
+  ResponseEvents(OutputShaper shaper, ResponseHead head, bool thinking, int32_t think_end_id, ResponseStore* store,
+                 ojson conversation)
+      : shaper_(std::move(shaper)), head_(std::move(head)), thinking_(thinking), think_end_id_(think_end_id),
+        store_(store), conversation_(std::move(conversation)) {
+    items_.id = head_.id.substr(5);
+  }
+  std::string start() override {
+    const json r0 = response_json(head_, "in_progress", json::array(), nullptr, false);
+    return items_.event("response.created", {{"response", r0}}) + items_.event("response.in_progress", {{"response", r0}});
+  }
+  std::string output(const std::string& text, std::vector<TokenLogprob>&) override {
+    std::string out;
+    for (const auto& d : shaper_.push(text)) out += items_.push(d);
+    return out;
+  }
+  std::string finish(const GenerateResult& g, std::vector<TokenLogprob>&) override {
+    std::string out;
+    for (const auto& d : shaper_.finish()) out += items_.push(d);
+    out += items_.close();
+    const json msg = shaper_.message();
+    const bool incomplete = g.finish != FinishReason::Stop;
+    if (store_) {
+      conversation_.push_back(reply_message(msg));
+      store_->put(head_.id, std::move(conversation_));
+    }
+    const json r = response_json(head_, incomplete ? "incomplete" : "completed", output_items(msg, items_.id),
+                                 usage_of(g, think_end_id_, thinking_ || shaper_.thinking()), incomplete);
+    return out + items_.event(incomplete ? "response.incomplete" : "response.completed", {{"response", r}});
+  }
+  std::string failure(const std::string& message) override {
+    return items_.event("error", {{"code", "server_error"}, {"message", message}, {"param", nullptr}});
+  }
+
+ private:
+  OutputShaper shaper_;
+  ResponseHead head_;
+  bool thinking_;
+  int32_t think_end_id_;
+  ResponseStore* store_;  // null: store false
+  ojson conversation_;
+  ItemStream items_;
 };
 
 }  // namespace
@@ -287,84 +316,11 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
       return;
     }
 
-    auto rs = std::make_shared<ResponsesStream>(ResponsesStream{sub.job, std::move(shaper), watch, head, {}, sub.prep.thinking,
-                                                                think_end_id, store, std::move(conversation),
-                                                                responses.get(), false, {}});
-    rs->items.id = head.id.substr(5);
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [rs](size_t, httplib::DataSink& sink) -> bool {
-          auto write = [&](const std::string& s) {
-            rs->last_write = std::chrono::steady_clock::now();
-            return s.empty() || sink.write(s.data(), s.size());
-          };
-          auto fail_client = [&] {
-            rs->job->cancel = true;
-            return false;
-          };
-          if (!rs->sent_first) {
-            rs->sent_first = true;
-            const json r0 = response_json(rs->head, "in_progress", json::array(), nullptr, false);
-            if (!write(rs->items.event("response.created", {{"response", r0}})) ||
-                !write(rs->items.event("response.in_progress", {{"response", r0}})))
-              return fail_client();
-          }
-          bool finished = false;
-          const std::string text = rs->job->take(100ms, finished);
-          for (const auto& d : rs->shaper.push(text))
-            if (!write(rs->items.push(d))) return fail_client();
-          if (finished) {
-            std::unique_lock lk(rs->job->mu);
-            if (rs->job->error) {
-              write(rs->items.event("error", {{"code", "server_error"},
-                                              {"message", "generation failed: " + *rs->job->error},
-                                              {"param", nullptr}}));
-            } else {
-              const GenerateResult g = rs->job->result;
-              lk.unlock();
-              for (const auto& d : rs->shaper.finish())
-                if (!write(rs->items.push(d))) return fail_client();
-              if (!write(rs->items.close())) return fail_client();
-              const json msg = rs->shaper.message();
-              const bool incomplete = g.finish != FinishReason::Stop;
-              if (rs->store) {
-                rs->conversation.push_back(reply_message(msg));
-                rs->responses->put(rs->head.id, std::move(rs->conversation));
-              }
-              const json final_r =
-                  response_json(rs->head, incomplete ? "incomplete" : "completed", output_items(msg, rs->items.id),
-                                usage_of(g, rs->think_end_id, rs->thinking || rs->shaper.thinking()), incomplete);
-              if (!write(rs->items.event(incomplete ? "response.incomplete" : "response.completed", {{"response", final_r}})))
-                return fail_client();
-            }
-            sink.done();
-            return true;
-          }
-          if (rs->watch.closed()) return fail_client();
-          if (std::chrono::steady_clock::now() - rs->last_write > 5s && !write(": keep-alive\n\n")) return fail_client();
-          return true;
-        },
-        [this, rs](bool success) {
-          if (!success) rs->job->cancel = true;
-          metrics.request_done(200);
-          open_requests--;
-        });
-  } catch (const ApiError& e) {
-    send_error(res, e);
-    metrics.request_done(e.status);
-  } catch (const InternalError& e) {
-    log::error("internal error in a request: {}", e.what());
-    send_error(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
-    metrics.request_done(500);
-  } catch (const Error& e) {
-    send_error(res, bad_request(e.what()));
-    metrics.request_done(400);
-  } catch (const std::exception& e) {
-    log::error("unexpected exception in a request: {}", e.what());
-    send_error(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
-    metrics.request_done(500);
+    stream_job(res, sub.job, watch,
+               std::make_shared<ResponseEvents>(std::move(shaper), head, sub.prep.thinking, think_end_id,
+                                                store ? responses.get() : nullptr, std::move(conversation)));
+  } catch (...) {
+    answer_exception(res);
   }
 }
 

@@ -17,6 +17,7 @@
 #include "server/metrics.h"
 #include "server/request.h"
 #include "server/scheduler.h"
+#include "server/connection_watch.h"
 #include "server/server.h"
 #include "tokenizer/output_parser.h"
 
@@ -69,6 +70,21 @@ class ResponseStore {
   size_t bytes_ = 0;
 };
 
+// One API's view of a queued job's output as server-sent events (OpenAI chat/completions, Responses, Anthropic
+// Messages); Server::Impl::stream_job drives it.
+class EventSource {
+ public:
+  virtual ~EventSource() = default;
+  virtual std::string start() = 0;  // the events before any output
+  // The events for newly generated text. `logprobs` holds the entries taken so far (when wants_logprobs()); the
+  // source removes those it sends.
+  virtual std::string output(const std::string& text, std::vector<TokenLogprob>& logprobs) = 0;
+  virtual std::string finish(const GenerateResult& r, std::vector<TokenLogprob>& logprobs) = 0;  // the last events
+  virtual std::string failure(const std::string& message) = 0;  // an error after the stream started
+  virtual std::string keep_alive() { return ": keep-alive\n\n"; }
+  virtual bool wants_logprobs() const { return false; }
+};
+
 struct Server::Impl {
   Impl(Runtime& rt, ServerOptions opt);
 
@@ -94,6 +110,13 @@ struct Server::Impl {
   Prepared prepare(const ApiRequest& ar, const std::string& body, bool chat);
   // prepare(), then queues the request and counts it in open_requests. Throws ApiError (also 429).
   Submitted submit(const ApiRequest& ar, const std::string& body, bool chat);
+  // Answers with an SSE stream of `src`'s events for the queued job (event_stream.cpp); the request is counted done
+  // and out of open_requests when the stream ends.
+  void stream_job(httplib::Response& res, std::shared_ptr<Job> job, const class ConnectionWatch& watch,
+                  std::shared_ptr<EventSource> src);
+  // Inside a catch (...) of a handler: the error answer for the exception in flight (400 for bad input, 500 for
+  // internal errors), counted in the metrics.
+  void answer_exception(httplib::Response& res, bool anthropic = false);
   // A non-streamed answer: feeds the job's output to the shaper until the job ends. False when the client went
   // away first (the job is then cancelled and nothing is to be sent).
   bool collect(Job& job, class OutputShaper& shaper, const class ConnectionWatch& watch);

@@ -38,15 +38,8 @@ void Server::Impl::handle_tokenize(const httplib::Request& req, httplib::Respons
                {"max_model_len", rt.engine->max_context()},
                {"tokens", p.gen.prompt}});
     metrics.request_done(200);
-  } catch (const ApiError& e) {
-    send_error(res, e);
-    metrics.request_done(e.status);
-  } catch (const InternalError& e) {
-    send_error(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
-    metrics.request_done(500);
-  } catch (const Error& e) {
-    send_error(res, bad_request(e.what()));
-    metrics.request_done(400);
+  } catch (...) {
+    answer_exception(res);
   }
 }
 
