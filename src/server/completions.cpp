@@ -253,17 +253,20 @@ Submitted Server::Impl::submit(const ApiRequest& ar, const std::string& body, bo
   return sub;
 }
 
-bool Server::Impl::collect(Job& job, OutputShaper& shaper, const ConnectionWatch& watch) {
+std::optional<GenerateResult> Server::Impl::collect(Job& job, OutputShaper& shaper, const ConnectionWatch& watch) {
   bool finished = false;
   while (!finished) {
     shaper.push(job.take(200ms, finished));
     if (!finished && watch.closed()) {
       job.cancel = true;
       log::info("client went away; request cancelled");
-      return false;
+      return std::nullopt;
     }
   }
-  return true;
+  std::lock_guard lk(job.mu);
+  if (job.error) throw ApiError(500, "server_error", "generation failed: " + *job.error);
+  shaper.finish();
+  return job.result;
 }
 
 void Server::Impl::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -289,12 +292,10 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
 
     if (!ar.stream) {
       OpenRequest done{open_requests};
-      if (!collect(*job, shaper, watch)) return;
-      std::lock_guard lk(job->mu);
-      if (job->error) throw ApiError(500, "server_error", "generation failed: " + *job->error);
-      shaper.finish();
+      const std::optional<GenerateResult> done_result = collect(*job, shaper, watch);
+      if (!done_result) return;
+      const GenerateResult& r = *done_result;
       rc.thinking = shaper.thinking();
-      const GenerateResult& r = job->result;
       json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r, shaper.has_tool_calls())}};
       if (ar.top_logprobs >= 0) choice["logprobs"] = {{"content", logprob_entries(r.logprobs, tok)}, {"refusal", nullptr}};
       if (chat) choice["message"] = shaper.message();

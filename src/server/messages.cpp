@@ -170,11 +170,9 @@ void Server::Impl::handle_messages(const httplib::Request& req, httplib::Respons
 
     if (!ar.stream) {
       OpenRequest done{open_requests};
-      if (!collect(*sub.job, shaper, watch)) return;
-      std::lock_guard lk(sub.job->mu);
-      if (sub.job->error) throw ApiError(500, "server_error", "generation failed: " + *sub.job->error);
-      shaper.finish();
-      const GenerateResult& r = sub.job->result;
+      const std::optional<GenerateResult> result = collect(*sub.job, shaper, watch);
+      if (!result) return;
+      const GenerateResult& r = *result;
       const json body_out = {{"id", id},
                              {"type", "message"},
                              {"role", "assistant"},

@@ -298,11 +298,9 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
 
     if (!ar.stream) {
       OpenRequest done{open_requests};
-      if (!collect(*sub.job, shaper, watch)) return;
-      std::lock_guard lk(sub.job->mu);
-      if (sub.job->error) throw ApiError(500, "server_error", "generation failed: " + *sub.job->error);
-      shaper.finish();
-      const GenerateResult& g = sub.job->result;
+      const std::optional<GenerateResult> result = collect(*sub.job, shaper, watch);
+      if (!result) return;
+      const GenerateResult& g = *result;
       const json msg = shaper.message();
       const bool incomplete = g.finish != FinishReason::Stop;
       if (store) {

@@ -117,9 +117,10 @@ struct Server::Impl {
   // Inside a catch (...) of a handler: the error answer for the exception in flight (400 for bad input, 500 for
   // internal errors), counted in the metrics.
   void answer_exception(httplib::Response& res, bool anthropic = false);
-  // A non-streamed answer: feeds the job's output to the shaper until the job ends. False when the client went
-  // away first (the job is then cancelled and nothing is to be sent).
-  bool collect(Job& job, class OutputShaper& shaper, const class ConnectionWatch& watch);
+  // A non-streamed answer: feeds the job's output to the shaper until the job ends, then finishes the shaper and
+  // returns the result. Nothing when the client went away first (the job is then cancelled and nothing is to be
+  // sent); throws ApiError 500 when the generation failed.
+  std::optional<GenerateResult> collect(Job& job, class OutputShaper& shaper, const ConnectionWatch& watch);
   std::unique_ptr<ResponseStore> responses = std::make_unique<ResponseStore>();
   // POST /v1/responses (the OpenAI Responses API, responses.cpp).
   void handle_responses(const httplib::Request& req, httplib::Response& res);

@@ -261,6 +261,42 @@ TEST(Request, AnthropicMessagesBecomeChatRequests) {
   }
 }
 
+// A random mutation of `seed`: one to four byte flips, deletions or insertions.
+std::string mutate(const std::string& seed, std::mt19937& rng) {
+  static const std::string alphabet = "{}[]\":,0123456789-.eE truefalsn\\u\xff";
+  std::string b = seed;
+  const int edits = 1 + static_cast<int>(rng() % 4);
+  for (int k = 0; k < edits; ++k) {
+    const size_t pos = rng() % b.size();
+    switch (rng() % 3) {
+      case 0: b[pos] = alphabet[rng() % alphabet.size()]; break;
+      case 1: b.erase(pos, 1 + rng() % 8); break;
+      default: b = b.substr(0, pos) + alphabet[rng() % alphabet.size()] + b.substr(pos); break;
+    }
+    if (b.empty()) b.push_back('{');
+  }
+  return b;
+}
+
+// 20k mutations of a body that parse as JSON go through `translate` and the chat request's parser: only ApiError
+// 400 may come out. Returns how many were accepted.
+int accepted_mutations(const std::string& seed, uint32_t rng_seed,
+                       nlohmann::ordered_json (*translate)(const nlohmann::ordered_json&)) {
+  std::mt19937 rng(rng_seed);
+  int accepted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const auto j = nlohmann::ordered_json::parse(mutate(seed, rng), nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) continue;
+    try {
+      parse_request(translate(j).dump(), true, limits());
+      ++accepted;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+    }
+  }
+  return accepted;
+}
+
 // Random mutations of an Anthropic body: translation and parsing return or throw ApiError 400, nothing else.
 TEST(Request, MutatedAnthropicBodiesOnlyEverGiveApiErrors) {
   const std::string seed_body =
@@ -269,31 +305,8 @@ TEST(Request, MutatedAnthropicBodiesOnlyEverGiveApiErrors) {
       R"({"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"ok","is_error":false}]}],)"
       R"("tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"},)"
       R"("thinking":{"type":"enabled","budget_tokens":9},"stop_sequences":["x"]})";
-  std::mt19937 rng(77);
-  const std::string alphabet = "{}[]\":,0123456789-.eE truefalsn\\u\xff";
-  int translated = 0;
-  for (int i = 0; i < 20000; ++i) {
-    std::string b = seed_body;
-    const int edits = 1 + static_cast<int>(rng() % 4);
-    for (int k = 0; k < edits; ++k) {
-      const size_t pos = rng() % b.size();
-      switch (rng() % 3) {
-        case 0: b[pos] = alphabet[rng() % alphabet.size()]; break;
-        case 1: b.erase(pos, 1 + rng() % 8); break;
-        default: b = b.substr(0, pos) + alphabet[rng() % alphabet.size()] + b.substr(pos); break;
-      }
-      if (b.empty()) b.push_back('{');
-    }
-    const auto j = nlohmann::ordered_json::parse(b, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) continue;
-    try {
-      parse_request(chat_from_anthropic(j).dump(), true, limits());
-      ++translated;
-    } catch (const ApiError& e) {
-      ASSERT_EQ(e.status, 400);
-    }
-  }
-  EXPECT_GT(translated, 100);
+  EXPECT_GT(accepted_mutations(seed_body, 77, [](const nlohmann::ordered_json& j) { return chat_from_anthropic(j); }),
+            100);
 }
 
 // The Responses request becomes the chat request: instructions first, the stored conversation, a reasoning item
@@ -338,31 +351,9 @@ TEST(Request, MutatedResponsesBodiesOnlyEverGiveApiErrors) {
       R"({"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output",)"
       R"("call_id":"c","output":"ok"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],)"
       R"("text":{"format":{"type":"json_schema","name":"s","schema":{"type":"object"}}},"reasoning":{"effort":"low"}})";
-  std::mt19937 rng(99);
-  const std::string alphabet = "{}[]\":,0123456789-.eE truefalsn\\u\xff";
-  int translated = 0;
-  for (int i = 0; i < 20000; ++i) {
-    std::string b = seed_body;
-    const int edits = 1 + static_cast<int>(rng() % 4);
-    for (int k = 0; k < edits; ++k) {
-      const size_t pos = rng() % b.size();
-      switch (rng() % 3) {
-        case 0: b[pos] = alphabet[rng() % alphabet.size()]; break;
-        case 1: b.erase(pos, 1 + rng() % 8); break;
-        default: b = b.substr(0, pos) + alphabet[rng() % alphabet.size()] + b.substr(pos); break;
-      }
-      if (b.empty()) b.push_back('{');
-    }
-    const auto j = nlohmann::ordered_json::parse(b, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) continue;
-    try {
-      parse_request(chat_from_responses(j, nullptr).dump(), true, limits());
-      ++translated;
-    } catch (const ApiError& e) {
-      ASSERT_EQ(e.status, 400);
-    }
-  }
-  EXPECT_GT(translated, 100);
+  EXPECT_GT(accepted_mutations(seed_body, 99,
+                               [](const nlohmann::ordered_json& j) { return chat_from_responses(j, nullptr); }),
+            100);
 }
 
 }  // namespace fern::server
