@@ -129,7 +129,7 @@ int32_t Sampler::sample(std::span<float> logits) {
         break;
       }
     }
-    if (!found) return sample_nucleus_by_buckets(v, n, z_all);
+    if (!found) return sample_nucleus_by_buckets(v, n, mx, z_all);
   }
 
   // Normaliser over the candidate set (top-k renormalises; otherwise the whole vocabulary).
@@ -166,7 +166,7 @@ int32_t Sampler::sample(std::span<float> logits) {
   return cand.front();
 }
 
-int32_t Sampler::sample_nucleus_by_buckets(const float* v, size_t n, double z_all) {
+int32_t Sampler::sample_nucleus_by_buckets(const float* v, size_t n, float mx, double z_all) {
   // The nucleus in decreasing order of value, without sorting the vocabulary: value buckets hold contiguous ranges
   // of values, so walking their masses from the top bucket down is walking the sorted tokens a bucket at a time;
   // only the bucket where the nucleus ends and the bucket the draw lands in are sorted. Weights are weights_ (set
@@ -216,7 +216,7 @@ int32_t Sampler::sample_nucleus_by_buckets(const float* v, size_t n, double z_al
   }
   for (auto it = in_cut.rbegin(); it != in_cut.rend(); ++it)
     if (weights_[*it] > 0.0f) return *it;
-  return static_cast<int32_t>(first_index_of(v, n, scan_logits(v, n).max));
+  return static_cast<int32_t>(first_index_of(v, n, mx));
 }
 
 }  // namespace fern

@@ -41,8 +41,9 @@ class Sampler {
  private:
   void apply_penalties(std::span<float> logits) const;
   // top-p alone when the 1,024 best tokens hold less than top_p of the mass (flat distributions); weights_ holds
-  // every token's weight, z_all their sum. Samples in the same order as a full sort would, a bucket at a time.
-  int32_t sample_nucleus_by_buckets(const float* v, size_t n, double z_all);
+  // every token's weight, z_all their sum, mx the largest (scaled) logit. Samples in the same order as a full sort
+  // would, a bucket at a time.
+  int32_t sample_nucleus_by_buckets(const float* v, size_t n, float mx, double z_all);
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int> generated_counts_;

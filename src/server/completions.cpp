@@ -276,11 +276,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     if (!ctype.empty() && ctype.find("json") == std::string::npos)
       throw bad_request("Content-Type must be application/json");
     ApiRequest ar = parse_request(req.body, chat, limits);
-    if (!ar.model.empty() && ar.model != rt.model_id)
-      throw ApiError(404, "not_found_error",
-                     "the model '" + ar.model.substr(0, 200) + "' does not exist; this server serves '" + rt.model_id +
-                         "'",
-                     "model", "model_not_found");
+    if (!ar.model.empty() && ar.model != rt.model_id) throw model_not_found(ar.model);
 
     const Tokenizer& tok = *rt.tokenizer;
     Submitted sub = submit(ar, req.body, chat);

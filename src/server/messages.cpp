@@ -144,15 +144,8 @@ void Server::Impl::handle_messages(const httplib::Request& req, httplib::Respons
     std::string ctype = req.get_header_value("Content-Type");
     if (!ctype.empty() && ctype.find("json") == std::string::npos)
       throw bad_request("Content-Type must be application/json");
-    if (json_nesting_depth(req.body) > limits.max_json_depth)
-      throw bad_request(fmt::format("the request JSON is nested deeper than {} levels", limits.max_json_depth));
-    ojson a;
-    try {
-      a = ojson::parse(req.body);
-    } catch (const ojson::parse_error& e) {
-      throw bad_request(fmt::format("the request body is not valid JSON (error at byte {})", e.byte));
-    }
-    if (count_only && a.is_object() && !a.contains("max_tokens")) a["max_tokens"] = 1;  // not needed to count
+    ojson a = parse_json_object(req.body, limits);
+    if (count_only && !a.contains("max_tokens")) a["max_tokens"] = 1;  // not needed to count
     // Any model name is served by the one model (clients written for the API send their own names).
     const std::string body = chat_from_anthropic(a).dump();
     const ApiRequest ar = parse_request(body, true, limits);

@@ -13,14 +13,15 @@ using nlohmann::json;
 
 namespace {
 
-const char* type_name(const json& v) {
+template <class J>
+const char* type_name(const J& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "a float";
+    case nlohmann::json::value_t::null: return "null";
+    case nlohmann::json::value_t::boolean: return "a boolean";
+    case nlohmann::json::value_t::string: return "a string";
+    case nlohmann::json::value_t::array: return "an array";
+    case nlohmann::json::value_t::object: return "an object";
+    case nlohmann::json::value_t::number_float: return "a float";
     default: return "an integer";
   }
 }
@@ -397,18 +398,32 @@ int json_nesting_depth(const std::string& text) {
   return max_depth;
 }
 
-ApiRequest parse_request(const std::string& body, bool chat, const RequestLimits& lim) {
+namespace {
+
+template <class J>
+J parse_object(const std::string& body, const RequestLimits& lim) {
   if (body.empty()) throw bad_request("the request body is empty; expected a JSON object");
   if (json_nesting_depth(body) > lim.max_json_depth)
     throw bad_request(fmt::format("the request JSON is nested deeper than {} levels", lim.max_json_depth));
-  json j;
+  J j;
   try {
-    j = json::parse(body);
-  } catch (const json::parse_error& e) {
+    j = J::parse(body);
+  } catch (const typename J::parse_error& e) {
     // The byte offset, not the parser's text: that would echo raw (possibly invalid UTF-8) request bytes.
     throw bad_request(fmt::format("the request body is not valid JSON (error at byte {})", e.byte));
   }
   if (!j.is_object()) throw bad_request(fmt::format("the request body must be a JSON object, not {}", type_name(j)));
+  return j;
+}
+
+}  // namespace
+
+nlohmann::ordered_json parse_json_object(const std::string& body, const RequestLimits& lim) {
+  return parse_object<nlohmann::ordered_json>(body, lim);
+}
+
+ApiRequest parse_request(const std::string& body, bool chat, const RequestLimits& lim) {
+  const json j = parse_object<json>(body, lim);
   ApiRequest r;
   r.chat = chat;
   if (chat) {

@@ -54,6 +54,11 @@ struct ApiRequest {
 // Throws ApiError (400) on invalid input.
 ApiRequest parse_request(const std::string& body, bool chat, const RequestLimits& limits);
 
+// A request body as a JSON object, key order kept (the other APIs' bodies, translated before parse_request): an
+// empty body, nesting deeper than the limit, invalid JSON or a value other than an object is ApiError 400, whose
+// message never echoes request bytes.
+nlohmann::ordered_json parse_json_object(const std::string& body, const RequestLimits& limits);
+
 // Deepest nesting of arrays/objects in a JSON text (strings skipped), computed before parsing so that a hostile
 // body cannot make the parser, copies or the destructor recurse deeply.
 int json_nesting_depth(const std::string& text);

@@ -264,15 +264,9 @@ class ResponseEvents : public EventSource {
 void Server::Impl::handle_responses(const httplib::Request& req, httplib::Response& res) {
   try {
     if (draining) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "shutting_down");
-    if (json_nesting_depth(req.body) > limits.max_json_depth)
-      throw bad_request(fmt::format("the request JSON is nested deeper than {} levels", limits.max_json_depth));
-    const ojson r = ojson::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (r.is_discarded() || !r.is_object()) throw bad_request("the request body must be a JSON object");
+    const ojson r = parse_json_object(req.body, limits);
     if (r.contains("model") && r["model"].is_string() && r["model"] != rt.model_id)
-      throw ApiError(404, "not_found_error",
-                     "the model '" + r["model"].get<std::string>().substr(0, 200) + "' does not exist; this server serves '" +
-                         rt.model_id + "'",
-                     "model", "model_not_found");
+      throw model_not_found(r["model"].get<std::string>());
     std::optional<ojson> history;
     if (r.contains("previous_response_id") && !r["previous_response_id"].is_null()) {
       if (!r["previous_response_id"].is_string())

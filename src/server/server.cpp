@@ -35,6 +35,12 @@ Server::Impl::Impl(Runtime& r, ServerOptions o) : rt(r), opt(std::move(o)) {
   if (auto id = tok.token_id("<|im_end|>")) im_end_id = *id;
 }
 
+ApiError Server::Impl::model_not_found(const std::string& name) const {
+  return ApiError(404, "not_found_error",
+                  "the model '" + name.substr(0, 200) + "' does not exist; this server serves '" + rt.model_id + "'",
+                  "model", "model_not_found");
+}
+
 void Server::Impl::send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(dump_json(body), "application/json");
@@ -138,9 +144,7 @@ void Server::Impl::setup_routes() {
   });
   http.Get(R"(/v1/models/(.+))", [this, model_obj](const httplib::Request& req, httplib::Response& res) {
     if (req.matches[1] != rt.model_id) {
-      send_error(res, ApiError(404, "not_found_error", "the model '" + std::string(req.matches[1]).substr(0, 200) +
-                                                           "' does not exist; this server serves '" + rt.model_id + "'",
-                               "model", "model_not_found"));
+      send_error(res, model_not_found(req.matches[1]));
       return;
     }
     send_json(res, 200, model_obj());

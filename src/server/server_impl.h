@@ -1,23 +1,26 @@
 // Internal state of the server shared by its source files (server.cpp: setup, routes, lifecycle;
-// completions.cpp: the two OpenAI inference endpoints; messages.cpp: the Anthropic one).
+// completions.cpp: the OpenAI chat / completions endpoints and the request preparation all APIs share;
+// responses.cpp: the Responses API; messages.cpp: the Anthropic Messages API; tokenize.cpp; event_stream.cpp: the
+// SSE driver and the error answers).
 #pragma once
 #include <httplib.h>
 
 #include <atomic>
-#include <memory>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 
 #include "engine/generator.h"
 #include "engine/session_cache.h"
 #include "server/api_error.h"
 #include "server/metrics.h"
 #include "server/request.h"
-#include "server/scheduler.h"
 #include "server/connection_watch.h"
+#include "server/output_shaper.h"
+#include "server/scheduler.h"
 #include "server/server.h"
 #include "tokenizer/output_parser.h"
 
@@ -102,6 +105,7 @@ struct Server::Impl {
   std::atomic<bool> draining{false};
   std::atomic<bool> shutdown_done{false};
   std::atomic<int> open_requests{0};  // inference requests whose response is not finished
+  std::unique_ptr<ResponseStore> responses = std::make_unique<ResponseStore>();  // for previous_response_id
 
   void setup_routes();
   void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat);
@@ -112,7 +116,7 @@ struct Server::Impl {
   Submitted submit(const ApiRequest& ar, const std::string& body, bool chat);
   // Answers with an SSE stream of `src`'s events for the queued job (event_stream.cpp); the request is counted done
   // and out of open_requests when the stream ends.
-  void stream_job(httplib::Response& res, std::shared_ptr<Job> job, const class ConnectionWatch& watch,
+  void stream_job(httplib::Response& res, std::shared_ptr<Job> job, const ConnectionWatch& watch,
                   std::shared_ptr<EventSource> src);
   // Inside a catch (...) of a handler: the error answer for the exception in flight (400 for bad input, 500 for
   // internal errors), counted in the metrics.
@@ -120,8 +124,7 @@ struct Server::Impl {
   // A non-streamed answer: feeds the job's output to the shaper until the job ends, then finishes the shaper and
   // returns the result. Nothing when the client went away first (the job is then cancelled and nothing is to be
   // sent); throws ApiError 500 when the generation failed.
-  std::optional<GenerateResult> collect(Job& job, class OutputShaper& shaper, const ConnectionWatch& watch);
-  std::unique_ptr<ResponseStore> responses = std::make_unique<ResponseStore>();
+  std::optional<GenerateResult> collect(Job& job, OutputShaper& shaper, const ConnectionWatch& watch);
   // POST /v1/responses (the OpenAI Responses API, responses.cpp).
   void handle_responses(const httplib::Request& req, httplib::Response& res);
   // POST /tokenize and /detokenize (tokenize.cpp).
@@ -130,6 +133,7 @@ struct Server::Impl {
   void handle_messages(const httplib::Request& req, httplib::Response& res, bool count_only);
   // anthropic: the Messages API's envelope instead of OpenAI's.
   void send_error(httplib::Response& res, const ApiError& e, bool anthropic = false);
+  ApiError model_not_found(const std::string& name) const;  // 404 naming the served model
   void send_json(httplib::Response& res, int status, const nlohmann::json& body);
 };
 

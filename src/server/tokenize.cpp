@@ -10,10 +10,7 @@ using nlohmann::json;
 
 void Server::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize) {
   try {
-    if (json_nesting_depth(req.body) > limits.max_json_depth)
-      throw bad_request(fmt::format("the request JSON is nested deeper than {} levels", limits.max_json_depth));
-    json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) throw bad_request("the request body must be a JSON object");
+    nlohmann::ordered_json j = parse_json_object(req.body, limits);
     const Tokenizer& tok = *rt.tokenizer;
     if (detokenize) {
       if (!j.contains("tokens") || !j["tokens"].is_array()) throw bad_request("'tokens' must be a list of ids", "tokens");
