@@ -335,11 +335,13 @@ int run_bench(const Options& o) {
     }
   } else if (o.phase == "decode" || o.phase == "both") {
     if (o.host_loop || engine.backend().device() != Device::Cuda)
-      md += fmt::format("host loop, tokens sampled with temperature {} top_p {} top_k {} min_p {}\n\n",
-                        o.sampling.temperature, o.sampling.top_p, o.sampling.top_k, o.sampling.min_p);
+      md += fmt::format("host loop (Engine::decode{}), tokens sampled with temperature {} top_p {} top_k {} "
+                        "min_p {}\n\n", engine.decode_graph() ? ", recorded steps" : "", o.sampling.temperature, o.sampling.top_p,
+                        o.sampling.top_k, o.sampling.min_p);
     md += "| context | tok/s (median) | min-max | bytes/token | GB/s | % of H200 roofline |\n|---:|---:|---:|---:|---:|---:|\n";
     for (int64_t L : lengths) {
       bool graph = false;
+      const int64_t replayed0 = engine.replayed_steps();
       Stat s = stat_of(decode_runs(engine, o, L, o.runs, tok(rng), &graph));
       // Bytes at the mean context of the timed steps.
       DecodeCost cost = decode_cost(*weights, L + o.warmup + int64_t(o.steps) * o.runs / 2, kv_bytes);
@@ -351,9 +353,11 @@ int run_bench(const Options& o) {
                          {"tok_s_max", s.max}, {"runs", o.runs}, {"steps", o.steps},
                          {"bytes_per_token", cost.total()}, {"weight_bytes", cost.weight_bytes},
                          {"gb_s", gbs}, {"roofline_tok_s", roof}, {"cuda_graph", graph}});
-      if (!graph)
+      if (!graph) {
         results.back()["host_sampling"] = {{"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p},
                                            {"top_k", o.sampling.top_k}, {"min_p", o.sampling.min_p}};
+        results.back()["engine_replayed_steps"] = engine.replayed_steps() > replayed0;  // Engine::decode's records
+      }
       log::info("decode ctx {}: {:.1f} tok/s", L, s.median);
     }
   }

@@ -2,6 +2,8 @@
 // op family (see cpu_ops.h). Tensors are checked at this boundary so that the kernels can trust their inputs.
 #include <omp.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <span>
@@ -86,6 +88,13 @@ class CpuBackend final : public Backend {
     FERN_CHECK(dst.nbytes() == src.nbytes(), "copy of {} bytes into {} bytes", src.nbytes(), dst.nbytes());
     FERN_CHECK(dst.device == Device::Host && src.device == Device::Host, "the CPU backend copies host memory only");
     if (dst.data != src.data && dst.nbytes() > 0) std::memmove(dst.data, src.data, dst.nbytes());
+  }
+
+  Tensor alloc(DType dtype, const std::vector<int64_t>& shape) override {
+    Tensor t(nullptr, dtype, shape);
+    owned_.push_back(std::make_unique<std::byte[]>(std::max<size_t>(t.nbytes(), 1)));
+    t.data = owned_.back().get();
+    return t;
   }
 
   std::shared_ptr<const ModelWeights> upload(std::shared_ptr<const ModelWeights> host) override { return host; }
@@ -260,6 +269,7 @@ class CpuBackend final : public Backend {
   GdnForm form_;
   cpu::Arena arena_;
   std::vector<cpu::Arena::Mark> marks_;  // open scratch scopes
+  std::vector<std::unique_ptr<std::byte[]>> owned_;  // alloc() buffers
 };
 
 }  // namespace

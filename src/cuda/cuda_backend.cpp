@@ -538,14 +538,15 @@ void CudaBackend::capture_step(SequenceState& state, const std::function<void()>
   state.pos = pos0;  // nothing ran yet
   const cudaError_t e = cudaGraphInstantiate(&graph_exec_, graph, 0);
   cudaGraphDestroy(graph);
+  if (e != cudaSuccess) graph_exec_ = nullptr;
   FERN_CUDA_CHECK(e);
-  graph_state_ = &state;
+  graph_serial_ = state.serial;
 }
 
 void CudaBackend::replay(SequenceState& state) {
   join_side();
   FERN_CHECK(graph_exec_ != nullptr, "replay without a captured step");
-  FERN_CHECK(graph_state_ == &state, "replay on a different sequence state than the captured one");
+  FERN_CHECK(graph_serial_ == state.serial, "replay on a different sequence state than the captured one");
   FERN_CHECK(state.pos + graph_advance_ <= state.capacity, "replay: state full ({} of {})", state.pos, state.capacity);
   FERN_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
   state.pos += graph_advance_;
@@ -554,7 +555,7 @@ void CudaBackend::replay(SequenceState& state) {
 void CudaBackend::drop_graph() {
   if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
   graph_exec_ = nullptr;
-  graph_state_ = nullptr;
+  graph_serial_ = 0;
   graph_advance_ = 0;
 }
 

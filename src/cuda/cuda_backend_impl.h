@@ -79,10 +79,14 @@ class CudaBackend : public Backend {
   // stream without running it. The host-side position is left as it was; every replay() runs the step once and
   // advances state.pos by what the step advanced. Scratch must already have been sized by one eager run of the
   // same step (the arena may not grow during capture).
-  void capture_step(SequenceState& state, const std::function<void()>& step);
-  void replay(SequenceState& state);
+  bool can_record_steps() const override { return true; }
+  void capture_step(SequenceState& state, const std::function<void()>& step) override;
+  void replay(SequenceState& state) override;
+  bool holds_step_for(const SequenceState& state) const override {
+    return graph_exec_ != nullptr && graph_serial_ == state.serial;
+  }
   bool has_graph() const { return graph_exec_ != nullptr; }
-  void drop_graph();
+  void drop_graph() override;
 
   // ---- parallel branches ----
   // Consecutive linear() calls that read the same input and write disjoint outputs (the q/k/v projections, the
@@ -108,7 +112,7 @@ class CudaBackend : public Backend {
   // The sizes of the allocations live at that peak, in allocation order (to see what the scratch holds).
   const std::vector<size_t>& scratch_peak_sizes() const { return arena_->peak_sizes(); }
   // Persistent device memory owned by the backend (freed with it).
-  Tensor alloc(DType dtype, const std::vector<int64_t>& shape);
+  Tensor alloc(DType dtype, const std::vector<int64_t>& shape) override;
   Tensor to_device(const Tensor& host);
   LinearWeight to_device(const LinearWeight& host);
   // Called with (bytes done, bytes total) during upload().
@@ -200,7 +204,7 @@ class CudaBackend : public Backend {
   std::vector<cuda::ScratchArena::Mark> scopes_;  // open scratch scopes (scratch_push)
   std::vector<void*> owned_;
   cudaGraphExec_t graph_exec_ = nullptr;
-  const SequenceState* graph_state_ = nullptr;
+  uint64_t graph_serial_ = 0;  // SequenceState::serial of the state the graph was captured on
   int64_t graph_advance_ = 0;
   const float* last_gdn_state_ = nullptr;  // recurrent state written by the last gdn_core call (gdn_core says why)
   bool branches_ = true;

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "core/bf16.h"
+#include "core/env.h"
+#include "core/log.h"
 
 namespace fern {
 
@@ -12,6 +14,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::shared_ptr<const ModelWeig
   weights_ = backend_->upload(host_weights_);
   max_context_ = opt_.max_context > 0 ? opt_.max_context : weights_->config.max_position_embeddings;
   set_prefill_chunk(opt_.prefill_chunk);
+  graph_ = env_choice("FERN_DECODE_GRAPH", {"0", "1"}, opt_.decode_graph ? 1 : 0) == 1 &&
+           backend_->can_record_steps();
 }
 
 void Engine::set_prefill_chunk(int64_t tokens) {
@@ -41,6 +45,11 @@ void Engine::run_chunk(SequenceState& st, std::span<const int32_t> tokens, bool 
   ForwardOptions fo;
   fo.all_logits = all_logits;
   forward(*backend_, *weights_, st, dev_ids, dev_logits, fo);
+  logits_to_host(dev_logits, out);
+}
+
+void Engine::logits_to_host(Tensor dev_logits, float* out) {
+  const int64_t rows = dev_logits.dim(0), V = dev_logits.dim(1);
   if (backend_->act_dtype() == DType::F32) {
     backend_->copy(Tensor(out, DType::F32, {rows, V}), dev_logits);
   } else {
@@ -49,6 +58,37 @@ void Engine::run_chunk(SequenceState& st, std::span<const int32_t> tokens, bool 
     backend_->copy(Tensor(tmp.data(), DType::BF16, {rows, V}), dev_logits);
     for (size_t i = 0; i < tmp.size(); ++i) out[i] = bf16_to_f32(tmp[i]);
   }
+}
+
+// The step reads its token from step_ids_ and writes step_logits_, both at fixed addresses, so that a record of it
+// replays for any token: the host writes the token, replays, and reads the logits. The first decode of a state (or
+// of another state than the record's) runs the step eagerly, which also sizes the scratch the record uses, and then
+// records it; a failed recording leaves eager steps for the rest of the engine's life.
+void Engine::decode_recorded(SequenceState& st, int32_t token, float* out) {
+  if (step_ids_.empty()) {
+    step_ids_ = backend_->alloc(DType::I32, {1});
+    step_logits_ = backend_->alloc(backend_->act_dtype(), {1, config().vocab_size});
+  }
+  backend_->copy(step_ids_, Tensor(&token, DType::I32, {1}));
+  if (backend_->holds_step_for(st)) {
+    backend_->replay(st);
+    ++replayed_;
+  } else {
+    SequenceState* s = &st;
+    auto step = [this, s] {
+      backend_->begin_forward();
+      forward(*backend_, *weights_, *s, step_ids_, step_logits_);
+    };
+    step();
+    try {
+      backend_->capture_step(st, step);
+      ++recorded_;
+    } catch (const Error& e) {
+      graph_ = false;
+      log::warn("decode steps run eagerly from now on: recording one failed ({})", e.what());
+    }
+  }
+  logits_to_host(step_logits_, out);
 }
 
 bool Engine::prefill(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits,
@@ -66,7 +106,10 @@ bool Engine::prefill(SequenceState& st, std::span<const int32_t> tokens, std::ve
 
 void Engine::decode(SequenceState& st, int32_t token, std::vector<float>& logits) {
   logits.resize(static_cast<size_t>(config().vocab_size));
-  run_chunk(st, std::span<const int32_t>(&token, 1), false, logits.data());
+  if (graph_)
+    decode_recorded(st, token, logits.data());
+  else
+    run_chunk(st, std::span<const int32_t>(&token, 1), false, logits.data());
 }
 
 void Engine::logits_all(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits) {

@@ -15,6 +15,9 @@ namespace fern {
 struct EngineOptions {
   int64_t prefill_chunk = 0;      // tokens per forward call in prefill (0 = the backend's prefill_chunk_hint)
   int64_t max_context = 0;        // 0 = the model's max_position_embeddings
+  // Decode steps recorded once per state and replayed (CUDA graphs) where the backend can record them: the host
+  // then issues one launch per token instead of the step's few hundred. FERN_DECODE_GRAPH=0 turns it off.
+  bool decode_graph = true;
 };
 
 class Engine {
@@ -35,18 +38,30 @@ class Engine {
   // Returns false (state then holds a consistent prefix) if `cancelled` returned true between chunks.
   bool prefill(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits,
                const std::function<bool()>& cancelled = {});
-  // One decode step: feeds `token`, writes its logits.
+  // One decode step: feeds `token`, writes its logits. With recorded steps (EngineOptions::decode_graph), the first
+  // decode of a state runs eagerly and records the step; the following ones replay the record.
   void decode(SequenceState& st, int32_t token, std::vector<float>& logits);
+  // Whether decode() replays recorded steps on this backend (false after a recording failed).
+  bool decode_graph() const { return graph_; }
+  // Decode steps replayed from a record / recordings made (for tests and the benchmark's notes).
+  int64_t replayed_steps() const { return replayed_; }
+  int64_t recorded_steps() const { return recorded_; }
   // Teacher-forced logits for every position of `tokens` (F32 [T, vocab] row-major), chunked.
   void logits_all(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits);
 
  private:
   void run_chunk(SequenceState& st, std::span<const int32_t> tokens, bool all_logits, float* out);
+  void logits_to_host(Tensor dev_logits, float* out);
+  void decode_recorded(SequenceState& st, int32_t token, float* out);
   std::unique_ptr<Backend> backend_;
   std::shared_ptr<const ModelWeights> host_weights_;
   std::shared_ptr<const ModelWeights> weights_;
   EngineOptions opt_;
   int64_t max_context_ = 0;
+  // Recorded decode steps: the token slot and logits the record reads and writes (alloc()ed once).
+  bool graph_ = false;
+  Tensor step_ids_, step_logits_;
+  int64_t replayed_ = 0, recorded_ = 0;
 };
 
 }  // namespace fern

@@ -9,12 +9,15 @@
 //  - T is the number of rows (tokens) of the call: 1 in decode, a chunk of the prompt in prefill.
 //  - Ops are enqueued in order; on an asynchronous backend nothing waits for the host unless stated.
 #pragma once
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -24,12 +27,21 @@ namespace fern {
 // The per-sequence state carried between forward calls (MODEL.md 2.3 step 5 and 2.4).
 struct SequenceState {
   virtual ~SequenceState() = default;
+  // Unique per state made in this process: a recorded decode step names the state it belongs to by this number, not
+  // by its address (a freed state's address may be reused by the next one).
+  const uint64_t serial = next_serial();
   int64_t pos = 0;       // tokens already in the state (position of the next token)
   int64_t capacity = 0;  // KV rows allocated per attention layer
   // Indexed by layer; a tensor is empty where the layer is of the other type.
   std::vector<Tensor> k_cache, v_cache;   // [capacity, kv_heads, head_dim]
   std::vector<Tensor> conv_state;         // [kernel-1, conv_dim], oldest input first (pre-conv values)
   std::vector<Tensor> recurrent_state;    // F32 [Hv, Dk, Dv]: S[h][i=key dim][j=value dim]
+
+ private:
+  static uint64_t next_serial() {
+    static std::atomic<uint64_t> n{0};
+    return ++n;
+  }
 };
 
 class Backend {
@@ -57,6 +69,31 @@ class Backend {
   // the host.
   virtual void copy(Tensor dst, Tensor src) = 0;
   virtual void synchronize() {}
+  // Memory on the backend's device that lives as long as the backend, at an address that never changes (a recorded
+  // step's token slot and logits). Contents are undefined.
+  virtual Tensor alloc(DType dtype, const std::vector<int64_t>& shape) = 0;
+
+  // ---- recorded decode steps ----
+  // A backend that can record the work of one decode step and run it again without the host issuing it (CUDA
+  // graphs) says so in can_record_steps(). capture_step(state, step) records what `step` enqueues (begin_forward,
+  // forward, ...) without running it and leaves state.pos as it was; replay(state) runs the record once and
+  // advances state.pos as the step did. A record reads and writes fixed addresses (its scratch, the state, alloc()
+  // buffers), so it belongs to one state: holds_step_for(state) says whether the record held is that state's. One
+  // record at a time; capturing another drops it. Scratch must already be sized by an eager run of the same step.
+  virtual bool can_record_steps() const { return false; }
+  virtual void capture_step(SequenceState& state, const std::function<void()>& step) {
+    (void)state, (void)step;
+    fail("the {} backend does not record decode steps", name());
+  }
+  virtual void replay(SequenceState& state) {
+    (void)state;
+    fail("the {} backend does not record decode steps", name());
+  }
+  virtual bool holds_step_for(const SequenceState& state) const {
+    (void)state;
+    return false;
+  }
+  virtual void drop_graph() {}
 
   // ---- weights and state ----
   // A copy of the weights resident on this backend (the CPU backend returns the same views).

@@ -1,7 +1,8 @@
 // The whole forward pass on the CUDA backend against the CPU backend: a random 8-layer model (4-bit, real head
 // dims) teacher-forced over 192 positions and then decoded step by step; the `small` synthetic checkpoint with
 // peaked logits (the acceptance check: top-1 agreement >= 99%, logits NMSE <= 1e-3); and one decode step
-// captured as a CUDA graph and replayed, which must produce the same greedy tokens as eager steps.
+// captured as a CUDA graph and replayed, which must produce the same greedy tokens as eager steps; the engine's
+// decode through recorded steps (what fern serve runs) against its eager decode.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,8 @@
 #include "cuda/qweight.h"
 #include "cuda/random_weights.h"
 #include "cuda_test_util.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
 #include "model/forward.h"
 #include "model/synth.h"
 
@@ -317,6 +320,68 @@ TEST(CudaForward, CapturedStepReplaysLikeEagerSteps) {
   EXPECT_EQ(b->pos, n + steps);
   EXPECT_EQ(replayed, eager);
   std::printf("graph replay: %d steps, tokens identical to eager: %s\n", steps, replayed == eager ? "yes" : "no");
+}
+
+// Engine::decode with recorded steps (a graph per state, replayed for every later token) against the same engine
+// setup decoding eagerly: greedy tokens identical, logits within 1e-10 NMSE (the same kernels on the same inputs;
+// fp32 atomics in the fused kernels may add in another order, ~1e-7 relative per value, so not bit for bit). Between
+// the decodes of state a: a long prefill on state b (the scratch arena grows after a's record was made) and a run on
+// b (b's record replaces a's), then a again.
+TEST(CudaForward, EngineRecordedDecodeMatchesEager) {
+  FERN_REQUIRE_GPU();
+  auto cfg = test::tiny_test_config(4);
+  test::RandomWeightsOptions o;
+  o.seed = 21;
+  o.quantized = true;
+  std::shared_ptr<const ModelWeights> hw = test::random_weights(cfg, o);
+  EngineOptions on, off;
+  on.decode_graph = true;
+  off.decode_graph = false;
+  on.max_context = off.max_context = 3000;
+  Engine rec(test::make_gpu(), hw, on), eager(test::make_gpu(), hw, off);
+  ASSERT_TRUE(rec.decode_graph());
+  const int64_t V = cfg.vocab_size;
+  auto prompt = [&](int n, int salt) {
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) p[size_t(i)] = int32_t((i * 37 + salt * 101 + 5) % V);
+    return p;
+  };
+  struct Run {
+    std::unique_ptr<SequenceState> st;
+    std::vector<float> logits;
+  };
+  auto start = [&](Engine& e, int n, int salt) {
+    Run r{e.new_state(), {}};
+    EXPECT_TRUE(e.prefill(*r.st, prompt(n, salt), r.logits));
+    return r;
+  };
+  int steps = 0;
+  double worst = 0;
+  bool same_tokens = true;
+  auto decode_both = [&](Run& r, Run& ref, int n) {
+    for (int i = 0; i < n; ++i) {
+      const int32_t t = argmax(r.logits), tr = argmax(ref.logits);
+      same_tokens &= t == tr;
+      rec.decode(*r.st, t, r.logits);
+      eager.decode(*ref.st, tr, ref.logits);
+      worst = std::max(worst, test::nmse(r.logits.data(), ref.logits.data(), r.logits.size()));
+      ++steps;
+    }
+  };
+  Run a = start(rec, 24, 1), ra = start(eager, 24, 1);
+  decode_both(a, ra, 20);
+  Run b = start(rec, 2500, 2), rb = start(eager, 2500, 2);  // a 2,500-token prefill: the arena grows
+  decode_both(a, ra, 10);                                    // a's record, replayed after the growth
+  decode_both(b, rb, 10);
+  decode_both(a, ra, 10);
+  EXPECT_TRUE(same_tokens);
+  EXPECT_LT(worst, 1e-10);
+  EXPECT_EQ(a.st->pos, 24 + 40);
+  EXPECT_EQ(b.st->pos, 2500 + 10);
+  EXPECT_EQ(rec.recorded_steps(), 3);              // a, b, a again
+  EXPECT_EQ(rec.replayed_steps(), steps - 3);
+  std::printf("engine recorded decode: %d steps (%lld replayed), tokens identical: %s, worst NMSE %.3g\n", steps,
+              static_cast<long long>(rec.replayed_steps()), same_tokens ? "yes" : "no", worst);
 }
 
 }  // namespace
