@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <random>
 
 #include "core/bf16.h"
 #include "core/env.h"
@@ -60,35 +61,110 @@ void Engine::logits_to_host(Tensor dev_logits, float* out) {
   }
 }
 
-// The step reads its token from step_ids_ and writes step_logits_, both at fixed addresses, so that a record of it
-// replays for any token: the host writes the token, replays, and reads the logits. The first decode of a state (or
-// of another state than the record's) runs the step eagerly, which also sizes the scratch the record uses, and then
-// records it; a failed recording leaves eager steps for the rest of the engine's life.
-void Engine::decode_recorded(SequenceState& st, int32_t token, float* out) {
+// The step reads its token from step_ids_ and writes step_logits_, both at fixed addresses, then picks the next
+// token into step_ids_ where the backend picks (Backend::pick does nothing otherwise). With recorded steps the host
+// writes the token, replays and reads the result; the first decode of a state (or of another state than the
+// record's) runs the step eagerly, which also sizes the scratch the record uses, and then records it; a failed
+// recording leaves eager steps for the rest of the engine's life.
+void Engine::step(SequenceState& st, int32_t token) {
   if (step_ids_.empty()) {
     step_ids_ = backend_->alloc(DType::I32, {1});
     step_logits_ = backend_->alloc(backend_->act_dtype(), {1, config().vocab_size});
   }
   backend_->copy(step_ids_, Tensor(&token, DType::I32, {1}));
-  if (backend_->holds_step_for(st)) {
+  if (graph_ && backend_->holds_step_for(st)) {
     backend_->replay(st);
     ++replayed_;
-  } else {
-    SequenceState* s = &st;
-    auto step = [this, s] {
-      backend_->begin_forward();
-      forward(*backend_, *weights_, *s, step_ids_, step_logits_);
-    };
-    step();
-    try {
-      backend_->capture_step(st, step);
-      ++recorded_;
-    } catch (const Error& e) {
-      graph_ = false;
-      log::warn("decode steps run eagerly from now on: recording one failed ({})", e.what());
-    }
+    return;
   }
-  logits_to_host(step_logits_, out);
+  SequenceState* s = &st;
+  auto run = [this, s] {
+    backend_->begin_forward();
+    forward(*backend_, *weights_, *s, step_ids_, step_logits_);
+    backend_->pick(step_ids_, step_logits_);
+  };
+  run();
+  if (!graph_) return;
+  try {
+    backend_->capture_step(st, run);
+    ++recorded_;
+  } catch (const Error& e) {
+    graph_ = false;
+    log::warn("decode steps run eagerly from now on: recording one failed ({})", e.what());
+  }
+}
+
+void Engine::decode(SequenceState& st, int32_t token, std::vector<float>& logits) {
+  logits.resize(static_cast<size_t>(config().vocab_size));
+  if (device_pick_) {  // a step of a picking request whose logits the caller wants: the backend does not pick
+    backend_->clear_pick();
+    device_pick_ = false;
+  }
+  if (!graph_) {
+    run_chunk(st, std::span<const int32_t>(&token, 1), false, logits.data());
+    return;
+  }
+  step(st, token);
+  logits_to_host(step_logits_, logits.data());
+}
+
+bool Engine::can_pick(const SamplingParams& p) {
+  return p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.repetition_penalty == 1.0f &&
+         p.top_k <= kPickMaxTopK && p.logit_bias.size() <= size_t(kPickMaxBias);
+}
+
+void Engine::begin_pick(const SamplingParams& p) {
+  FERN_CHECK(can_pick(p), "begin_pick with parameters it does not serve");
+  SamplingParams sp = p;
+  if (!sp.seed) sp.seed = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
+  pick_sampler_ = std::make_unique<Sampler>(sp);
+  pick_ = {};
+  pick_.temperature = p.temperature;
+  // The Sampler takes top-k only below the vocabulary's size; the same cut here.
+  pick_.top_k = p.top_k > 0 && p.top_k < config().vocab_size ? p.top_k : 0;
+  pick_.top_p = p.top_p;
+  pick_.min_p = p.min_p;
+  pick_.seed = *sp.seed;
+  pick_.draw = 0;
+  picking_ = true;
+  device_pick_ = false;
+}
+
+void Engine::end_pick() {
+  if (device_pick_) backend_->clear_pick();
+  device_pick_ = picking_ = false;
+  pick_sampler_.reset();
+}
+
+int32_t Engine::pick_host(std::vector<float>& logits) {
+  FERN_CHECK(picking_, "pick_host outside begin_pick / end_pick");
+  ++host_picks_;
+  return pick_sampler_->sample_at(logits, pick_uniform(pick_.seed, pick_.draw++));
+}
+
+int32_t Engine::decode_pick(SequenceState& st, int32_t token, std::vector<float>& logits) {
+  FERN_CHECK(picking_, "decode_pick outside begin_pick / end_pick");
+  const auto& sp = pick_sampler_->params();
+  if (!device_pick_ && backend_->can_pick(pick_, sp.logit_bias.size(), config().vocab_size)) {
+    backend_->set_pick(pick_, sp.logit_bias);  // from the next draw on
+    device_pick_ = true;
+  }
+  if (!device_pick_) {
+    decode(st, token, logits);
+    return pick_host(logits);
+  }
+  step(st, token);
+  const int32_t t = backend_->picked();
+  if (t >= 0) {
+    ++pick_.draw;  // the backend's draw counter moved with it
+    ++device_picks_;
+    return t;
+  }
+  // NaN logits (the host's pick fails with the error) or a nucleus past the device's candidates: the same draw on the
+  // host, from the same logits.
+  logits.resize(static_cast<size_t>(config().vocab_size));
+  logits_to_host(step_logits_, logits.data());
+  return pick_host(logits);
 }
 
 bool Engine::prefill(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits,
@@ -102,14 +178,6 @@ bool Engine::prefill(SequenceState& st, std::span<const int32_t> tokens, std::ve
     off += n;
   }
   return true;
-}
-
-void Engine::decode(SequenceState& st, int32_t token, std::vector<float>& logits) {
-  logits.resize(static_cast<size_t>(config().vocab_size));
-  if (graph_)
-    decode_recorded(st, token, logits.data());
-  else
-    run_chunk(st, std::span<const int32_t>(&token, 1), false, logits.data());
 }
 
 void Engine::logits_all(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits) {

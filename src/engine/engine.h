@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "model/forward.h"
 
 namespace fern {
@@ -46,13 +47,32 @@ class Engine {
   // Decode steps replayed from a record / recordings made (for tests and the benchmark's notes).
   int64_t replayed_steps() const { return replayed_; }
   int64_t recorded_steps() const { return recorded_; }
+  // ---- decode with the next token picked by the engine ----
+  // A request's tokens drawn from one stream (pick_uniform(seed, 0), (seed, 1), ...) by Sampler::sample_at's rule:
+  // picked by the backend where the logits are when it can (no logits copied to the host), on the host otherwise.
+  // can_pick: parameters this serves (no presence / frequency / repetition penalty, top-k <= 64, at most 1,024
+  // logit-bias entries); the rest goes through decode() and a Sampler.
+  static bool can_pick(const SamplingParams& p);
+  // Starts a request's picks (the seed from p.seed, else random); end_pick() ends them (decode() works either way).
+  void begin_pick(const SamplingParams& p);
+  void end_pick();
+  // The next token from logits the host already holds (the prefill's): the next draw, on the host.
+  int32_t pick_host(std::vector<float>& logits);
+  // One decode step that feeds `token` and returns the token picked from its logits. `logits` is scratch: filled
+  // only when the host had to pick (see Backend::picked).
+  int32_t decode_pick(SequenceState& st, int32_t token, std::vector<float>& logits);
+  // Picks the backend made / left to the host since construction (for tests and the benchmark's notes).
+  int64_t device_picks() const { return device_picks_; }
+  int64_t host_picks() const { return host_picks_; }
+
   // Teacher-forced logits for every position of `tokens` (F32 [T, vocab] row-major), chunked.
   void logits_all(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits);
 
  private:
   void run_chunk(SequenceState& st, std::span<const int32_t> tokens, bool all_logits, float* out);
   void logits_to_host(Tensor dev_logits, float* out);
-  void decode_recorded(SequenceState& st, int32_t token, float* out);
+  // Runs one step that feeds `token` (recorded or eager), leaving its logits in step_logits_.
+  void step(SequenceState& st, int32_t token);
   std::unique_ptr<Backend> backend_;
   std::shared_ptr<const ModelWeights> host_weights_;
   std::shared_ptr<const ModelWeights> weights_;
@@ -62,6 +82,11 @@ class Engine {
   bool graph_ = false;
   Tensor step_ids_, step_logits_;
   int64_t replayed_ = 0, recorded_ = 0;
+  // The request's picks: its parameters (for the host's picks), draws made, and whether the backend picks.
+  std::unique_ptr<Sampler> pick_sampler_;
+  PickParams pick_;
+  bool picking_ = false, device_pick_ = false;
+  int64_t device_picks_ = 0, host_picks_ = 0;
 };
 
 }  // namespace fern

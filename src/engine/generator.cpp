@@ -171,6 +171,21 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
     if (on_text) on_text(s);
   };
 
+  // The plain case (no log-probabilities, no constraint, no forced tokens, no penalties) lets the engine pick the
+  // tokens: where the backend picks them, the logits never come to the host.
+  const bool engine_picks = req.top_logprobs < 0 && !matcher && req.forced.empty() && Engine::can_pick(req.sampling);
+  struct PickScope {
+    Engine* e = nullptr;
+    ~PickScope() {
+      if (e) e->end_pick();
+    }
+  } pick_scope;
+  if (engine_picks) {
+    engine_.begin_pick(req.sampling);
+    pick_scope.e = &engine_;
+  }
+  int32_t next = -1;  // the token the engine picked in the last decode step
+
   res.finish = FinishReason::Length;
   bool ended_with_im_end = false;
   while (true) {
@@ -192,6 +207,8 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
         res.finish = FinishReason::Stop;
         break;
       }
+    } else if (engine_picks) {
+      tok = next >= 0 ? next : engine_.pick_host(logits_);
     } else {
       tok = sampler.sample(logits_);
     }
@@ -219,7 +236,10 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
     }
     if (res.completion_tokens >= max_new) break;  // Length
     if (!req.forced.empty() && !req.forced_is_prefix && i + 1 >= req.forced.size() && opt_.eos_ids.empty()) break;
-    engine_.decode(*st_, tok, logits_);
+    if (engine_picks)
+      next = engine_.decode_pick(*st_, tok, logits_);
+    else
+      engine_.decode(*st_, tok, logits_);
     st_tokens_.push_back(tok);
   }
   if (!stops.stopped()) {

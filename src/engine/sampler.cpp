@@ -69,7 +69,9 @@ void Sampler::apply_penalties(std::span<float> logits) const {
   }
 }
 
-int32_t Sampler::sample(std::span<float> logits) {
+int32_t Sampler::sample(std::span<float> logits) { return sample_at(logits, uniform()); }
+
+int32_t Sampler::sample_at(std::span<float> logits, double u) {
   FERN_CHECK(!logits.empty(), "sampling from empty logits");
   float* v = logits.data();
   const size_t n = logits.size();
@@ -92,7 +94,7 @@ int32_t Sampler::sample(std::span<float> logits) {
     const float floor = p_.min_p > 0.0f ? mx + std::log(p_.min_p) : -INFINITY;
     weights_.resize(n);
     const double total = exp_weights(v, n, mx, floor, weights_.data(), block_sums_);
-    double r = uniform() * total;
+    double r = u * total;
     for (size_t b = 0; b < block_sums_.size(); ++b) {
       if (r >= block_sums_[b]) {
         r -= block_sums_[b];
@@ -129,7 +131,7 @@ int32_t Sampler::sample(std::span<float> logits) {
         break;
       }
     }
-    if (!found) return sample_nucleus_by_buckets(v, n, mx, z_all);
+    if (!found) return sample_nucleus_by_buckets(v, n, mx, z_all, u);
   }
 
   // Normaliser over the candidate set (top-k renormalises; otherwise the whole vocabulary).
@@ -155,7 +157,7 @@ int32_t Sampler::sample(std::span<float> logits) {
   }
   double total = 0;
   for (int32_t i : cand) total += std::exp(double(v[i] - mx));
-  double r = uniform() * total;
+  double r = u * total;
   for (int32_t i : cand) {
     r -= std::exp(double(v[i] - mx));
     if (r < 0) return i;
@@ -166,7 +168,7 @@ int32_t Sampler::sample(std::span<float> logits) {
   return cand.front();
 }
 
-int32_t Sampler::sample_nucleus_by_buckets(const float* v, size_t n, float mx, double z_all) {
+int32_t Sampler::sample_nucleus_by_buckets(const float* v, size_t n, float mx, double z_all, double u) {
   // The nucleus in decreasing order of value, without sorting the vocabulary: value buckets hold contiguous ranges
   // of values, so walking their masses from the top bucket down is walking the sorted tokens a bucket at a time;
   // only the bucket where the nucleus ends and the bucket the draw lands in are sorted. Weights are weights_ (set
@@ -195,7 +197,7 @@ int32_t Sampler::sample_nucleus_by_buckets(const float* v, size_t n, float mx, d
   }
   in_cut.resize(keep);
 
-  double r = uniform() * total;
+  double r = u * total;
   std::vector<int32_t> in_bucket;
   for (size_t b = kValueBuckets; b-- > cut + 1;) {
     if (bucket_mass_[b] == 0.0) continue;

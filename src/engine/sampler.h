@@ -32,9 +32,13 @@ class Sampler {
   // Picks the next token. Modifies `logits` in place (penalties, temperature). Throws fern::Error on NaN logits.
   // A few passes over the vocabulary, vectorized (logit_scan.h): tens of microseconds at 248K tokens.
   int32_t sample(std::span<float> logits);
+  // The same pick for a given uniform draw u in [0, 1) instead of the request's RNG (what a backend that picks
+  // tokens where the logits are must match: Backend::pick). Every call of sample() makes exactly one draw.
+  int32_t sample_at(std::span<float> logits, double u);
   // Records a generated token (for the penalties); call it for every token that is fed back.
   void accept(int32_t token);
 
+  const SamplingParams& params() const { return p_; }
   // Uniform double in [0, 1) from the request's RNG (53 random bits, identical on every platform).
   double uniform();
 
@@ -43,7 +47,7 @@ class Sampler {
   // top-p alone when the 1,024 best tokens hold less than top_p of the mass (flat distributions); weights_ holds
   // every token's weight, z_all their sum, mx the largest (scaled) logit. Samples in the same order as a full sort
   // would, a bucket at a time.
-  int32_t sample_nucleus_by_buckets(const float* v, size_t n, float mx, double z_all);
+  int32_t sample_nucleus_by_buckets(const float* v, size_t n, float mx, double z_all, double u);
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int> generated_counts_;

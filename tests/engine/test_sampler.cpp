@@ -309,5 +309,37 @@ TEST(Sampler, TopKAtTheRealVocabularyEqualsFullSortReference) {
   }
 }
 
+TEST(Sampler, SampleIsSampleAtItsOwnDraw) {
+  // sample() makes one draw and picks as sample_at() does for it (what a backend that picks tokens must match), for
+  // every path: greedy, temperature alone, min-p, top-k, top-p from the best candidates and top-p by buckets.
+  const std::vector<float> base = test::randn(248320, 43, 2.0f);
+  const std::vector<float> flat = test::randn(248320, 44, 0.05f);
+  struct Case {
+    float t;
+    int k;
+    float p, min_p;
+    const std::vector<float>* l;
+  };
+  for (const Case& c : {Case{0.0f, 0, 1.0f, 0.0f, &base}, Case{1.0f, 0, 1.0f, 0.0f, &base},
+                        Case{0.8f, 0, 1.0f, 0.1f, &base}, Case{0.7f, 20, 0.8f, 0.0f, &base},
+                        Case{1.0f, 0, 0.9f, 0.0f, &base}, Case{1.0f, 0, 0.9f, 0.0f, &flat}}) {
+    for (uint64_t seed = 0; seed < 3; ++seed) {
+      SamplingParams sp;
+      sp.temperature = c.t;
+      sp.top_k = c.k;
+      sp.top_p = c.p;
+      sp.min_p = c.min_p;
+      sp.seed = seed;
+      Sampler a(sp), b(sp);
+      std::vector<float> la = *c.l, lb = *c.l;
+      const int32_t got = a.sample(la);
+      EXPECT_EQ(got, b.sample_at(lb, Sampler(sp).uniform())) << "t " << c.t << " k " << c.k << " p " << c.p;
+      Sampler twin(sp);
+      twin.uniform();
+      EXPECT_EQ(a.uniform(), twin.uniform());  // exactly one draw per sample(), greedy included
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fern

@@ -1,8 +1,10 @@
-// Engine::decode with recorded steps, on the CPU: a backend that records a step by keeping the closure and replays
-// it by running it again stands in for CUDA graphs. It checks the engine's side of the contract (the token written
-// into the slot before a replay, the logits read after it, one record per state, a new record when the state
-// changes, eager steps after a failed recording, FERN_DECODE_GRAPH=0), not the graphs themselves
-// (tests/cuda/test_cuda_forward.cpp runs the engine on the GPU against eager steps).
+// Engine::decode with recorded steps and Engine::decode_pick, on the CPU: a backend that records a step by keeping
+// the closure and replays it by running it again stands in for CUDA graphs, and picks tokens with the host Sampler's
+// rule as a device would. It checks the engine's side of the contracts (the token written into the slot before a
+// replay, the logits read after it, one record per state, a new record when the state changes, eager steps after a
+// failed recording, FERN_DECODE_GRAPH=0; one draw stream per request whoever picks, the host's picks where the
+// backend gives up), not the graphs or kernels themselves (tests/cuda/test_cuda_forward.cpp and
+// tests/cuda/test_cuda_pick.cpp run them on the GPU).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -14,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/synth.h"
+#include "ops/token_pick.h"
 
 namespace fern {
 namespace {
@@ -78,10 +81,44 @@ class ReplayingBackend final : public Backend {
   bool holds_step_for(const SequenceState& state) const override { return record_ && serial_ == state.serial; }
   void drop_graph() override { record_ = nullptr; }
 
+  // Picks as a device would: Sampler::sample_at on the logits with the draw stream, inside the step (so inside a
+  // replay too). Every give_up_every-th pick is left to the host (-1), as a device does for a nucleus past its
+  // candidates.
+  bool picks = false;
+  int give_up_every = 0;
+  int device_picks = 0;
+  bool can_pick(const PickParams& p, size_t bias_entries, int64_t vocab) const override {
+    (void)p, (void)bias_entries, (void)vocab;
+    return picks;
+  }
+  void set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias) override {
+    SamplingParams sp;
+    sp.temperature = p.temperature;
+    sp.top_k = p.top_k;
+    sp.top_p = p.top_p;
+    sp.min_p = p.min_p;
+    sp.logit_bias.assign(bias.begin(), bias.end());
+    sampler_ = std::make_unique<Sampler>(sp);
+    pick_ = p;
+  }
+  void clear_pick() override { sampler_.reset(); }
+  void pick(Tensor ids, Tensor logits) override {
+    if (!sampler_) return;
+    std::vector<float> l(logits.ptr<float>(), logits.ptr<float>() + logits.numel());
+    last_ = sampler_->sample_at(l, pick_uniform(pick_.seed, pick_.draw++));
+    ++device_picks;
+    if (give_up_every > 0 && device_picks % give_up_every == 0) last_ = -1;
+    if (last_ >= 0) ids.ptr<int32_t>()[0] = last_;
+  }
+  int32_t picked() override { return last_; }
+
  private:
   std::unique_ptr<Backend> in_ = make_cpu_backend(1);
   std::function<void()> record_;
   uint64_t serial_ = 0;
+  std::unique_ptr<Sampler> sampler_;
+  PickParams pick_;
+  int32_t last_ = -1;
 };
 
 std::shared_ptr<const ModelWeights> tiny_weights() {
@@ -205,6 +242,114 @@ TEST(EngineRecorded, EnvironmentTurnsItOff) {
   ::unsetenv("FERN_DECODE_GRAPH");
   EXPECT_FALSE(off.decode_graph());
   EXPECT_TRUE(on.decode_graph());
+}
+
+// The tokens a picking request gets: draw i of the seed's stream picks token i (Sampler::sample_at), the first from
+// the prefill's logits; the reference decodes with plain steps and picks each token on the host.
+std::vector<int32_t> reference_picks(const std::shared_ptr<const ModelWeights>& w, const SamplingParams& sp,
+                                     const std::vector<int32_t>& prompt, int n) {
+  Engine e(make_cpu_backend(1), w, opts(false));
+  auto st = e.new_state();
+  std::vector<float> logits;
+  EXPECT_TRUE(e.prefill(*st, prompt, logits));
+  Sampler s(sp);
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(s.sample_at(logits, pick_uniform(*sp.seed, uint64_t(i))));
+    if (i + 1 < n) e.decode(*st, out.back(), logits);
+  }
+  return out;
+}
+
+std::vector<int32_t> engine_picks(Engine& e, const SamplingParams& sp, const std::vector<int32_t>& prompt, int n) {
+  auto st = e.new_state();
+  std::vector<float> logits;
+  EXPECT_TRUE(e.prefill(*st, prompt, logits));
+  e.begin_pick(sp);
+  std::vector<int32_t> out{e.pick_host(logits)};
+  while (static_cast<int>(out.size()) < n) out.push_back(e.decode_pick(*st, out.back(), logits));
+  e.end_pick();
+  return out;
+}
+
+SamplingParams warm(uint64_t seed) {
+  SamplingParams sp;
+  sp.temperature = 1.3f;  // flat enough on the tiny model that the draws matter
+  sp.top_p = 0.97f;
+  sp.seed = seed;
+  sp.logit_bias = {{5, 2.0f}, {17, -1.0f}};
+  return sp;
+}
+
+TEST(EnginePick, EveryWayOfPickingFollowsTheDrawStream) {
+  auto w = tiny_weights();
+  const auto prompt = prompt_of(8, 6);
+  const int n = 24;
+  for (uint64_t seed : {1ull, 99ull}) {
+    const SamplingParams sp = warm(seed);
+    const auto want = reference_picks(w, sp, prompt, n);
+    // On the host (the CPU backend picks nothing).
+    Engine host(make_cpu_backend(1), w, opts(false));
+    EXPECT_EQ(engine_picks(host, sp, prompt, n), want) << "seed " << seed;
+    EXPECT_EQ(host.device_picks(), 0);
+    // By the backend, inside recorded steps, with every third pick given back to the host.
+    auto rb = std::make_unique<ReplayingBackend>();
+    rb->picks = true;
+    rb->give_up_every = 3;
+    ReplayingBackend* fake = rb.get();
+    Engine dev(std::move(rb), w, opts(true));
+    EXPECT_EQ(engine_picks(dev, sp, prompt, n), want) << "seed " << seed;
+    EXPECT_EQ(fake->device_picks, n - 1);
+    EXPECT_EQ(dev.device_picks(), n - 1 - (n - 1) / 3);
+    EXPECT_EQ(dev.host_picks(), 1 + (n - 1) / 3);
+    EXPECT_GT(fake->replays, 0);
+  }
+  // Another seed, another stream (the tokens differ somewhere in 24 warm draws).
+  EXPECT_NE(reference_picks(w, warm(1), prompt, n), reference_picks(w, warm(99), prompt, n));
+}
+
+TEST(EnginePick, PlainDecodeBetweenPicksGetsLogits) {
+  // decode() during a picking request (the backend then stops picking) still returns the step's logits.
+  auto w = tiny_weights();
+  auto rb = std::make_unique<ReplayingBackend>();
+  rb->picks = true;
+  ReplayingBackend* fake = rb.get();
+  Engine dev(std::move(rb), w, opts(true));
+  Engine ref(make_cpu_backend(1), w, opts(false));
+  auto a = dev.new_state();
+  auto b = ref.new_state();
+  std::vector<float> la, lb;
+  ASSERT_TRUE(dev.prefill(*a, prompt_of(5, 7), la));
+  ASSERT_TRUE(ref.prefill(*b, prompt_of(5, 7), lb));
+  dev.begin_pick(warm(3));
+  const int32_t t = dev.decode_pick(*a, 11, la);
+  ref.decode(*b, 11, lb);
+  dev.decode(*a, t, la);
+  ref.decode(*b, t, lb);
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(fake->device_picks, 1);  // the plain step picked nothing
+  dev.end_pick();
+}
+
+TEST(EnginePick, ServesOnlyWhatTheRuleCovers) {
+  SamplingParams p;
+  EXPECT_TRUE(Engine::can_pick(p));
+  p.top_k = kPickMaxTopK;
+  EXPECT_TRUE(Engine::can_pick(p));
+  p.top_k = kPickMaxTopK + 1;
+  EXPECT_FALSE(Engine::can_pick(p));
+  p = {};
+  p.presence_penalty = 0.5f;
+  EXPECT_FALSE(Engine::can_pick(p));
+  p = {};
+  p.frequency_penalty = -0.5f;
+  EXPECT_FALSE(Engine::can_pick(p));
+  p = {};
+  p.repetition_penalty = 1.1f;
+  EXPECT_FALSE(Engine::can_pick(p));
+  p = {};
+  p.logit_bias.assign(size_t(kPickMaxBias) + 1, {1, 1.0f});
+  EXPECT_FALSE(Engine::can_pick(p));
 }
 
 }  // namespace
