@@ -8,7 +8,7 @@
 #   `small` synthetic checkpoint with peaked logits.
 # Logs under $OUT; a summary last. Steps are skipped once the time budget (BUDGET seconds) is spent. Knobs: ALL_BISECT=0
 # and ALL_EVAL=0 skip steps 3 and 6, ALL_NODE=0 skips step 4, ALL_DECODE=0 the decode bench, ALL_SERVED=0 the served
-# decode (host loop at temperature 1); ALL_TESTS="names" runs
+# decode (host loop at temperature 1: device and host picks, and eager steps); ALL_TESTS="names" runs
 # only those CUDA test binaries; ALL_DECODE_ALT="VAR=VALUE" repeats the decode bench with that switch; ALL_MICRO=1
 # adds the MoE and dense GEMM micro-benchmarks (ablation rows, tile-loop
 # columns); ALL_GEMV=1 adds bench_cuda_decode's GEMV table (cold and warm L2); PREFILL_LENGTHS (default
@@ -25,6 +25,7 @@ MICRO=${ALL_MICRO:-0}
 EXTRA=""
 [ "$MICRO" = 1 ] && EXTRA="bench_cuda_moe_prefill bench_cuda_prefill_linear"
 [ "${ALL_GEMV:-0}" = 1 ] && EXTRA="$EXTRA bench_cuda_decode"
+[ "${ALL_SERVED:-1}" = 1 ] && EXTRA="$EXTRA bench_cuda_pick"
 gpu_build fern $(gpu_cuda_test_targets) $EXTRA
 if [ -n "${ALL_TESTS:-}" ]; then
   GPU_TEST_FAILS=""
@@ -57,12 +58,21 @@ if [ "${ALL_DECODE:-1}" = 1 ] && [ "$(left)" -gt 110 ]; then
     --json "$OUT/decode.json" >"$OUT/bench_decode.log" 2>&1
   note "decode: $(grep -oE "decode ctx [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode.log" | tr "\n" " ") ($(elapsed))"
 fi
-# The served decode path (Engine::decode eagerly, the logits to the host, the server's Sampler at temperature 1, the
-# server's default): what a request through `fern serve` gets, against the graph loop above. ALL_SERVED=0 skips it.
-if [ "${ALL_SERVED:-1}" = 1 ] && [ "$(left)" -gt 110 ]; then
-  timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096 --runs 3 \
-    --host-loop --temperature 1 --json "$OUT/decode_served.json" >"$OUT/bench_decode_served.log" 2>&1
-  note "decode served (host loop, T 1): $(grep -oE "decode ctx [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode_served.log" | tr "\n" " ") ($(elapsed))"
+# The served decode path at temperature 1 (the server's default), as a request through `fern serve` runs it:
+# Engine::decode_pick, the step replayed from its record with the token picked on the device (FERN_CUDA_PICK=1) or
+# the logits copied to the host and picked there (0), in one process; then the path before recorded steps (eager
+# steps, host picks). ALL_SERVED=0 skips it.
+if [ "${ALL_SERVED:-1}" = 1 ] && [ "$(left)" -gt 200 ]; then
+  timeout 150 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda --phase decode --lengths 4096,131072 --runs 3 \
+    --host-loop --temperature 1 --decode-switch FERN_CUDA_PICK=1,0 --json "$OUT/decode_served.json" \
+    >"$OUT/bench_decode_served.log" 2>&1
+  note "decode served (T 1): $(grep -oE "decode ctx [0-9]+ FERN_CUDA_PICK=[01]: [0-9.]+ tok/s" "$OUT/bench_decode_served.log" | tr "\n" " ") ($(elapsed))"
+  env FERN_DECODE_GRAPH=0 FERN_CUDA_PICK=0 timeout 100 ./build/fern bench --synth qwen3.6-35b-a3b --backend cuda \
+    --phase decode --lengths 4096 --runs 3 --host-loop --temperature 1 >"$OUT/bench_decode_served_eager.log" 2>&1
+  note "decode served eagerly, host picks (T 1): $(grep -oE "decode ctx [0-9]+: [0-9.]+ tok/s" "$OUT/bench_decode_served_eager.log" | tr "\n" " ") ($(elapsed))"
+  timeout 60 build/bench/bench_cuda_pick >"$OUT/bench_pick.md" 2>&1
+  note "bench_cuda_pick rc $? ($(elapsed))"
+  grep -E "^\|" "$OUT/bench_pick.md"
 fi
 # ALL_DECODE_ALT="VAR=VALUE": the decode bench once more with that switch (a default under question, same call).
 if [ -n "${ALL_DECODE_ALT:-}" ] && [ "$(left)" -gt 110 ]; then

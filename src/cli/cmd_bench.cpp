@@ -204,8 +204,10 @@ Stat stat_of(std::vector<double> v) {
 
 // Times `steps` greedy decode steps, `runs` times. On CUDA (unless --host-loop) one step (forward + argmax writing
 // the next token into the input slot) is captured as a CUDA graph and replayed back to back: no host round trip
-// between steps, which is how a decode loop that streams ids asynchronously runs. Elsewhere each step goes
-// through Engine::decode and the host picks the token with the Sampler (--temperature etc.), as the server does.
+// between steps, which is how a decode loop that streams ids asynchronously runs. Elsewhere (and with --host-loop)
+// each step goes through the Engine as a served request does (--temperature etc.): Engine::decode_pick (the token
+// picked on the device where the backend can, the step replayed from its record) where the parameters allow, else
+// Engine::decode and the host's Sampler.
 std::vector<double> time_decode(Engine& engine, SequenceState& st, const Options& o, int32_t first_token,
                                 bool* used_graph) {
   std::vector<double> rates;
@@ -238,25 +240,31 @@ std::vector<double> time_decode(Engine& engine, SequenceState& st, const Options
     return rates;
   }
 #endif
+  // As the Generator serves a request: the engine picks the tokens (on the device where the backend can) when the
+  // parameters allow, else the host's Sampler picks from the logits of each step.
   std::vector<float> logits;
   int32_t next = first_token;
   Sampler sampler(o.sampling);
-  for (int i = 0; i < o.warmup; ++i) {
+  const bool picks = Engine::can_pick(o.sampling);
+  if (picks) engine.begin_pick(o.sampling);
+  auto one = [&] {
+    if (picks) {
+      next = engine.decode_pick(st, next, logits);
+      return;
+    }
     engine.decode(st, next, logits);
     next = sampler.sample(logits);
     sampler.accept(next);
-  }
+  };
+  for (int i = 0; i < o.warmup; ++i) one();
   for (int r = 0; r < o.runs; ++r) {
     engine.backend().synchronize();
     auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < o.steps; ++i) {
-      engine.decode(st, next, logits);
-      next = sampler.sample(logits);
-      sampler.accept(next);
-    }
+    for (int i = 0; i < o.steps; ++i) one();
     engine.backend().synchronize();
     rates.push_back(o.steps / seconds_since(t0));
   }
+  if (picks) engine.end_pick();
   return rates;
 }
 
@@ -341,7 +349,7 @@ int run_bench(const Options& o) {
     md += "| context | tok/s (median) | min-max | bytes/token | GB/s | % of H200 roofline |\n|---:|---:|---:|---:|---:|---:|\n";
     for (int64_t L : lengths) {
       bool graph = false;
-      const int64_t replayed0 = engine.replayed_steps();
+      const int64_t replayed0 = engine.replayed_steps(), device0 = engine.device_picks(), host0 = engine.host_picks();
       Stat s = stat_of(decode_runs(engine, o, L, o.runs, tok(rng), &graph));
       // Bytes at the mean context of the timed steps.
       DecodeCost cost = decode_cost(*weights, L + o.warmup + int64_t(o.steps) * o.runs / 2, kv_bytes);
@@ -349,6 +357,9 @@ int run_bench(const Options& o) {
       const double roof = kCopyBandwidth / cost.total();
       md += fmt::format("| {} | {:.1f} | {:.1f}-{:.1f} | {:.3f} GB | {:.0f} | {:.1f}% |\n", L, s.median, s.min, s.max,
                         cost.total() / 1e9, gbs, 100.0 * s.median / roof);
+      if (!graph)
+        md += fmt::format("|  | picks: {} on the device, {} on the host | | | | |\n",
+                          engine.device_picks() - device0, engine.host_picks() - host0);
       results.push_back({{"phase", "decode"}, {"context", L}, {"tok_s_median", s.median}, {"tok_s_min", s.min},
                          {"tok_s_max", s.max}, {"runs", o.runs}, {"steps", o.steps},
                          {"bytes_per_token", cost.total()}, {"weight_bytes", cost.weight_bytes},
@@ -357,6 +368,8 @@ int run_bench(const Options& o) {
         results.back()["host_sampling"] = {{"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p},
                                            {"top_k", o.sampling.top_k}, {"min_p", o.sampling.min_p}};
         results.back()["engine_replayed_steps"] = engine.replayed_steps() > replayed0;  // Engine::decode's records
+        results.back()["device_picks"] = engine.device_picks() - device0;
+        results.back()["host_picks"] = engine.host_picks() - host0;
       }
       log::info("decode ctx {}: {:.1f} tok/s", L, s.median);
     }

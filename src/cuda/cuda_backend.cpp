@@ -62,6 +62,7 @@ CudaBackend::~CudaBackend() {
   if (join_ev_) cudaEventDestroy(join_ev_);
   if (side_) cudaStreamDestroy(side_);
   for (void* p : owned_) cudaFree(p);
+  if (pick_host_) cudaFreeHost(pick_host_);
   cudaFree(counters_);
   cudaFree(fold_pre_);
   if (stream_) cudaStreamDestroy(stream_);

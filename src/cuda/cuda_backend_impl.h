@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/kernels.h"
+#include "cuda/pick.h"
 #include "cuda/scratch_arena.h"
 #include "ops/backend.h"
 
@@ -87,6 +88,13 @@ class CudaBackend : public Backend {
   }
   bool has_graph() const { return graph_exec_ != nullptr; }
   void drop_graph() override;
+
+  // ---- tokens picked on the device (backend_pick.cpp, pick.h) ----
+  bool can_pick(const PickParams& p, size_t bias_entries, int64_t vocab) const override;
+  void set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias) override;
+  void clear_pick() override;
+  void pick(Tensor ids, Tensor logits) override;
+  int32_t picked() override;
 
   // ---- parallel branches ----
   // Consecutive linear() calls that read the same input and write disjoint outputs (the q/k/v projections, the
@@ -208,6 +216,10 @@ class CudaBackend : public Backend {
   int64_t graph_advance_ = 0;
   const float* last_gdn_state_ = nullptr;  // recurrent state written by the last gdn_core call (gdn_core says why)
   bool branches_ = true;
+  // Device picks (FERN_CUDA_PICK=0, read at each request, leaves every pick to the host): the buffers come with the
+  // first set_pick(), the result of each pick lands in pinned memory.
+  cuda::PickBuffers pick_bufs_;
+  cuda::PickResult* pick_host_ = nullptr;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool side_busy_ = false;           // side stream has work not yet joined

@@ -2,7 +2,8 @@
 // dims) teacher-forced over 192 positions and then decoded step by step; the `small` synthetic checkpoint with
 // peaked logits (the acceptance check: top-1 agreement >= 99%, logits NMSE <= 1e-3); and one decode step
 // captured as a CUDA graph and replayed, which must produce the same greedy tokens as eager steps; the engine's
-// decode through recorded steps (what fern serve runs) against its eager decode.
+// decode through recorded steps (what fern serve runs) against its eager decode, and its tokens picked on the device
+// against the host's picks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "engine/sampler.h"
 #include "model/forward.h"
 #include "model/synth.h"
+#include "ops/token_pick.h"
 
 namespace fern {
 namespace {
@@ -382,6 +384,48 @@ TEST(CudaForward, EngineRecordedDecodeMatchesEager) {
   EXPECT_EQ(rec.replayed_steps(), steps - 3);
   std::printf("engine recorded decode: %d steps (%lld replayed), tokens identical: %s, worst NMSE %.3g\n", steps,
               static_cast<long long>(rec.replayed_steps()), same_tokens ? "yes" : "no", worst);
+}
+
+// Engine::decode_pick on the GPU (recorded steps, the token picked on the device and fed to the next step there)
+// against plain decode steps whose tokens the host picks by the same rule from the same draws: identical tokens (a
+// pick differs only for a draw within ~1e-7 of a boundary between two tokens, about one in a million).
+TEST(CudaForward, EngineDevicePicksAreTheHostsPicks) {
+  FERN_REQUIRE_GPU();
+  auto cfg = test::tiny_test_config(4);
+  test::RandomWeightsOptions o;
+  o.seed = 22;
+  o.quantized = true;
+  std::shared_ptr<const ModelWeights> hw = test::random_weights(cfg, o);
+  EngineOptions eo;
+  eo.max_context = 512;
+  Engine dev(test::make_gpu(), hw, eo), ref(test::make_gpu(), hw, eo);
+  std::vector<int32_t> prompt(13);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 53 + 9) % cfg.vocab_size);
+  for (float top_p : {1.0f, 0.9f}) {
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.top_p = top_p;
+    sp.top_k = top_p < 1.0f ? 40 : 0;
+    sp.seed = 77;
+    sp.logit_bias = {{3, 1.5f}};
+    auto a = dev.new_state(), b = ref.new_state();
+    std::vector<float> la, lb;
+    ASSERT_TRUE(dev.prefill(*a, prompt, la));
+    ASSERT_TRUE(ref.prefill(*b, prompt, lb));
+    dev.begin_pick(sp);
+    Sampler host(sp);
+    std::vector<int32_t> got{dev.pick_host(la)}, want{host.sample_at(lb, pick_uniform(77, 0))};
+    const int64_t device0 = dev.device_picks();
+    for (int i = 1; i < 48; ++i) {
+      got.push_back(dev.decode_pick(*a, got.back(), la));
+      ref.decode(*b, want.back(), lb);
+      want.push_back(host.sample_at(lb, pick_uniform(77, uint64_t(i))));
+    }
+    dev.end_pick();
+    EXPECT_EQ(got, want) << "top_p " << top_p;
+    EXPECT_EQ(dev.device_picks() - device0, 47) << "every step's token picked on the device";
+    EXPECT_GT(dev.replayed_steps(), 0);
+  }
 }
 
 }  // namespace
