@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     p.top_p = c.p;
     p.min_p = c.min_p;
     p.seed = 11;
-    gpu.set_pick(p, {});
+    gpu.set_pick(p, {}, {}, {});
     constexpr int kPicks = 32;
     const double dev_ms = fern::bench::median_ms(gpu.stream(), [&] {
       for (int i = 0; i < kPicks; ++i) gpu.pick(ids, logits);

@@ -1,6 +1,7 @@
 // CudaBackend: the next token picked on the device (pick.h). set_pick() writes the request's parameters into device
 // memory, so that one recorded step serves every request: the launches read them at each replay.
 #include <cmath>
+#include <vector>
 
 #include "core/env.h"
 #include "cuda/backend_internal.h"
@@ -17,16 +18,24 @@ bool CudaBackend::can_pick(const PickParams& p, size_t bias_entries, int64_t voc
          p.top_k <= kPickMaxTopK && p.top_k < vocab;
 }
 
-void CudaBackend::set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias) {
+namespace {
+// The largest vocabulary the device form serves (pick_supported), for which the buffers are sized: ~2.4 MB in all.
+constexpr int64_t kPickBlocksMax = cuda::kPickSortSlots / kPickMaxTopK;
+constexpr int64_t kPickVocabMax = kPickBlocksMax * cuda::kPickChunk;
+}  // namespace
+
+void CudaBackend::set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias,
+                           std::span<const int32_t> prompt, std::span<const int32_t> fed) {
   FERN_CHECK(bias.size() <= size_t(kPickMaxBias), "set_pick: {} logit-bias entries", bias.size());
   join_side();
   if (pick_bufs_.params == nullptr) {
-    // Sized for the largest vocabulary the device form serves (pick_supported): ~1.1 MB in all.
-    const int64_t nb = cuda::kPickSortSlots / kPickMaxTopK, vmax = nb * cuda::kPickChunk;
+    const int64_t nb = kPickBlocksMax, vmax = kPickVocabMax;
     pick_bufs_.params = static_cast<cuda::PickDevice*>(alloc(DType::U8, {int64_t(sizeof(cuda::PickDevice))}).data);
     pick_bufs_.bias_tok = alloc(DType::I32, {kPickMaxBias}).ptr<int32_t>();
     pick_bufs_.bias_val = alloc(DType::F32, {kPickMaxBias}).ptr<float>();
     pick_bufs_.v = alloc(DType::F32, {vmax}).ptr<float>();
+    pick_bufs_.counts = alloc(DType::I32, {vmax}).ptr<int32_t>();
+    pick_bufs_.seen = static_cast<uint8_t*>(alloc(DType::U8, {vmax}).data);
     pick_bufs_.cand = static_cast<uint64_t*>(alloc(DType::U64, {nb * kPickMaxTopK}).data);
     pick_bufs_.bsum = static_cast<double*>(alloc(DType::F64, {nb}).data);
     pick_bufs_.flags = alloc(DType::I32, {1}).ptr<int32_t>();
@@ -46,6 +55,10 @@ void CudaBackend::set_pick(const PickParams& p, std::span<const std::pair<int32_
   d.top_p = p.top_p;
   d.min_p = p.min_p;
   d.log_min_p = p.min_p > 0.0f ? std::log(p.min_p) : 0.0f;
+  d.penalties = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f;
+  d.presence = p.presence_penalty;
+  d.frequency = p.frequency_penalty;
+  d.repetition = p.repetition_penalty;
   d.n_bias = static_cast<int>(bias.size());
   d.seed = p.seed;
   d.draw = p.draw;
@@ -55,6 +68,20 @@ void CudaBackend::set_pick(const PickParams& p, std::span<const std::pair<int32_
                                     cudaMemcpyHostToDevice, stream_));
     FERN_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(pick_bufs_.bias_val), val.data(), val.size() * 4,
                                     cudaMemcpyHostToDevice, stream_));
+  }
+  // The penalties' state as a Sampler that saw the prompt and accepted `fed` (1.25 MB, once per request).
+  std::vector<int32_t> counts;
+  std::vector<uint8_t> seen;
+  if (d.penalties) {
+    counts.assign(size_t(kPickVocabMax), 0);
+    seen.assign(size_t(kPickVocabMax), 0);
+    for (int32_t t : prompt)
+      if (t >= 0 && t < kPickVocabMax) seen[size_t(t)] = 1;
+    for (int32_t t : fed)
+      if (t >= 0 && t < kPickVocabMax) counts[size_t(t)]++, seen[size_t(t)] = 1;
+    FERN_CUDA_CHECK(cudaMemcpyAsync(pick_bufs_.counts, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice,
+                                    stream_));
+    FERN_CUDA_CHECK(cudaMemcpyAsync(pick_bufs_.seen, seen.data(), seen.size(), cudaMemcpyHostToDevice, stream_));
   }
   FERN_CUDA_CHECK(cudaMemcpyAsync(pick_bufs_.params, &d, sizeof d, cudaMemcpyHostToDevice, stream_));
   FERN_CUDA_CHECK(cudaStreamSynchronize(stream_));

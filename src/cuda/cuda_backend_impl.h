@@ -91,7 +91,8 @@ class CudaBackend : public Backend {
 
   // ---- tokens picked on the device (backend_pick.cpp, pick.h) ----
   bool can_pick(const PickParams& p, size_t bias_entries, int64_t vocab) const override;
-  void set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias) override;
+  void set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias, std::span<const int32_t> prompt,
+                std::span<const int32_t> fed) override;
   void clear_pick() override;
   void pick(Tensor ids, Tensor logits) override;
   int32_t picked() override;

@@ -90,7 +90,8 @@ __device__ __forceinline__ unsigned long long top_key(const uint64_t* cand, int 
 }
 
 // Launch 1: bias, temperature, the block's best key(s).
-__global__ void __launch_bounds__(kPrepThreads) pick_prep_kernel(const float* logits, int64_t V, PickBuffers b) {
+__global__ void __launch_bounds__(kPrepThreads) pick_prep_kernel(const float* logits, int64_t V, PickBuffers b,
+                                                                  const int32_t* ids) {
   pdl_wait();
   pdl_trigger();
   const PickDevice p = *b.params;
@@ -108,6 +109,13 @@ __global__ void __launch_bounds__(kPrepThreads) pick_prep_kernel(const float* lo
     const int64_t t = b.bias_tok[j];
     if (t >= base && t < base + n) atomicAdd(&sm.vals[t - base], b.bias_val[j]);
   }
+  if (p.penalties) {  // the token this step was fed counts from this pick on (Sampler::accept before the next pick)
+    const int64_t fed = *ids;
+    if (threadIdx.x == 0 && fed >= base && fed < base + n) {
+      b.counts[fed] += 1;
+      b.seen[fed] = 1;
+    }
+  }
   __syncthreads();
   const bool scale = p.temperature > 0.0f;
   unsigned long long keys[kPrepItems];
@@ -118,6 +126,12 @@ __global__ void __launch_bounds__(kPrepThreads) pick_prep_kernel(const float* lo
     keys[k] = 0;
     if (i < n) {
       float x = sm.vals[i];
+      if (p.penalties) {  // Sampler::apply_penalties after the bias, in its order and roundings (no contraction)
+        if (p.repetition != 1.0f && b.seen[base + i])
+          x = x > 0.0f ? __fdiv_rn(x, p.repetition) : __fmul_rn(x, p.repetition);
+        const int cnt = b.counts[base + i];
+        if (cnt > 0) x = __fsub_rn(x, __fadd_rn(p.presence, __fmul_rn(p.frequency, float(cnt))));
+      }
       if (x != x) {
         nan = true;
       } else {
@@ -342,7 +356,7 @@ __global__ void __launch_bounds__(kFinalThreads, 1) pick_final_kernel(int64_t V,
 
 void pick(const Ctx& c, const float* logits, int64_t V, const PickBuffers& b, int32_t* ids) {
   const int nb = pick_blocks(V);
-  launch(c, "pick_prep_kernel", pick_prep_kernel, nb, kPrepThreads, 0, logits, V, b);
+  launch(c, "pick_prep_kernel", pick_prep_kernel, nb, kPrepThreads, 0, logits, V, b, ids);
   FERN_CUDA_LAUNCH_CHECK("pick_prep_kernel");
   launch(c, "pick_sums_kernel", pick_sums_kernel, nb, kPrepThreads, 0, V, b);
   FERN_CUDA_LAUNCH_CHECK("pick_sums_kernel");

@@ -109,21 +109,26 @@ void Engine::decode(SequenceState& st, int32_t token, std::vector<float>& logits
 }
 
 bool Engine::can_pick(const SamplingParams& p) {
-  return p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.repetition_penalty == 1.0f &&
-         p.top_k <= kPickMaxTopK && p.logit_bias.size() <= size_t(kPickMaxBias);
+  return p.top_k <= kPickMaxTopK && p.logit_bias.size() <= size_t(kPickMaxBias);
 }
 
-void Engine::begin_pick(const SamplingParams& p) {
+void Engine::begin_pick(const SamplingParams& p, std::span<const int32_t> prompt) {
   FERN_CHECK(can_pick(p), "begin_pick with parameters it does not serve");
   SamplingParams sp = p;
   if (!sp.seed) sp.seed = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
   pick_sampler_ = std::make_unique<Sampler>(sp);
+  pick_sampler_->set_prompt(prompt);
+  pick_prompt_.assign(prompt.begin(), prompt.end());
+  fed_.clear();
   pick_ = {};
   pick_.temperature = p.temperature;
   // The Sampler takes top-k only below the vocabulary's size; the same cut here.
   pick_.top_k = p.top_k > 0 && p.top_k < config().vocab_size ? p.top_k : 0;
   pick_.top_p = p.top_p;
   pick_.min_p = p.min_p;
+  pick_.presence_penalty = p.presence_penalty;
+  pick_.frequency_penalty = p.frequency_penalty;
+  pick_.repetition_penalty = p.repetition_penalty;
   pick_.seed = *sp.seed;
   pick_.draw = 0;
   picking_ = true;
@@ -134,6 +139,8 @@ void Engine::end_pick() {
   if (device_pick_) backend_->clear_pick();
   device_pick_ = picking_ = false;
   pick_sampler_.reset();
+  pick_prompt_.clear();
+  fed_.clear();
 }
 
 int32_t Engine::pick_host(std::vector<float>& logits) {
@@ -146,9 +153,12 @@ int32_t Engine::decode_pick(SequenceState& st, int32_t token, std::vector<float>
   FERN_CHECK(picking_, "decode_pick outside begin_pick / end_pick");
   const auto& sp = pick_sampler_->params();
   if (!device_pick_ && backend_->can_pick(pick_, sp.logit_bias.size(), config().vocab_size)) {
-    backend_->set_pick(pick_, sp.logit_bias);  // from the next draw on
+    // From the next draw on; the token fed now is counted by the pick of its step, as it is below.
+    backend_->set_pick(pick_, sp.logit_bias, pick_prompt_, fed_);
     device_pick_ = true;
   }
+  pick_sampler_->accept(token);
+  fed_.push_back(token);
   if (!device_pick_) {
     decode(st, token, logits);
     return pick_host(logits);

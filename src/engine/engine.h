@@ -50,11 +50,12 @@ class Engine {
   // ---- decode with the next token picked by the engine ----
   // A request's tokens drawn from one stream (pick_uniform(seed, 0), (seed, 1), ...) by Sampler::sample_at's rule:
   // picked by the backend where the logits are when it can (no logits copied to the host), on the host otherwise.
-  // can_pick: parameters this serves (no presence / frequency / repetition penalty, top-k <= 64, at most 1,024
-  // logit-bias entries); the rest goes through decode() and a Sampler.
+  // can_pick: parameters this serves (top-k <= 64, at most 1,024 logit-bias entries); the rest goes through
+  // decode() and a Sampler. The penalties count the tokens fed through decode_pick (and the prompt, for the
+  // repetition penalty), as a Sampler that accept()s every token fed back.
   static bool can_pick(const SamplingParams& p);
   // Starts a request's picks (the seed from p.seed, else random); end_pick() ends them (decode() works either way).
-  void begin_pick(const SamplingParams& p);
+  void begin_pick(const SamplingParams& p, std::span<const int32_t> prompt = {});
   void end_pick();
   // The next token from logits the host already holds (the prefill's): the next draw, on the host.
   int32_t pick_host(std::vector<float>& logits);
@@ -85,6 +86,7 @@ class Engine {
   // The request's picks: its parameters (for the host's picks), draws made, and whether the backend picks.
   std::unique_ptr<Sampler> pick_sampler_;
   PickParams pick_;
+  std::vector<int32_t> pick_prompt_, fed_;  // for the penalties: the prompt, the tokens fed through decode_pick
   bool picking_ = false, device_pick_ = false;
   int64_t device_picks_ = 0, host_picks_ = 0;
 };

@@ -171,8 +171,8 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
     if (on_text) on_text(s);
   };
 
-  // The plain case (no log-probabilities, no constraint, no forced tokens, no penalties) lets the engine pick the
-  // tokens: where the backend picks them, the logits never come to the host.
+  // The plain case (no log-probabilities, no constraint, no forced tokens) lets the engine pick the tokens: where
+  // the backend picks them, the logits never come to the host.
   const bool engine_picks = req.top_logprobs < 0 && !matcher && req.forced.empty() && Engine::can_pick(req.sampling);
   struct PickScope {
     Engine* e = nullptr;
@@ -181,7 +181,7 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
     }
   } pick_scope;
   if (engine_picks) {
-    engine_.begin_pick(req.sampling);
+    engine_.begin_pick(req.sampling, req.prompt);
     pick_scope.e = &engine_;
   }
   int32_t next = -1;  // the token the engine picked in the last decode step

@@ -99,17 +99,20 @@ class Backend {
 
   // ---- tokens picked by the backend (ops/token_pick.h) ----
   // pick(ids, logits) picks from logits [1, V] the token that Sampler::sample_at picks for the parameters of
-  // set_pick() and the uniform pick_uniform(seed, draw), the draw counting up from params.draw by one per pick, after
-  // adding the logit-bias entries (no penalties), and writes it into ids[0]; picked() waits for the step and returns
-  // it, or -1 where the host must pick from the logits (they hold NaN, or the top-p nucleus reaches past the
-  // candidates the backend keeps). Until set_pick() and after clear_pick(), pick() does nothing, so that one recorded
-  // step serves the steps whose logits go to the host too. can_pick(): whether set_pick() takes these parameters.
+  // set_pick() and the uniform pick_uniform(seed, draw), the draw counting up from params.draw by one per pick, and
+  // writes it into ids[0]; picked() waits for the step and returns it, or -1 where the host must pick from the
+  // logits (they hold NaN, or the top-p nucleus reaches past the candidates the backend keeps). The penalties count
+  // as the Sampler's accept() does: set_pick() gets the tokens fed so far (`fed`, with repeats) and the prompt,
+  // and each pick first counts the token in ids[0], the one its step was fed. Until set_pick() and after
+  // clear_pick(), pick() does nothing, so that one recorded step serves the steps whose logits go to the host too.
+  // can_pick(): whether set_pick() takes these parameters.
   virtual bool can_pick(const PickParams& p, size_t bias_entries, int64_t vocab) const {
     (void)p, (void)bias_entries, (void)vocab;
     return false;
   }
-  virtual void set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias) {
-    (void)p, (void)bias;
+  virtual void set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias,
+                        std::span<const int32_t> prompt, std::span<const int32_t> fed) {
+    (void)p, (void)bias, (void)prompt, (void)fed;
     fail("the {} backend does not pick tokens", name());
   }
   virtual void clear_pick() {}

@@ -1,5 +1,5 @@
 // Tokens picked where the logits are (Backend::pick): the parameters, and the uniform draw each pick uses. The
-// rule is the host Sampler's (engine/sampler.h, Sampler::sample_at) for the same draw, without the penalties: a
+// rule is the host Sampler's (engine/sampler.h, Sampler::sample_at) for the same draw, penalties included: a
 // backend that picks on the device saves the copy of the logits to the host (1 MB at 248K tokens) and the host's
 // passes over them. Plain C++ without fmt, so that .cu files include it.
 #pragma once
@@ -18,6 +18,9 @@ struct PickParams {
   int top_k = 0;              // 0 = off; at most kPickMaxTopK
   float top_p = 1.0f;         // 1 = off
   float min_p = 0.0f;         // 0 = off
+  float presence_penalty = 0.0f;    // as SamplingParams (engine/sampler.h)
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
   uint64_t seed = 0;          // the request's draws are pick_uniform(seed, 0), (seed, 1), ...
   uint64_t draw = 0;          // the draw of the next pick
 };

@@ -1,11 +1,14 @@
 // The device token pick (src/cuda/pick.cu) against its CPU reference, the host Sampler's rule for the same draw
 // (Sampler::sample_at with pick_uniform(seed, draw)): random logits at the real vocabulary and at awkward sizes (one
 // block, a last block of one token, a vocabulary smaller than a candidate list), peaked, flat and tied values,
-// every parameter path (greedy, temperature, min-p, top-k, top-p with and without top-k, logit bias), NaN logits,
+// every parameter path (greedy, temperature, min-p, top-k, top-p with and without top-k, logit bias, the three
+// penalties over a prompt and the tokens fed back, each step's fed token counted by its own pick), NaN logits,
 // and a pick that is switched off.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,6 +26,7 @@ struct Case {
   int top_k;
   float top_p, min_p;
   bool bias;
+  bool penalties = false;
 };
 
 const Case kCases[] = {
@@ -36,6 +40,9 @@ const Case kCases[] = {
     {"top_k 1", 1.0f, 1, 1.0f, 0.0f, false},
     {"t1.5 k5 min_p", 1.5f, 5, 1.0f, 0.2f, true},
     {"top_p+min_p+bias", 0.6f, 0, 0.95f, 0.05f, true},
+    {"greedy+penalties", 0.0f, 0, 1.0f, 0.0f, false, true},
+    {"qwen+penalties", 0.7f, 20, 0.8f, 0.0f, true, true},
+    {"t1+penalties", 1.0f, 0, 1.0f, 0.0f, false, true},
 };
 
 // Logits of one kind. "peaked": randn x 2 with 30 tokens raised by 16 + randn x 1.5, which then hold ~99% of the
@@ -69,30 +76,54 @@ Tally run_case(CudaBackend& gpu, const std::vector<float>& host_logits, const Ca
   sp.min_p = c.min_p;
   if (c.bias)  // a strong push up, a push down, one out of range (ignored by both)
     sp.logit_bias = {{int32_t(V / 3), 6.0f}, {int32_t(V - 1), -4.0f}, {int32_t(V + 7), 9.0f}, {0, 2.5f}};
+  if (c.penalties) {  // strong enough to move the picks among the likely tokens
+    sp.presence_penalty = 1.5f;
+    sp.frequency_penalty = 0.7f;
+    sp.repetition_penalty = 1.4f;
+  }
   PickParams p;
   p.temperature = c.temperature;
   p.top_k = c.top_k;
   p.top_p = c.top_p;
   p.min_p = c.min_p;
+  p.presence_penalty = sp.presence_penalty;
+  p.frequency_penalty = sp.frequency_penalty;
+  p.repetition_penalty = sp.repetition_penalty;
   p.seed = seed;
   p.draw = 5;  // the stream need not start at draw 0
-  gpu.set_pick(p, sp.logit_bias);
+  // A prompt and tokens already fed back (with a repeat), among them likely ones, so that the penalties bite.
+  std::vector<int32_t> best(static_cast<size_t>(V));
+  std::iota(best.begin(), best.end(), 0);
+  std::partial_sort(best.begin(), best.begin() + std::min<int64_t>(V, 16), best.end(),
+                    [&](int32_t a, int32_t b) { return host_logits[size_t(a)] > host_logits[size_t(b)]; });
+  std::vector<int32_t> prompt, fed;
+  for (int j = 0; j < 16 && j < V; j += 2) prompt.push_back(best[size_t(j)]);
+  for (int j : {0, 1, 0, 3, 5, 1}) fed.push_back(best[size_t(j)]);
+  gpu.set_pick(p, sp.logit_bias, prompt, fed);
   Sampler ref(sp);
+  ref.set_prompt(prompt);
+  for (int32_t f : fed) ref.accept(f);
+  int32_t next = int32_t(seed % size_t(V));  // the token the first step was fed
+  gpu.copy(ids, Tensor(&next, DType::I32, {1}));
   Tally t;
   for (int d = 0; d < draws; ++d) {
+    ref.accept(next);  // the step's fed token counts for its pick, on both sides
     gpu.pick(ids, logits);
     const int32_t got = gpu.picked();
     std::vector<float> l = host_logits;
     const int32_t want = ref.sample_at(l, pick_uniform(seed, p.draw + uint64_t(d)));
     ++t.draws;
+    next = want;  // the next step is fed the host's token whoever picked (what the engine feeds on a give-up)
     if (got < 0) {
       ++t.host;
+      gpu.copy(ids, Tensor(&next, DType::I32, {1}));
       continue;
     }
     int32_t slot = -1;
     gpu.copy(Tensor(&slot, DType::I32, {1}), ids);
     EXPECT_EQ(slot, got) << "the picked token goes into the input slot";
     if (got != want) {
+      gpu.copy(ids, Tensor(&next, DType::I32, {1}));  // both sides go on from the same token
       ++t.mismatches;
       std::printf("  %s V %lld seed %llu draw %d: device %d, host %d (logits %.7g / %.7g)\n", c.name,
                   static_cast<long long>(V), static_cast<unsigned long long>(seed), d, got, want,
@@ -159,7 +190,7 @@ TEST(CudaPick, NaNLogitsAreLeftToTheHostAndOffMeansNothing) {
   gpu->copy(ids, Tensor(&sentinel, DType::I32, {1}));
   PickParams p;
   p.seed = 1;
-  gpu->set_pick(p, {});
+  gpu->set_pick(p, {}, {}, {});
   gpu->pick(ids, logits);
   EXPECT_EQ(gpu->picked(), -1);  // the host's pick then fails with the NaN error
   int32_t slot = 0;
@@ -174,7 +205,7 @@ TEST(CudaPick, NaNLogitsAreLeftToTheHostAndOffMeansNothing) {
   gpu->copy(Tensor(&slot, DType::I32, {1}), ids);
   EXPECT_EQ(slot, sentinel);
   // On again: the NaN flag was cleared by the pick that saw it.
-  gpu->set_pick(p, {});
+  gpu->set_pick(p, {}, {}, {});
   gpu->pick(ids, logits);
   EXPECT_GE(gpu->picked(), 0);
 }

@@ -3,7 +3,7 @@
 // rule as a device would. It checks the engine's side of the contracts (the token written into the slot before a
 // replay, the logits read after it, one record per state, a new record when the state changes, eager steps after a
 // failed recording, FERN_DECODE_GRAPH=0; one draw stream per request whoever picks, the host's picks where the
-// backend gives up), not the graphs or kernels themselves (tests/cuda/test_cuda_forward.cpp and
+// backend gives up, the penalties counted alike), not the graphs or kernels themselves (tests/cuda/test_cuda_forward.cpp and
 // tests/cuda/test_cuda_pick.cpp run them on the GPU).
 #include <gtest/gtest.h>
 
@@ -91,19 +91,26 @@ class ReplayingBackend final : public Backend {
     (void)p, (void)bias_entries, (void)vocab;
     return picks;
   }
-  void set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias) override {
+  void set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias, std::span<const int32_t> prompt,
+                std::span<const int32_t> fed) override {
     SamplingParams sp;
     sp.temperature = p.temperature;
     sp.top_k = p.top_k;
     sp.top_p = p.top_p;
     sp.min_p = p.min_p;
+    sp.presence_penalty = p.presence_penalty;
+    sp.frequency_penalty = p.frequency_penalty;
+    sp.repetition_penalty = p.repetition_penalty;
     sp.logit_bias.assign(bias.begin(), bias.end());
     sampler_ = std::make_unique<Sampler>(sp);
+    sampler_->set_prompt(prompt);
+    for (int32_t t : fed) sampler_->accept(t);
     pick_ = p;
   }
   void clear_pick() override { sampler_.reset(); }
   void pick(Tensor ids, Tensor logits) override {
     if (!sampler_) return;
+    sampler_->accept(ids.ptr<int32_t>()[0]);  // the token this step was fed
     std::vector<float> l(logits.ptr<float>(), logits.ptr<float>() + logits.numel());
     last_ = sampler_->sample_at(l, pick_uniform(pick_.seed, pick_.draw++));
     ++device_picks;
@@ -253,9 +260,11 @@ std::vector<int32_t> reference_picks(const std::shared_ptr<const ModelWeights>& 
   std::vector<float> logits;
   EXPECT_TRUE(e.prefill(*st, prompt, logits));
   Sampler s(sp);
+  s.set_prompt(prompt);
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
     out.push_back(s.sample_at(logits, pick_uniform(*sp.seed, uint64_t(i))));
+    s.accept(out.back());
     if (i + 1 < n) e.decode(*st, out.back(), logits);
   }
   return out;
@@ -265,7 +274,7 @@ std::vector<int32_t> engine_picks(Engine& e, const SamplingParams& sp, const std
   auto st = e.new_state();
   std::vector<float> logits;
   EXPECT_TRUE(e.prefill(*st, prompt, logits));
-  e.begin_pick(sp);
+  e.begin_pick(sp, prompt);
   std::vector<int32_t> out{e.pick_host(logits)};
   while (static_cast<int>(out.size()) < n) out.push_back(e.decode_pick(*st, out.back(), logits));
   e.end_pick();
@@ -281,12 +290,21 @@ SamplingParams warm(uint64_t seed) {
   return sp;
 }
 
+// With every penalty: they count the prompt (repetition) and the tokens fed back.
+SamplingParams penalised(uint64_t seed) {
+  SamplingParams sp = warm(seed);
+  sp.presence_penalty = 0.8f;
+  sp.frequency_penalty = 0.5f;
+  sp.repetition_penalty = 1.3f;
+  return sp;
+}
+
 TEST(EnginePick, EveryWayOfPickingFollowsTheDrawStream) {
   auto w = tiny_weights();
   const auto prompt = prompt_of(8, 6);
   const int n = 24;
-  for (uint64_t seed : {1ull, 99ull}) {
-    const SamplingParams sp = warm(seed);
+  for (uint64_t seed : {1ull, 99ull, 5ull}) {
+    const SamplingParams sp = seed == 5 ? penalised(seed) : warm(seed);
     const auto want = reference_picks(w, sp, prompt, n);
     // On the host (the CPU backend picks nothing).
     Engine host(make_cpu_backend(1), w, opts(false));
@@ -304,8 +322,9 @@ TEST(EnginePick, EveryWayOfPickingFollowsTheDrawStream) {
     EXPECT_EQ(dev.host_picks(), 1 + (n - 1) / 3);
     EXPECT_GT(fake->replays, 0);
   }
-  // Another seed, another stream (the tokens differ somewhere in 24 warm draws).
+  // Another seed, another stream (the tokens differ somewhere in 24 warm draws); the penalties change them too.
   EXPECT_NE(reference_picks(w, warm(1), prompt, n), reference_picks(w, warm(99), prompt, n));
+  EXPECT_NE(reference_picks(w, warm(5), prompt, n), reference_picks(w, penalised(5), prompt, n));
 }
 
 TEST(EnginePick, PlainDecodeBetweenPicksGetsLogits) {
@@ -332,20 +351,11 @@ TEST(EnginePick, PlainDecodeBetweenPicksGetsLogits) {
 }
 
 TEST(EnginePick, ServesOnlyWhatTheRuleCovers) {
-  SamplingParams p;
+  SamplingParams p = penalised(1);
   EXPECT_TRUE(Engine::can_pick(p));
   p.top_k = kPickMaxTopK;
   EXPECT_TRUE(Engine::can_pick(p));
   p.top_k = kPickMaxTopK + 1;
-  EXPECT_FALSE(Engine::can_pick(p));
-  p = {};
-  p.presence_penalty = 0.5f;
-  EXPECT_FALSE(Engine::can_pick(p));
-  p = {};
-  p.frequency_penalty = -0.5f;
-  EXPECT_FALSE(Engine::can_pick(p));
-  p = {};
-  p.repetition_penalty = 1.1f;
   EXPECT_FALSE(Engine::can_pick(p));
   p = {};
   p.logit_bias.assign(size_t(kPickMaxBias) + 1, {1, 1.0f});
