@@ -71,7 +71,9 @@ void Engine::step(SequenceState& st, int32_t token) {
     step_ids_ = backend_->alloc(DType::I32, {1});
     step_logits_ = backend_->alloc(backend_->act_dtype(), {1, config().vocab_size});
   }
-  backend_->copy(step_ids_, Tensor(&token, DType::I32, {1}));
+  // A token the backend picked is in the slot already: no copy (on CUDA a pageable copy waits for the stream).
+  if (token != slot_token_) backend_->copy(step_ids_, Tensor(&token, DType::I32, {1}));
+  slot_token_ = token;
   if (graph_ && backend_->holds_step_for(st)) {
     backend_->replay(st);
     ++replayed_;
@@ -164,7 +166,9 @@ int32_t Engine::decode_pick(SequenceState& st, int32_t token, std::vector<float>
     return pick_host(logits);
   }
   step(st, token);
+  slot_token_ = -1;  // unknown until the pick is read (an error in between leaves it so)
   const int32_t t = backend_->picked();
+  slot_token_ = t >= 0 ? t : token;
   if (t >= 0) {
     ++pick_.draw;  // the backend's draw counter moved with it
     ++device_picks_;

@@ -82,6 +82,7 @@ class Engine {
   // Recorded decode steps: the token slot and logits the record reads and writes (alloc()ed once).
   bool graph_ = false;
   Tensor step_ids_, step_logits_;
+  int32_t slot_token_ = -1;  // what step_ids_ holds (-1: unknown)
   int64_t replayed_ = 0, recorded_ = 0;
   // The request's picks: its parameters (for the host's picks), draws made, and whether the backend picks.
   std::unique_ptr<Sampler> pick_sampler_;
