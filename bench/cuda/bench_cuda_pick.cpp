@@ -78,24 +78,19 @@ int main(int argc, char** argv) {
   std::vector<float> copy(static_cast<size_t>(V));
   const double copy_us = median_host_us([&] { gpu.copy(Tensor(copy.data(), DType::F32, {1, V}), logits); });
   for (const Case& c : cases) {
-    fern::PickParams p;
-    p.temperature = c.t;
-    p.top_k = c.k;
-    p.top_p = c.p;
-    p.min_p = c.min_p;
-    p.seed = 11;
-    gpu.set_pick(p, {}, {}, {});
+    fern::SamplingParams sp;
+    sp.temperature = c.t;
+    sp.top_k = c.k;
+    sp.top_p = c.p;
+    sp.min_p = c.min_p;
+    sp.seed = 11;
+    gpu.set_pick(fern::pick_params(sp, V), {}, {}, {});
     constexpr int kPicks = 32;
     const double dev_ms = fern::bench::median_ms(gpu.stream(), [&] {
       for (int i = 0; i < kPicks; ++i) gpu.pick(ids, logits);
     });
     const bool on_device = gpu.picked() >= 0;
     gpu.clear_pick();
-    fern::SamplingParams sp;
-    sp.temperature = c.t;
-    sp.top_k = c.k;
-    sp.top_p = c.p;
-    sp.min_p = c.min_p;
     fern::Sampler s(sp);
     std::vector<double> us;
     for (uint64_t draw = 0; draw < 7; ++draw) {

@@ -122,17 +122,7 @@ void Engine::begin_pick(const SamplingParams& p, std::span<const int32_t> prompt
   pick_sampler_->set_prompt(prompt);
   pick_prompt_.assign(prompt.begin(), prompt.end());
   fed_.clear();
-  pick_ = {};
-  pick_.temperature = p.temperature;
-  // The Sampler takes top-k only below the vocabulary's size; the same cut here.
-  pick_.top_k = p.top_k > 0 && p.top_k < config().vocab_size ? p.top_k : 0;
-  pick_.top_p = p.top_p;
-  pick_.min_p = p.min_p;
-  pick_.presence_penalty = p.presence_penalty;
-  pick_.frequency_penalty = p.frequency_penalty;
-  pick_.repetition_penalty = p.repetition_penalty;
-  pick_.seed = *sp.seed;
-  pick_.draw = 0;
+  pick_ = pick_params(sp, config().vocab_size);
   picking_ = true;
   device_pick_ = false;
 }

@@ -36,6 +36,31 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
+PickParams pick_params(const SamplingParams& p, int64_t vocab) {
+  PickParams k;
+  k.temperature = p.temperature;
+  k.top_k = p.top_k > 0 && p.top_k < vocab ? p.top_k : 0;
+  k.top_p = p.top_p;
+  k.min_p = p.min_p;
+  k.presence_penalty = p.presence_penalty;
+  k.frequency_penalty = p.frequency_penalty;
+  k.repetition_penalty = p.repetition_penalty;
+  k.seed = p.seed.value_or(0);
+  return k;
+}
+
+SamplingParams sampling_params(const PickParams& k) {
+  SamplingParams p;
+  p.temperature = k.temperature;
+  p.top_k = k.top_k;
+  p.top_p = k.top_p;
+  p.min_p = k.min_p;
+  p.presence_penalty = k.presence_penalty;
+  p.frequency_penalty = k.frequency_penalty;
+  p.repetition_penalty = k.repetition_penalty;
+  return p;
+}
+
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed ? *p.seed : fresh_seed()) {}
 
 void Sampler::set_prompt(std::span<const int32_t> prompt) {

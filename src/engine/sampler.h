@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "ops/token_pick.h"
+
 namespace fern {
 
 struct SamplingParams {
@@ -57,6 +59,11 @@ class Sampler {
   std::vector<double> bucket_mass_;
   std::vector<int32_t> candidates_;
 };
+
+// The parameters of a backend's pick (ops/token_pick.h) for these sampling parameters (top-k only below the
+// vocabulary's size, as the Sampler takes it; the seed as given, 0 when none), and back (logit bias and seed aside).
+PickParams pick_params(const SamplingParams& p, int64_t vocab);
+SamplingParams sampling_params(const PickParams& p);
 
 // Index of the largest value (lowest index on ties); NaN values are never chosen.
 int32_t argmax(std::span<const float> logits);

@@ -100,17 +100,17 @@ TEST(CudaForward, RandomDeviceModelGroupsProjections) {
   expect_grouped_projections(*cuda::random_device_weights(*gpu, test::tiny_test_config(4), 5));
 }
 
-// The random 8-layer model (4-bit, real head dims) of the tests below.
-std::shared_ptr<ModelWeights> random_8_layers(uint64_t seed) {
+// A random 4-bit model of `layers` layers (real head dims) for the tests below.
+std::shared_ptr<ModelWeights> random_model(uint64_t seed, int layers = 8) {
   test::RandomWeightsOptions o;
   o.seed = seed;
   o.quantized = true;
-  return test::random_weights(test::tiny_test_config(8), o);
+  return test::random_weights(test::tiny_test_config(layers), o);
 }
 
 TEST(CudaForward, RandomModelMatchesCpu) {
   FERN_REQUIRE_GPU();
-  auto [pre, dec] = run_model(random_8_layers(3), 192, 32, 21);
+  auto [pre, dec] = run_model(random_model(3), 192, 32, 21);
   std::printf("random 8-layer model: prefill 192 NMSE %.3e top-1 %.4f | decode 32 NMSE %.3e top-1 %.4f\n", pre.nmse,
               pre.top1, dec.nmse, dec.top1);
   std::printf("  prefill rows: worst %lld NMSE %.3e, median %.3e\n", static_cast<long long>(pre.worst_row),
@@ -130,7 +130,7 @@ TEST(CudaForward, RandomModelMatchesCpu) {
 // so every one takes the kernel that requests the state before the PDL wait) must give the same logits, bit for bit.
 TEST(CudaForward, LeanGdnKernelSameLogits) {
   FERN_REQUIRE_GPU();
-  const auto hw = random_8_layers(4);
+  const auto hw = random_model(4);
   std::vector<float> steps[2];
   for (int lean = 0; lean < 2; ++lean) {
     test::EnvGuard g("FERN_CUDA_GDN_LEAN", lean ? "1" : "0");
@@ -332,10 +332,7 @@ TEST(CudaForward, CapturedStepReplaysLikeEagerSteps) {
 TEST(CudaForward, EngineRecordedDecodeMatchesEager) {
   FERN_REQUIRE_GPU();
   auto cfg = test::tiny_test_config(4);
-  test::RandomWeightsOptions o;
-  o.seed = 21;
-  o.quantized = true;
-  std::shared_ptr<const ModelWeights> hw = test::random_weights(cfg, o);
+  std::shared_ptr<const ModelWeights> hw = random_model(21, 4);
   EngineOptions on, off;
   on.decode_graph = true;
   off.decode_graph = false;
@@ -392,10 +389,7 @@ TEST(CudaForward, EngineRecordedDecodeMatchesEager) {
 TEST(CudaForward, EngineDevicePicksAreTheHostsPicks) {
   FERN_REQUIRE_GPU();
   auto cfg = test::tiny_test_config(4);
-  test::RandomWeightsOptions o;
-  o.seed = 22;
-  o.quantized = true;
-  std::shared_ptr<const ModelWeights> hw = test::random_weights(cfg, o);
+  std::shared_ptr<const ModelWeights> hw = random_model(22, 4);
   EngineOptions eo;
   eo.max_context = 512;
   Engine dev(test::make_gpu(), hw, eo), ref(test::make_gpu(), hw, eo);

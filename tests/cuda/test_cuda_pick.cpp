@@ -81,15 +81,8 @@ Tally run_case(CudaBackend& gpu, const std::vector<float>& host_logits, const Ca
     sp.frequency_penalty = 0.7f;
     sp.repetition_penalty = 1.4f;
   }
-  PickParams p;
-  p.temperature = c.temperature;
-  p.top_k = c.top_k;
-  p.top_p = c.top_p;
-  p.min_p = c.min_p;
-  p.presence_penalty = sp.presence_penalty;
-  p.frequency_penalty = sp.frequency_penalty;
-  p.repetition_penalty = sp.repetition_penalty;
-  p.seed = seed;
+  sp.seed = seed;
+  PickParams p = pick_params(sp, V);
   p.draw = 5;  // the stream need not start at draw 0
   // A prompt and tokens already fed back (with a repeat), among them likely ones, so that the penalties bite.
   std::vector<int32_t> best(static_cast<size_t>(V));

@@ -93,14 +93,7 @@ class ReplayingBackend final : public Backend {
   }
   void set_pick(const PickParams& p, std::span<const std::pair<int32_t, float>> bias, std::span<const int32_t> prompt,
                 std::span<const int32_t> fed) override {
-    SamplingParams sp;
-    sp.temperature = p.temperature;
-    sp.top_k = p.top_k;
-    sp.top_p = p.top_p;
-    sp.min_p = p.min_p;
-    sp.presence_penalty = p.presence_penalty;
-    sp.frequency_penalty = p.frequency_penalty;
-    sp.repetition_penalty = p.repetition_penalty;
+    SamplingParams sp = sampling_params(p);
     sp.logit_bias.assign(bias.begin(), bias.end());
     sampler_ = std::make_unique<Sampler>(sp);
     sampler_->set_prompt(prompt);
