@@ -120,7 +120,9 @@ void Engine::begin_pick(const SamplingParams& p, std::span<const int32_t> prompt
   if (!sp.seed) sp.seed = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
   pick_sampler_ = std::make_unique<Sampler>(sp);
   pick_sampler_->set_prompt(prompt);
-  pick_prompt_.assign(prompt.begin(), prompt.end());
+  // Only the repetition penalty looks at the prompt (as in Sampler::set_prompt).
+  pick_prompt_.clear();
+  if (p.repetition_penalty != 1.0f) pick_prompt_.assign(prompt.begin(), prompt.end());
   fed_.clear();
   pick_ = pick_params(sp, config().vocab_size);
   picking_ = true;

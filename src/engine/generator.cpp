@@ -156,8 +156,12 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
 
   const int64_t room = ctx - n_prompt;
   const int64_t max_new = req.max_tokens > 0 ? std::min(req.max_tokens, room) : room;
+  // The plain case (no log-probabilities, no constraint, no forced tokens) lets the engine pick the tokens: where
+  // the backend picks them, the logits never come to the host. Otherwise this Sampler picks from the logits.
+  const bool engine_picks =
+      req.top_logprobs < 0 && !req.json_schema && req.forced.empty() && Engine::can_pick(req.sampling);
   Sampler sampler(req.sampling);
-  sampler.set_prompt(req.prompt);
+  if (!engine_picks) sampler.set_prompt(req.prompt);  // the engine's picks keep their own penalty state
   std::unique_ptr<JsonMatcher> matcher;
   if (req.json_schema) {
     if (!vocab_) vocab_ = std::make_unique<ConstrainedVocab>(tok_, engine_.config().vocab_size);
@@ -171,9 +175,6 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
     if (on_text) on_text(s);
   };
 
-  // The plain case (no log-probabilities, no constraint, no forced tokens) lets the engine pick the tokens: where
-  // the backend picks them, the logits never come to the host.
-  const bool engine_picks = req.top_logprobs < 0 && !matcher && req.forced.empty() && Engine::can_pick(req.sampling);
   struct PickScope {
     Engine* e = nullptr;
     ~PickScope() {
@@ -217,7 +218,7 @@ GenerateResult Generator::generate_impl(const GenerateRequest& req,
     if (res.output.empty()) res.ttft_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     res.output.push_back(tok);
     res.completion_tokens++;
-    sampler.accept(tok);
+    if (!engine_picks) sampler.accept(tok);
     if (!req.ignore_eos && is_eos(tok)) {
       res.finish = FinishReason::Stop;
       ended_with_im_end = tok == im_end_;
