@@ -271,10 +271,7 @@ std::optional<GenerateResult> Server::Impl::collect(Job& job, OutputShaper& shap
 
 void Server::Impl::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
   try {
-    if (draining) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "shutting_down");
-    std::string ctype = req.get_header_value("Content-Type");
-    if (!ctype.empty() && ctype.find("json") == std::string::npos)
-      throw bad_request("Content-Type must be application/json");
+    admit(req, /*json_body=*/true);
     ApiRequest ar = parse_request(req.body, chat, limits);
     if (!ar.model.empty() && ar.model != rt.model_id) throw model_not_found(ar.model);
 

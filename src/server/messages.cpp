@@ -140,10 +140,7 @@ class MessageEvents : public EventSource {
 
 void Server::Impl::handle_messages(const httplib::Request& req, httplib::Response& res, bool count_only) {
   try {
-    if (draining) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "shutting_down");
-    std::string ctype = req.get_header_value("Content-Type");
-    if (!ctype.empty() && ctype.find("json") == std::string::npos)
-      throw bad_request("Content-Type must be application/json");
+    admit(req, /*json_body=*/true);
     ojson a = parse_json_object(req.body, limits);
     if (count_only && !a.contains("max_tokens")) a["max_tokens"] = 1;  // not needed to count
     // Any model name is served by the one model (clients written for the API send their own names).

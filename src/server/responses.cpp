@@ -263,7 +263,7 @@ class ResponseEvents : public EventSource {
 
 void Server::Impl::handle_responses(const httplib::Request& req, httplib::Response& res) {
   try {
-    if (draining) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "shutting_down");
+    admit(req, /*json_body=*/false);
     const ojson r = parse_json_object(req.body, limits);
     if (r.contains("model") && r["model"].is_string() && r["model"] != rt.model_id)
       throw model_not_found(r["model"].get<std::string>());

@@ -35,6 +35,14 @@ Server::Impl::Impl(Runtime& r, ServerOptions o) : rt(r), opt(std::move(o)) {
   if (auto id = tok.token_id("<|im_end|>")) im_end_id = *id;
 }
 
+void Server::Impl::admit(const httplib::Request& req, bool json_body) const {
+  if (draining) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "shutting_down");
+  if (!json_body) return;
+  const std::string ctype = req.get_header_value("Content-Type");
+  if (!ctype.empty() && ctype.find("json") == std::string::npos)
+    throw bad_request("Content-Type must be application/json");
+}
+
 ApiError Server::Impl::model_not_found(const std::string& name) const {
   return ApiError(404, "not_found_error",
                   "the model '" + name.substr(0, 200) + "' does not exist; this server serves '" + rt.model_id + "'",

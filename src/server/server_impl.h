@@ -134,6 +134,9 @@ struct Server::Impl {
   // anthropic: the Messages API's envelope instead of OpenAI's.
   void send_error(httplib::Response& res, const ApiError& e, bool anthropic = false);
   ApiError model_not_found(const std::string& name) const;  // 404 naming the served model
+  // Throws the ApiError that refuses a generation request: 503 while draining; with json_body, 400 for a
+  // Content-Type that is given and not JSON.
+  void admit(const httplib::Request& req, bool json_body) const;
   void send_json(httplib::Response& res, int status, const nlohmann::json& body);
 };
 
